@@ -1,0 +1,37 @@
+# The two commands: `make demo` and `make test`. Both create .venv and install first.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
+export RAY_USAGE_STATS_ENABLED := 0
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install demo test lint proto clean
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
+	$(PIP) install -q --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/trainctl demo
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -p no:cacheprovider tests
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+proto: install
+	$(PY) -m trainctl.proto_gen
+
+clean:
+	rm -rf $(VENV) .trainctl

@@ -1,0 +1,220 @@
+"""The TrainingJob spec: what a user writes in YAML and what every layer reads.
+
+Pure pydantic, no torch, no Ray, no gRPC: the lowest layer, imported by parallelism/, workers/ and
+service/ alike. Field-level rules (types, ranges, unknown keys) live here; rules that relate fields to
+each other (divisibility, world size) live in `trainctl.spec.validate`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+API_VERSION = "trainctl/v1"
+KIND = "TrainingJob"
+NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class StrictModel(BaseModel):
+    """Base for every spec block: unknown keys are errors, values are re-validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+class Metadata(StrictModel):
+    name: str = Field(min_length=1, max_length=63)
+    """Job name: a DNS-1123 label (lower-case letters, digits and '-', at most 63 characters)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Free-form key/value labels; `trainctl list --label k=v` filters on them."""
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not NAME_PATTERN.match(value):
+            raise ValueError("must be a DNS-1123 label: lower-case letters, digits and '-', starting and ending alphanumeric")
+        return value
+
+
+class MoESpec(StrictModel):
+    num_experts: PositiveInt = 8
+    """Routed experts per MoE layer."""
+    top_k: PositiveInt = 2
+    """Experts each token is sent to."""
+    shared_expert: bool = False
+    """Add one always-on expert beside the routed ones (DeepSeek-style)."""
+    aux_loss_coef: float = Field(default=0.01, ge=0.0)
+    """Weight of the Switch-style load-balancing loss added to the language-model loss."""
+    interval: PositiveInt = 1
+    """Every `interval`-th decoder layer is an MoE layer (1 = all of them)."""
+
+
+class ModelSpec(StrictModel):
+    preset: str = "debug"
+    """Named model shape (see `trainctl.spec.presets.PRESETS`); fields below override it."""
+    vocab_size: PositiveInt | None = None
+    """Vocabulary size; the byte tokenizer needs at least 256."""
+    dim: PositiveInt | None = None
+    """Hidden size."""
+    n_layers: PositiveInt | None = None
+    """Decoder layers."""
+    n_heads: PositiveInt | None = None
+    """Query heads."""
+    n_kv_heads: PositiveInt | None = None
+    """Key/value heads (grouped-query attention); must divide n_heads."""
+    ffn_dim: PositiveInt | None = None
+    """SwiGLU hidden size."""
+    rope_theta: float | None = Field(default=None, gt=0)
+    """RoPE base frequency."""
+    norm_eps: float | None = Field(default=None, gt=0)
+    """RMSNorm epsilon."""
+    moe: MoESpec | None = None
+    """Mixture-of-experts settings; None keeps the preset's (dense presets have none)."""
+
+
+class DataSpec(StrictModel):
+    paths: list[str] = Field(default_factory=lambda: ["@stdlib"])
+    """Glob patterns of text files. `@stdlib` means the Python standard library's .py files, a corpus
+    present on every machine."""
+    tokenizer: str = "byte"
+    """`byte` (a 256-symbol byte-level tokenizer) or the path of a local tokenizer.json."""
+    seq_len: PositiveInt = 128
+    """Tokens per training sample."""
+    seed: int = 0
+    """Seed of the sample order; the same seed gives the same order on any layout."""
+    max_files: PositiveInt | None = 2000
+    """Read at most this many files (sorted by path) of the matched set; None reads all."""
+
+
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
+
+
+class ParallelismSpec(StrictModel):
+    dp_replicate: PositiveInt = 1
+    """Data-parallel replicas (DDP, or the outer dimension of HSDP)."""
+    dp_shard: PositiveInt = 1
+    """Data-parallel ranks that shard state among themselves (ZeRO / FSDP)."""
+    cp: PositiveInt = 1
+    """Context parallel: ranks that split each sequence (ring attention)."""
+    tp: PositiveInt = 1
+    """Tensor parallel: ranks that split each layer's matrices."""
+    pp: PositiveInt = 1
+    """Pipeline parallel: stages."""
+    ep: PositiveInt = 1
+    """Expert parallel (MoE models): ranks that split the experts; carved from dp_shard x cp."""
+    sequence_parallel: bool = False
+    """With tp > 1, also shard norms and dropout activations along the sequence (Megatron SP)."""
+    zero_stage: Literal[0, 1, 2, 3] = 3
+    """How dp_shard ranks shard: 1 optimizer state, 2 + gradients, 3 + parameters (FSDP).
+    Ignored when dp_shard is 1; 0 is only valid then."""
+    pp_schedule: PipelineSchedule = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b, interleaved_1f1b or zero_bubble."""
+    pp_virtual_stages: PositiveInt = 1
+    """Model chunks per pipeline rank (interleaved_1f1b needs 2 or more)."""
+    cp_load_balance: bool = True
+    """Zigzag (head-tail) sequence sharding so causal attention work is equal across CP ranks."""
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the layout needs: pp x dp_replicate x dp_shard x cp x tp."""
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree (replicate x shard): how many ways the batch is split."""
+        return self.dp_replicate * self.dp_shard
+
+
+class TrainingSpec(StrictModel):
+    steps: PositiveInt = 100
+    """Optimizer steps to run."""
+    global_batch_size: PositiveInt = 8
+    """Sequences per optimizer step, over all data-parallel ranks."""
+    micro_batch_size: PositiveInt = 1
+    """Sequences per forward/backward on one rank (one pipeline micro-batch under PP); the rest of
+    the global batch is gradient accumulation."""
+    optimizer: Literal["adamw", "adafactor", "sgd"] = "adamw"
+    """Optimizer."""
+    lr: float = Field(default=3e-4, gt=0)
+    """Peak learning rate."""
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    """Cosine decay floor, as a fraction of lr."""
+    warmup_steps: NonNegativeInt = 10
+    """Linear warm-up steps."""
+    weight_decay: float = Field(default=0.1, ge=0)
+    """Decoupled weight decay."""
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    """Adam beta1 (SGD momentum)."""
+    beta2: float = Field(default=0.95, ge=0, lt=1)
+    """Adam beta2."""
+    eps: float = Field(default=1e-8, gt=0)
+    """Adam epsilon."""
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Clip the global gradient norm to this value (0 disables)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype; bfloat16 keeps float32 master weights, optimizer state and reductions."""
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    """Recompute activations in backward: none, selective (every other block) or full."""
+    compile: bool = False
+    """torch.compile each decoder block."""
+    seed: int = 0
+    """Seed of weight initialisation (identical on every layout)."""
+    log_interval: PositiveInt = 1
+    """Report step metrics every this many steps."""
+
+
+class CheckpointSpec(StrictModel):
+    interval_steps: NonNegativeInt = 50
+    """Save every this many steps (0: only at the end)."""
+    keep_last: PositiveInt = 3
+    """Complete checkpoints to keep."""
+    resume: bool = True
+    """Resume from the newest complete checkpoint when the job (re)starts."""
+
+
+class ResourcesSpec(StrictModel):
+    gpus: PositiveInt = 1
+    """Ranks (one GPU each); must equal the parallel layout's world size."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """auto: CUDA where the node has GPUs, else CPU (gloo)."""
+
+
+class SchedulingSpec(StrictModel):
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    """Higher runs first; equal priorities run in submission order."""
+    max_restarts: NonNegativeInt = 3
+    """Group restarts after a rank failure before the job fails."""
+    step_timeout_seconds: float = Field(default=600.0, gt=0)
+    """A rank that makes no step progress for this long counts as hung."""
+
+
+class JobSpecBody(StrictModel):
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    """Model shape."""
+    data: DataSpec = Field(default_factory=DataSpec)
+    """Training data."""
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    """Parallel layout."""
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    """Optimisation."""
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Checkpointing."""
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    """What the job needs from the pool."""
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    """Queueing and fault handling."""
+
+
+class TrainingJob(StrictModel):
+    apiVersion: Literal["trainctl/v1"] = API_VERSION  # noqa: N815 - Kubernetes-style key
+    """Always trainctl/v1."""
+    kind: Literal["TrainingJob"] = KIND
+    """Always TrainingJob."""
+    metadata: Metadata
+    """Name and labels."""
+    spec: JobSpecBody = Field(default_factory=JobSpecBody)
+    """What to train and how."""

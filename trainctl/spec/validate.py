@@ -1,0 +1,230 @@
+"""Parsing and semantic validation of TrainingJob specs.
+
+Every problem is a `FieldViolation` naming the dotted field path (`spec.parallelism.tp`), so the CLI,
+the gRPC API (google.rpc.BadRequest) and the engine all report the same thing.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from trainctl.spec.job import TrainingJob
+from trainctl.spec.presets import ModelConfig, UnknownPresetError, resolve_model
+
+STDLIB_CORPUS = "@stdlib"
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One problem with a spec: the dotted path of the field and what is wrong with it."""
+
+    field: str
+    description: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.description}"
+
+
+class SpecError(ValueError):
+    """A spec that cannot be accepted; `violations` lists every offending field."""
+
+    def __init__(self, violations: list[FieldViolation]):
+        self.violations = violations
+        super().__init__("; ".join(str(v) for v in violations))
+
+
+def parse_yaml(text: str) -> TrainingJob:
+    """Parse YAML text into a TrainingJob, raising SpecError that names each bad field."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError([FieldViolation("<document>", f"malformed YAML{where}: {getattr(exc, 'problem', exc)}")]) from exc
+    if not isinstance(document, dict):
+        raise SpecError([FieldViolation("<document>", "expected a mapping with apiVersion, kind, metadata and spec")])
+    return parse_object(document)
+
+
+def parse_object(document: dict) -> TrainingJob:
+    """Validate a decoded mapping into a TrainingJob (schema only)."""
+    try:
+        return TrainingJob.model_validate(document)
+    except ValidationError as exc:
+        raise SpecError(violations_from_pydantic(exc)) from exc
+
+
+def violations_from_pydantic(exc: ValidationError) -> list[FieldViolation]:
+    """Convert pydantic's errors to FieldViolations with dotted paths."""
+    out = []
+    for error in exc.errors():
+        path = ".".join(str(part) for part in error["loc"]) or "<document>"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown field"
+        out.append(FieldViolation(path, message))
+    return out
+
+
+def resolve_data_paths(patterns: list[str]) -> list[Path]:
+    """Files matched by the spec's data globs, sorted, with `@stdlib` expanded."""
+    files: set[Path] = set()
+    for pattern in patterns:
+        if pattern == STDLIB_CORPUS:
+            root = Path(sysconfig.get_paths()["stdlib"])
+            files.update(p for p in root.glob("*.py") if p.is_file())
+        else:
+            files.update(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(p).is_file())
+    return sorted(files)
+
+
+def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check_data: bool = True) -> list[FieldViolation]:
+    """Rules that relate fields: layout vs. model shape, batch arithmetic, resources, data."""
+    spec = job.spec
+    par = spec.parallelism
+    train = spec.training
+    out: list[FieldViolation] = []
+
+    def bad(field: str, description: str) -> None:
+        out.append(FieldViolation(field, description))
+
+    try:
+        model: ModelConfig | None = resolve_model(spec.model)
+    except UnknownPresetError as exc:
+        bad("spec.model.preset", str(exc))
+        model = None
+
+    world = par.world_size
+    if spec.resources.gpus != world:
+        bad(
+            "spec.resources.gpus",
+            f"{spec.resources.gpus} GPUs requested but the layout pp x dp_replicate x dp_shard x cp x tp = "
+            f"{par.pp} x {par.dp_replicate} x {par.dp_shard} x {par.cp} x {par.tp} = {world} ranks",
+        )
+    if pool_gpus is not None and spec.resources.gpus > pool_gpus:
+        bad("spec.resources.gpus", f"{spec.resources.gpus} GPUs requested but the pool can never hold more than {pool_gpus}")
+
+    if par.dp_shard > 1 and par.zero_stage == 0:
+        bad("spec.parallelism.zero_stage", "zero_stage 0 (plain DDP) with dp_shard > 1: use dp_replicate for DDP")
+    if (par.dp_shard * par.cp) % par.ep:
+        bad("spec.parallelism.ep", f"ep={par.ep} must divide dp_shard x cp = {par.dp_shard * par.cp}")
+    if par.sequence_parallel and par.tp == 1:
+        bad("spec.parallelism.sequence_parallel", "sequence parallelism needs tp > 1")
+    if par.pp_schedule == "interleaved_1f1b" and par.pp_virtual_stages < 2:
+        bad("spec.parallelism.pp_virtual_stages", "interleaved_1f1b needs at least 2 virtual stages per rank")
+    if par.pp_virtual_stages > 1 and par.pp_schedule not in ("interleaved_1f1b", "zero_bubble"):
+        bad("spec.parallelism.pp_virtual_stages", f"virtual stages need an interleaved schedule, not {par.pp_schedule}")
+
+    per_rank, rem = divmod(train.global_batch_size, par.dp)
+    if rem:
+        bad("spec.training.global_batch_size", f"{train.global_batch_size} is not divisible by dp_replicate x dp_shard = {par.dp}")
+    elif per_rank % train.micro_batch_size:
+        bad(
+            "spec.training.micro_batch_size",
+            f"the per-rank batch global_batch_size / dp = {per_rank} is not divisible by micro_batch_size {train.micro_batch_size}",
+        )
+    elif par.pp > 1:
+        microbatches = per_rank // train.micro_batch_size
+        if microbatches < par.pp:
+            bad(
+                "spec.training.global_batch_size",
+                f"pipeline needs at least pp = {par.pp} micro-batches per step, the batch gives {microbatches} "
+                "(global_batch_size / dp / micro_batch_size)",
+            )
+        elif par.pp_virtual_stages > 1 and microbatches % par.pp:
+            bad("spec.training.global_batch_size", f"interleaved schedules need micro-batches ({microbatches}) divisible by pp = {par.pp}")
+
+    seq = spec.data.seq_len
+    if par.cp > 1:
+        chunks = 2 * par.cp if par.cp_load_balance else par.cp
+        if seq % chunks:
+            bad("spec.data.seq_len", f"{seq} is not divisible by {chunks} (context-parallel chunks)")
+    if par.sequence_parallel and seq % par.tp:
+        bad("spec.data.seq_len", f"{seq} is not divisible by tp = {par.tp} (sequence parallel)")
+
+    if model is not None:
+        out.extend(_model_violations(model, job))
+
+    if spec.data.tokenizer != "byte" and not Path(spec.data.tokenizer).is_file():
+        bad("spec.data.tokenizer", f"tokenizer file {spec.data.tokenizer!r} does not exist")
+    if check_data:
+        out.extend(_data_violations(spec.data.paths))
+    return out
+
+
+def _model_violations(model: ModelConfig, job: TrainingJob) -> list[FieldViolation]:
+    par = job.spec.parallelism
+    out: list[FieldViolation] = []
+
+    def bad(field: str, description: str) -> None:
+        out.append(FieldViolation(f"spec.model.{field}", description))
+
+    if model.dim % model.n_heads:
+        bad("dim", f"{model.dim} is not divisible by n_heads {model.n_heads}")
+    elif model.head_dim % 2:
+        bad("dim", f"head dimension dim / n_heads = {model.head_dim} must be even for rotary embeddings")
+    if model.n_heads % model.n_kv_heads:
+        bad("n_kv_heads", f"n_heads {model.n_heads} is not divisible by n_kv_heads {model.n_kv_heads}")
+    if model.n_heads % par.tp:
+        bad("n_heads", f"{model.n_heads} is not divisible by tp = {par.tp}")
+    if model.n_kv_heads % par.tp:
+        bad("n_kv_heads", f"{model.n_kv_heads} is not divisible by tp = {par.tp}")
+    if model.ffn_dim % par.tp:
+        bad("ffn_dim", f"{model.ffn_dim} is not divisible by tp = {par.tp}")
+    if model.vocab_size % par.tp:
+        bad("vocab_size", f"{model.vocab_size} is not divisible by tp = {par.tp} (vocab-parallel embedding)")
+    if job.spec.data.tokenizer == "byte" and model.vocab_size < 256:
+        bad("vocab_size", f"{model.vocab_size} is smaller than the byte tokenizer's 256 symbols")
+    stages = par.pp * par.pp_virtual_stages
+    if model.n_layers < stages:
+        bad("n_layers", f"{model.n_layers} layers cannot fill pp x pp_virtual_stages = {stages} pipeline stages")
+    if model.moe is None:
+        if par.ep > 1:
+            out.append(FieldViolation("spec.parallelism.ep", "expert parallelism needs an MoE model (spec.model.moe)"))
+    else:
+        if model.moe.top_k > model.moe.num_experts:
+            bad("moe.top_k", f"{model.moe.top_k} exceeds num_experts {model.moe.num_experts}")
+        if model.moe.num_experts % par.ep:
+            bad("moe.num_experts", f"{model.moe.num_experts} is not divisible by ep = {par.ep}")
+    return out
+
+
+def _data_violations(patterns: list[str]) -> list[FieldViolation]:
+    out = []
+    if not patterns:
+        return [FieldViolation("spec.data.paths", "at least one path or glob is required")]
+    for i, pattern in enumerate(patterns):
+        if pattern == STDLIB_CORPUS:
+            continue
+        matches = resolve_data_paths([pattern])
+        if not matches:
+            out.append(FieldViolation(f"spec.data.paths[{i}]", f"{pattern!r} matches no files"))
+            continue
+        unreadable = [p for p in matches if not os.access(p, os.R_OK)]
+        if unreadable:
+            out.append(FieldViolation(f"spec.data.paths[{i}]", f"{len(unreadable)} matched files are unreadable, e.g. {unreadable[0]}"))
+    return out
+
+
+def validate_job(job: TrainingJob, *, pool_gpus: int | None = None, check_data: bool = True) -> TrainingJob:
+    """Raise SpecError if `job` breaks any semantic rule; return it otherwise."""
+    violations = semantic_violations(job, pool_gpus=pool_gpus, check_data=check_data)
+    if violations:
+        raise SpecError(violations)
+    return job
+
+
+def load_job_file(path: str | os.PathLike[str]) -> TrainingJob:
+    """Read and schema-validate a spec file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SpecError([FieldViolation("<file>", f"cannot read {path}: {exc.strerror}")]) from exc
+    return parse_yaml(text)
