@@ -1,0 +1,281 @@
+"""Bearer-token authentication: the access file, token hashing, the gRPC interceptor, principals.
+
+Tokens are random 256-bit secrets (`generate_token`), so the access file stores only their SHA-256
+(a slow password hash adds nothing against a 256-bit secret and would cost every request a KDF run).
+A presented token is hashed and compared with every stored hash by `hmac.compare_digest`, without
+stopping at a match. Tokens are never logged; entries are named so logs and audit can say who called.
+
+The access file (YAML) also holds the per-tenant quotas:
+
+    tokens:
+      - name: alice                 # who holds it (appears in logs)
+        tenant: vision              # DNS-1123 label
+        role: user                  # user | admin
+        sha256: 5e884898da28...     # `trainctl token new` prints this line
+    tenants:
+      vision: {running_gpus: 16, queued_jobs: 50}
+    default_quota: {running_gpus: 8, queued_jobs: 20}
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import grpc
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainctl.service.hardening import rejecting_handler
+from trainctl.service.tenancy import ANONYMOUS, TENANT_PATTERN, Principal, Quota, Role
+
+log = logging.getLogger(__name__)
+
+TOKEN_PREFIX = "trainctl_"
+"""Generated tokens start with this, so secret scanners and humans recognise a leaked one."""
+MIN_TOKEN_LENGTH = 32
+"""Shortest token `hash_token` accepts: anything shorter is too guessable for an unsalted hash."""
+_TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")
+_BEARER = re.compile(r"^\s*bearer\s+(\S+)\s*$", re.IGNORECASE)
+
+PUBLIC_METHOD_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+"""RPCs served without a token: health checks (load balancers, kubelet probes) and reflection."""
+
+
+class AuthConfigError(ValueError):
+    """The access file cannot be used; the message names the file and the offending field."""
+
+
+class AuthenticationError(Exception):
+    """A call that carries no usable bearer token. The message never contains the token."""
+
+
+class TokenEntry(BaseModel):
+    """One accepted token: who holds it, its tenant and role, and the SHA-256 of the token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    name: str = Field(min_length=1, max_length=128)
+    """Who holds the token; shown in logs instead of the token."""
+    tenant: str = Field(min_length=1, max_length=63)
+    """Tenant whose jobs the holder sees (a DNS-1123 label)."""
+    role: Role = Role.USER
+    """user: own tenant only; admin: every tenant."""
+    sha256: str
+    """Lower-case hex SHA-256 of the token (`trainctl token new` or `trainctl token hash`)."""
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_label(cls, value: str) -> str:
+        if not TENANT_PATTERN.match(value):
+            raise ValueError("must be a DNS-1123 label: lower-case letters, digits and '-'")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise ValueError("must be 64 lower-case hex digits (the SHA-256 of the token, never the token)")
+        return value
+
+
+class AccessConfig(BaseModel):
+    """The access file: tokens, and quotas per tenant."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    tokens: list[TokenEntry] = Field(min_length=1)
+    """Accepted tokens; at least one."""
+    tenants: dict[str, Quota] = Field(default_factory=dict)
+    """Quota of each named tenant."""
+    default_quota: Quota = Field(default_factory=Quota)
+    """Quota of tenants not listed under `tenants` (unlimited unless set)."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> AccessConfig:
+        for key in ("name", "sha256"):
+            seen: dict[str, int] = {}
+            for i, entry in enumerate(self.tokens):
+                value = getattr(entry, key)
+                if value in seen:
+                    raise ValueError(f"tokens[{i}].{key} repeats tokens[{seen[value]}].{key}")
+                seen[value] = i
+        for tenant in self.tenants:
+            if not TENANT_PATTERN.match(tenant):
+                raise ValueError(f"tenants.{tenant}: tenant names must be DNS-1123 labels")
+        return self
+
+
+def generate_token() -> str:
+    """A new random token: the prefix and 256 bits of URL-safe base64."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    """Hex SHA-256 of a token, after checking it is long enough and fits in gRPC metadata."""
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ValueError(f"a token must be at least {MIN_TOKEN_LENGTH} characters; use `trainctl token new`")
+    if not _TOKEN_CHARS.match(token):
+        raise ValueError("a token may hold only printable ASCII without spaces")
+    return hashlib.sha256(token.encode("ascii")).hexdigest()
+
+
+def load_access_config(path: str | Path) -> AccessConfig:
+    """Read and validate an access file, naming the file and the field of any problem."""
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise AuthConfigError(f"cannot read access file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise AuthConfigError(f"access file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(document, dict):
+        raise AuthConfigError(f"access file {path} must be a mapping with a 'tokens' list")
+    try:
+        return AccessConfig.model_validate(document)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{_dotted(err['loc'])}: {'unknown field' if err['type'] == 'extra_forbidden' else err['msg']}"
+            for err in exc.errors(include_input=False)
+        )
+        raise AuthConfigError(f"access file {path}: {problems}") from exc
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<document>"
+
+
+class Authenticator:
+    """Turns call metadata into a Principal. Without an access file, authentication is off."""
+
+    def __init__(self, config: AccessConfig | None):
+        self._config = config
+        self._entries = [(bytes.fromhex(e.sha256), e) for e in config.tokens] if config else []
+
+    @classmethod
+    def from_file(cls, path: str | Path | None) -> Authenticator:
+        """Authentication from an access file; with None it is off, and a warning says so."""
+        if path is None:
+            log.warning(
+                "authentication is OFF: no access file configured (--tokens-file). Every caller is an "
+                "admin of tenant %r. Serve only on loopback like this.",
+                ANONYMOUS.tenant,
+            )
+            return cls(None)
+        config = load_access_config(path)
+        log.info("authentication on: %d tokens, %d tenants with quotas", len(config.tokens), len(config.tenants))
+        return cls(config)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether calls must carry a valid bearer token."""
+        return self._config is not None
+
+    def quota(self, tenant: str) -> Quota:
+        """The quota of `tenant` (unlimited when authentication is off)."""
+        if self._config is None:
+            return Quota()
+        return self._config.tenants.get(tenant, self._config.default_quota)
+
+    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
+        """The principal of a call's metadata; AuthenticationError when no valid token is present."""
+        if self._config is None:
+            return ANONYMOUS
+        values = [value for key, value in (metadata or ()) if key.lower() == "authorization"]
+        if not values:
+            raise AuthenticationError("missing credentials: send metadata 'authorization: Bearer <token>'")
+        if len(values) > 1:
+            raise AuthenticationError("more than one 'authorization' metadata entry")
+        value = values[0].decode("latin-1") if isinstance(values[0], bytes) else values[0]
+        match = _BEARER.match(value)
+        if match is None:
+            raise AuthenticationError("malformed 'authorization' metadata: expected 'Bearer <token>'")
+        presented = hashlib.sha256(match.group(1).encode("utf-8", "surrogateescape")).digest()
+        found = None
+        for digest, entry in self._entries:  # no early exit: the time spent does not depend on which entry matches
+            if hmac.compare_digest(presented, digest):
+                found = entry
+        if found is None:
+            raise AuthenticationError("invalid token")
+        return Principal(name=found.name, tenant=found.tenant, role=found.role)
+
+    def principal_of(self, context: grpc.ServicerContext) -> Principal:
+        """The principal of the current call, for the servicer; aborts with UNAUTHENTICATED if none."""
+        try:
+            return self.authenticate(context.invocation_metadata())
+        except AuthenticationError as exc:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+            raise  # context.abort raises; this line only satisfies type checkers
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Refuses every RPC except health and reflection unless it carries a valid bearer token.
+
+    Refused calls get UNAUTHENTICATED and their payload is never decoded. The servicer learns who is
+    calling from `Authenticator.principal_of(context)`, which re-derives the principal from the same
+    metadata (a hash and a few comparisons), so no state travels between the two.
+    """
+
+    def __init__(self, authenticator: Authenticator):
+        self._auth = authenticator
+
+    def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method
+        if not self._auth.enabled or method.startswith(PUBLIC_METHOD_PREFIXES):
+            return continuation(handler_call_details)
+        try:
+            principal = self._auth.authenticate(handler_call_details.invocation_metadata)
+        except AuthenticationError as exc:
+            log.warning("refused %s: %s", method, exc)
+            return rejecting_handler(continuation(handler_call_details), grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        log.debug("%s called by %s (tenant %s, %s)", method, principal.name, principal.tenant, principal.role)
+        return continuation(handler_call_details)
+
+
+def token_main(argv: Sequence[str] | None = None) -> int:
+    """`trainctl token new|hash`: make a token and its access-file entry, or hash an existing token."""
+    parser = argparse.ArgumentParser(prog="trainctl token", description=token_main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    new = sub.add_parser("new", help="generate a token; print it once, and the access-file entry to add")
+    new.add_argument("--name", required=True, help="who will hold the token")
+    new.add_argument("--tenant", required=True, help="the holder's tenant (DNS-1123 label)")
+    new.add_argument("--role", choices=[r.value for r in Role], default=Role.USER.value)
+    sub.add_parser("hash", help="read a token from stdin and print its SHA-256 for the access file")
+    args = parser.parse_args(argv)
+
+    if args.command == "hash":
+        token = sys.stdin.readline().strip()
+        try:
+            print(hash_token(token))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+
+    token = generate_token()
+    try:
+        entry = TokenEntry(name=args.name, tenant=args.tenant, role=Role(args.role), sha256=hash_token(token))
+    except ValidationError as exc:
+        for err in exc.errors(include_input=False):
+            print(f"error: --{_dotted(err['loc'])}: {err['msg']}", file=sys.stderr)
+        return 2
+    print(f"token (shown once; give it to {entry.name}, store it as TRAINCTL_TOKEN): {token}", file=sys.stderr)
+    print(yaml.safe_dump({"tokens": [entry.model_dump(mode="json")]}, sort_keys=False), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(token_main())

@@ -1,0 +1,111 @@
+"""Confinement of file paths to configured roots.
+
+A job spec names files the service's workers will read (`spec.data.paths`, `spec.data.tokenizer`), and
+the service derives directories it will write (checkpoints). Without confinement a tenant could train
+on, and so learn about, any file the service account can read. `DataPathPolicy` accepts a path only
+when it is absolute, has no `..` component, its fixed (non-glob) part lies under a data root, and every
+file it matches still lies under a data root once symlinks are resolved (`os.path.realpath`).
+`confined_child` builds service-owned paths (a job's checkpoint directory) the same way.
+
+Residual risk, documented in docs/security.md: validation happens at CreateJob; a tenant who can write
+inside a data root could swap a validated file for a symlink later, so data roots must not be
+writable by tenants (or must be mounted read-only into the workers).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainctl.spec.job import DataSpec
+from trainctl.spec.validate import STDLIB_CORPUS, FieldViolation, resolve_data_paths
+
+_GLOB_MAGIC = re.compile(r"[*?\[]")
+_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _static_prefix(pattern: str) -> str:
+    """The leading components of a glob pattern that contain no glob characters."""
+    parts = pattern.split(os.sep)
+    fixed = []
+    for part in parts:
+        if _GLOB_MAGIC.search(part):
+            break
+        fixed.append(part)
+    return os.sep.join(fixed) or os.sep
+
+
+class DataPathPolicy:
+    """Which files jobs may read: everything under `roots` (after resolving symlinks), and `@stdlib`."""
+
+    def __init__(self, roots: Sequence[str | os.PathLike[str]]):
+        if not roots:
+            raise ValueError("DataPathPolicy needs at least one data root")
+        resolved = []
+        for root in roots:
+            if not os.path.isabs(root):
+                raise ValueError(f"data root {root!s} must be an absolute path")
+            if not os.path.isdir(root):
+                raise ValueError(f"data root {root!s} is not a directory")
+            resolved.append(os.path.realpath(root))
+        self.roots: tuple[str, ...] = tuple(resolved)
+
+    def _outside(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        return not any(_within(real, root) for root in self.roots)
+
+    def _path_problem(self, value: str, *, glob: bool) -> str | None:
+        roots = ", ".join(self.roots)
+        if not value:
+            return "is empty"
+        if "\x00" in value:
+            return "contains a NUL character"
+        if not os.path.isabs(value):
+            return f"{value!r} must be an absolute path under a data root ({roots})"
+        if ".." in Path(value).parts:
+            return f"{value!r} must not contain '..' components"
+        fixed = _static_prefix(value) if glob else value
+        if self._outside(fixed):
+            return f"{value!r} is outside the data roots ({roots})"
+        matches = resolve_data_paths([value]) if glob else [Path(value)]
+        for match in matches:
+            if self._outside(str(match)):
+                return f"{value!r} matches {str(match)!r}, which resolves outside the data roots ({roots}) through a symlink"
+        return None
+
+    def violations(self, data: DataSpec) -> list[FieldViolation]:
+        """One FieldViolation per data path or tokenizer path that escapes the roots."""
+        out = []
+        for i, pattern in enumerate(data.paths):
+            if pattern == STDLIB_CORPUS:
+                continue
+            problem = self._path_problem(pattern, glob=True)
+            if problem:
+                out.append(FieldViolation(f"spec.data.paths[{i}]", problem))
+        if data.tokenizer != "byte":
+            problem = self._path_problem(data.tokenizer, glob=False)
+            if problem:
+                out.append(FieldViolation("spec.data.tokenizer", problem))
+        return out
+
+
+def confined_child(root: str | os.PathLike[str], *parts: str) -> Path:
+    """`root/part/...` for service-owned paths (a job's checkpoint directory), refusing any escape.
+
+    Each part must be a plain name (letters, digits, '.', '_', '-', not starting with '.'), and the
+    result, with symlinks resolved as far as it exists, must stay under `root`.
+    """
+    for part in parts:
+        if not _SAFE_PART.match(part):
+            raise ValueError(f"path component {part!r} is not a plain file name")
+    real_root = os.path.realpath(root)
+    candidate = os.path.join(real_root, *parts)
+    if not _within(os.path.realpath(candidate), real_root):
+        raise ValueError(f"{candidate} resolves outside {real_root}")
+    return Path(candidate)

@@ -1,0 +1,105 @@
+"""Tenancy: who may see which job, and per-tenant quotas.
+
+A job belongs to the tenant of the principal that created it. A `user` sees, watches and cancels only
+its own tenant's jobs; to it another tenant's job does not exist (NOT_FOUND, never PERMISSION_DENIED,
+so job ids cannot be probed). An `admin` sees every tenant.
+
+Quotas are checked twice: at CreateJob (`admission_violation`: too many queued jobs, or a job that
+could never fit the tenant's GPU quota, is refused with RESOURCE_EXHAUSTED) and by the scheduler
+(`start_block_reason`: a job whose start would push the tenant over its running-GPU quota stays
+QUEUED with that reason, as a full cluster would leave it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TENANT_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+"""Tenant names are DNS-1123 labels, like job names, so they are safe in logs, labels and paths."""
+
+DEFAULT_TENANT = "default"
+"""The tenant of every job when authentication is off (the embedded default)."""
+
+
+class Role(StrEnum):
+    """What a principal may do: `user` acts within its tenant, `admin` across all tenants."""
+
+    USER = "user"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller: the token's name (for audit logs), its tenant and its role."""
+
+    name: str
+    tenant: str
+    role: Role
+
+    @property
+    def is_admin(self) -> bool:
+        """True for the admin role."""
+        return self.role is Role.ADMIN
+
+    def can_access(self, tenant: str) -> bool:
+        """Whether this principal may see and act on a job owned by `tenant`."""
+        return self.is_admin or tenant == self.tenant
+
+    def tenant_filter(self) -> str | None:
+        """The tenant a listing must be restricted to, or None for every tenant (admins)."""
+        return None if self.is_admin else self.tenant
+
+
+ANONYMOUS = Principal(name="anonymous", tenant=DEFAULT_TENANT, role=Role.ADMIN)
+"""The principal of every call when authentication is off: one tenant, full access."""
+
+
+class Quota(BaseModel):
+    """Limits for one tenant; None means unlimited."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    running_gpus: int | None = Field(default=None, ge=0)
+    """GPUs the tenant's jobs may hold at once (SCHEDULED, RUNNING, RESTARTING or CANCELLING)."""
+    queued_jobs: int | None = Field(default=None, ge=0)
+    """Jobs the tenant may have waiting in QUEUED at once."""
+
+
+@dataclass(frozen=True)
+class TenantUsage:
+    """What a tenant holds now, as counted from the store."""
+
+    queued_jobs: int
+    running_gpus: int
+
+
+def admission_violation(tenant: str, quota: Quota, usage: TenantUsage, job_gpus: int) -> str | None:
+    """Why a new job of `job_gpus` GPUs must be refused at CreateJob, or None to accept it.
+
+    The message names the quota and its limit; the caller answers RESOURCE_EXHAUSTED with it.
+    """
+    if quota.running_gpus is not None and job_gpus > quota.running_gpus:
+        return (
+            f"quota running_gpus of tenant {tenant!r} is {quota.running_gpus}: "
+            f"a job of {job_gpus} GPUs could never start"
+        )
+    if quota.queued_jobs is not None and usage.queued_jobs >= quota.queued_jobs:
+        return (
+            f"quota queued_jobs of tenant {tenant!r} is {quota.queued_jobs} and "
+            f"{usage.queued_jobs} jobs are already queued"
+        )
+    return None
+
+
+def start_block_reason(tenant: str, quota: Quota, usage: TenantUsage, job_gpus: int) -> str | None:
+    """Why the scheduler must keep a queued job waiting for quota, or None if quota lets it start."""
+    if quota.running_gpus is None or usage.running_gpus + job_gpus <= quota.running_gpus:
+        return None
+    return (
+        f"waiting for quota running_gpus of tenant {tenant!r}: {usage.running_gpus} of "
+        f"{quota.running_gpus} GPUs in use, the job needs {job_gpus}"
+    )
