@@ -9,7 +9,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test lint proto clean
+.PHONY: install demo test lint proto clean promtool
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,11 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/trainctl demo
 
-test: install
+# Deploy tests run Debian's Prometheus (promtool + a real server); CI is root on a fresh machine.
+promtool:
+	command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
+
+test: install promtool
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -p no:cacheprovider tests
 

@@ -1,0 +1,197 @@
+"""ServiceMetrics: the exposition is promtool-clean, labels are bounded, finished jobs expire."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import urllib.request
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from trainctl.service.metrics import JOB_STATES, NodeGpus, ServiceMetrics, start_metrics_server
+
+
+@dataclass
+class Report:
+    step: int
+    loss: float = 2.5
+    grad_norm: float = 1.0
+    lr: float = 3e-4
+    tokens: int = 1024
+    tokens_per_second: float = 5000.0
+    mfu: float | None = 0.4
+    step_time_seconds: float = 0.2
+    breakdown: dict[str, float] = field(default_factory=lambda: {"forward_backward": 0.15, "optimizer": 0.05})
+    peak_memory_bytes: int = 1 << 30
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset], float]:
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return samples(registry).get((name, frozenset(labels.items())))
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry: CollectorRegistry, clock: Clock) -> ServiceMetrics:
+    return ServiceMetrics(registry, version="1.2.3", finished_job_ttl_seconds=60, clock=clock)
+
+
+def populate(m: ServiceMetrics) -> None:
+    m.observe_rpc("CreateJob", "OK", 0.01)
+    m.observe_rpc("GetJob", "NOT_FOUND", 0.002)
+    m.set_queue(3, oldest_queued_at=999_990.0)
+    m.set_jobs_by_state({"QUEUED": 3, "RUNNING": 1})
+    m.observe_scheduling("started", solver_seconds=0.02)
+    m.observe_scheduling("no_capacity")
+    m.observe_store("create_job", 0.003)
+    m.set_gpu_inventory([NodeGpus("node-0", "nvl-0", 8, 8), NodeGpus("node-1", "nvl-0", 8, 0)])
+    m.set_job_state("job-a", "team-a", "RUNNING")
+    m.set_job_placement("job-a", "team-a", {("node-0", "nvl-0"): 8})
+    m.record_step("job-a", "team-a", Report(step=10))
+    m.record_checkpoint("job-a", "team-a", seconds=3.0, size_bytes=123456)
+    m.record_restart("job-a", "team-a")
+    m.set_straggler_ratio("job-a", "team-a", 1.25)
+
+
+def test_exposition_passes_promtool(metrics: ServiceMetrics, registry: CollectorRegistry) -> None:
+    if shutil.which("promtool") is None:
+        pytest.fail("promtool missing: `make test` installs Debian's prometheus package (make promtool)")
+    populate(metrics)
+    out = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(registry),
+                         capture_output=True, check=False)
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+
+
+def test_values_and_names(metrics: ServiceMetrics, registry: CollectorRegistry) -> None:
+    populate(metrics)
+    job = {"job_id": "job-a", "tenant": "team-a"}
+    assert value(registry, "trainctl_build_info", version="1.2.3", ray_version="2.60.0",
+                 python_version=__import__("platform").python_version()) == 1
+    assert value(registry, "trainctl_grpc_requests_total", method="GetJob", code="NOT_FOUND") == 1
+    assert value(registry, "trainctl_queue_oldest_age_seconds") == 10
+    for state in JOB_STATES:  # every state is exported, zeros included
+        assert value(registry, "trainctl_jobs", state=state) == {"QUEUED": 3, "RUNNING": 1}.get(state, 0)
+    assert value(registry, "trainctl_job_state", state="RUNNING", **job) == 1
+    assert value(registry, "trainctl_job_state", state="QUEUED", **job) == 0
+    assert value(registry, "trainctl_job_step_phase_seconds", phase="optimizer", **job) == 0.05
+    assert value(registry, "trainctl_job_mfu_ratio", **job) == 0.4
+    assert value(registry, "trainctl_job_gpus", node="node-0", nvlink_domain="nvl-0", **job) == 8
+    assert value(registry, "trainctl_cluster_gpus_used", node="node-1", nvlink_domain="nvl-0") == 0
+    assert value(registry, "trainctl_job_restarts_total", **job) == 1
+    names = {name for name, _ in samples(registry)}
+    assert all(n.startswith("trainctl_") for n in names)
+
+
+def test_queue_age_grows_between_updates(metrics: ServiceMetrics, registry: CollectorRegistry, clock: Clock) -> None:
+    metrics.set_queue(1, oldest_queued_at=clock.now)
+    clock.now += 42
+    assert value(registry, "trainctl_queue_oldest_age_seconds") == 42
+    metrics.set_queue(0, None)
+    assert value(registry, "trainctl_queue_oldest_age_seconds") == 0
+
+
+def test_tokens_counter_counts_steps_between_reports(metrics: ServiceMetrics, registry: CollectorRegistry) -> None:
+    job = {"job_id": "j", "tenant": "t"}
+    metrics.record_step("j", "t", Report(step=1, tokens=100))
+    metrics.record_step("j", "t", Report(step=5, tokens=100))  # log_interval 4: 4 steps of 100 tokens
+    assert value(registry, "trainctl_job_tokens_total", **job) == 500
+    metrics.record_step("j", "t", Report(step=3, tokens=100))  # resumed from an earlier checkpoint
+    assert value(registry, "trainctl_job_tokens_total", **job) == 600
+    metrics.record_step("j", "t", Report(step=4, tokens=100, mfu=None))  # unknown peak: MFU keeps its last value
+    assert value(registry, "trainctl_job_mfu_ratio", **job) == 0.4
+
+
+def test_finished_jobs_expire_after_ttl(metrics: ServiceMetrics, registry: CollectorRegistry, clock: Clock) -> None:
+    populate(metrics)
+    metrics.set_job_state("job-b", "team-b", "RUNNING")
+    metrics.set_job_state("job-a", "team-a", "SUCCEEDED")
+    clock.now += 59
+    assert metrics.expire_finished_jobs() == []
+    clock.now += 1
+    metrics.set_jobs_by_state({"SUCCEEDED": 1, "RUNNING": 1})  # the scheduler's periodic call expires too
+    remaining = {dict(labels).get("job_id") for _, labels in samples(registry)}
+    assert "job-a" not in remaining and "job-b" in remaining
+    metrics.forget_job("job-b")
+    assert {dict(labels).get("job_id") for _, labels in samples(registry)} == {None}
+
+
+def test_restarted_job_does_not_expire(metrics: ServiceMetrics, clock: Clock) -> None:
+    metrics.set_job_state("j", "t", "FAILED")
+    metrics.set_job_state("j", "t", "QUEUED")  # resubmitted / recovered
+    clock.now += 3600
+    assert metrics.expire_finished_jobs() == []
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m: m.observe_rpc("CreateJob", "BOGUS", 0.1), "code must be one of"),
+        (lambda m: m.observe_rpc("/trainctl.v1.Jobs/CreateJob", "OK", 0.1), "method must be"),
+        (lambda m: m.set_jobs_by_state({"DONE": 1}), "state must be one of"),
+        (lambda m: m.observe_scheduling("maybe"), "decision must be one of"),
+        (lambda m: m.observe_store("Create Job", 0.1), "op must be a snake_case"),
+        (lambda m: m.set_queue(0, 5.0), "oldest_queued_at must be None"),
+        (lambda m: m.set_gpu_inventory([NodeGpus("n", "d", 4, 5)]), "need 0 <= used <= total"),
+        (lambda m: m.record_step("j", "t", Report(step=1, breakdown={"rank 3": 1.0})), "breakdown key"),
+        (lambda m: m.set_straggler_ratio("j", "t", 0.5), "must be >= 1"),
+        (lambda m: m.record_restart("", "t"), "job_id must be a non-empty"),
+    ],
+)
+def test_bad_input_is_named(metrics: ServiceMetrics, call, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call(metrics)
+
+
+def test_job_cannot_change_tenant(metrics: ServiceMetrics) -> None:
+    metrics.record_restart("j", "t1")
+    with pytest.raises(ValueError, match="belongs to tenant 't1'"):
+        metrics.record_restart("j", "t2")
+
+
+def test_registries_are_independent(clock: Clock) -> None:
+    a, b = CollectorRegistry(), CollectorRegistry()
+    ServiceMetrics(a, clock=clock).record_restart("j", "t")
+    ServiceMetrics(b, clock=clock)
+    assert value(a, "trainctl_job_restarts_total", job_id="j", tenant="t") == 1
+    assert value(b, "trainctl_job_restarts_total", job_id="j", tenant="t") is None
+
+
+def test_metrics_server_serves_registry(metrics: ServiceMetrics, registry: CollectorRegistry) -> None:
+    populate(metrics)
+    server = start_metrics_server(registry, "127.0.0.1", 0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as resp:
+            body = resp.read().decode()
+    finally:
+        server.close()
+    assert 'trainctl_job_step{job_id="job-a",tenant="team-a"} 10.0' in body
+    with pytest.raises(ValueError, match="metrics port"):
+        start_metrics_server(registry, "127.0.0.1", 70000)
