@@ -1,0 +1,202 @@
+"""The supervisor's event log: state changes, step reports, log lines and the placement obtained.
+
+Events carry a sequence number that increases by one per event, starting at 1. A poller keeps the
+sequence number of the last event it has seen (its *cursor*; 0 before the first) and asks for the
+events after it, so it can stop and resume at any point without losing or repeating one. The log
+is kept in memory by the job's supervisor and appended, one JSON object per line, to
+``<run_dir>/events.jsonl``: a supervisor restarted by Ray reloads it and continues the numbering, and
+the runtime reads it once the supervisor is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+EVENTS_FILE = "events.jsonl"
+
+
+class JobPhase(StrEnum):
+    """States the supervisor drives a job through (the service adds QUEUED before them)."""
+
+    SCHEDULED = "SCHEDULED"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    CANCELLING = "CANCELLING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        """True for SUCCEEDED, FAILED and CANCELLED."""
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED)
+
+
+class EventKind(StrEnum):
+    """What an event reports."""
+
+    STATE = "state"
+    """A state change: ``state`` and ``reason`` are set."""
+    STEP = "step"
+    """A step report from the ranks: ``step`` holds the StepReport fields plus straggler stats."""
+    LOG = "log"
+    """A log line: ``message`` (and ``rank`` when it came from one)."""
+    PLACEMENT = "placement"
+    """Where the ranks actually run: ``placement`` lists one RankLocation dict per rank."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a job's event log."""
+
+    seq: int
+    """Position in the log, from 1, without gaps."""
+    time: float
+    """Unix time the supervisor recorded it."""
+    kind: EventKind
+    """What it reports."""
+    state: JobPhase | None = None
+    """New state (STATE events)."""
+    reason: str = ""
+    """Why the state changed (STATE events)."""
+    message: str = ""
+    """Log line (LOG events) or a human summary."""
+    rank: int | None = None
+    """The rank it came from, when one did."""
+    generation: int = 0
+    """Rank-group generation it belongs to (0 for the first group, +1 per restart)."""
+    step: dict[str, Any] | None = None
+    """StepReport fields (STEP events), plus ``rank_step_times`` and ``straggler_ratio``."""
+    placement: list[dict[str, Any]] | None = None
+    """Per-rank locations (PLACEMENT events)."""
+
+    def to_json(self) -> str:
+        """One line of JSON."""
+        return json.dumps(asdict(self), separators=(",", ":"), default=str)
+
+    @classmethod
+    def from_json(cls, line: str) -> Event:
+        """Inverse of `to_json`."""
+        data = json.loads(line)
+        data["kind"] = EventKind(data["kind"])
+        data["state"] = JobPhase(data["state"]) if data.get("state") else None
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What a poll returns: the new events, the cursor to resume from, and where the job stands."""
+
+    events: list[Event]
+    cursor: int
+    """Sequence number of the last event returned (the input cursor when there were none)."""
+    state: JobPhase
+    """Latest state recorded in the log."""
+    reason: str
+    """Reason of the latest state change."""
+    restarts: int
+    """Group restarts so far."""
+    last_seq: int = 0
+    """Sequence number of the newest event in the log; ``cursor == last_seq`` means drained."""
+
+    @property
+    def drained(self) -> bool:
+        """True when the poller has seen every event recorded so far."""
+        return self.cursor >= self.last_seq
+
+
+@dataclass
+class EventLog:
+    """A thread-safe, append-only event log mirrored to a JSONL file."""
+
+    path: Path | None = None
+    _events: list[Event] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def open(cls, path: Path | None) -> EventLog:
+        """A log backed by ``path``, holding the events already in it (none when it does not exist)."""
+        log = cls(path=path)
+        if path is not None and path.exists():
+            log._events = read_events(path)
+        elif path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return log
+
+    def append(self, kind: EventKind, **fields: Any) -> Event:
+        """Record an event with the next sequence number and return it."""
+        with self._lock:
+            event = Event(seq=len(self._events) + 1, time=time.time(), kind=kind, **fields)
+            self._events.append(event)
+            if self.path is not None:
+                with self.path.open("a", encoding="utf-8") as out:
+                    out.write(event.to_json() + "\n")
+            return event
+
+    def since(self, cursor: int, limit: int) -> list[Event]:
+        """Up to ``limit`` events with a sequence number above ``cursor``."""
+        if cursor < 0:
+            raise ValueError(f"cursor must be >= 0, got {cursor}")
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        with self._lock:
+            return self._events[cursor : cursor + limit]
+
+    def all(self) -> list[Event]:
+        """Every event so far."""
+        with self._lock:
+            return list(self._events)
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the newest event (0 when empty)."""
+        with self._lock:
+            return len(self._events)
+
+
+def read_events(path: Path) -> list[Event]:
+    """The events of a JSONL log; a torn last line (a crash mid-write) is dropped."""
+    events: list[Event] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            event = Event.from_json(line)
+        except (ValueError, TypeError, KeyError) as exc:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not an event record: {exc}") from exc
+        if event.seq != len(events) + 1:
+            raise ValueError(f"{path}:{number}: sequence number {event.seq}, expected {len(events) + 1}")
+        events.append(event)
+    return events
+
+
+def status_of(events: list[Event], cursor: int, limit: int) -> JobStatus:
+    """A JobStatus over a complete log (used by the supervisor and when reading the file)."""
+    if cursor < 0:
+        raise ValueError(f"cursor must be >= 0, got {cursor}")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    state, reason, restarts = JobPhase.SCHEDULED, "", 0
+    for event in events:
+        if event.kind is EventKind.STATE and event.state is not None:
+            state, reason = event.state, event.reason
+            if event.state is JobPhase.RESTARTING:
+                restarts += 1
+    page = events[cursor : cursor + limit]
+    return JobStatus(
+        events=page,
+        cursor=page[-1].seq if page else cursor,
+        state=state,
+        reason=reason,
+        restarts=restarts,
+        last_seq=len(events),
+    )

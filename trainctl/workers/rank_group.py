@@ -1,0 +1,163 @@
+"""RankGroup: one placement group pinned to the planned nodes and GPUs, one RankWorker per rank.
+
+Pinning: bundle ``i`` holds rank ``i`` and asks for the custom resource of the planned GPU slot
+(``trainctl_gpu_<gpu>``) plus, on nodes with real GPUs, one Ray ``GPU``; its bundle label selector
+requires ``trainctl.io/node == <planned node>``. Ray can therefore only reserve that slot on that node.
+Each RankWorker is created in its rank's bundle and told its rank; it reports the node label and the
+slot Ray actually reserved, and the group refuses to train when either differs from the plan.
+
+Rendezvous: rank 0 picks its node IP and a free port; every rank joins ``init_distributed`` with it
+(NCCL on GPUs, gloo on CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from trainctl.workers.rank_worker import RankLocation, RankSlot, RankWorker
+from trainctl.workers.resources import NODE_LABEL, gpu_slot
+
+log = logging.getLogger(__name__)
+
+NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+
+class PlacementUnavailable(RuntimeError):
+    """The planned GPUs could not all be reserved in time (taken, or a node is gone)."""
+
+
+class PlacementMismatch(RuntimeError):
+    """A RankWorker runs somewhere other than the plan says."""
+
+
+_GROUP_NAME = re.compile(r"^trainctl-pg-(?P<job>.+)-g(?P<generation>\d+)$")
+_RANK_NAME = re.compile(r"^trainctl-rank-(?P<job>.+)-g(?P<generation>\d+)-(?P<rank>\d+)$")
+
+
+def group_name(job_id: str, generation: int) -> str:
+    """Name of a job's placement group for one generation of its rank group."""
+    return f"trainctl-pg-{job_id}-g{generation}"
+
+
+def rank_name(job_id: str, generation: int, rank: int) -> str:
+    """Ray actor name of one RankWorker."""
+    return f"trainctl-rank-{job_id}-g{generation}-{rank}"
+
+
+def owned_by(name: str, job_id: str) -> bool:
+    """True when ``name`` is one of ``job_id``'s placement groups or RankWorker actors."""
+    match = _GROUP_NAME.match(name) or _RANK_NAME.match(name)
+    return match is not None and match.group("job") == job_id
+
+
+def check_slots(slots: Sequence[RankSlot]) -> None:
+    """Raise ValueError naming the problem unless ranks are 0..n-1 once each on distinct (node, gpu)."""
+    if not slots:
+        raise ValueError("placement has no ranks")
+    ranks = sorted(slot.rank for slot in slots)
+    if ranks != list(range(len(slots))):
+        raise ValueError(f"placement must name ranks 0..{len(slots) - 1} exactly once, got {ranks}")
+    seen: dict[tuple[str, int], int] = {}
+    for slot in slots:
+        if slot.gpu < 0:
+            raise ValueError(f"rank {slot.rank}: GPU index must be >= 0, got {slot.gpu}")
+        other = seen.setdefault((slot.node, slot.gpu), slot.rank)
+        if other != slot.rank:
+            raise ValueError(f"ranks {other} and {slot.rank} are both placed on {slot.node} GPU {slot.gpu}")
+
+
+@dataclass
+class RankGroup:
+    """A running rank group. Create it with `RankGroup.create`; always `shutdown` it."""
+
+    job_id: str
+    generation: int
+    slots: list[RankSlot]
+    use_gpu: bool
+    pg: PlacementGroup
+    workers: list[Any]
+
+    @classmethod
+    def create(
+        cls,
+        job_id: str,
+        generation: int,
+        slots: Sequence[RankSlot],
+        *,
+        use_gpu: bool,
+        ready_timeout: float,
+    ) -> RankGroup:
+        """Reserve the planned slots and start one RankWorker per rank (ordered by rank)."""
+        check_slots(slots)
+        ordered = sorted(slots, key=lambda slot: slot.rank)
+        bundles = [_bundle(slot, use_gpu) for slot in ordered]
+        selectors = [{NODE_LABEL: slot.node} for slot in ordered]
+        pg = placement_group(
+            bundles, strategy="PACK", name=group_name(job_id, generation), bundle_label_selector=selectors
+        )
+        try:
+            ray.get(pg.ready(), timeout=ready_timeout)
+        except GetTimeoutError:
+            remove_placement_group(pg)
+            wanted = ", ".join(f"rank {s.rank} -> {s.node} GPU {s.gpu}" for s in ordered)
+            raise PlacementUnavailable(
+                f"could not reserve the planned GPUs within {ready_timeout:g}s ({wanted}); "
+                "a GPU is taken or a node is missing"
+            ) from None
+        actor_cls = ray.remote(RankWorker)
+        workers = []
+        for slot in ordered:
+            options: dict[str, Any] = {
+                "num_cpus": 0,
+                "resources": {gpu_slot(slot.gpu): 1},
+                "max_restarts": 0,
+                "name": rank_name(job_id, generation, slot.rank),
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=slot.rank),
+            }
+            if use_gpu:
+                options["num_gpus"] = 1
+                options["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
+            workers.append(actor_cls.options(**options).remote(job_id, slot, len(ordered), use_gpu))
+        return cls(job_id, generation, list(ordered), use_gpu, pg, workers)
+
+    def locations(self, timeout: float) -> list[RankLocation]:
+        """Each rank's actual location, in rank order; raises PlacementMismatch if any is off-plan."""
+        found: list[RankLocation] = ray.get([w.location.remote() for w in self.workers], timeout=timeout)
+        wrong = [loc for loc in found if not loc.matches_plan]
+        if wrong:
+            detail = "; ".join(
+                f"rank {loc.rank} planned {loc.planned_node} GPU {loc.planned_gpu}, runs on {loc.node} GPU {loc.gpu}"
+                for loc in wrong
+            )
+            raise PlacementMismatch(detail)
+        return found
+
+    def start(self, job_json: str, checkpoint_dir: str, reporter: Any, timeout: float) -> list[ray.ObjectRef]:
+        """Rendezvous on rank 0 and start training on every rank; one result ref per rank."""
+        host, port = ray.get(self.workers[0].endpoint.remote(), timeout=timeout)
+        log.info("job %s generation %d: rendezvous at %s:%d", self.job_id, self.generation, host, port)
+        return [
+            w.train.remote(host, port, job_json, checkpoint_dir, reporter, self.generation) for w in self.workers
+        ]
+
+    def shutdown(self) -> None:
+        """Kill every RankWorker and remove the placement group."""
+        for worker in self.workers:
+            ray.kill(worker, no_restart=True)
+        remove_placement_group(self.pg)
+
+
+def _bundle(slot: RankSlot, use_gpu: bool) -> dict[str, float]:
+    bundle = {gpu_slot(slot.gpu): 1.0}
+    if use_gpu:
+        bundle["GPU"] = 1.0
+    return bundle

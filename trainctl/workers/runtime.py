@@ -1,0 +1,281 @@
+"""RayRuntime: what the service calls to run jobs on Ray.
+
+``start_job`` creates the job's detached, named `JobSupervisor`; ``poll`` reads its event log from a
+cursor; ``cancel`` stops it and leaves no actor or placement group behind; ``running_jobs`` and
+``attach`` let a restarted service find and re-attach the supervisors that kept running;
+``cluster_nodes`` describes the Ray nodes trainctl can place ranks on.
+
+Once a job is terminal and a poll has returned its last event, the runtime kills the supervisor;
+later polls read the same log from ``<run_dir>/events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import ray
+
+from trainctl.spec.job import TrainingJob
+from trainctl.workers.events import (
+    EVENTS_FILE,
+    EventKind,
+    EventLog,
+    JobPhase,
+    JobStatus,
+    read_events,
+    status_of,
+)
+from trainctl.workers.rank_group import check_slots, owned_by
+from trainctl.workers.rank_worker import RankSlot
+from trainctl.workers.resources import NODE_LABEL, slots_of
+from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, SupervisorConfig, supervisor_name
+
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+SUPERVISOR_MAX_RESTARTS = 3
+"""Times Ray restarts a supervisor whose process died; each restart resumes from the checkpoint."""
+
+
+class JobNotFound(LookupError):
+    """No supervisor and no event log for this job id."""
+
+
+class JobAlreadyStarted(RuntimeError):
+    """A supervisor for this job id exists already."""
+
+
+class PlacementError(ValueError):
+    """The placement does not fit the job or the cluster."""
+
+
+class _Assignment(Protocol):
+    rank: int
+    node: str
+    gpu: int
+
+
+class _Placement(Protocol):
+    @property
+    def assignments(self) -> Sequence[_Assignment]: ...
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """A Ray node as trainctl sees it."""
+
+    name: str | None
+    """The node's ``trainctl.io/node`` label (None when the node has none: trainctl does not use it)."""
+    node_id: str
+    address: str
+    alive: bool
+    labels: dict[str, str]
+    gpus: list[int]
+    """Local GPU indices the node offers (its ``trainctl_gpu_<i>`` slots)."""
+    free_gpus: list[int]
+    """Those not reserved right now."""
+    cuda_gpus: int
+    """Real CUDA GPUs Ray sees on the node (0 where the GPUs are simulated)."""
+
+
+class RayRuntime:
+    """Runs jobs on a Ray cluster. ``address`` None uses the Ray this process is connected to (or
+    starts a local one); otherwise it connects to ``address``."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        namespace: str = "trainctl",
+        *,
+        placement_timeout: float = 60.0,
+        call_timeout: float = 30.0,
+    ) -> None:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        self.namespace = namespace
+        self._placement_timeout = placement_timeout
+        self._call_timeout = call_timeout
+        self._run_dirs: dict[str, Path] = {}
+        self._owns_connection = not ray.is_initialized()
+        if self._owns_connection:
+            ray.init(address=address, namespace=namespace, log_to_driver=False, include_dashboard=False)
+
+    def close(self) -> None:
+        """Disconnect from Ray if this runtime connected (supervisors keep running: they are detached)."""
+        if self._owns_connection and ray.is_initialized():
+            ray.shutdown()
+
+    # ---- jobs --------------------------------------------------------------------------------
+
+    def start_job(self, job_id: str, job: TrainingJob, placement: _Placement, run_dir: str | Path) -> None:
+        """Create the job's supervisor, which reserves the planned GPUs and starts training."""
+        _check_job_id(job_id)
+        if self._supervisor(job_id) is not None:
+            raise JobAlreadyStarted(f"job {job_id} already has a supervisor ({supervisor_name(job_id)})")
+        slots = [RankSlot(rank=a.rank, node=a.node, gpu=a.gpu) for a in placement.assignments]
+        use_gpu = self._check_placement(job, slots)
+        run_path = Path(run_dir).resolve()
+        run_path.mkdir(parents=True, exist_ok=True)
+        config = SupervisorConfig(
+            job_id=job_id,
+            job_json=job.model_dump_json(),
+            slots=slots,
+            run_dir=str(run_path),
+            use_gpu=use_gpu,
+            placement_timeout=self._placement_timeout,
+            call_timeout=self._call_timeout,
+        )
+        actor_cls = ray.remote(concurrency_groups={"control": 4, "reports": 1})(JobSupervisor)
+        actor_cls.options(
+            name=supervisor_name(job_id),
+            namespace=self.namespace,
+            lifetime="detached",
+            max_restarts=SUPERVISOR_MAX_RESTARTS,
+            num_cpus=0,
+        ).remote(config)
+        self._run_dirs[job_id] = run_path
+
+    def attach(self, job_id: str, run_dir: str | Path) -> None:
+        """Remember where a job's events live (a restarted service calls this for each known job)."""
+        _check_job_id(job_id)
+        self._run_dirs[job_id] = Path(run_dir).resolve()
+
+    def running_jobs(self) -> list[str]:
+        """Job ids of the supervisors alive in this namespace."""
+        return sorted(
+            name.removeprefix(SUPERVISOR_PREFIX) for name in self._actor_names() if name.startswith(SUPERVISOR_PREFIX)
+        )
+
+    def poll(self, job_id: str, cursor: int = 0, limit: int = 1000) -> JobStatus:
+        """Events after ``cursor`` and the job's state. Releases the supervisor once the job is over
+        and every event has been returned."""
+        supervisor = self._supervisor(job_id)
+        if supervisor is not None:
+            try:
+                status: JobStatus = ray.get(supervisor.poll.remote(cursor, limit), timeout=self._call_timeout)
+            except ray.exceptions.RayActorError:
+                return self._poll_file(job_id, cursor, limit)
+            if status.state.terminal and status.drained:
+                ray.kill(supervisor, no_restart=True)
+            return status
+        return self._poll_file(job_id, cursor, limit)
+
+    def cancel(self, job_id: str, timeout: float = 60.0) -> JobStatus:
+        """Cancel the job and wait until none of its actors or placement groups is left; returns its
+        final state (a job already finished keeps its state)."""
+        supervisor = self._supervisor(job_id)
+        if supervisor is None:
+            return self._poll_file(job_id, 0, 1)
+        try:
+            ray.get(supervisor.cancel.remote(timeout), timeout=timeout + self._call_timeout)
+        finally:
+            ray.kill(supervisor, no_restart=True)
+            self._wait_gone(job_id, timeout)
+        return self._poll_file(job_id, 0, 1)
+
+    # ---- cluster -----------------------------------------------------------------------------
+
+    def cluster_nodes(self) -> list[ClusterNode]:
+        """The Ray nodes, with their trainctl name, labels and GPU slots (free ones included)."""
+        available = ray._private.state.available_resources_per_node()  # no public per-node API
+        nodes = []
+        for info in ray.nodes():
+            labels = dict(info.get("Labels") or {})
+            node_id = info["NodeID"]
+            total = info.get("Resources") or {}
+            nodes.append(
+                ClusterNode(
+                    name=labels.get(NODE_LABEL),
+                    node_id=node_id,
+                    address=info.get("NodeManagerAddress", ""),
+                    alive=bool(info.get("Alive")),
+                    labels=labels,
+                    gpus=slots_of(total),
+                    free_gpus=slots_of(available.get(node_id, {})) if info.get("Alive") else [],
+                    cuda_gpus=int(total.get("GPU", 0)),
+                )
+            )
+        return sorted(nodes, key=lambda n: (n.name is None, n.name or "", n.node_id))
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _supervisor(self, job_id: str) -> Any | None:
+        try:
+            return ray.get_actor(supervisor_name(job_id), namespace=self.namespace)
+        except ValueError:
+            return None
+
+    def _actor_names(self) -> list[str]:
+        """Names of the live named actors in this runtime's namespace."""
+        entries = ray.util.list_named_actors(all_namespaces=True)
+        return [e["name"] for e in entries if e["namespace"] == self.namespace]
+
+    def _poll_file(self, job_id: str, cursor: int, limit: int) -> JobStatus:
+        run_dir = self._run_dirs.get(job_id)
+        path = run_dir / EVENTS_FILE if run_dir else None
+        if path is None or not path.exists():
+            raise JobNotFound(f"job {job_id}: no supervisor and no event log (call attach() with its run dir)")
+        status = status_of(read_events(path), 0, 1)
+        if not status.state.terminal:
+            # The supervisor is gone for good (Ray gave up restarting it) before the job ended.
+            EventLog.open(path).append(
+                EventKind.STATE,
+                state=JobPhase.FAILED,
+                reason=f"job supervisor {supervisor_name(job_id)} is gone (its process died and was not restarted)",
+            )
+        return status_of(read_events(path), cursor, limit)
+
+    def _check_placement(self, job: TrainingJob, slots: list[RankSlot]) -> bool:
+        """Validate the plan against the job and the cluster; returns whether ranks use CUDA."""
+        try:
+            check_slots(slots)
+        except ValueError as exc:
+            raise PlacementError(str(exc)) from None
+        world = job.spec.parallelism.world_size
+        if len(slots) != world:
+            raise PlacementError(f"placement has {len(slots)} ranks, the job's layout needs {world}")
+        nodes = {n.name: n for n in self.cluster_nodes() if n.name is not None and n.alive}
+        for slot in slots:
+            node = nodes.get(slot.node)
+            if node is None:
+                known = ", ".join(sorted(nodes)) or "none"
+                raise PlacementError(f"rank {slot.rank}: no live Ray node labelled {NODE_LABEL}={slot.node} (known: {known})")
+            if slot.gpu not in node.gpus:
+                raise PlacementError(f"rank {slot.rank}: node {slot.node} has no GPU {slot.gpu} (it has {node.gpus})")
+        planned = {nodes[slot.node].cuda_gpus > 0 for slot in slots}
+        device = job.spec.resources.device
+        if device == "cpu":
+            return False
+        if device == "cuda" and planned != {True}:
+            raise PlacementError("resources.device is cuda but some planned nodes have no CUDA GPUs")
+        if planned == {True, False}:
+            raise PlacementError("the plan mixes nodes with and without CUDA GPUs; one backend must serve all ranks")
+        return planned == {True}
+
+    def _wait_gone(self, job_id: str, timeout: float) -> None:
+        """Block until no actor or placement group of the job is alive (or ``timeout`` passes)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            groups = [
+                info
+                for info in ray.util.placement_group_table().values()
+                if owned_by(info.get("name", ""), job_id) and info.get("state") != "REMOVED"
+            ]
+            actors = [
+                name for name in self._actor_names() if name == supervisor_name(job_id) or owned_by(name, job_id)
+            ]
+            if not groups and not actors:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"job {job_id}: actors or placement groups still alive {timeout:g}s after cancel")
+
+
+def _check_job_id(job_id: str) -> None:
+    if not JOB_ID_PATTERN.match(job_id):
+        raise ValueError(
+            f"job id {job_id!r} must be 1-128 characters of letters, digits, '_', '.' and '-', starting alphanumeric"
+        )

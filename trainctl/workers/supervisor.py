@@ -1,0 +1,324 @@
+"""JobSupervisor: one detached, named Ray actor per job that keeps its rank group running.
+
+The supervisor builds the rank group, records where every rank landed, starts training and
+collects step reports and log lines into the job's event log. It watches the ranks: a dead rank
+(its actor or process gone, its node removed) fails the rank's pending call within about a second,
+and a group that makes no step progress for ``scheduling.step_timeout_seconds`` counts as hung.
+Either tears the group down and starts a new generation, which resumes from the newest complete
+checkpoint in ``<run_dir>/checkpoints``, up to ``scheduling.max_restarts`` times; after that the job
+FAILS with the reason. A cancel tears the group down and ends in CANCELLED.
+
+The actor is threaded: a driver thread runs the generations while the ``control`` concurrency group
+serves poll/cancel and the single-threaded ``reports`` group takes rank reports in order. If the
+actor itself is restarted by Ray, it reloads its event log from ``<run_dir>/events.jsonl``, removes
+what its previous incarnation left and starts a new generation from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from trainctl.spec.job import TrainingJob
+from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobPhase, JobStatus, status_of
+from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
+from trainctl.workers.rank_worker import RankSlot
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR_PREFIX = "trainctl-job-"
+CHECKPOINT_SUBDIR = "checkpoints"
+STEP_HISTORY = 16
+"""Steps of per-rank step times kept for straggler statistics."""
+
+
+def supervisor_name(job_id: str) -> str:
+    """Ray actor name of a job's supervisor."""
+    return f"{SUPERVISOR_PREFIX}{job_id}"
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    """Everything a supervisor needs; Ray passes it again to a restarted supervisor."""
+
+    job_id: str
+    job_json: str
+    """The TrainingJob as JSON."""
+    slots: list[RankSlot]
+    """The plan: one slot per rank."""
+    run_dir: str
+    """Directory shared by the service, the supervisor and the ranks: events and checkpoints."""
+    use_gpu: bool
+    """Ranks use CUDA and NCCL (True) or CPU and gloo (False)."""
+    placement_timeout: float = 60.0
+    """Seconds to wait for the planned GPUs to be reserved."""
+    call_timeout: float = 60.0
+    """Seconds to wait for a rank to answer a set-up call."""
+    watch_interval: float = 0.5
+    """Seconds between checks of the ranks, the cancel flag and step progress."""
+
+
+class _Outcome(Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class _StepStats:
+    """Per-rank step times of recent steps, for straggler statistics."""
+
+    times: dict[int, dict[int, float]] = field(default_factory=dict)
+    reporters: set[int] = field(default_factory=set)
+    last_emitted: int = -1
+
+    def add(self, rank: int, step: int, seconds: float | None) -> None:
+        self.reporters.add(rank)
+        if seconds is not None:
+            self.times.setdefault(step, {})[rank] = float(seconds)
+        for old in sorted(self.times)[:-STEP_HISTORY]:
+            del self.times[old]
+
+    def latest_complete(self, before: int) -> dict[str, Any] | None:
+        """Straggler stats of the newest step before ``before`` that every reporting rank has timed."""
+        for step in sorted(self.times, reverse=True):
+            per_rank = self.times[step]
+            if step < before and len(per_rank) >= 2 and self.reporters <= set(per_rank):
+                slowest = max(per_rank, key=per_rank.__getitem__)
+                fastest = min(per_rank, key=per_rank.__getitem__)
+                return {
+                    "step": step,
+                    "rank_step_times": {str(r): t for r, t in sorted(per_rank.items())},
+                    "slowest_rank": slowest,
+                    "fastest_rank": fastest,
+                    "ratio": per_rank[slowest] / per_rank[fastest] if per_rank[fastest] > 0 else None,
+                }
+        return None
+
+
+class JobSupervisor:
+    """The supervisor actor's class (made remote by `trainctl.workers.runtime`)."""
+
+    def __init__(self, config: SupervisorConfig) -> None:
+        self._cfg = config
+        self._job = TrainingJob.model_validate_json(config.job_json)
+        self._run_dir = Path(config.run_dir)
+        self._log = EventLog.open(self._run_dir / EVENTS_FILE)
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._group: RankGroup | None = None
+        self._generation = 1 + max((e.generation for e in self._log.all()), default=-1)
+        self._progress_at = time.monotonic()
+        self._stats = _StepStats()
+        resumed = self._log.last_seq > 0
+        status = self.poll(0, 1)
+        if status.state.terminal:
+            self._thread = None
+            return
+        if resumed:
+            self._remove_leftovers()
+            self._log.append(
+                EventKind.LOG,
+                message="supervisor restarted; rebuilding the rank group from the last complete checkpoint",
+                generation=self._generation,
+            )
+        else:
+            nodes = sorted({slot.node for slot in config.slots})
+            self._state(
+                JobPhase.SCHEDULED,
+                f"supervisor started; reserving {len(config.slots)} GPUs on {', '.join(nodes)}",
+            )
+        self._thread = threading.Thread(target=self._drive, name=f"supervise-{config.job_id}", daemon=True)
+        self._thread.start()
+
+    # ---- calls from the runtime ------------------------------------------------------------------
+
+    @ray.method(concurrency_group="control")
+    def poll(self, cursor: int, limit: int) -> JobStatus:
+        """Events after ``cursor`` (at most ``limit``) and the job's current state."""
+        return status_of(self._log.all(), cursor, limit)
+
+    @ray.method(concurrency_group="control")
+    def cancel(self, timeout: float) -> JobStatus:
+        """Stop the job: tear the group down and end CANCELLED (a finished job stays as it is)."""
+        if not self.poll(0, 1).state.terminal and not self._cancel.is_set():
+            self._state(JobPhase.CANCELLING, "cancel requested")
+            self._cancel.set()
+            self._shutdown_group()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.poll(0, 1)
+
+    @ray.method(concurrency_group="control")
+    def rank_pids(self) -> dict[int, int]:
+        """PIDs of the current generation's ranks (from their last placement report)."""
+        placement = [e for e in self._log.all() if e.kind is EventKind.PLACEMENT]
+        if not placement or placement[-1].generation != self._generation:
+            return {}
+        return {loc["rank"]: loc["pid"] for loc in placement[-1].placement or []}
+
+    # ---- calls from the ranks --------------------------------------------------------------------
+
+    @ray.method(concurrency_group="reports")
+    def record_step(self, generation: int, rank: int, report: dict[str, Any]) -> None:
+        """A rank's StepReport; the first report of each step becomes a STEP event."""
+        if generation != self._generation:
+            return
+        self._progress_at = time.monotonic()
+        step = int(report["step"])
+        self._stats.add(rank, step, report.get("step_time_seconds"))
+        if step <= self._stats.last_emitted:
+            return
+        self._stats.last_emitted = step
+        payload = dict(report)
+        payload["straggler"] = self._stats.latest_complete(before=step)
+        self._log.append(EventKind.STEP, rank=rank, generation=generation, step=payload)
+
+    @ray.method(concurrency_group="reports")
+    def record_log(self, generation: int, rank: int, message: str) -> None:
+        """A log line from a rank."""
+        self._log.append(EventKind.LOG, rank=rank, generation=generation, message=message)
+
+    # ---- the driver thread -----------------------------------------------------------------------
+
+    def _drive(self) -> None:
+        try:
+            self._supervise()
+        except Exception as exc:  # a bug here must still end the job with a reason
+            log.exception("job %s: supervisor error", self._cfg.job_id)
+            self._shutdown_group()
+            self._state(JobPhase.FAILED, f"supervisor error: {type(exc).__name__}: {exc}")
+
+    def _supervise(self) -> None:
+        max_restarts = self._job.spec.scheduling.max_restarts
+        restarts = self.poll(0, 1).restarts
+        while True:
+            outcome, detail = self._run_generation()
+            if self._cancel.is_set():
+                self._state(JobPhase.CANCELLED, "cancelled by request")
+                return
+            if outcome is _Outcome.SUCCEEDED:
+                self._state(JobPhase.SUCCEEDED, detail)
+                return
+            if restarts >= max_restarts:
+                self._state(
+                    JobPhase.FAILED,
+                    f"{detail}; giving up after {restarts} restart(s) (scheduling.max_restarts={max_restarts})",
+                )
+                return
+            restarts += 1
+            self._generation += 1
+            self._state(
+                JobPhase.RESTARTING,
+                f"{detail}; restart {restarts} of {max_restarts} from the last complete checkpoint",
+            )
+
+    def _run_generation(self) -> tuple[_Outcome, str]:
+        cfg = self._cfg
+        try:
+            group = RankGroup.create(
+                cfg.job_id,
+                self._generation,
+                cfg.slots,
+                use_gpu=cfg.use_gpu,
+                ready_timeout=cfg.placement_timeout,
+            )
+        except PlacementUnavailable as exc:
+            return _Outcome.FAILED, str(exc)
+        with self._lock:
+            self._group = group
+        if self._cancel.is_set():
+            self._shutdown_group()
+            return _Outcome.CANCELLED, "cancelled"
+        try:
+            locations = group.locations(cfg.call_timeout)
+            self._log.append(
+                EventKind.PLACEMENT,
+                generation=self._generation,
+                placement=[loc.to_dict() for loc in locations],
+            )
+            checkpoint_dir = self._run_dir / CHECKPOINT_SUBDIR
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            refs = group.start(
+                self._job.spec.model_dump_json(),
+                str(checkpoint_dir),
+                ray.get_runtime_context().current_actor,
+                cfg.call_timeout,
+            )
+            self._progress_at = time.monotonic()
+            self._stats = _StepStats()
+            nodes = sorted({loc.node or "?" for loc in locations})
+            self._state(
+                JobPhase.RUNNING,
+                f"{len(refs)} ranks running on {', '.join(nodes)} (generation {self._generation})",
+            )
+            return self._watch(refs)
+        except PlacementMismatch as exc:
+            return _Outcome.FAILED, f"rank placement differs from the plan: {exc}"
+        except (RayActorError, GetTimeoutError) as exc:
+            return _Outcome.FAILED, f"rank group set-up failed: {_first_line(exc)}"
+        finally:
+            self._shutdown_group()
+
+    def _watch(self, refs: list[ray.ObjectRef]) -> tuple[_Outcome, str]:
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, dict[str, Any]] = {}
+        pending = list(refs)
+        timeout = self._job.spec.scheduling.step_timeout_seconds
+        while pending:
+            if self._cancel.is_set():
+                return _Outcome.CANCELLED, "cancelled"
+            done, pending = ray.wait(pending, num_returns=1, timeout=self._cfg.watch_interval)
+            for ref in done:
+                rank = rank_of[ref]
+                try:
+                    results[rank] = ray.get(ref)
+                except RayActorError as exc:
+                    return _Outcome.FAILED, f"rank {rank} died: {_first_line(exc)}"
+                except RayTaskError as exc:
+                    return _Outcome.FAILED, f"rank {rank} failed: {_first_line(exc)}"
+            idle = time.monotonic() - self._progress_at
+            if pending and idle > timeout:
+                return _Outcome.FAILED, (
+                    f"no step progress for {idle:.0f}s (scheduling.step_timeout_seconds={timeout:g}); ranks hung"
+                )
+        return _Outcome.SUCCEEDED, _summary(results.get(0, {}), len(refs))
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    def _state(self, state: JobPhase, reason: str) -> None:
+        log.info("job %s: %s (%s)", self._cfg.job_id, state.value, reason)
+        self._log.append(EventKind.STATE, state=state, reason=reason, generation=self._generation)
+
+    def _shutdown_group(self) -> None:
+        with self._lock:
+            group, self._group = self._group, None
+        if group is not None:
+            group.shutdown()
+
+    def _remove_leftovers(self) -> None:
+        """Remove placement groups a previous incarnation of this supervisor left behind."""
+        for pg_id, info in ray.util.placement_group_table().items():
+            if owned_by(info.get("name", ""), self._cfg.job_id) and info.get("state") != "REMOVED":
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    # Ray task errors end with the original exception's "Type: message" line.
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
+def _summary(result: dict[str, Any], ranks: int) -> str:
+    details = ", ".join(f"{key}={value}" for key, value in result.items() if isinstance(value, int | float | str))
+    return f"all {ranks} ranks finished" + (f" ({details})" if details else "")
