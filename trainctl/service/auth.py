@@ -33,6 +33,7 @@ import grpc
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trainctl.service.errors import ApiError
 from trainctl.service.hardening import rejecting_handler
 from trainctl.service.tenancy import ANONYMOUS, TENANT_PATTERN, Principal, Quota, Role
 
@@ -190,20 +191,13 @@ class Authenticator:
             return Quota()
         return self._config.tenants.get(tenant, self._config.default_quota)
 
-    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
-        """The principal of a call's metadata; AuthenticationError when no valid token is present."""
+    def authenticate_token(self, token: str | None) -> Principal:
+        """The principal holding `token` (None: the call carried none); AuthenticationError if none does."""
         if self._config is None:
             return ANONYMOUS
-        values = [value for key, value in (metadata or ()) if key.lower() == "authorization"]
-        if not values:
+        if token is None:
             raise AuthenticationError("missing credentials: send metadata 'authorization: Bearer <token>'")
-        if len(values) > 1:
-            raise AuthenticationError("more than one 'authorization' metadata entry")
-        value = values[0].decode("latin-1") if isinstance(values[0], bytes) else values[0]
-        match = _BEARER.match(value)
-        if match is None:
-            raise AuthenticationError("malformed 'authorization' metadata: expected 'Bearer <token>'")
-        presented = hashlib.sha256(match.group(1).encode("utf-8", "surrogateescape")).digest()
+        presented = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
         found = None
         for digest, entry in self._entries:  # no early exit: the time spent does not depend on which entry matches
             if hmac.compare_digest(presented, digest):
@@ -212,21 +206,35 @@ class Authenticator:
             raise AuthenticationError("invalid token")
         return Principal(name=found.name, tenant=found.tenant, role=found.role)
 
-    def principal_of(self, context: grpc.ServicerContext) -> Principal:
-        """The principal of the current call, for the servicer; aborts with UNAUTHENTICATED if none."""
+    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
+        """The principal of a call's metadata (`authorization: Bearer <token>`); AuthenticationError if none."""
+        if self._config is None:
+            return ANONYMOUS
+        values = [value for key, value in (metadata or ()) if key.lower() == "authorization"]
+        if len(values) > 1:
+            raise AuthenticationError("more than one 'authorization' metadata entry")
+        if not values:
+            return self.authenticate_token(None)
+        value = values[0].decode("latin-1") if isinstance(values[0], bytes) else values[0]
+        match = _BEARER.match(value)
+        if match is None:
+            raise AuthenticationError("malformed 'authorization' metadata: expected 'Bearer <token>'")
+        return self.authenticate_token(match.group(1))
+
+    def __call__(self, token: str | None) -> Principal:
+        """The `trainctl.service.interceptors.Authenticator` protocol: failures become UNAUTHENTICATED."""
         try:
-            return self.authenticate(context.invocation_metadata())
+            return self.authenticate_token(token)
         except AuthenticationError as exc:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-            raise  # context.abort raises; this line only satisfies type checkers
+            raise ApiError(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
     """Refuses every RPC except health and reflection unless it carries a valid bearer token.
 
-    Refused calls get UNAUTHENTICATED and their payload is never decoded. The servicer learns who is
-    calling from `Authenticator.principal_of(context)`, which re-derives the principal from the same
-    metadata (a hash and a few comparisons), so no state travels between the two.
+    Refused calls get UNAUTHENTICATED and their payload is never decoded. This runs first; the API
+    interceptor (trainctl.service.interceptors) then calls the same Authenticator to hand handlers
+    their principal (a hash and a few comparisons), so no state travels between the two.
     """
 
     def __init__(self, authenticator: Authenticator):

@@ -57,10 +57,11 @@ class TlsConfig:
 
 def bind(server: grpc.Server, address: str, tls: TlsConfig | None) -> int:
     """Open the server's one port at `address`, TLS when configured; return the bound port."""
-    port = server.add_secure_port(address, tls.server_credentials()) if tls else server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"cannot bind gRPC port {address}")
-    return port
+    credentials = tls.server_credentials() if tls else None
+    try:
+        return server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpc's "Failed to bind to address"
+        raise OSError(f"cannot bind gRPC port {address}: in use, or not an address of this machine") from exc
 
 
 def channel_credentials(
