@@ -1,0 +1,272 @@
+"""Pipeline parallelism: balanced stage splitting and a runner over `torch.distributed.pipelining`.
+
+Splitting. The model is cut into `pp x virtual_stages` contiguous stages; the token embedding and the
+final norm + output projection each count as one layer-equivalent (`embedding_cost`, `output_cost`),
+and the split minimises the most expensive stage (ties: the most even split). Stage `s` runs on
+pipeline rank `s % pp` (looped placement: interleaved 1F1B and interleaved zero-bubble). A stage is a
+shallow copy of the full model that keeps the parent's sub-modules for its own layers under their
+original names (`layers.5` stays `layers.5`), with `tok_embeddings` / `norm` / `output` set to None
+where absent, so TP plans, FSDP and checkpoints see the same names as on the full model.
+
+Schedules (spec `pp_schedule`): `gpipe` (ScheduleGPipe), `1f1b` (Schedule1F1B), `interleaved_1f1b`
+(ScheduleInterleaved1F1B, >= 2 virtual stages per rank) and `zero_bubble`
+(ScheduleInterleavedZeroBubble, the ZB-H1 split of backward into input and weight gradients, with
+one or more stages per rank). All four run on CPU / gloo with torch 2.13.
+
+Loss. Each micro-batch's loss is the mean over its tokens (plus the MoE aux loss of that
+micro-batch), the schedule backpropagates each and divides gradients by the number of micro-batches,
+so gradients and the returned loss equal the single-process mean over the rank's batch. For MoE
+models every stage returns `(hidden, aux)` where `aux` is the running sum of the aux losses of the
+micro-batch so far; the last stage adds it to the language-model loss, and its gradient flows back
+through the pipeline to every stage's routers.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
+
+from trainctl.parallelism.moe import MoEFeedForward, pop_aux_loss
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+"""Pipeline schedule names, as in the spec's `parallelism.pp_schedule`."""
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+class PipelineLayoutError(ValueError):
+    """A pipeline layout that cannot be built (names the offending setting)."""
+
+
+# ---- splitting -------------------------------------------------------------------------------------
+def balanced_split(
+    n_layers: int, num_stages: int, *, embedding_cost: float = 1.0, output_cost: float = 1.0
+) -> list[range]:
+    """Contiguous layer ranges, one per stage, minimising the costliest stage.
+
+    Stage 0 also carries `embedding_cost` and the last stage `output_cost` (in layer-equivalents).
+    Every stage gets at least one layer. Among optimal splits the one with the smallest sum of squared
+    stage costs (the most even) is chosen, then the lexicographically first.
+    """
+    if num_stages < 1:
+        raise PipelineLayoutError(f"num_stages must be >= 1, got {num_stages}")
+    if n_layers < num_stages:
+        raise PipelineLayoutError(f"{n_layers} layers cannot fill {num_stages} pipeline stages (one layer each at least)")
+    if embedding_cost < 0 or output_cost < 0:
+        raise PipelineLayoutError("embedding_cost and output_cost must be >= 0")
+
+    def cost(stage: int, start: int, end: int) -> float:
+        extra = (embedding_cost if stage == 0 else 0.0) + (output_cost if stage == num_stages - 1 else 0.0)
+        return (end - start) + extra
+
+    @cache
+    def best(stage: int, start: int) -> tuple[float, float, tuple[int, ...]]:
+        """(max cost, sum of squares, end offsets) for stages `stage..` covering layers `start..`."""
+        if stage == num_stages - 1:
+            c = cost(stage, start, n_layers)
+            return c, c * c, (n_layers,)
+        options = []
+        for end in range(start + 1, n_layers - (num_stages - stage - 1) + 1):
+            c = cost(stage, start, end)
+            rest_max, rest_sq, rest_ends = best(stage + 1, end)
+            options.append((max(c, rest_max), c * c + rest_sq, (end, *rest_ends)))
+        return min(options)
+
+    ends = best(0, 0)[2]
+    starts = (0, *ends[:-1])
+    return [range(s, e) for s, e in zip(starts, ends, strict=True)]
+
+
+def stage_rank(stage_index: int, pp: int) -> int:
+    """Pipeline rank that runs stage `stage_index` (looped placement)."""
+    return stage_index % pp
+
+
+def local_stage_indices(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
+    """Stages run by pipeline rank `pp_rank`, in order."""
+    if not 0 <= pp_rank < pp:
+        raise PipelineLayoutError(f"pipeline rank {pp_rank} out of range [0, {pp})")
+    return [pp_rank + v * pp for v in range(virtual_stages)]
+
+
+@dataclass
+class PipelineChunk:
+    """One stage this rank runs: its global index and its part of the model."""
+
+    index: int
+    num_stages: int
+    module: nn.Module
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.num_stages - 1
+
+
+def _stage_view(model: nn.Module, layer_ids: range, first: bool, last: bool) -> nn.Module:
+    """A shallow copy of `model` holding only `layer_ids` (same sub-module objects, same names)."""
+    for part in ("tok_embeddings", "layers", "norm", "output"):
+        if not hasattr(model, part):
+            raise PipelineLayoutError(f"the model has no {part!r} sub-module; pipeline splitting needs the decoder's names")
+    stage = copy.copy(model)
+    stage._modules = dict(model._modules)
+    stage._parameters = dict(model._parameters)
+    stage._buffers = dict(model._buffers)
+    stage.layers = nn.ModuleDict({str(i): model.layers[str(i)] for i in layer_ids})
+    if not first:
+        stage.tok_embeddings = None
+    if not last:
+        stage.norm = None
+        stage.output = None
+    return stage
+
+
+def split_pipeline_stages(
+    model: nn.Module,
+    *,
+    pp_rank: int,
+    pp: int,
+    virtual_stages: int = 1,
+    embedding_cost: float = 1.0,
+    output_cost: float = 1.0,
+) -> list[PipelineChunk]:
+    """This rank's stages of the full `model`, which the caller then discards (stages share its modules)."""
+    if virtual_stages < 1:
+        raise PipelineLayoutError(f"virtual_stages must be >= 1, got {virtual_stages}")
+    num_stages = pp * virtual_stages
+    ranges = balanced_split(
+        len(model.layers), num_stages, embedding_cost=embedding_cost, output_cost=output_cost
+    )
+    return [
+        PipelineChunk(index=s, num_stages=num_stages, module=_stage_view(model, ranges[s], s == 0, s == num_stages - 1))
+        for s in local_stage_indices(pp_rank, pp, virtual_stages)
+    ]
+
+
+# ---- running ---------------------------------------------------------------------------------------
+class AuxCarrier(nn.Module):
+    """Runs a stage of an MoE model and carries the micro-batch's aux-loss sum to the next stage.
+
+    Input: tokens (first stage) or `(hidden, aux)`; output `(hidden_or_logits, aux)`. Used only to
+    drive the schedule: the wrapped stage keeps its own parameter names.
+    """
+
+    def __init__(self, stage: nn.Module):
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, x: Tensor, aux: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        out = self.stage(x)
+        local = pop_aux_loss(self.stage)
+        total = aux if aux is not None else torch.zeros((), device=out.device, dtype=torch.float32)
+        if local is not None:
+            total = total + local
+        return out, total
+
+
+def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean token cross-entropy in float32 (the single-process loss of one micro-batch)."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
+
+
+class PipelineRunner:
+    """Runs one optimizer step's forward and backward through the pipeline schedule.
+
+    `step(tokens, labels)` takes this data-parallel rank's whole batch ([batch, seq], the same on
+    every pipeline rank of the group), splits it into `n_microbatches`, runs the schedule and
+    returns the mean loss over the batch (language-model loss plus MoE aux loss) on every pipeline
+    rank (broadcast from the last stage). Gradients are left in `.grad` of the chunks' parameters,
+    already divided by the number of micro-batches; the caller reduces over data parallel, clips
+    and steps the optimizer.
+    """
+
+    def __init__(
+        self,
+        chunks: list[PipelineChunk],
+        *,
+        schedule: str,
+        n_microbatches: int,
+        group: dist.ProcessGroup,
+        device: torch.device,
+        loss_fn: LossFn = cross_entropy,
+    ):
+        if schedule not in SCHEDULES:
+            raise PipelineLayoutError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
+        if not chunks:
+            raise PipelineLayoutError("a pipeline rank needs at least one stage")
+        pp = dist.get_world_size(group)
+        if n_microbatches < pp:
+            raise PipelineLayoutError(f"{n_microbatches} micro-batches cannot fill a {pp}-stage pipeline (need >= pp)")
+        multi = schedule in ("interleaved_1f1b", "zero_bubble")
+        if not multi and len(chunks) != 1:
+            raise PipelineLayoutError(f"schedule {schedule!r} runs one stage per rank, got {len(chunks)}")
+        if schedule == "interleaved_1f1b" and len(chunks) < 2:
+            raise PipelineLayoutError("interleaved_1f1b needs at least 2 virtual stages per rank")
+
+        self.chunks = chunks
+        self.group = group
+        self.n_microbatches = n_microbatches
+        self.is_first = any(c.is_first for c in chunks)
+        self.is_last = any(c.is_last for c in chunks)
+        self._last_rank = dist.get_global_rank(group, stage_rank(chunks[0].num_stages - 1, pp))
+        self._device = device
+        carries_aux = any(isinstance(m, MoEFeedForward) for c in chunks for m in c.module.modules())
+
+        def stage_loss(output: Tensor | tuple[Tensor, Tensor], labels: Tensor) -> Tensor:
+            if carries_aux:
+                logits, aux = output
+                return loss_fn(logits, labels) + aux
+            return loss_fn(output, labels)
+
+        stages = [
+            PipelineStage(
+                AuxCarrier(c.module) if carries_aux else c.module, c.index, c.num_stages, device, group=group
+            )
+            for c in chunks
+        ]
+        if schedule == "gpipe":
+            self.schedule = ScheduleGPipe(stages[0], n_microbatches, loss_fn=stage_loss)
+        elif schedule == "1f1b":
+            self.schedule = Schedule1F1B(stages[0], n_microbatches, loss_fn=stage_loss)
+        elif schedule == "interleaved_1f1b":
+            self.schedule = ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn=stage_loss)
+        else:
+            self.schedule = ScheduleInterleavedZeroBubble(stages, n_microbatches, loss_fn=stage_loss)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Every parameter of this rank's stages."""
+        return [p for c in self.chunks for p in c.module.parameters()]
+
+    def step(self, tokens: Tensor, labels: Tensor) -> Tensor:
+        """Forward + backward of one batch; returns the detached mean loss on every pipeline rank."""
+        if tokens.shape[0] % self.n_microbatches:
+            raise PipelineLayoutError(
+                f"batch of {tokens.shape[0]} sequences is not divisible into {self.n_microbatches} micro-batches"
+            )
+        losses: list[Tensor] = []
+        args = (tokens.to(self._device),) if self.is_first else ()
+        target = labels.to(self._device) if self.is_last else None
+        self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        if self.is_last:
+            loss = torch.stack([x.detach().float() for x in losses]).mean()
+        else:
+            loss = torch.zeros((), device=self._device, dtype=torch.float32)
+        dist.broadcast(loss, src=self._last_rank, group=self.group)
+        return loss
