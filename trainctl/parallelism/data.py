@@ -1,0 +1,137 @@
+"""Training data: files from the spec, tokenized, packed into fixed-length samples, in seeded order.
+
+The corpus is the sorted list of files matched by `spec.data.paths` (at most `max_files`), each
+tokenized and concatenated, then cut into non-overlapping samples of `seq_len + 1` tokens (inputs are
+the first `seq_len`, targets the last `seq_len`). Epoch `e` visits samples in the order
+`randperm(n_samples)` drawn from a generator seeded by (seed, e).
+
+The loader's position is a GLOBAL SAMPLE OFFSET: global batch `t` is global samples
+`[t * global_batch_size, (t + 1) * global_batch_size)`, and data-parallel rank `r` of `dp` takes the
+contiguous slice `[r * B / dp, (r + 1) * B / dp)` of it. The offset does not depend on the layout, so a
+checkpoint taken under one layout resumes under any other. Context- and tensor-parallel peers (same
+dp coordinate) read the same samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trainctl.parallelism.tokenizer import Tokenizer, load_tokenizer
+from trainctl.spec.job import DataSpec
+from trainctl.spec.validate import resolve_data_paths
+
+
+class DataError(ValueError):
+    """The data the spec names cannot be used (names the spec field)."""
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    digest = hashlib.sha256(f"data:{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class PackedDataset:
+    """Token stream of the spec's files, packed into samples of `seq_len + 1` tokens."""
+
+    def __init__(self, spec: DataSpec, vocab_size: int, tokenizer: Tokenizer | None = None):
+        tokenizer = tokenizer or load_tokenizer(spec.tokenizer)
+        if tokenizer.vocab_size > vocab_size:
+            raise DataError(
+                f"spec.model.vocab_size: {vocab_size} is smaller than the tokenizer's vocabulary ({tokenizer.vocab_size})"
+            )
+        files = resolve_data_paths(spec.paths)
+        if spec.max_files is not None:
+            files = files[: spec.max_files]
+        if not files:
+            raise DataError(f"spec.data.paths: {spec.paths} match no files")
+        chunks = []
+        for path in files:
+            try:
+                chunks.append(tokenizer.encode(path.read_bytes()))
+            except OSError as exc:
+                raise DataError(f"spec.data.paths: cannot read {path}: {exc.strerror}") from exc
+        tokens = np.concatenate(chunks)
+        self.sample_len = spec.seq_len + 1
+        self.n_samples = len(tokens) // self.sample_len
+        if self.n_samples == 0:
+            raise DataError(
+                f"spec.data.paths: the {len(files)} files hold {len(tokens)} tokens, fewer than one sample of "
+                f"seq_len + 1 = {self.sample_len}"
+            )
+        dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+        self.tokens = tokens[: self.n_samples * self.sample_len].astype(dtype).reshape(self.n_samples, self.sample_len)
+        self.seed = spec.seed
+        self.n_files = len(files)
+        self._perm_epoch = -1
+        self._perm = torch.empty(0, dtype=torch.long)
+
+    def sample_id(self, global_index: int) -> int:
+        """Which packed sample the `global_index`-th sample of the seeded stream is."""
+        epoch, within = divmod(global_index, self.n_samples)
+        if epoch != self._perm_epoch:
+            generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+            self._perm = torch.randperm(self.n_samples, generator=generator)
+            self._perm_epoch = epoch
+        return int(self._perm[within])
+
+    def samples(self, start: int, count: int) -> torch.Tensor:
+        """Global samples [start, start + count) as an int64 tensor [count, seq_len + 1]."""
+        ids = [self.sample_id(i) for i in range(start, start + count)]
+        return torch.from_numpy(self.tokens[ids].astype(np.int64))
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Inputs and next-token targets, both [micro_batch_size, seq_len] int64."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+
+
+class ShardedLoader:
+    """This data-parallel rank's share of each global batch, split into micro-batches."""
+
+    def __init__(
+        self,
+        dataset: PackedDataset,
+        *,
+        global_batch_size: int,
+        micro_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        offset: int = 0,
+    ):
+        per_rank, rem = divmod(global_batch_size, dp_size)
+        if rem or per_rank % micro_batch_size:
+            raise DataError(
+                f"spec.training.global_batch_size: {global_batch_size} must split into dp = {dp_size} ranks x "
+                f"whole micro-batches of {micro_batch_size}"
+            )
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank {dp_rank} out of range for dp = {dp_size}")
+        self.dataset = dataset
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.per_rank = per_rank
+        self.dp_rank = dp_rank
+        self.offset = offset
+        """Global sample offset of the next batch (the resumable data position)."""
+
+    @property
+    def n_micro(self) -> int:
+        """Micro-batches per step on this rank."""
+        return self.per_rank // self.micro_batch_size
+
+    def next_batch(self) -> list[MicroBatch]:
+        """This rank's micro-batches of the next global batch; advances the offset by one global batch."""
+        start = self.offset + self.dp_rank * self.per_rank
+        samples = self.dataset.samples(start, self.per_rank)
+        self.offset += self.global_batch_size
+        return [
+            MicroBatch(inputs=chunk[:, :-1].contiguous(), targets=chunk[:, 1:].contiguous())
+            for chunk in samples.split(self.micro_batch_size)
+        ]

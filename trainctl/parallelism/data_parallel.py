@@ -1,0 +1,168 @@
+"""Data parallelism: DDP, ZeRO-1, ZeRO-2, ZeRO-3 / FSDP2 and HSDP, selected by the spec.
+
+Gradients are averaged over every rank that sees different tokens: dp_replicate x dp_shard x cp
+(CP ranks split each sequence, so their gradients are partial too). State is sharded over
+dp_shard x cp (`dp_shard_cp`) and replicated over dp_replicate.
+
+| mode   | when                                             | implementation                                         |
+|--------|--------------------------------------------------|--------------------------------------------------------|
+| none   | dp_replicate = dp_shard = cp = 1                 | nothing                                                |
+| ddp    | shard group (dp_shard x cp) of 1, or zero_stage 0 | `DistributedDataParallel` over dp_cp (HSDP with a      |
+|        |                                                  | 1-way shard when parameters are DTensors, e.g. TP)     |
+| zero1  | zero_stage 1                                     | DDP over dp_cp + `ZeroOneSharding` over dp_shard_cp    |
+|        |                                                  | (ZeRO-2 instead when parameters are DTensors, e.g. TP) |
+| zero2  | zero_stage 2                                     | `fully_shard(reshard_after_forward=False)`             |
+| fsdp   | zero_stage 3                                     | `fully_shard` (parameters resharded after forward)     |
+| hsdp   | zero_stage 2/3 with dp_replicate > 1             | `fully_shard` on the 2-D (dp_replicate, dp_shard_cp)   |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from trainctl.parallelism.mesh import ParallelMesh
+from trainctl.spec.job import ParallelismSpec
+
+DPMode = Literal["none", "ddp", "zero1", "zero2", "fsdp", "hsdp"]
+
+
+def select_mode(par: ParallelismSpec) -> DPMode:
+    """Which data-parallel implementation the spec's degrees and zero_stage select."""
+    shard = par.dp_shard * par.cp
+    if par.dp_replicate * shard == 1:
+        return "none"
+    if shard == 1 or par.zero_stage == 0:
+        return "ddp"
+    if par.zero_stage == 1:
+        return "zero1"
+    if par.dp_replicate > 1:
+        return "hsdp"
+    return "zero2" if par.zero_stage == 2 else "fsdp"
+
+
+def has_dtensor_params(module: nn.Module) -> bool:
+    """Whether any parameter is already a DTensor (TP / EP applied)."""
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def fsdp_mesh(pmesh: ParallelMesh):
+    """(dp_replicate, dp_shard_cp) for HSDP, else dp_shard_cp."""
+    if pmesh.grid.dp_replicate > 1:
+        return pmesh[("dp_replicate", "dp_shard_cp")]
+    return pmesh["dp_shard_cp"]
+
+
+def apply_fsdp(
+    part: nn.Module,
+    mesh,
+    *,
+    reshard_after_forward: bool,
+    param_dtype: torch.dtype | None,
+) -> nn.Module:
+    """`fully_shard` each decoder block, then the root (embedding, final norm and output stay with it).
+
+    bf16: parameters are all-gathered in bf16 and gradients reduced in fp32 (fp32 master weights).
+    """
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    layers = getattr(part, "layers", None)
+    if layers is not None:
+        for block in layers.values():
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+    fully_shard(part, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+    return part
+
+
+def apply_ddp(part: nn.Module, pmesh: ParallelMesh, *, param_dtype: torch.dtype | None) -> nn.Module:
+    """Replicate `part` over dp_cp with torch DDP. DDP cannot hold DTensor parameters (TP), so those
+    parts get FSDP2 over (dp_replicate, dp_shard_cp) instead: pure replication when dp_shard x cp is 1
+    (HSDP with a one-way shard), ZeRO-2-style sharding over CP ranks otherwise."""
+    if has_dtensor_params(part):
+        mesh = pmesh[("dp_replicate", "dp_shard_cp")]
+        return apply_fsdp(part, mesh, reshard_after_forward=False, param_dtype=param_dtype)
+    return DistributedDataParallel(
+        part,
+        process_group=pmesh.group("dp_cp"),
+        gradient_as_bucket_view=True,
+        broadcast_buffers=False,
+        device_ids=None,
+    )
+
+
+def apply_data_parallel(
+    parts: Sequence[nn.Module], pmesh: ParallelMesh, par: ParallelismSpec, *, param_dtype: torch.dtype | None
+) -> tuple[list[nn.Module], DPMode]:
+    """Wrap or shard every model part (pipeline chunk) for the selected mode; last step of parallelize."""
+    mode = select_mode(par)
+    if mode == "none":
+        return list(parts), mode
+    if mode == "zero1" and any(has_dtensor_params(p) for p in parts):
+        mode = "zero2"  # DDP cannot hold DTensor (TP/EP) parameters; ZeRO-2 shards a superset of ZeRO-1
+    if mode in ("ddp", "zero1"):
+        return [apply_ddp(p, pmesh, param_dtype=param_dtype) for p in parts], mode
+    mesh = fsdp_mesh(pmesh)
+    reshard = mode == "fsdp" or (mode == "hsdp" and par.zero_stage == 3)
+    return [apply_fsdp(p, mesh, reshard_after_forward=reshard, param_dtype=param_dtype) for p in parts], mode
+
+
+def partition_sizes(sizes: Sequence[int], n: int) -> list[int]:
+    """Owner (0..n-1) of each parameter for ZeRO-1: largest first, each to the least-loaded owner
+    (ties to the lowest index). Deterministic, so the estimator computes the same partition."""
+    if n < 1:
+        raise ValueError("partition needs at least one owner")
+    load = [0] * n
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        best = min(range(n), key=lambda r: (load[r], r))
+        owner[i] = best
+        load[best] += sizes[i]
+    return owner
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class ZeroOneSharding:
+    """ZeRO-1: each rank of the shard group keeps optimizer state only for the parameters it owns.
+
+    Gradients are already averaged (DDP). The rank's optimizer steps its own parameters; then every
+    parameter is broadcast from its owner (one coalesced broadcast per owner). DTensor parameters
+    (TP) broadcast their local shards, so this composes with tensor parallelism.
+    """
+
+    def __init__(self, params: Iterable[nn.Parameter], group: dist.ProcessGroup):
+        self.params = [p for p in params if p.requires_grad]
+        self.group = group
+        self.group_ranks = dist.get_process_group_ranks(group)
+        n = len(self.group_ranks)
+        if len(self.params) < n:
+            raise ValueError(
+                f"ZeRO-1 over {n} ranks needs at least {n} parameter tensors, the model has {len(self.params)}"
+            )
+        self.owner = partition_sizes([_local(p).numel() for p in self.params], n)
+        self.local_index = self.group_ranks.index(dist.get_rank())
+
+    def owned(self) -> list[nn.Parameter]:
+        """The parameters this rank's optimizer steps (in model order)."""
+        return [p for p, o in zip(self.params, self.owner, strict=True) if o == self.local_index]
+
+    @torch.no_grad()
+    def broadcast_params(self) -> None:
+        """After the owner's step: every parameter from its owner to the whole shard group."""
+        for index, src in enumerate(self.group_ranks):
+            tensors = [_local(p) for p, o in zip(self.params, self.owner, strict=True) if o == index]
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            dist.broadcast(flat, src=src, group=self.group)
+            if index != self.local_index:
+                offset = 0
+                for t in tensors:
+                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                    offset += t.numel()

@@ -1,0 +1,72 @@
+"""Model FLOPs per token and the peak-FLOPS table behind MFU.
+
+Training FLOPs per token (forward + backward = 3 x forward, one multiply-add = 2 FLOPs):
+
+    6 * N_active  +  6 * n_layers * seq_len * (n_heads * head_dim)
+
+`N_active` counts the matrix-multiply parameters one token passes through: per layer wq, wk, wv, wo,
+and the SwiGLU w1, w2, w3 (for an MoE layer: the router, top_k routed experts and the shared
+expert), plus the output projection. The embedding lookup does no multiplies and is excluded. The
+second term is causal attention: per layer a token's query meets seq_len / 2 keys on average, for
+QK^T and AV, so 2 * 2 * (seq_len / 2) * d forward FLOPs, times 3 for training.
+
+MFU = FLOPs per token x tokens per second / (ranks x peak FLOPS per device). Peaks are dense (no
+sparsity) vendor numbers for the compute dtype; fp32 is the non-tensor-core rate since PyTorch does
+not use TF32 for matmuls by default. Devices not in the table (including every CPU) have an unknown
+peak, and MFU is reported as None rather than guessed.
+"""
+
+from __future__ import annotations
+
+from trainctl.spec.presets import ModelConfig
+
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    # (substring of torch.cuda.get_device_name, {dtype: dense peak FLOP/s}); first match wins.
+    ("H100 PCIe", {"bfloat16": 756e12, "float32": 51e12}),
+    ("H100 NVL", {"bfloat16": 835e12, "float32": 60e12}),
+    ("H100", {"bfloat16": 989e12, "float32": 67e12}),
+    ("H200", {"bfloat16": 989e12, "float32": 67e12}),
+    ("GH200", {"bfloat16": 989e12, "float32": 67e12}),
+    ("B200", {"bfloat16": 2250e12, "float32": 80e12}),
+    ("A100", {"bfloat16": 312e12, "float32": 19.5e12}),
+    ("L40S", {"bfloat16": 362e12, "float32": 91.6e12}),
+    ("L4", {"bfloat16": 121e12, "float32": 30.3e12}),
+)
+
+
+def peak_flops(device_name: str | None, dtype: str) -> float | None:
+    """Dense peak FLOP/s of one device for `dtype`, or None when unknown (CPUs, unlisted GPUs)."""
+    if not device_name:
+        return None
+    for key, peaks in PEAK_FLOPS:
+        if key in device_name:
+            return peaks.get(dtype)
+    return None
+
+
+def active_matmul_params(config: ModelConfig) -> int:
+    """Matrix-multiply parameters one token passes through (N_active above)."""
+    head_dim = config.head_dim
+    attention = 2 * config.dim * config.n_heads * head_dim + 2 * config.dim * config.n_kv_heads * head_dim
+    dense_ffn = 3 * config.dim * config.ffn_dim
+    total = config.dim * config.vocab_size
+    for layer in range(config.n_layers):
+        total += attention
+        if config.is_moe_layer(layer):
+            moe = config.moe
+            total += config.dim * moe.num_experts + moe.top_k * dense_ffn + (dense_ffn if moe.shared_expert else 0)
+        else:
+            total += dense_ffn
+    return total
+
+
+def training_flops_per_token(config: ModelConfig, seq_len: int) -> int:
+    """Forward + backward FLOPs per trained token (formula in the module docstring)."""
+    return 6 * active_matmul_params(config) + 6 * config.n_layers * seq_len * config.n_heads * config.head_dim
+
+
+def mfu(flops_per_token: float, tokens_per_second: float, ranks: int, peak: float | None) -> float | None:
+    """Model FLOPs utilisation in [0, 1], or None when the device peak is unknown."""
+    if peak is None or peak <= 0 or ranks < 1:
+        return None
+    return flops_per_token * tokens_per_second / (ranks * peak)

@@ -1,0 +1,135 @@
+"""Apply a parallel layout to the (full, initialised) model, in one fixed order.
+
+    1. split pipeline stages    (pipeline.split_model, E3)       -> this rank's model chunks
+    2. tensor + sequence parallel (tensor_parallel.apply_tensor_parallel)
+    3. expert parallel          (expert_parallel.apply_expert_parallel, MoE models)
+    4. context parallel         (context_parallel.apply_context_parallel: ring attention cores)
+    5. activation checkpointing (none / selective = every other block / full = every block)
+    6. torch.compile            (each decoder block, in place: names do not change)
+    7. FSDP / ZeRO / DDP        (data_parallel.apply_data_parallel)
+
+The model is built whole on CPU from the training seed and only then cut, so every layout starts
+from bit-identical weights (see model.init_weights).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+from trainctl.parallelism.data_parallel import DPMode, ZeroOneSharding, apply_data_parallel
+from trainctl.parallelism.mesh import ParallelMesh
+from trainctl.spec.job import JobSpecBody
+
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def canonical_name(fqn: str) -> str:
+    """A parameter's name with wrapper components removed (DDP's leading `module.`, checkpoint and
+    compile wrappers): the name it has in the plain model."""
+    if fqn.startswith("module."):
+        fqn = fqn[len("module.") :]
+    for prefix in WRAPPER_PREFIXES:
+        fqn = fqn.replace(prefix, "")
+    return fqn
+
+
+class LayoutNotSupportedError(NotImplementedError):
+    """The layout needs a parallelism module that this build does not have."""
+
+
+def require_module(module: str, layout: str) -> ModuleType:
+    try:
+        return importlib.import_module(f"trainctl.parallelism.{module}")
+    except ImportError as exc:
+        raise LayoutNotSupportedError(f"{layout} needs trainctl.parallelism.{module}, which is not available") from exc
+
+
+@dataclass
+class ParallelModel:
+    """What a rank trains: its model chunks and how they are parallelized."""
+
+    parts: list[nn.Module]
+    """This rank's model chunks in pipeline-stage order (one without PP)."""
+    dp_mode: DPMode
+    """Data-parallel implementation in use."""
+    zero1: list[ZeroOneSharding] = field(default_factory=list)
+    """Per part, the ZeRO-1 ownership (empty unless dp_mode is zero1)."""
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(canonical name, parameter) over all parts."""
+        return [(canonical_name(n), p) for part in self.parts for n, p in part.named_parameters()]
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+
+def _blocks(part: nn.Module) -> nn.ModuleDict:
+    layers = getattr(part, "layers", None)
+    if not isinstance(layers, nn.ModuleDict):
+        raise TypeError("model chunks must keep the decoder blocks in a ModuleDict named `layers`")
+    return layers
+
+
+def apply_activation_checkpointing(part: nn.Module, mode: str) -> None:
+    """Wrap blocks in non-reentrant activation checkpointing: `full` every block, `selective` every
+    other one (even layer ids), `none` nothing."""
+    if mode == "none":
+        return
+    if mode not in ("selective", "full"):
+        raise ValueError(f"spec.training.activation_checkpointing: unknown mode {mode!r}")
+    layers = _blocks(part)
+    for name in list(layers.keys()):
+        if mode == "full" or int(name) % 2 == 0:
+            layers[name] = checkpoint_wrapper(layers[name], preserve_rng_state=False)
+
+
+def apply_compile(part: nn.Module) -> None:
+    """torch.compile each decoder block in place (names and state dicts are unchanged)."""
+    for block in _blocks(part).values():
+        block.compile()
+
+
+def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, device: torch.device) -> ParallelModel:
+    """Cut, shard and wrap `model` for this rank; `pmesh` None means a single process."""
+    par = job.parallelism
+    train = job.training
+    if pmesh is None and par.world_size != 1:
+        raise ValueError(f"the layout needs {par.world_size} ranks but no device mesh was given")
+
+    if par.pp > 1:
+        pipeline = require_module("pipeline", f"pipeline parallelism (pp={par.pp})")
+        parts = pipeline.split_model(model, pmesh, job)
+    else:
+        parts = [model]
+    parts = [p.to(device) for p in parts]
+
+    if par.tp > 1:
+        tp = require_module("tensor_parallel", f"tensor parallelism (tp={par.tp})")
+        for part in parts:
+            tp.apply_tensor_parallel(part, pmesh["tp"], par.sequence_parallel)
+    if par.ep > 1:
+        ep = require_module("expert_parallel", f"expert parallelism (ep={par.ep})")
+        for part in parts:
+            ep.apply_expert_parallel(part, pmesh, job)
+    if par.cp > 1:
+        cp = require_module("context_parallel", f"context parallelism (cp={par.cp})")
+        for part in parts:
+            cp.apply_context_parallel(part, pmesh["cp"], par.cp_load_balance)
+
+    for part in parts:
+        apply_activation_checkpointing(part, train.activation_checkpointing)
+        if train.compile:
+            apply_compile(part)
+
+    if pmesh is None:
+        return ParallelModel(parts=parts, dp_mode="none")
+    param_dtype = torch.bfloat16 if train.dtype == "bfloat16" else None
+    parts, mode = apply_data_parallel(parts, pmesh, par, param_dtype=param_dtype)
+    zero1 = [ZeroOneSharding(p.parameters(), pmesh.group("dp_shard_cp")) for p in parts] if mode == "zero1" else []
+    return ParallelModel(parts=parts, dp_mode=mode, zero1=zero1)

@@ -1,0 +1,368 @@
+"""The training loop: one Trainer per rank, the same under torchrun, multiprocessing and a RankWorker.
+
+Conventions that make every layout compute what one process computes:
+
+- Every rank computes the mean cross-entropy over its local tokens for each micro-batch; the step's
+  objective is the mean over its `n_micro` micro-batches (gradient accumulation). MoE layers' aux
+  losses are added per micro-batch.
+- Gradients are averaged over dp_replicate x dp_shard x cp (data_parallel); TP peers hold one shard of
+  the same gradient; pipeline stages hold disjoint parameters.
+- The reported loss is the global mean: the last pipeline stage's local means, all-reduced.
+- The global gradient norm is taken over every shard and stage before clipping (optim.clip_gradients).
+- bf16: autocast around forward (or FSDP2's bf16 all-gather), fp32 master weights, optimizer state and
+  gradient reductions.
+
+The process group (world_size > 1) must be initialised before constructing a Trainer
+(`distributed.init_distributed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+
+from trainctl.parallelism import checkpoint as ckpt
+from trainctl.parallelism.data import MicroBatch, PackedDataset, ShardedLoader
+from trainctl.parallelism.distributed import resolve_device
+from trainctl.parallelism.flops import mfu, peak_flops, training_flops_per_token
+from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.mesh import ParallelMesh, build_mesh
+from trainctl.parallelism.model import build_model
+from trainctl.parallelism.moe import pop_aux_loss
+from trainctl.parallelism.optim import build_optimizer, build_scheduler, clip_gradients
+from trainctl.parallelism.parallelize import ParallelModel, parallelize, require_module
+from trainctl.spec.job import JobSpecBody
+from trainctl.spec.presets import resolve_model
+
+log = logging.getLogger(__name__)
+
+STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+@dataclass
+class StepReport:
+    """Metrics of one optimizer step (global values, identical on every rank)."""
+
+    step: int
+    """1-based number of the optimizer step just completed."""
+    loss: float
+    """Global mean language-model loss of the step."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    lr: float
+    """Learning rate used by the step."""
+    tokens: int
+    """Tokens trained in the step (global_batch_size x seq_len)."""
+    tokens_per_second: float
+    """Global tokens per second of the step."""
+    mfu: float | None
+    """Model FLOPs utilisation, None when the device's peak FLOPS is unknown (CPU)."""
+    step_time_seconds: float
+    """Wall time of the step on this rank."""
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase: data, forward_backward, optimizer (incl. clipping), checkpoint."""
+    peak_memory_bytes: int = 0
+    """Peak CUDA memory allocated, or the process's peak RSS on CPU."""
+
+
+@dataclass
+class TrainResult:
+    """What a run did, returned by `Trainer.run` on every rank."""
+
+    steps_completed: int
+    """The optimizer step count at the end (including steps before a resume)."""
+    final_loss: float | None
+    """Loss of the last step run, None when no step ran."""
+    losses: list[float]
+    """Loss of every step run in this session, in order."""
+    tokens_seen: int
+    """Tokens trained in this session."""
+    wall_seconds: float
+    """Duration of `run`."""
+    resumed_from_step: int | None
+    """Step of the checkpoint the run resumed from, None for a fresh start."""
+    last_checkpoint: str | None
+    """Path of the newest complete checkpoint written, None if none."""
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over all local tokens, in float32."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class Trainer:
+    """Builds the model, layout, optimizer and data for one rank, and runs the loop."""
+
+    def __init__(
+        self,
+        job: JobSpecBody,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        device: str | torch.device = "auto",
+        checkpoint_dir: str | Path | None = None,
+        on_step: Callable[[StepReport], Any] | None = None,
+        on_event: Callable[[str], Any] | None = None,
+    ):
+        par = job.parallelism
+        if par.world_size != world_size:
+            raise ValueError(
+                f"spec.parallelism: the layout needs {par.world_size} ranks but world_size is {world_size}"
+            )
+        if world_size > 1 and not (dist.is_initialized() and dist.get_world_size() == world_size):
+            raise RuntimeError(f"world_size {world_size} needs an initialised process group of that size")
+        self.job = job
+        self.rank = rank
+        self.world_size = world_size
+        self.device = resolve_device(device, rank)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.on_step = on_step
+        self.on_event = on_event
+        self.grid = RankGrid.from_spec(par)
+        self.config = resolve_model(job.model)
+        self.pmesh: ParallelMesh | None = build_mesh(self.grid, self.device.type) if world_size > 1 else None
+        self.autocast_dtype = torch.bfloat16 if job.training.dtype == "bfloat16" else None
+
+        torch.manual_seed(job.training.seed)
+        model = build_model(self.config, job.training.seed)
+        self.model: ParallelModel = parallelize(model, self.pmesh, job, self.device)
+        self.optimizers = []
+        for i, part in enumerate(self.model.parts):
+            params = self.model.zero1[i].owned() if self.model.zero1 else part.parameters()
+            self.optimizers.append(build_optimizer(params, job.training))
+        self.schedulers = [build_scheduler(opt, job.training) for opt in self.optimizers]
+
+        dataset = PackedDataset(job.data, self.config.vocab_size)
+        dp_group = self.grid.group(("dp_replicate", "dp_shard"), rank)
+        self.loader = ShardedLoader(
+            dataset,
+            global_batch_size=job.training.global_batch_size,
+            micro_batch_size=job.training.micro_batch_size,
+            dp_rank=dp_group.index(rank),
+            dp_size=self.grid.dp,
+        )
+        self.step = 0
+        self.pipeline = (
+            require_module("pipeline", "pipeline parallelism").build_runner(self.model, self.pmesh, job, cross_entropy, self.device)
+            if par.pp > 1
+            else None
+        )
+        self._cp = require_module("context_parallel", "context parallelism") if par.cp > 1 else None
+        self.flops_per_token = training_flops_per_token(self.config, job.data.seq_len)
+        self.peak_flops = peak_flops(
+            torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None, job.training.dtype
+        )
+
+    # ---- one step, in pieces (tests call these directly) -------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None or self.model.dp_mode in ("fsdp", "hsdp", "zero2"):
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _grad_sync(self, part: nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        """Skip DDP's all-reduce on all but the last micro-batch of a step."""
+        if isinstance(part, DistributedDataParallel) and not last:
+            return part.no_sync()
+        return contextlib.nullcontext()
+
+    def _local_inputs(self, micro: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        inputs = micro.inputs.to(self.device)
+        targets = micro.targets.to(self.device)
+        if self._cp is None:
+            return inputs, targets, None
+        par = self.job.parallelism
+        return self._cp.shard_batch(inputs, targets, self.pmesh["cp"], par.cp_load_balance)
+
+    def forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor | None:
+        """Forward and backward of one step's micro-batches; gradients end reduced over dp x cp.
+
+        Returns this rank's mean local loss (None on pipeline stages without the output).
+        """
+        if self.pipeline is not None:
+            with self._autocast():
+                return self.pipeline.step(micro_batches)
+        (part,) = self.model.parts
+        n = len(micro_batches)
+        total = torch.zeros((), device=self.device)
+        for i, micro in enumerate(micro_batches):
+            inputs, targets, positions = self._local_inputs(micro)
+            with self._grad_sync(part, last=i == n - 1):
+                with self._autocast():
+                    logits = part(inputs, positions)
+                loss = cross_entropy(logits, targets)
+                aux = pop_aux_loss(part)
+                objective = loss if aux is None else loss + aux
+                (objective / n).backward()
+            total += loss.detach()
+        return total / n
+
+    def global_loss(self, local: torch.Tensor | None) -> float:
+        """The global mean loss from each rank's local mean (None off the last pipeline stage)."""
+        value = torch.zeros((), device=self.device) if local is None else local.detach().float()
+        if self.world_size > 1:
+            value = value.clone()
+            dist.all_reduce(value)
+            value /= self.world_size // self.grid.pp
+        return float(value)
+
+    def optimizer_step(self) -> float:
+        """Clip by the global gradient norm, step every optimizer and scheduler, clear gradients;
+        returns the norm before clipping."""
+        pp_group = self.pmesh.group("pp") if self.pmesh is not None and self.grid.pp > 1 else None
+        norm = clip_gradients(self.model.parameters(), self.job.training.grad_clip, pp_group)
+        for opt in self.optimizers:
+            opt.step()
+        for sharding in self.model.zero1:
+            sharding.broadcast_params()
+        for sched in self.schedulers:
+            sched.step()
+        for part in self.model.parts:
+            part.zero_grad(set_to_none=True)
+        self.step += 1
+        return norm
+
+    def train_step(self) -> tuple[float, float, dict[str, float]]:
+        """One optimizer step: (global loss, grad norm, seconds per phase)."""
+        t0 = time.perf_counter()
+        batch = self.loader.next_batch()
+        t1 = time.perf_counter()
+        local = self.forward_backward(batch)
+        t2 = time.perf_counter()
+        loss = self.global_loss(local)
+        norm = self.optimizer_step()
+        t3 = time.perf_counter()
+        return loss, norm, {"data": t1 - t0, "forward_backward": t2 - t1, "optimizer": t3 - t2}
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+    def _state_templates(self) -> list[tuple[dict, dict]]:
+        return [get_state_dict(part, opt, options=STATE_OPTIONS) for part, opt in zip(self.model.parts, self.optimizers, strict=True)]
+
+    def _app_state(self, templates: list[tuple[dict, dict]]) -> dict[str, Any]:
+        model_sd: dict[str, Any] = {}
+        optim_sd: dict[str, Any] = {}
+        for m, o in templates:
+            model_sd.update(m)
+            optim_sd.update(o)
+        return {
+            "model": model_sd,
+            "optim": optim_sd,
+            "train": {
+                "step": self.step,
+                "data_offset": self.loader.offset,
+                "scheduler": self.schedulers[0].state_dict(),
+                "rng": torch.get_rng_state(),
+            },
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Collectively save model, optimizer, scheduler, RNG and data offset at the current step."""
+        if self.checkpoint_dir is None:
+            raise RuntimeError("no checkpoint_dir was given to this Trainer")
+        path = ckpt.save_checkpoint(
+            self.checkpoint_dir, self.step, self._app_state(self._state_templates()), self.job.checkpoint.keep_last
+        )
+        self._event(f"checkpoint saved at step {self.step}: {path}")
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Collectively load a checkpoint written under any layout into this one."""
+        templates = self._state_templates()
+        state = self._app_state(templates)
+        ckpt.load_checkpoint(path, state)
+        for (part, opt), (m, o) in zip(zip(self.model.parts, self.optimizers, strict=True), templates, strict=True):
+            part_model = {k: state["model"][k] for k in m}
+            part_optim = {k: state["optim"][k] for k in o}
+            set_state_dict(part, opt, model_state_dict=part_model, optim_state_dict=part_optim, options=STATE_OPTIONS)
+        train = state["train"]
+        self.step = int(train["step"])
+        self.loader.offset = int(train["data_offset"])
+        for sched in self.schedulers:
+            sched.load_state_dict(train["scheduler"])
+        torch.set_rng_state(train["rng"])
+
+    def maybe_resume(self) -> int | None:
+        """Load the newest complete checkpoint if resuming is on; returns its step."""
+        if self.checkpoint_dir is None or not self.job.checkpoint.resume:
+            return None
+        found = ckpt.latest_checkpoint(self.checkpoint_dir)
+        if found is None:
+            return None
+        step, path = found
+        self.load_checkpoint(path)
+        self._event(f"resumed from checkpoint {path} (step {step})")
+        return step
+
+    # ---- the loop -----------------------------------------------------------------------------------
+    def _event(self, message: str) -> None:
+        log.info("rank %d: %s", self.rank, message)
+        if self.on_event is not None and self.rank == 0:
+            self.on_event(message)
+
+    def run(self) -> TrainResult:
+        """Resume if possible, train to `training.steps`, checkpoint on schedule and at the end."""
+        start = time.perf_counter()
+        train = self.job.training
+        resumed = self.maybe_resume()
+        self._event(f"training {self.grid.describe()} from step {self.step} to {train.steps}")
+        losses: list[float] = []
+        tokens_per_step = train.global_batch_size * self.job.data.seq_len
+        last_path: Path | None = None
+        interval = self.job.checkpoint.interval_steps
+        while self.step < train.steps:
+            lr = self.optimizers[0].param_groups[0]["lr"]
+            t0 = time.perf_counter()
+            loss, norm, breakdown = self.train_step()
+            if self.checkpoint_dir is not None and (
+                (interval and self.step % interval == 0) or self.step == train.steps
+            ):
+                t_ck = time.perf_counter()
+                last_path = self.save_checkpoint()
+                breakdown["checkpoint"] = time.perf_counter() - t_ck
+            elapsed = time.perf_counter() - t0
+            losses.append(loss)
+            if self.on_step is not None and self.rank == 0 and (
+                self.step % train.log_interval == 0 or self.step == train.steps
+            ):
+                tps = tokens_per_step / elapsed
+                self.on_step(
+                    StepReport(
+                        step=self.step,
+                        loss=loss,
+                        grad_norm=norm,
+                        lr=lr,
+                        tokens=tokens_per_step,
+                        tokens_per_second=tps,
+                        mfu=mfu(self.flops_per_token, tps, self.world_size, self.peak_flops),
+                        step_time_seconds=elapsed,
+                        breakdown=breakdown,
+                        peak_memory_bytes=_peak_memory(self.device),
+                    )
+                )
+        return TrainResult(
+            steps_completed=self.step,
+            final_loss=losses[-1] if losses else None,
+            losses=losses,
+            tokens_seen=len(losses) * tokens_per_step,
+            wall_seconds=time.perf_counter() - start,
+            resumed_from_step=resumed,
+            last_checkpoint=str(last_path) if last_path else None,
+        )
