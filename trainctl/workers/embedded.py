@@ -1,0 +1,148 @@
+"""An embedded Ray cluster on loopback: N simulated nodes x G simulated GPUs in this machine.
+
+Each node is a real Ray node (its own raylet) started with ``ray.cluster_utils.Cluster``, bound to
+127.0.0.1, labelled ``trainctl.io/node: node-<i>`` plus the topology labels of its entry in the
+simulated topology map, and offering one ``trainctl_gpu_<i>`` slot resource per simulated GPU (no
+Ray ``GPU`` resource, so torch never touches CUDA). The first node is the head. ``trainctl serve``
+with no configuration uses the single-node form, `start_local`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray._private import ray_constants
+from ray.cluster_utils import Cluster
+
+from trainctl.workers.resources import NODE_LABEL, slot_resources
+from trainctl.workers.topology.model import TopologyMap, simulated_topology
+
+LOOPBACK = "127.0.0.1"
+LABEL_PREFIX = "trainctl.io/"
+OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+def node_name(index: int) -> str:
+    """Name of the ``index``-th simulated node (node-0, node-1, ...)."""
+    return f"node-{index}"
+
+
+@dataclass
+class EmbeddedRay:
+    """A running embedded cluster. Call `shutdown` (or use it as a context manager)."""
+
+    address: str
+    """GCS address to pass to ``ray.init`` / `RayRuntime`."""
+    gpus_per_node: int
+    topology: TopologyMap
+    """The simulated topology map the node labels come from."""
+    labels: dict[str, dict[str, str]]
+    """Labels of each node, by node name."""
+    _cluster: Cluster
+    _nodes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def node_names(self) -> list[str]:
+        """Names of the nodes still in the cluster, in start order."""
+        return list(self._nodes)
+
+    def remove_node(self, name: str) -> None:
+        """Kill every process of a (non-head) node, as if the machine died."""
+        node = self._nodes.get(name)
+        if node is None:
+            raise KeyError(f"no node {name!r} in the embedded cluster (nodes: {', '.join(self._nodes)})")
+        if node is self._cluster.head_node:
+            raise ValueError(f"{name} is the head node; removing it would end the cluster")
+        self._cluster.remove_node(node, allow_graceful=False)
+        del self._nodes[name]
+
+    def shutdown(self) -> None:
+        """Disconnect this process and stop every node (only this cluster's processes)."""
+        if ray.is_initialized():
+            ray.shutdown()
+        self._cluster.shutdown()
+        self._nodes.clear()
+
+    def __enter__(self) -> EmbeddedRay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def start_embedded(
+    nodes: int = 2,
+    gpus_per_node: int = 4,
+    *,
+    head_cpus: int = 1,
+    dashboard: bool = False,
+) -> EmbeddedRay:
+    """Start ``nodes`` labelled Ray nodes with ``gpus_per_node`` simulated GPUs each, on loopback.
+
+    ``head_cpus`` CPUs go to the head node (for Ray's own tasks; trainctl's actors take none).
+    ``dashboard`` starts Ray's dashboard on the head (the ``ray.util.state`` API needs it).
+    """
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+    if head_cpus < 0:
+        raise ValueError(f"head_cpus must be >= 0, got {head_cpus}")
+    if ray_constants.ENABLE_RAY_CLUSTER:
+        raise RuntimeError(
+            "set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported, so the embedded cluster binds 127.0.0.1 only"
+        )
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    topology = simulated_topology(nodes, gpus_per_node)
+    labels = {node_name(i): topology_labels(topology, node_name(i)) for i in range(nodes)}
+    cluster = Cluster(shutdown_at_exit=True)
+    embedded = EmbeddedRay(
+        address="", gpus_per_node=gpus_per_node, topology=topology, labels=labels, _cluster=cluster
+    )
+    try:
+        for index, (name, node_labels) in enumerate(labels.items()):
+            extra = {"include_dashboard": dashboard, "num_cpus": head_cpus} if index == 0 else {"num_cpus": 0}
+            embedded._nodes[name] = cluster.add_node(
+                node_ip_address=LOOPBACK,
+                num_gpus=0,
+                resources=slot_resources(gpus_per_node),
+                labels=node_labels,
+                object_store_memory=OBJECT_STORE_BYTES,
+                **extra,
+            )
+        cluster.wait_for_nodes()
+    except BaseException:
+        cluster.shutdown()
+        raise
+    embedded.address = cluster.address
+    return embedded
+
+
+def topology_labels(topology: TopologyMap, name: str) -> dict[str, str]:
+    """The Ray labels of a node's entry in the map: its name, NVLink reach, leaf switch and GPUs."""
+    node = topology.node(name)
+    labels = {NODE_LABEL: name, f"{LABEL_PREFIX}gpus": str(len(node.gpus))}
+    nvlink = topology.nvlink_group_of(name)
+    if nvlink is not None:
+        labels[f"{LABEL_PREFIX}nvlink-domain"] = _label_value(nvlink)
+    leaves = sorted({nic.leaf for nic in node.nics if nic.leaf})
+    if leaves:
+        labels[f"{LABEL_PREFIX}leaf"] = _label_value(leaves[0])
+    if node.gpu_model:
+        labels[f"{LABEL_PREFIX}gpu-model"] = _label_value(node.gpu_model)
+    return labels
+
+
+def _label_value(text: str) -> str:
+    """``text`` with characters Ray label values do not allow replaced by '.' (at most 63 characters)."""
+    value = re.sub(r"[^A-Za-z0-9_.-]", ".", text).strip("._-")
+    return value[:63].rstrip("._-") or "none"
+
+
+def start_local(gpus: int = 4, *, dashboard: bool = False) -> EmbeddedRay:
+    """The single-node embedded Ray that ``trainctl serve`` starts with no configuration."""
+    return start_embedded(1, gpus, dashboard=dashboard)
