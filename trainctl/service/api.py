@@ -1,0 +1,302 @@
+"""The TrainingService servicer: request checks, tenancy, and the store/scheduler calls behind each RPC.
+
+Handlers raise `ApiError` (trainctl.service.errors); the interceptor turns it into the status. The
+caller's Principal comes from the authenticator (trainctl.service.auth); a job of another tenant is
+NOT_FOUND to a user, so ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from trainctl.service import store as st
+from trainctl.service.auth import Authenticator
+from trainctl.service.convert import job_from_proto, job_to_proto
+from trainctl.service.errors import ApiError, bad_field, failed_precondition, invalid_argument, not_found
+from trainctl.service.paths import DataPathPolicy
+from trainctl.service.planning import plan_job
+from trainctl.service.pool import GpuPool
+from trainctl.service.scheduler import Scheduler
+from trainctl.service.store import JobNotFound, JobRecord, JobStore
+from trainctl.service.tenancy import Principal, TenantUsage, admission_violation
+from trainctl.spec.job import TrainingJob
+from trainctl.spec.validate import FieldViolation, SpecError, semantic_violations
+from trainctl.v1 import training_pb2 as pb
+from trainctl.v1 import training_pb2_grpc as pb_grpc
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
+MAX_ID_LENGTH = 128
+WATCH_POLL_SECONDS = 0.5
+
+
+class TrainingServicer(pb_grpc.TrainingServiceServicer):
+    """Implements trainctl.v1.TrainingService over a JobStore, a Scheduler and a GpuPool."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        scheduler: Scheduler,
+        pool: GpuPool,
+        authenticator: Authenticator,
+        *,
+        data_policy: DataPathPolicy | None = None,
+        stopping: threading.Event | None = None,
+        ray_nodes: Callable[[], dict[str, bool]] | None = None,
+    ):
+        self.store = store
+        self.scheduler = scheduler
+        self.pool = pool
+        self.auth = authenticator
+        self.data_policy = data_policy
+        self.stopping = stopping or threading.Event()
+        self.ray_nodes = ray_nodes
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    def _principal(self, context: grpc.ServicerContext) -> Principal:
+        return self.auth.principal_of(context)
+
+    def _job(self, job_id: str, principal: Principal) -> JobRecord:
+        if not job_id:
+            raise bad_field("id", "a job id is required")
+        if len(job_id) > MAX_ID_LENGTH:
+            raise bad_field("id", f"longer than {MAX_ID_LENGTH} characters")
+        try:
+            record = self.store.get_job(job_id)
+        except JobNotFound:
+            raise not_found(f"job {job_id!r}") from None
+        if not principal.can_access(record.tenant):
+            raise not_found(f"job {job_id!r}")
+        return record
+
+    def _validated(self, message: pb.Job) -> TrainingJob:
+        """The request's job, schema- and semantically valid, or INVALID_ARGUMENT naming each field."""
+        try:
+            job = job_from_proto(message)
+        except SpecError as exc:
+            raise invalid_argument(exc.violations) from None
+        violations = semantic_violations(job, pool_gpus=self.pool.total)
+        if self.data_policy is not None:
+            violations += self.data_policy.violations(job.spec.data)
+        if violations:
+            raise invalid_argument(violations)
+        return job
+
+    # ---- RPCs ---------------------------------------------------------------------------------------
+    def CreateJob(self, request: pb.CreateJobRequest, context: grpc.ServicerContext) -> pb.Job:  # noqa: N802
+        principal = self._principal(context)
+        if not request.HasField("job"):
+            raise bad_field("job", "the job to create is required")
+        if len(request.request_id) > MAX_ID_LENGTH:
+            raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
+        job = self._validated(request.job)
+        counts = self.store.count_by_state(principal.tenant)
+        held = sum(r.job.spec.resources.gpus for r in self.store.list_jobs(tenant=principal.tenant, states=st.ACTIVE))
+        refusal = admission_violation(
+            principal.tenant, self.auth.quota(principal.tenant),
+            TenantUsage(queued_jobs=counts.get(st.QUEUED, 0), running_gpus=held), job.spec.resources.gpus,
+        )
+        if refusal is not None:
+            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        record, _created = self.store.create_job(job, tenant=principal.tenant, request_id=request.request_id or None)
+        self.scheduler.wake()
+        return record_to_proto(record)
+
+    def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:  # noqa: N802
+        record = self._job(request.id, self._principal(context))
+        if request.view not in pb.JobView.values():
+            raise bad_field("view", f"unknown JobView value {request.view}")
+        metrics = self.store.step_metrics(record.id) if request.view == pb.JOB_VIEW_FULL else None
+        return record_to_proto(record, metrics)
+
+    def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:  # noqa: N802
+        principal = self._principal(context)
+        if request.page_size < 0:
+            raise bad_field("page_size", "must not be negative")
+        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        states = []
+        for i, number in enumerate(request.states):
+            if number not in pb.JobState.values() or number == pb.JOB_STATE_UNSPECIFIED:
+                raise bad_field(f"states[{i}]", f"unknown JobState value {number}")
+            states.append(pb.JobState.Name(number))
+        before = _decode_page_token(request.page_token) if request.page_token else None
+        records = self.store.list_jobs(
+            tenant=principal.tenant_filter(), states=states, labels=dict(request.labels), limit=size + 1,
+            before_seq=before,
+        )
+        response = pb.ListJobsResponse(jobs=[record_to_proto(r) for r in records[:size]])
+        if len(records) > size:
+            response.next_page_token = _encode_page_token(records[size - 1].seq)
+        return response
+
+    def CancelJob(self, request: pb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:  # noqa: N802
+        principal = self._principal(context)
+        record = self._job(request.id, principal)
+        if record.state in (st.SUCCEEDED, st.FAILED):
+            raise failed_precondition(f"job {record.id} already ended {record.state}")
+        if len(request.reason) > 1000:
+            raise bad_field("reason", "longer than 1000 characters")
+        reason = request.reason or f"cancelled by {principal.name}"
+        return record_to_proto(self.scheduler.request_cancel(record.id, reason))
+
+    def WatchJob(self, request: pb.WatchJobRequest, context: grpc.ServicerContext) -> Iterator[pb.JobEvent]:  # noqa: N802
+        record = self._job(request.id, self._principal(context))
+        if request.after_sequence < 0:
+            raise bad_field("after_sequence", "must not be negative")
+        cursor = request.after_sequence
+        while True:
+            events = self.store.events(record.id, cursor)
+            for event in events:
+                yield event_to_proto(event)
+                cursor = event.sequence
+            if events:
+                continue
+            if not request.follow or self.store.get_job(record.id).terminal:
+                # the terminal state event is appended in the same transaction as the state: drained
+                if not self.store.events(record.id, cursor):
+                    return
+                continue
+            if self.stopping.is_set() or not context.is_active():
+                return
+            self.store.wait_for_change(WATCH_POLL_SECONDS)
+
+    def PlanJob(self, request: pb.PlanJobRequest, context: grpc.ServicerContext) -> pb.PlanJobResponse:  # noqa: N802
+        self._principal(context)
+        if not request.HasField("job"):
+            raise bad_field("job", "the job to plan is required")
+        try:
+            job = job_from_proto(request.job)
+        except SpecError as exc:
+            return _invalid_plan(exc.violations, self.pool)
+        violations = semantic_violations(job, pool_gpus=self.pool.total)
+        if self.data_policy is not None:
+            violations += self.data_policy.violations(job.spec.data)
+        if violations:
+            return _invalid_plan(violations, self.pool)
+        return plan_job(job, self.pool)
+
+    def GetCluster(self, request: pb.GetClusterRequest, context: grpc.ServicerContext) -> pb.Cluster:  # noqa: N802
+        principal = self._principal(context)
+        holders = self.pool.holders()
+        alive = self.ray_nodes() if self.ray_nodes is not None else {}
+        cluster = pb.Cluster(topology_source=self.pool.source, total_gpus=self.pool.total)
+        for name, gpus in self.pool.nodes():
+            node = cluster.nodes.add(name=name, alive=alive.get(name, False))
+            for gpu in gpus:
+                holder = holders.get((name, gpu), "")
+                if holder and not principal.is_admin:
+                    holder = holder if self._owns(principal, holder) else "(another tenant)"
+                node.gpus.add(index=gpu, job_id=holder)
+        cluster.used_gpus = len(holders)
+        cluster.free_gpus = cluster.total_gpus - cluster.used_gpus
+        counts = self.store.count_by_state(principal.tenant_filter())
+        cluster.queued_jobs = counts.get(st.QUEUED, 0)
+        cluster.running_jobs = sum(counts.get(s, 0) for s in st.ACTIVE)
+        return cluster
+
+    def _owns(self, principal: Principal, job_id: str) -> bool:
+        try:
+            return principal.can_access(self.store.get_job(job_id).tenant)
+        except JobNotFound:
+            return False
+
+
+# ---- conversions ------------------------------------------------------------------------------------
+
+
+def _invalid_plan(violations: list[FieldViolation], pool: GpuPool) -> pb.PlanJobResponse:
+    return pb.PlanJobResponse(
+        valid=False,
+        violations=[pb.Violation(field=v.field, description=v.description) for v in violations],
+        pool_gpus=pool.total,
+        free_gpus=pool.free_count,
+    )
+
+
+def _encode_page_token(seq: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"before": seq}).encode()).decode()
+
+
+def _decode_page_token(token: str) -> int:
+    try:
+        value = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))["before"]
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(value)
+        return value
+    except (ValueError, KeyError, TypeError, UnicodeError, binascii.Error):
+        raise bad_field("page_token", "not a token this server issued (pass next_page_token unchanged)") from None
+
+
+def _timestamp(target: Any, value: float | None) -> None:
+    if value is not None:
+        target.FromNanoseconds(int(value * 1e9))
+
+
+def record_to_proto(record: JobRecord, metrics: list[dict[str, Any]] | None = None) -> pb.Job:
+    """A stored job as the API's Job message."""
+    message = job_to_proto(record.job)
+    message.id = record.id
+    status = message.status
+    status.state = pb.JobState.Value(record.state)
+    status.reason = record.reason
+    for name in ("create_time", "schedule_time", "start_time", "end_time", "update_time"):
+        _timestamp(getattr(status, name), getattr(record, name))
+    status.steps_done = record.steps_done
+    status.total_steps = record.total_steps
+    if record.first_loss is not None:
+        status.first_loss = record.first_loss
+    if record.last_loss is not None:
+        status.last_loss = record.last_loss
+    if record.mfu is not None:
+        status.mfu = record.mfu
+    status.restarts = record.restarts
+    status.tokens_per_second = record.tokens_per_second
+    status.run_dir = record.run_dir
+    for row in record.placement:
+        status.placement.add(rank=int(row["rank"]), node=str(row["node"]), gpu=int(row["gpu"]), coords=row.get("coords", {}))
+    for row in metrics or ():
+        step_to_proto(row, message.metrics.add())
+    return message
+
+
+def step_to_proto(row: dict[str, Any], out: pb.StepMetrics) -> pb.StepMetrics:
+    """One step's metrics (a store row or a step event payload) as StepMetrics."""
+    out.step = int(row["step"])
+    out.loss = float(row["loss"])
+    for name in ("grad_norm", "lr", "tokens_per_second", "step_time_seconds"):
+        if row.get(name) is not None:
+            setattr(out, name, float(row[name]))
+    for name in ("tokens", "peak_memory_bytes"):
+        if row.get(name) is not None:
+            setattr(out, name, int(row[name]))
+    if row.get("mfu") is not None:
+        out.mfu = float(row["mfu"])
+    out.breakdown.update({str(k): float(v) for k, v in (row.get("breakdown") or {}).items()})
+    _timestamp(out.time, row.get("time"))
+    return out
+
+
+def event_to_proto(event: st.Event) -> pb.JobEvent:
+    """A stored event as the API's JobEvent."""
+    message = pb.JobEvent(sequence=event.sequence, job_id=event.job_id)
+    _timestamp(message.time, event.time)
+    payload = event.payload
+    if event.type == st.EVENT_STATE:
+        message.state_change.from_state = pb.JobState.Value(payload["from"]) if payload.get("from") else 0
+        message.state_change.to_state = pb.JobState.Value(payload["to"])
+        message.state_change.reason = payload.get("reason", "")
+    elif event.type == st.EVENT_STEP:
+        step_to_proto(payload, message.step)
+    else:
+        message.log.message = payload.get("message", "")
+        message.log.level = payload.get("level", "INFO")
+        if payload.get("rank") is not None:
+            message.log.rank = int(payload["rank"])
+    return message

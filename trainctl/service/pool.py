@@ -1,0 +1,126 @@
+"""The GPU pool as the scheduler sees it: the topology map, which GPU each job holds, and placement.
+
+Capacity comes from the topology map (trainctl.workers.topology): a file given with `--topology`, or a
+simulated map of the embedded cluster. Placement (trainctl.workers.placement) turns a job's rank grid
+plus the free GPUs into rank -> (node, GPU); the pool reserves those GPUs until the job ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from trainctl.parallelism.grid import DIMS, RankGrid
+from trainctl.spec.job import TrainingJob
+from trainctl.spec.presets import resolve_model
+from trainctl.workers import placement as placement_mod
+
+Slot = tuple[str, int]
+"""(node name, local GPU index)."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Rank -> (node, GPU), with the rank's grid coordinates."""
+
+    rank: int
+    node: str
+    gpu: int
+    coords: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class PlannedPlacement:
+    """Where every rank of a job runs; `assignments` is what the runtime's start_job reads."""
+
+    assignments: tuple[Assignment, ...]
+    cost_seconds: float | None = None
+    """The placement's modelled communication time per step, when the solver reports it."""
+
+    @classmethod
+    def from_solver(cls, solved: Any, grid: RankGrid) -> PlannedPlacement:
+        rows = []
+        for a in sorted(solved.assignments, key=lambda a: a.rank):
+            coords = tuple((d, grid.coords(a.rank)[d]) for d in DIMS)
+            rows.append(Assignment(int(a.rank), str(a.node), int(a.gpu), coords))
+        cost = getattr(solved, "cost_seconds", None)
+        return cls(assignments=tuple(rows), cost_seconds=None if cost is None else float(cost))
+
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]]) -> PlannedPlacement:
+        """Rebuild from stored records (after a service restart)."""
+        return cls(
+            assignments=tuple(
+                Assignment(int(r["rank"]), str(r["node"]), int(r["gpu"]), tuple(sorted(r.get("coords", {}).items())))
+                for r in records
+            )
+        )
+
+    @property
+    def slots(self) -> list[Slot]:
+        return [(a.node, a.gpu) for a in self.assignments]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [{"rank": a.rank, "node": a.node, "gpu": a.gpu, "coords": dict(a.coords)} for a in self.assignments]
+
+
+class GpuPool:
+    """Thread-safe GPU accounting over one topology map."""
+
+    def __init__(self, topology: Any, source: str):
+        self.topology = topology
+        self.source = source
+        self._lock = threading.Lock()
+        self._held: dict[str, list[Slot]] = {}
+        self._slots: list[Slot] = [(node, gpu) for node, gpus in node_gpus(topology) for gpu in gpus]
+
+    @property
+    def total(self) -> int:
+        return len(self._slots)
+
+    @property
+    def free_count(self) -> int:
+        with self._lock:
+            return self.total - sum(len(s) for s in self._held.values())
+
+    def free_slots(self) -> set[Slot]:
+        with self._lock:
+            used = {slot for slots in self._held.values() for slot in slots}
+        return {slot for slot in self._slots if slot not in used}
+
+    def holders(self) -> dict[Slot, str]:
+        """Which job holds each used GPU."""
+        with self._lock:
+            return {slot: job_id for job_id, slots in self._held.items() for slot in slots}
+
+    def place(self, job: TrainingJob, *, empty: bool = False) -> PlannedPlacement | None:
+        """Where every rank of `job` would run on the free GPUs (or on the whole pool with `empty`);
+        None when they do not all fit (gang scheduling: all or nothing)."""
+        grid = RankGrid.from_spec(job.spec.parallelism)
+        free = set(self._slots) if empty else self.free_slots()
+        if len(free) < grid.world_size:
+            return None
+        solved = placement_mod.place(grid, self.topology, free, model=resolve_model(job.spec.model))
+        return None if solved is None else PlannedPlacement.from_solver(solved, grid)
+
+    def reserve(self, job_id: str, placement: PlannedPlacement) -> None:
+        with self._lock:
+            self._held[job_id] = placement.slots
+
+    def release(self, job_id: str) -> None:
+        with self._lock:
+            self._held.pop(job_id, None)
+
+    def domains(self) -> dict[str, str]:
+        """Each node's NVLink domain (the node itself when the map names none)."""
+        return {node.name: node.nvlink_domain or node.name for node in self.topology.spec.nodes}
+
+    def nodes(self) -> list[tuple[str, list[int]]]:
+        """(node name, its GPU indices) in map order."""
+        return [(node, list(gpus)) for node, gpus in node_gpus(self.topology)]
+
+
+def node_gpus(topology: Any) -> list[tuple[str, list[int]]]:
+    """(node name, GPUs that may get ranks) for every node of a topology map."""
+    return [(node.name, list(node.usable_gpus)) for node in topology.spec.nodes]

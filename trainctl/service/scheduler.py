@@ -1,0 +1,335 @@
+"""The scheduler: the queue (priority, then age), gang admission, and the loop that follows running jobs.
+
+One background thread owns every transition after QUEUED except the API's cancel request:
+
+1. follow active jobs: poll the runtime from each job's cursor, append what happened to the store
+   (state changes, step metrics, log lines), release the GPUs of jobs that ended;
+2. hand cancels of jobs the API moved to CANCELLING to a worker thread (a cancel waits until the
+   job's actors and placement group are gone, and must not stall the loop);
+3. admit queued jobs in order (priority descending, then submission order): a job starts only when
+   placement finds a GPU for every rank (gang scheduling). The queue is strict: a job that does not
+   fit blocks lower ones, so a large job is never starved by a stream of small ones. A waiting job's
+   reason says what it waits for.
+
+State changes use the store's compare-and-set, so a cancel racing with admission is never lost.
+The service never runs torch collectives: the runtime (trainctl.workers.runtime) does the Ray work.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainctl.service import store as st
+from trainctl.service.metrics import NodeGpus, ServiceMetrics
+from trainctl.service.pool import GpuPool, PlannedPlacement
+from trainctl.service.store import JobRecord, JobStore
+from trainctl.service.tenancy import Quota, TenantUsage, start_block_reason
+from trainctl.spec.job import TrainingJob
+from trainctl.workers.events import EVENTS_FILE, EventKind
+from trainctl.workers.events import Event as RuntimeEvent
+from trainctl.workers.events import JobStatus as RuntimeStatus
+
+log = logging.getLogger(__name__)
+
+POLL_GRACE_SECONDS = 30.0
+"""How long a job's supervisor may be unreachable (just created, or busy) before the job fails."""
+
+
+class Runtime(Protocol):
+    """What the scheduler needs from trainctl.workers.runtime.RayRuntime."""
+
+    def start_job(self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path) -> None: ...
+
+    def attach(self, job_id: str, run_dir: Path) -> None: ...
+
+    def running_jobs(self) -> list[str]: ...
+
+    def poll(self, job_id: str, cursor: int) -> RuntimeStatus: ...
+
+    def cancel(self, job_id: str) -> RuntimeStatus: ...
+
+
+@dataclass
+class _Active:
+    cursor: int = 0
+    cancel_sent: bool = False
+    failing_since: float | None = None
+
+
+@dataclass(frozen=True)
+class _Report:
+    """A step event's payload in the shape ServiceMetrics.record_step reads."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    tokens_per_second: float
+    mfu: float | None
+    step_time_seconds: float
+    breakdown: Mapping[str, float]
+    peak_memory_bytes: int
+
+    @classmethod
+    def of(cls, m: Mapping[str, Any]) -> _Report:
+        return cls(
+            step=int(m["step"]), loss=float(m["loss"]), grad_norm=float(m.get("grad_norm") or 0.0),
+            lr=float(m.get("lr") or 0.0), tokens=int(m.get("tokens") or 0),
+            tokens_per_second=float(m.get("tokens_per_second") or 0.0), mfu=m.get("mfu"),
+            step_time_seconds=float(m.get("step_time_seconds") or 0.0), breakdown=dict(m.get("breakdown") or {}),
+            peak_memory_bytes=int(m.get("peak_memory_bytes") or 0),
+        )
+
+
+@dataclass
+class Scheduler:
+    """Owns the queue and follows running jobs; `start()` runs the loop in a daemon thread."""
+
+    store: JobStore
+    pool: GpuPool
+    runtime: Runtime
+    runs_dir: Path
+    metrics: ServiceMetrics | None = None
+    quota_of: Callable[[str], Quota] = lambda _tenant: Quota()
+    interval: float = 0.2
+    _active: dict[str, _Active] = field(default_factory=dict)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Re-attach to jobs the store says are active, then start the loop."""
+        self.recover()
+        self._thread = threading.Thread(target=self._run, name="trainctl-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """Run the next tick now (a job was created or cancelled)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # the loop must survive anything one job does
+                log.exception("scheduler tick failed")
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def recover(self) -> None:
+        """Rebuild reservations and cursors from the store after a (re)start; re-attach supervisors,
+        and start jobs whose admission a crash interrupted before their supervisor existed."""
+        running = set(self.runtime.running_jobs())
+        for record in self.store.list_jobs(states=st.ACTIVE, oldest_first=True):
+            placement = PlannedPlacement.from_records(record.placement)
+            self.pool.reserve(record.id, placement)
+            self._active[record.id] = _Active(cursor=int(record.runtime_cursor or 0))
+            run_dir = Path(record.run_dir or self.runs_dir / record.id)
+            self.runtime.attach(record.id, run_dir)
+            if record.id not in running and not (run_dir / EVENTS_FILE).exists():
+                if record.state == st.CANCELLING:
+                    self._finish(self._set_state(record, st.CANCELLED, record.reason))
+                    continue
+                log.info("job %s: admission was interrupted by a service restart; starting it", record.id)
+                self._launch(record, placement)
+
+    # ---- one tick -------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Follow active jobs, send cancels, admit what fits, refresh the gauges."""
+        with self._lock:
+            for job_id in list(self._active):
+                self._follow(job_id)
+            self._admit()
+            self._export()
+
+    def _follow(self, job_id: str) -> None:
+        active = self._active[job_id]
+        record = self.store.get_job(job_id)
+        if record.state == st.CANCELLING and not active.cancel_sent:
+            active.cancel_sent = True
+            threading.Thread(target=self._cancel, args=(job_id,), name=f"cancel-{job_id}", daemon=True).start()
+        try:
+            status = self.runtime.poll(job_id, active.cursor)
+        except Exception as exc:
+            now = time.monotonic()
+            active.failing_since = active.failing_since or now
+            if now - active.failing_since < POLL_GRACE_SECONDS:
+                log.debug("job %s: poll failed (%s); retrying", job_id, exc)
+                return
+            log.exception("job %s: poll failed for %.0f s", job_id, POLL_GRACE_SECONDS)
+            self._finish(self._set_state(record, st.FAILED, f"lost contact with the job's supervisor: {exc}"))
+            return
+        active.failing_since = None
+        for event in status.events:
+            record = self._apply(record, event)
+        if status.cursor != active.cursor:
+            active.cursor = status.cursor
+            self.store.update_status(job_id, runtime_cursor=str(status.cursor), restarts=status.restarts)
+        if status.drained and status.state.terminal:
+            self._finish(self._set_state(self.store.get_job(job_id), status.state.value, status.reason))
+
+    def _cancel(self, job_id: str) -> None:
+        """Stop the job's supervisor and ranks (blocks until none is left); the loop records the end."""
+        try:
+            self.runtime.cancel(job_id)
+        except Exception as exc:
+            log.exception("job %s: cancel failed", job_id)
+            self.store.append_event(job_id, st.EVENT_LOG, {"level": "ERROR", "message": f"cancel failed: {exc}"})
+        self.wake()
+
+    def _apply(self, record: JobRecord, event: RuntimeEvent) -> JobRecord:
+        if event.kind is EventKind.STEP and event.step is not None:
+            metrics = {**event.step, "time": event.time}
+            self.store.record_step(record.id, metrics, now=event.time)
+            if self.metrics is not None:
+                self.metrics.record_step(record.id, record.tenant, _Report.of(metrics))
+                ratio = (event.step.get("straggler") or {}).get("ratio")
+                if ratio is not None and ratio >= 1.0:
+                    self.metrics.set_straggler_ratio(record.id, record.tenant, float(ratio))
+            return self.store.get_job(record.id)
+        if event.kind is EventKind.LOG:
+            payload: dict[str, Any] = {"message": event.message, "level": "INFO"}
+            if event.rank is not None:
+                payload["rank"] = event.rank
+            self.store.append_event(record.id, st.EVENT_LOG, payload, now=event.time)
+        elif event.kind is EventKind.PLACEMENT and event.placement is not None:
+            where = ", ".join(f"{p.get('rank')}->{p.get('node')}:{p.get('gpu')}" for p in event.placement)
+            self.store.append_event(record.id, st.EVENT_LOG, {"level": "INFO", "message": f"ranks placed: {where}"}, now=event.time)
+        elif event.kind is EventKind.STATE and event.state is not None:
+            if record.state == st.CANCELLING and not event.state.terminal:
+                return record  # a job being cancelled does not go back to running
+            extra = {"start_time": event.time} if event.state.value == st.RUNNING and record.start_time is None else {}
+            record = self._set_state(record, event.state.value, event.reason, **extra)
+            if event.state.value == st.RESTARTING and self.metrics is not None:
+                self.metrics.record_restart(record.id, record.tenant)
+        return record
+
+    def _set_state(self, record: JobRecord, state: str, reason: str, **extra: Any) -> JobRecord:
+        if record.state == state:
+            return record
+        updated = self.store.update_status(record.id, state=state, reason=reason, **extra)
+        if updated is None:
+            return self.store.get_job(record.id)
+        if self.metrics is not None:
+            self.metrics.set_job_state(updated.id, updated.tenant, updated.state)
+        return updated
+
+    def _finish(self, record: JobRecord) -> None:
+        if record.terminal:
+            self.pool.release(record.id)
+            self._active.pop(record.id, None)
+            self.wake()
+
+    def _admit(self) -> None:
+        queued = sorted(self.store.list_jobs(states=[st.QUEUED]), key=lambda r: (-r.priority, r.seq))
+        blocked_by: JobRecord | None = None
+        for record in queued:
+            if blocked_by is not None:
+                self._wait(record, f"waiting behind {blocked_by.id} (priority {blocked_by.priority}), first in the queue")
+                continue
+            gpus = record.job.spec.resources.gpus
+            quota_reason = start_block_reason(record.tenant, self.quota_of(record.tenant), self._usage(record.tenant), gpus)
+            if quota_reason is not None:
+                self._wait(record, quota_reason)
+                self._decision("quota")
+                continue  # a tenant over quota does not block other tenants
+            started = time.perf_counter()
+            placement = self.pool.place(record.job)
+            solver_seconds = time.perf_counter() - started
+            if placement is None:
+                self._wait(record, f"waiting for {gpus} GPUs: {self.pool.free_count} of {self.pool.total} free")
+                self._decision("no_capacity", solver_seconds)
+                blocked_by = record
+                continue
+            self.pool.reserve(record.id, placement)
+            nodes = sorted({a.node for a in placement.assignments})
+            updated = self.store.update_status(
+                record.id, expect=[st.QUEUED], state=st.SCHEDULED,
+                reason=f"placed {len(placement.assignments)} ranks on {', '.join(nodes)}", schedule_time=time.time(),
+                placement=placement.records(), run_dir=str(self.runs_dir / record.id),
+            )
+            if updated is None:  # cancelled meanwhile
+                self.pool.release(record.id)
+                continue
+            self._decision("started", solver_seconds)
+            if self.metrics is not None:
+                self.metrics.set_job_state(updated.id, updated.tenant, updated.state)
+                self.metrics.set_job_placement(updated.id, updated.tenant, self._by_domain(placement))
+            self._active[record.id] = _Active()
+            self._launch(updated, placement)
+
+    def _usage(self, tenant: str) -> TenantUsage:
+        active = self.store.list_jobs(tenant=tenant, states=st.ACTIVE)
+        queued = self.store.count_by_state(tenant).get(st.QUEUED, 0)
+        return TenantUsage(queued_jobs=queued, running_gpus=sum(r.job.spec.resources.gpus for r in active))
+
+    def _decision(self, decision: str, solver_seconds: float | None = None) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_scheduling(decision, solver_seconds)
+
+    def _by_domain(self, placement: PlannedPlacement) -> dict[tuple[str, str], int]:
+        domains = self.pool.domains()
+        out: dict[tuple[str, str], int] = {}
+        for a in placement.assignments:
+            key = (a.node, domains.get(a.node, a.node))
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    def _export(self) -> None:
+        if self.metrics is None:
+            return
+        queued = self.store.list_jobs(states=[st.QUEUED], oldest_first=True, limit=1)
+        counts = self.store.count_by_state()
+        self.metrics.set_queue(counts.get(st.QUEUED, 0), queued[0].create_time if queued else None)
+        self.metrics.set_jobs_by_state(counts)
+        used: dict[str, int] = {}
+        for node, _gpu in self.pool.holders():
+            used[node] = used.get(node, 0) + 1
+        domains = self.pool.domains()
+        self.metrics.set_gpu_inventory(
+            NodeGpus(node=name, nvlink_domain=domains.get(name, name), total=len(gpus), used=used.get(name, 0))
+            for name, gpus in self.pool.nodes()
+        )
+
+    def _wait(self, record: JobRecord, reason: str) -> None:
+        if record.reason != reason:
+            self.store.update_status(record.id, expect=[st.QUEUED], reason=reason)
+
+    def _launch(self, record: JobRecord, placement: PlannedPlacement) -> None:
+        run_dir = self.runs_dir / record.id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.runtime.start_job(record.id, record.job, placement, run_dir)
+        except Exception as exc:
+            log.exception("job %s: start failed", record.id)
+            self._finish(self._set_state(record, st.FAILED, f"could not start the job: {exc}"))
+
+    # ---- API side -----------------------------------------------------------------------------------
+    def request_cancel(self, job_id: str, reason: str) -> JobRecord:
+        """QUEUED -> CANCELLED at once; active -> CANCELLING (the loop sends the cancel); else as is."""
+        record = self.store.update_status(job_id, expect=[st.QUEUED], state=st.CANCELLED, reason=reason)
+        if record is None:
+            record = self.store.update_status(
+                job_id, expect=[st.SCHEDULED, st.RUNNING, st.RESTARTING], state=st.CANCELLING, reason=reason
+            )
+        if record is None:
+            return self.store.get_job(job_id)
+        if self.metrics is not None:
+            self.metrics.set_job_state(record.id, record.tenant, record.state)
+        self.wake()
+        return record

@@ -1,0 +1,186 @@
+"""The trainctl service process: store, Ray runtime, scheduler, gRPC server and metrics endpoint.
+
+`Service(config).start()` brings everything up in this process (what `trainctl serve` and
+`trainctl demo` run); `stop()` takes it down gracefully: health goes NOT_SERVING, watch streams end,
+in-flight RPCs get `grace` seconds, the scheduler loop stops, and whatever the service started (the
+embedded Ray, the metrics endpoint) is stopped. Running jobs keep running (their supervisors are
+detached Ray actors) and are re-attached by the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
+
+from trainctl.service.api import TrainingServicer
+from trainctl.service.auth import Authenticator, AuthInterceptor
+from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits
+from trainctl.service.interceptors import ErrorInterceptor
+from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
+from trainctl.service.paths import DataPathPolicy
+from trainctl.service.pool import GpuPool
+from trainctl.service.scheduler import Scheduler
+from trainctl.service.store import JobStore
+from trainctl.service.tls import TlsConfig, bind
+from trainctl.v1 import training_pb2 as pb
+from trainctl.v1 import training_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_DATA_DIR = ".trainctl"
+DEFAULT_METRICS_PORT = 9464
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainingService"].full_name
+EMBEDDED_GPUS = 4
+"""Simulated GPUs of the single-node embedded Ray `trainctl serve` starts with no --ray-address."""
+
+
+@dataclass
+class ServiceConfig:
+    """What `trainctl serve` takes; the defaults are the embedded, loopback-only set-up."""
+
+    address: str = DEFAULT_ADDRESS
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    metrics_port: int = DEFAULT_METRICS_PORT
+    """0 turns the Prometheus endpoint off."""
+    metrics_host: str = "127.0.0.1"
+    ray_address: str | None = None
+    """None starts an embedded single-node Ray on loopback."""
+    topology: Path | None = None
+    """Topology map file; None uses a simulated map of the Ray cluster."""
+    tokens_file: Path | None = None
+    """Access file (tokens, tenants, quotas); None turns authentication off (loopback only)."""
+    tls: TlsConfig | None = None
+    data_roots: list[Path] = field(default_factory=list)
+    """Directories job data may come from; empty: no confinement (single-user, embedded use)."""
+    workers: int = 64
+    """gRPC handler threads (each open WatchJob stream holds one)."""
+
+
+class Service:
+    """One running service. `topology` and `ray_address` may also come from an embedded cluster the
+    caller started (the demo and the tests do)."""
+
+    def __init__(self, config: ServiceConfig, *, topology: Any = None):
+        self.config = config
+        self._topology = topology
+        self._stopping = threading.Event()
+        self._embedded: Any = None
+        self._runtime: Any = None
+        self._metrics_server: MetricsServer | None = None
+        self._server: grpc.Server | None = None
+        self.port: int = 0
+        self.metrics_port: int | None = None
+
+    @property
+    def target(self) -> str:
+        """host:port clients connect to."""
+        host = self.config.address.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    def start(self) -> Service:
+        from trainctl.workers.embedded import start_local
+        from trainctl.workers.runtime import RayRuntime
+
+        config = self.config
+        authenticator = Authenticator.from_file(config.tokens_file)
+        ray_address = config.ray_address
+        if ray_address is None:
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            self._embedded = start_local(EMBEDDED_GPUS)
+            ray_address = self._embedded.address
+            self._topology = self._topology or self._embedded.topology
+        self._runtime = RayRuntime(ray_address)
+        topology, source = self._load_topology()
+
+        self.store = JobStore(config.data_dir)
+        registry = CollectorRegistry()
+        self.metrics = ServiceMetrics(registry)
+        if config.metrics_port:
+            self._metrics_server = start_metrics_server(registry, config.metrics_host, config.metrics_port)
+            self.metrics_port = self._metrics_server.port
+        self.pool = GpuPool(topology, source)
+        self.scheduler = Scheduler(
+            self.store, self.pool, self._runtime, Path(config.data_dir).resolve() / "runs",
+            metrics=self.metrics, quota_of=authenticator.quota,
+        )
+        policy = DataPathPolicy(config.data_roots) if config.data_roots else None
+        servicer = TrainingServicer(
+            self.store, self.scheduler, self.pool, authenticator, data_policy=policy, stopping=self._stopping,
+            ray_nodes=self._ray_nodes,
+        )
+
+        limits = MessageLimits()
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="trainctl-rpc"),
+            interceptors=[AuthInterceptor(authenticator), MalformedRequestInterceptor(), ErrorInterceptor(self.metrics)],
+            options=limits.server_options(),
+        )
+        pb_grpc.add_TrainingServiceServicer_to_server(servicer, server)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        self.port = bind(server, config.address, config.tls)
+        self.scheduler.start()
+        server.start()
+        self._server = server
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("trainctl serving on %s (data %s, %s)", self.target, config.data_dir, source)
+        return self
+
+    def _load_topology(self) -> tuple[Any, str]:
+        from trainctl.workers.topology import load_topology, simulated_topology
+
+        if self.config.topology is not None:
+            return load_topology(self.config.topology), str(self.config.topology)
+        if self._topology is not None:
+            return self._topology, "simulated (embedded cluster)"
+        named = [n for n in self._runtime.cluster_nodes() if n.name is not None and n.alive]
+        if not named:
+            raise RuntimeError(
+                "the Ray cluster has no node labelled trainctl.io/node; pass --topology or label the nodes"
+            )
+        gpus = max(len(n.gpus) for n in named)
+        return simulated_topology(len(named), gpus), f"simulated ({len(named)} Ray nodes x {gpus} GPUs)"
+
+    def _ray_nodes(self) -> dict[str, bool]:
+        return {n.name: n.alive for n in self._runtime.cluster_nodes() if n.name is not None}
+
+    def wait(self) -> None:
+        """Block until the server stops."""
+        if self._server is not None:
+            self._server.wait_for_termination()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Graceful shutdown (see the module docstring); safe to call twice."""
+        if self._server is None:
+            return
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._stopping.set()
+        self._server.stop(grace).wait()
+        self._server = None
+        self.scheduler.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        self.store.close()
+        self._runtime.close()
+        if self._embedded is not None:
+            self._embedded.shutdown()
+
+    def __enter__(self) -> Service:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,404 @@
+"""The durable job store: SQLite in WAL mode, jobs + an append-only event log + step metrics.
+
+Every write is one transaction committed (synchronous=FULL) before the method returns, so a job the
+API has acknowledged survives a crash of the service. `events.sequence` is the global, strictly
+increasing cursor WatchJob resumes from. The schema carries a version; `MIGRATIONS[i]` upgrades a
+version-i database to i+1, and opening a store applies whatever is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainctl.spec.job import TrainingJob
+
+DB_NAME = "trainctl.db"
+
+QUEUED, SCHEDULED, RUNNING, RESTARTING, CANCELLING = "QUEUED", "SCHEDULED", "RUNNING", "RESTARTING", "CANCELLING"
+SUCCEEDED, FAILED, CANCELLED = "SUCCEEDED", "FAILED", "CANCELLED"
+STATES = (QUEUED, SCHEDULED, RUNNING, RESTARTING, CANCELLING, SUCCEEDED, FAILED, CANCELLED)
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+ACTIVE = frozenset({SCHEDULED, RUNNING, RESTARTING, CANCELLING})
+
+EVENT_STATE, EVENT_STEP, EVENT_LOG = "state", "step", "log"
+
+MIGRATIONS: tuple[str, ...] = (
+    # 0 -> 1: the initial schema.
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL UNIQUE,
+        request_id TEXT UNIQUE,
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        priority INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        create_time REAL NOT NULL,
+        schedule_time REAL,
+        start_time REAL,
+        end_time REAL,
+        update_time REAL NOT NULL,
+        steps_done INTEGER NOT NULL DEFAULT 0,
+        total_steps INTEGER NOT NULL,
+        first_loss REAL,
+        last_loss REAL,
+        restarts INTEGER NOT NULL DEFAULT 0,
+        tokens_per_second REAL NOT NULL DEFAULT 0,
+        mfu REAL,
+        placement TEXT NOT NULL DEFAULT '[]',
+        run_dir TEXT NOT NULL DEFAULT '',
+        runtime_cursor TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX jobs_state ON jobs(state);
+    CREATE INDEX jobs_tenant ON jobs(tenant, seq);
+    CREATE TABLE job_labels (
+        job_id TEXT NOT NULL REFERENCES jobs(id),
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (job_id, key)
+    );
+    CREATE INDEX job_labels_kv ON job_labels(key, value);
+    CREATE TABLE events (
+        sequence INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id TEXT NOT NULL REFERENCES jobs(id),
+        time REAL NOT NULL,
+        type TEXT NOT NULL,
+        payload TEXT NOT NULL
+    );
+    CREATE INDEX events_job ON events(job_id, sequence);
+    CREATE TABLE step_metrics (
+        job_id TEXT NOT NULL REFERENCES jobs(id),
+        step INTEGER NOT NULL,
+        time REAL NOT NULL,
+        loss REAL NOT NULL,
+        grad_norm REAL NOT NULL DEFAULT 0,
+        lr REAL NOT NULL DEFAULT 0,
+        tokens INTEGER NOT NULL DEFAULT 0,
+        tokens_per_second REAL NOT NULL DEFAULT 0,
+        mfu REAL,
+        step_time_seconds REAL NOT NULL DEFAULT 0,
+        peak_memory_bytes INTEGER NOT NULL DEFAULT 0,
+        breakdown TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (job_id, step)
+    );
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(RuntimeError):
+    """The database is unusable (e.g. written by a newer trainctl)."""
+
+
+class JobNotFound(KeyError):
+    """No job with that id."""
+
+
+@dataclass
+class JobRecord:
+    """One row of `jobs`, with its spec parsed and labels attached."""
+
+    id: str
+    seq: int
+    tenant: str
+    name: str
+    job: TrainingJob
+    priority: int
+    state: str
+    reason: str
+    create_time: float
+    update_time: float
+    total_steps: int
+    schedule_time: float | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    steps_done: int = 0
+    first_loss: float | None = None
+    last_loss: float | None = None
+    restarts: int = 0
+    tokens_per_second: float = 0.0
+    mfu: float | None = None
+    placement: list[dict[str, Any]] = field(default_factory=list)
+    run_dir: str = ""
+    runtime_cursor: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of the append-only event log."""
+
+    sequence: int
+    job_id: str
+    time: float
+    type: str
+    payload: dict[str, Any]
+
+
+_STATUS_COLUMNS = frozenset({
+    "state", "reason", "schedule_time", "start_time", "end_time", "steps_done", "first_loss", "last_loss",
+    "restarts", "tokens_per_second", "mfu", "placement", "run_dir", "runtime_cursor",
+})
+_METRIC_COLUMNS = (
+    "loss", "grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "peak_memory_bytes",
+)
+
+
+class JobStore:
+    """Thread-safe access to one SQLite database; every method is one committed transaction."""
+
+    def __init__(self, data_dir: str | Path):
+        self.path = Path(data_dir) / DB_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._migrate()
+
+    # ---- schema -------------------------------------------------------------------------------------
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path} has schema version {version}; this trainctl knows up to {SCHEMA_VERSION}")
+            for target in range(version, SCHEMA_VERSION):
+                _run_script(db, MIGRATIONS[target])
+                db.execute(f"PRAGMA user_version={target + 1}")
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    @property
+    def journal_mode(self) -> str:
+        with self._lock:
+            return self._db.execute("PRAGMA journal_mode").fetchone()[0]
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ---- jobs ---------------------------------------------------------------------------------------
+    def create_job(
+        self, job: TrainingJob, *, tenant: str = "default", request_id: str | None = None, now: float | None = None
+    ) -> tuple[JobRecord, bool]:
+        """Insert `job` as QUEUED with its first event; return (record, created).
+
+        With a request_id the tenant already used, returns that job and created=False (idempotent retry)."""
+        now = time.time() if now is None else now
+        key = f"{tenant}/{request_id}" if request_id else None
+        with self._tx() as db:
+            if key:
+                row = db.execute("SELECT id FROM jobs WHERE request_id = ?", (key,)).fetchone()
+                if row is not None:
+                    return self._get(row["id"]), False
+            seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
+            job_id = f"{job.metadata.name}-{uuid.uuid4().hex[:8]}"
+            db.execute(
+                "INSERT INTO jobs (id, seq, request_id, tenant, name, spec, priority, state, reason, create_time,"
+                " update_time, total_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    job_id, seq, key, tenant, job.metadata.name, job.model_dump_json(),
+                    job.spec.scheduling.priority, QUEUED, "accepted", now, now, job.spec.training.steps,
+                ),
+            )
+            db.executemany(
+                "INSERT INTO job_labels (job_id, key, value) VALUES (?, ?, ?)",
+                [(job_id, k, v) for k, v in job.metadata.labels.items()],
+            )
+            self._append(db, job_id, EVENT_STATE, {"from": "", "to": QUEUED, "reason": "accepted"}, now)
+            return self._get(job_id), True
+
+    def get_job(self, job_id: str) -> JobRecord:
+        with self._lock:
+            return self._get(job_id)
+
+    def _get(self, job_id: str) -> JobRecord:
+        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(job_id)
+        labels = dict(self._db.execute("SELECT key, value FROM job_labels WHERE job_id = ?", (job_id,)).fetchall())
+        return _record(row, labels)
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        states: Iterable[str] = (),
+        labels: dict[str, str] | None = None,
+        limit: int | None = None,
+        before_seq: int | None = None,
+        oldest_first: bool = False,
+    ) -> list[JobRecord]:
+        """Jobs matching every filter, newest first (or oldest first), `seq < before_seq` when given."""
+        where, args = [], []
+        states = list(states)
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(states)
+        for key, value in (labels or {}).items():
+            where.append("id IN (SELECT job_id FROM job_labels WHERE key = ? AND value = ?)")
+            args.extend((key, value))
+        if before_seq is not None:
+            where.append("seq > ?" if oldest_first else "seq < ?")
+            args.append(before_seq)
+        sql = "SELECT id FROM jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY seq " + ("ASC" if oldest_first else "DESC")
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        with self._lock:
+            return [self._get(row["id"]) for row in self._db.execute(sql, args).fetchall()]
+
+    def update_status(
+        self, job_id: str, *, expect: Iterable[str] | None = None, now: float | None = None, **changes: Any
+    ) -> JobRecord | None:
+        """Set status columns; a changed `state` also appends a state event with `reason`.
+
+        With `expect`, changes only a job whose current state is one of them (compare-and-set) and
+        returns None otherwise. Terminal states are final: a later state change is ignored."""
+        unknown = set(changes) - _STATUS_COLUMNS
+        if unknown:
+            raise ValueError(f"not status columns: {sorted(unknown)}")
+        now = time.time() if now is None else now
+        with self._tx() as db:
+            current = self._get(job_id)
+            if expect is not None and current.state not in set(expect):
+                return None
+            new_state = changes.get("state", current.state)
+            if new_state != current.state:
+                if current.terminal:
+                    return None
+                self._append(
+                    db, job_id, EVENT_STATE,
+                    {"from": current.state, "to": new_state, "reason": changes.get("reason", "")}, now,
+                )
+                if new_state in TERMINAL and "end_time" not in changes:
+                    changes["end_time"] = now
+            if "placement" in changes:
+                changes["placement"] = json.dumps(changes["placement"])
+            changes["update_time"] = now
+            sets = ", ".join(f"{k} = ?" for k in changes)
+            db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*changes.values(), job_id))
+            return self._get(job_id)
+
+    # ---- events and metrics -------------------------------------------------------------------------
+    def append_event(self, job_id: str, type_: str, payload: dict[str, Any], *, now: float | None = None) -> int:
+        """Append one event; return its sequence."""
+        with self._tx() as db:
+            return self._append(db, job_id, type_, payload, time.time() if now is None else now)
+
+    def record_step(self, job_id: str, metrics: dict[str, Any], *, now: float | None = None) -> int:
+        """Store a step's metrics (a re-run step after a restart replaces the old row), append a step
+        event and update the job's progress columns; return the event's sequence."""
+        now = time.time() if now is None else now
+        step = int(metrics["step"])
+        with self._tx() as db:
+            current = self._get(job_id)
+            values = [metrics.get(c) for c in _METRIC_COLUMNS]
+            db.execute(
+                "INSERT OR REPLACE INTO step_metrics (job_id, step, time, breakdown, "
+                + ", ".join(_METRIC_COLUMNS) + ") VALUES (?, ?, ?, ?, " + ", ".join("?" * len(_METRIC_COLUMNS)) + ")",
+                (job_id, step, metrics.get("time", now), json.dumps(metrics.get("breakdown") or {}),
+                 *[0 if v is None and c != "mfu" else v for c, v in zip(_METRIC_COLUMNS, values, strict=True)]),
+            )
+            first = current.first_loss if current.first_loss is not None else metrics["loss"]
+            db.execute(
+                "UPDATE jobs SET steps_done = MAX(steps_done, ?), first_loss = ?, last_loss = ?, tokens_per_second = ?,"
+                " mfu = ?, update_time = ? WHERE id = ?",
+                (step, first, metrics["loss"], metrics.get("tokens_per_second") or 0.0, metrics.get("mfu"), now, job_id),
+            )
+            return self._append(db, job_id, EVENT_STEP, {**metrics, "time": metrics.get("time", now)}, now)
+
+    def count_by_state(self, tenant: str | None = None) -> dict[str, int]:
+        """How many jobs are in each state (of one tenant, or of all)."""
+        sql = "SELECT state, COUNT(*) FROM jobs" + (" WHERE tenant = ?" if tenant is not None else "") + " GROUP BY state"
+        with self._lock:
+            return dict(self._db.execute(sql, (tenant,) if tenant is not None else ()).fetchall())
+
+    def step_metrics(self, job_id: str) -> list[dict[str, Any]]:
+        """Every recorded step of a job, in step order."""
+        with self._lock:
+            self._get(job_id)
+            rows = self._db.execute("SELECT * FROM step_metrics WHERE job_id = ? ORDER BY step", (job_id,)).fetchall()
+        out = []
+        for row in rows:
+            item = dict(row)
+            item.pop("job_id")
+            item["breakdown"] = json.loads(item["breakdown"])
+            out.append(item)
+        return out
+
+    def events(self, job_id: str, after_sequence: int = 0, limit: int = 1000) -> list[Event]:
+        """A job's events with sequence > after_sequence, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM events WHERE job_id = ? AND sequence > ? ORDER BY sequence LIMIT ?",
+                (job_id, after_sequence, limit),
+            ).fetchall()
+        return [Event(r["sequence"], r["job_id"], r["time"], r["type"], json.loads(r["payload"])) for r in rows]
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Block until any write commits or `timeout` seconds pass."""
+        with self._changed:
+            self._changed.wait(timeout)
+
+    def _append(self, db: sqlite3.Connection, job_id: str, type_: str, payload: dict[str, Any], now: float) -> int:
+        cursor = db.execute(
+            "INSERT INTO events (job_id, time, type, payload) VALUES (?, ?, ?, ?)",
+            (job_id, now, type_, json.dumps(payload)),
+        )
+        return int(cursor.lastrowid)
+
+
+def _run_script(db: sqlite3.Connection, script: str) -> None:
+    """Execute a migration's statements inside the current transaction (executescript would commit)."""
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _record(row: sqlite3.Row, labels: dict[str, str]) -> JobRecord:
+    data = dict(row)
+    data.pop("request_id")
+    data.pop("spec")
+    data["placement"] = json.loads(data["placement"])
+    return JobRecord(job=TrainingJob.model_validate_json(row["spec"]), labels=labels, **data)
