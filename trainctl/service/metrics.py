@@ -287,6 +287,9 @@ class ServiceMetrics:
         series = self._jobs.get(job_id)
         if series is None:
             series = self._jobs[job_id] = _JobSeries(tenant=tenant)
+            # Counters start at 0, so increase() also sees a job's first restart and first tokens.
+            self.job_restarts.labels(job_id, tenant)
+            self.job_tokens.labels(job_id, tenant)
         elif series.tenant != tenant:
             raise ValueError(f"job {job_id!r} belongs to tenant {series.tenant!r}, not {tenant!r}")
         return series
