@@ -10,7 +10,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, server_options
+from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits
 
 CHECK = "/grpc.health.v1.Health/Check"
 WATCH = "/grpc.health.v1.Health/Watch"
@@ -19,7 +19,7 @@ TRUNCATED = b"\x0a\xff\x01abc"
 
 
 def start(interceptors: list, limits: MessageLimits | None = None):
-    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=interceptors, options=server_options(limits))
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=interceptors, options=(limits or MessageLimits()).server_options())
     servicer = health.HealthServicer()
     servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, srv)
@@ -89,5 +89,5 @@ def test_messages_over_the_limit_are_refused_and_the_server_keeps_serving() -> N
 def test_message_limits_are_checked() -> None:
     with pytest.raises(ValueError, match="max_receive_bytes must be at least 1024"):
         MessageLimits(max_receive_bytes=10)
-    options = dict(server_options(MessageLimits(max_receive_bytes=2048, max_send_bytes=4096)))
+    options = dict(MessageLimits(max_receive_bytes=2048, max_send_bytes=4096).server_options())
     assert options == {"grpc.max_receive_message_length": 2048, "grpc.max_send_message_length": 4096, "grpc.so_reuseport": 0}

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from trainctl.service.hardening import server_options
+from trainctl.service.hardening import MessageLimits
 from trainctl.service.tls import TlsConfig, TlsConfigError, bind, channel_credentials
 
 
@@ -162,9 +162,9 @@ def test_bad_tls_files_name_the_option(pki: dict, tmp_path: Path) -> None:
 
 
 def test_bind_refuses_a_port_already_taken() -> None:
-    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=1), options=server_options())
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=1), options=MessageLimits().server_options())
     first = bind(srv, "127.0.0.1:0", None)
-    other = grpc.server(futures.ThreadPoolExecutor(max_workers=1), options=server_options())
+    other = grpc.server(futures.ThreadPoolExecutor(max_workers=1), options=MessageLimits().server_options())
     try:
         with pytest.raises(OSError, match="cannot bind"):
             bind(other, f"127.0.0.1:{first}", None)

@@ -32,19 +32,17 @@ class MessageLimits:
             if getattr(self, name) < 1024:
                 raise ValueError(f"{name} must be at least 1024 bytes, got {getattr(self, name)}")
 
+    def server_options(self) -> list[tuple[str, int]]:
+        """Options for `grpc.server(..., options=...)`: these limits, and an exclusive port.
 
-def server_options(limits: MessageLimits | None = None) -> list[tuple[str, int]]:
-    """Options for `grpc.server(..., options=...)`: message limits, and an exclusive port.
-
-    gRPC sets SO_REUSEPORT by default, so a second server (a stale instance, another user's process)
-    could bind the same port and silently take half the connections; here binding it fails instead.
-    """
-    limits = limits or MessageLimits()
-    return [
-        ("grpc.max_receive_message_length", limits.max_receive_bytes),
-        ("grpc.max_send_message_length", limits.max_send_bytes),
-        ("grpc.so_reuseport", 0),
-    ]
+        gRPC sets SO_REUSEPORT by default, so a second server (a stale instance, another user's
+        process) could bind the same port and silently take half the connections; here binding fails.
+        """
+        return [
+            ("grpc.max_receive_message_length", self.max_receive_bytes),
+            ("grpc.max_send_message_length", self.max_send_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
 
 
 class _Undecodable:
