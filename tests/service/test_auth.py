@@ -48,6 +48,16 @@ def write_access(tmp_path: Path, extra: dict | None = None) -> Path:
     return path
 
 
+class FakeContext:
+    """The one ServicerContext method principal_of reads."""
+
+    def __init__(self, metadata: list[tuple[str, str]]):
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return self._metadata
+
+
 def test_generated_tokens_are_long_prefixed_and_distinct() -> None:
     tokens = {generate_token() for _ in range(50)}
     assert len(tokens) == 50
@@ -107,7 +117,7 @@ def test_authenticate_maps_tokens_to_principals(tmp_path: Path) -> None:
     assert auth.enabled
     assert auth.authenticate([("authorization", f"Bearer {ALICE}")]) == Principal("alice", "vision", Role.USER)
     assert auth.authenticate([("Authorization", f"bearer   {ROOT} ")]) == Principal("root", "ops", Role.ADMIN)
-    assert auth(ROOT).is_admin
+    assert auth.authenticate_token(ROOT).is_admin
     cases = {
         "missing credentials": [],
         "invalid token": [("authorization", "Bearer " + generate_token())],
@@ -117,8 +127,9 @@ def test_authenticate_maps_tokens_to_principals(tmp_path: Path) -> None:
     for message, metadata in cases.items():
         with pytest.raises(AuthenticationError, match=message):
             auth.authenticate(metadata)
+    assert auth.principal_of(FakeContext([("authorization", f"Bearer {ALICE}")])).tenant == "vision"
     with pytest.raises(ApiError) as info:
-        auth(ALICE[:-1] + ("A" if ALICE[-1] != "A" else "B"))
+        auth.principal_of(FakeContext([("authorization", "Bearer " + ALICE[:-1] + ("A" if ALICE[-1] != "A" else "B"))]))
     assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
 
 
@@ -127,7 +138,7 @@ def test_without_access_file_everyone_is_anonymous_admin_and_a_warning_says_so(c
         auth = Authenticator.from_file(None)
     assert not auth.enabled
     assert "authentication is OFF" in caplog.text
-    assert auth.authenticate([]) is ANONYMOUS and auth(None) is ANONYMOUS
+    assert auth.authenticate([]) is ANONYMOUS and auth.principal_of(FakeContext([])) is ANONYMOUS
     assert auth.quota("default") == Quota()
 
 

@@ -221,10 +221,10 @@ class Authenticator:
             raise AuthenticationError("malformed 'authorization' metadata: expected 'Bearer <token>'")
         return self.authenticate_token(match.group(1))
 
-    def __call__(self, token: str | None) -> Principal:
-        """The `trainctl.service.interceptors.Authenticator` protocol: failures become UNAUTHENTICATED."""
+    def principal_of(self, context: grpc.ServicerContext) -> Principal:
+        """The principal of the call being served, for the servicer; ApiError(UNAUTHENTICATED) if none."""
         try:
-            return self.authenticate_token(token)
+            return self.authenticate(context.invocation_metadata())
         except AuthenticationError as exc:
             raise ApiError(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
 
@@ -232,9 +232,9 @@ class Authenticator:
 class AuthInterceptor(grpc.ServerInterceptor):
     """Refuses every RPC except health and reflection unless it carries a valid bearer token.
 
-    Refused calls get UNAUTHENTICATED and their payload is never decoded. This runs first; the API
-    interceptor (trainctl.service.interceptors) then calls the same Authenticator to hand handlers
-    their principal (a hash and a few comparisons), so no state travels between the two.
+    Refused calls get UNAUTHENTICATED and their payload is never decoded. The servicer learns who is
+    calling from `Authenticator.principal_of(context)`, which re-derives the principal from the same
+    metadata (a hash and a few comparisons), so no state travels between the two.
     """
 
     def __init__(self, authenticator: Authenticator):
