@@ -1,0 +1,364 @@
+"""The placement solver: a rank grid and the free GPUs of a topology -> which GPU each rank gets.
+
+1. Atoms. TP groups (then EP blocks, then CP blocks) are contiguous rank blocks; an atom is the
+   largest such block that every chosen NVLink unit can hold whole. Larger atoms are tried first, so a
+   group is split only when no placement keeps it whole.
+2. Hierarchical best-fit. The fabric is a tree: spine set -> leaf set (scalable unit) -> NVLink unit
+   -> node. At each level the job goes into the fullest child that holds all of it (best fit, which
+   limits fragmentation); when none does it takes the largest children in chunks aligned to the
+   job's own blocks (a pipeline stage, then a data-parallel block), so data-parallel groups stay under
+   one leaf set and pipeline boundaries fall between leaf sets.
+3. Rails. Inside a node each rank prefers the GPU whose rail matches its position, so data-parallel
+   and pipeline peers on other nodes are on the same rail (one leaf hop, no spine).
+4. Local search. Starting from the best candidate, swap the atoms of the worst group's outliers with
+   atoms (used or free) inside the group's majority container while the modelled cost improves.
+Deterministic: no randomness; the time budget only caps work and is not reached on typical inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping
+
+from trainctl.parallelism.grid import RankGrid
+from trainctl.spec.presets import ModelConfig, resolve_model
+from trainctl.workers.placement.cost import (
+    SPLIT_DIMS,
+    CostBreakdown,
+    DimTraffic,
+    Workload,
+    build_traffic,
+    evaluate,
+    lower_bound,
+)
+from trainctl.workers.placement.fabric import FabricIndex, Slot
+from trainctl.workers.placement.plan import Placement, RankAssignment, SplitGroup
+from trainctl.workers.topology.model import TopologyMap
+
+
+class PlacementError(ValueError):
+    """Inputs placement cannot use (names the node or GPU)."""
+
+
+def capacity(topology: TopologyMap) -> int:
+    """GPUs that can ever get ranks: healthy nodes, failed GPUs left out."""
+    return sum(len(node.usable_gpus) for node in topology.nodes)
+
+
+def place(
+    grid: RankGrid,
+    topology: TopologyMap,
+    free: Mapping[str, set[int]],
+    model: ModelConfig | None = None,
+    job_spec: object | None = None,
+    time_budget_s: float = 0.5,
+    *,
+    index: FabricIndex | None = None,
+) -> Placement | None:
+    """Place every rank of `grid` on a free GPU, or None when the free GPUs cannot hold the job now.
+
+    `free` maps node name -> free local GPU indices (GPUs of unhealthy nodes or failed GPUs are never
+    used). `model` / `job_spec` size the traffic; without them the job spec defaults are used.
+    `index` lets a caller that places many jobs on one map compile it once.
+    """
+    started = time.perf_counter()
+    index = index or FabricIndex.build(topology)
+    free_ids = _free_by_node(free, index)
+    if sum(len(g) for g in free_ids.values()) < grid.world_size:
+        return None
+    traffic = job_traffic(grid, model, job_spec)
+    solver = _Solver(grid, index, free_ids, traffic, started + time_budget_s)
+    slots = solver.solve()
+    return make_placement(grid, index, traffic, slots)
+
+
+def job_traffic(grid: RankGrid, model: ModelConfig | None, job_spec: object | None) -> list[DimTraffic]:
+    """The cost model's traffic for a job: model from `model`, else the job spec's, else the default."""
+    if model is None:
+        body = getattr(job_spec, "spec", job_spec)
+        model_spec = getattr(body, "model", None)
+        if model_spec is None:
+            from trainctl.spec.job import ModelSpec
+
+            model_spec = ModelSpec()
+        model = resolve_model(model_spec)
+    work = Workload.from_job(job_spec, grid) if job_spec is not None else Workload()
+    return build_traffic(grid, model, work)
+
+
+def make_placement(grid: RankGrid, index: FabricIndex, traffic: list[DimTraffic], slots: list[Slot]) -> Placement:
+    """A `Placement` for rank r on `slots[r]`, with its modelled cost and lower bound."""
+    cost = evaluate(traffic, slots, index)
+    names = index.node_names
+    splits = [
+        SplitGroup(dim=dim, ranks=ranks, nodes=list(dict.fromkeys(names[slots[r][0]] for r in ranks)))
+        for dim in SPLIT_DIMS
+        for ranks in cost.split_groups.get(dim, [])
+    ]
+    return Placement(
+        grid=grid.describe(),
+        assignments=[RankAssignment(rank=r, node=names[n], gpu=g) for r, (n, g) in enumerate(slots)],
+        split_groups=splits,
+        comm_seconds_by_dim=cost.seconds_by_dim,
+        comm_bytes_by_dim=cost.bytes_by_dim,
+        level_by_dim=cost.level_by_dim,
+        lower_bound_seconds_by_dim=lower_bound(traffic, index),
+    )
+
+
+def _free_by_node(free: Mapping[str, set[int]], index: FabricIndex) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for name, gpus in free.items():
+        if name not in index.node_id:
+            raise PlacementError(f"free GPUs given for node {name!r}, which is not in the topology map")
+        nid = index.node_id[name]
+        usable = set(index.node_gpus[nid])
+        unknown = sorted(set(gpus) - set(index.topology.node(name).gpus))
+        if unknown:
+            raise PlacementError(f"node {name!r}: free GPUs {unknown} do not exist on it")
+        chosen = sorted(g for g in gpus if g in usable)
+        if chosen:
+            out[nid] = chosen
+    return out
+
+
+def job_blocks(grid: RankGrid) -> list[int]:
+    """Contiguous rank-block sizes of the grid, inner to outer (tp, tp*cp, ..., world)."""
+    sizes, acc = [], 1
+    for degree in (grid.tp, grid.cp, grid.dp_shard, grid.dp_replicate, grid.pp):
+        acc *= degree
+        if degree > 1 or not sizes:
+            sizes.append(acc)
+    return sorted(set(sizes))
+
+
+def atom_sizes(grid: RankGrid) -> list[int]:
+    """Candidate atoms, most protective first: blocks that keep TP+EP+CP, TP+EP, TP+CP, TP, nothing whole."""
+    tp, ep_block, cp_block = grid.tp, grid.tp * grid.ep, grid.tp * grid.cp
+    both = ep_block * cp_block // tp if (cp_block % ep_block == 0 or ep_block % cp_block == 0) else 0
+    both = max(ep_block, cp_block) if both else 0
+    ordered = [both, ep_block, cp_block, tp, 1]
+    return list(dict.fromkeys(a for a in ordered if a >= 1 and grid.world_size % a == 0))
+
+
+class _Solver:
+    """One placement problem (internal; `place` is the entry point)."""
+
+    def __init__(
+        self, grid: RankGrid, index: FabricIndex, free: dict[int, list[int]], traffic: list[DimTraffic], deadline: float
+    ) -> None:
+        self.grid, self.index, self.free, self.traffic, self.deadline = grid, index, free, traffic, deadline
+        self.world = grid.world_size
+        units: dict[int, int] = Counter()
+        for nid, gpus in free.items():
+            units[index.node_unit[nid]] += len(gpus)
+        self.unit_free = units
+        # Tree: spine set -> leaf set -> units (each unit under one leaf set: validated nesting).
+        tree: dict[int, dict[int, list[int]]] = {}
+        for unit in sorted(units):
+            first = index.unit_nodes[unit][0]
+            tree.setdefault(index.node_spineset[first], {}).setdefault(index.node_leafset[first], []).append(unit)
+        self.tree = [[tree[s][ls] for ls in sorted(tree[s])] for s in sorted(tree)]
+
+    # ---- top level ---------------------------------------------------------------------------------
+    def solve(self) -> list[Slot]:
+        best: tuple[tuple[float, ...], list[Slot], CostBreakdown] | None = None
+        for atom in atom_sizes(self.grid):
+            for aligned in (True, False):
+                slots = self._construct(atom, aligned)
+                if slots is None:
+                    continue
+                cost = evaluate(self.traffic, slots, self.index)
+                key = cost.objective()
+                if best is None or key < best[0]:
+                    best = (key, slots, cost)
+            if best is not None and not any(best[0][: len(SPLIT_DIMS)]):
+                break
+        if best is None:
+            raise AssertionError("unreachable: with enough free GPUs, atom size 1 always places")
+        return self._improve(best[1], best[2])
+
+    # ---- construction ------------------------------------------------------------------------------
+    def _construct(self, atom: int, aligned: bool) -> list[Slot] | None:
+        caps = {u: f // atom for u, f in self.unit_free.items()}
+        needed = self.world // atom
+        if sum(caps.values()) < needed:
+            return None
+        blocks = [b // atom for b in job_blocks(self.grid) if b % atom == 0 and b >= atom] if aligned else [1]
+        picks = self._choose(self.tree, needed, caps, blocks)
+        if picks is None:
+            return None
+        slots: list[Slot] = []
+        for unit, count in picks:
+            slots.extend(self._fill_unit(unit, len(slots), count * atom))
+        return slots
+
+    def _cap(self, child: object, caps: dict[int, int]) -> int:
+        if isinstance(child, int):
+            return caps[child]
+        return sum(self._cap(c, caps) for c in child)  # type: ignore[attr-defined]
+
+    def _choose(self, children: list, n: int, caps: dict[int, int], blocks: list[int]) -> list[tuple[int, int]] | None:
+        """Split `n` atoms over `children` (nested lists of unit ids): best fit, else largest first."""
+        child_caps = [self._cap(c, caps) for c in children]
+        avail = [i for i, c in enumerate(child_caps) if c > 0]
+        picks: list[tuple[int, int]] = []
+        remaining = n
+        while remaining > 0:
+            if not avail:
+                return None
+            fitting = [i for i in avail if child_caps[i] >= remaining]
+            if fitting:
+                i = min(fitting, key=lambda j: (child_caps[j], j))
+                picks.append((i, remaining))
+                break
+            i = max(avail, key=lambda j: (child_caps[j], -j))
+            take = child_caps[i]
+            unit = max((b for b in blocks if b <= take), default=1)
+            aligned_take = take // unit * unit
+            if aligned_take and sum(child_caps[j] for j in avail if j != i) >= remaining - aligned_take:
+                take = aligned_take
+            picks.append((i, take))
+            avail.remove(i)
+            remaining -= take
+        out: list[tuple[int, int]] = []
+        for i, count in picks:
+            child = children[i]
+            if isinstance(child, int):
+                out.append((child, count))
+            else:
+                sub = self._choose(child, count, caps, blocks)
+                if sub is None:
+                    return None
+                out.extend(sub)
+        return out
+
+    def _fill_unit(self, unit: int, first_rank: int, count: int) -> list[Slot]:
+        """GPUs of one NVLink unit for ranks first_rank.. first_rank+count-1, rail-matched per node."""
+        nodes = [n for n in self.index.unit_nodes[unit] if n in self.free]
+        nodes.sort(key=lambda n: (-len(self.free[n]), n))
+        slots: list[Slot] = []
+        rank = first_rank
+        for nid in nodes:
+            if len(slots) == count:
+                break
+            take = min(len(self.free[nid]), count - len(slots))
+            ranks = list(range(rank, rank + take))
+            slots.extend((nid, g) for g in self._match_rails(nid, ranks))
+            rank += take
+        return slots
+
+    def _match_rails(self, nid: int, ranks: list[int]) -> list[int]:
+        """Local GPUs for `ranks` on node `nid`: rank r prefers GPU (r mod GPUs per node)."""
+        all_gpus = self.index.topology.spec.nodes[nid].gpus
+        free = list(self.free[nid])
+        wanted = [all_gpus[r % len(all_gpus)] for r in ranks]
+        chosen: dict[int, int] = {}
+        taken: set[int] = set()
+        for r, want in zip(ranks, wanted, strict=True):
+            if want in free and want not in taken:
+                chosen[r] = want
+                taken.add(want)
+        spare = [g for g in free if g not in taken]
+        for r in ranks:
+            if r not in chosen:
+                chosen[r] = spare.pop(0)
+        return [chosen[r] for r in ranks]
+
+    # ---- local search ------------------------------------------------------------------------------
+    def _improve(self, slots: list[Slot], cost: CostBreakdown) -> list[Slot]:
+        """Swap the worst group's outlier atoms into its majority container while the cost improves."""
+        atom = self.grid.tp if not cost.split_groups.get("tp") else 1
+        key = cost.objective()
+        bound = lower_bound(self.traffic, self.index)
+        tried: set[tuple[str, tuple[int, ...]]] = set()
+        while time.perf_counter() < self.deadline:
+            target = self._worst_group(slots, cost, bound, tried)
+            if target is None:
+                break
+            dim, group = target
+            tried.add((dim, tuple(group)))
+            better = self._try_moves(slots, group, atom, key)
+            if better is not None:
+                slots, cost = better
+                key = cost.objective()
+                tried.clear()
+        return slots
+
+    def _worst_group(
+        self, slots: list[Slot], cost: CostBreakdown, bound: dict[str, float], tried: set
+    ) -> tuple[str, list[int]] | None:
+        gaps = sorted(
+            ((cost.seconds_by_dim[d] - bound.get(d, 0.0), d) for d in cost.seconds_by_dim), reverse=True
+        )
+        for gap, dim in gaps:
+            if gap <= 1e-12:
+                return None
+            for entry in self.traffic:
+                if entry.dim != dim:
+                    continue
+                ranked = sorted(
+                    entry.groups,
+                    key=lambda g: (-_LEVELS.index(self.index.level([slots[r] for r in g])), g[0]),
+                )
+                for group in ranked[:4]:
+                    if (dim, tuple(group)) not in tried and len({self._container(slots[r]) for r in group}) > 1:
+                        return dim, group
+        return None
+
+    def _container(self, slot: Slot) -> tuple[int, int]:
+        return self.index.node_leafset[slot[0]], self.index.gpu_rail[slot]
+
+    def _try_moves(
+        self, slots: list[Slot], group: list[int], atom: int, key: tuple[float, ...]
+    ) -> tuple[list[Slot], CostBreakdown] | None:
+        majority = Counter(self._container(slots[r]) for r in group).most_common(1)[0][0]
+        outliers = [r for r in group if self._container(slots[r]) != majority]
+        used = set(slots)
+        spare = [(n, g) for n, gpus in sorted(self.free.items()) for g in gpus if (n, g) not in used]
+        best: tuple[tuple[float, ...], list[Slot], CostBreakdown] | None = None
+        evaluations = 0
+        for r in outliers:
+            start = r - r % atom
+            mine = slots[start : start + atom]
+            for other in self._partners(slots, spare, majority, atom, start):
+                trial = list(slots)
+                if isinstance(other, int):
+                    trial[start : start + atom], trial[other : other + atom] = trial[other : other + atom], mine
+                else:
+                    trial[start : start + atom] = other
+                cost = evaluate(self.traffic, trial, self.index)
+                evaluations += 1
+                k = cost.objective()
+                if k < key and (best is None or k < best[0]):
+                    best = (k, trial, cost)
+                if evaluations >= 6 or time.perf_counter() > self.deadline:
+                    break
+            if best is not None or time.perf_counter() > self.deadline:
+                break
+        return (best[1], best[2]) if best else None
+
+    def _partners(self, slots: list[Slot], spare: list[Slot], majority: tuple[int, int], atom: int, start: int) -> list:
+        """Atoms to swap with: spare GPU sets in the majority container first, then used atoms there."""
+        out: list = []
+        if atom == 1:
+            out += [[s] for s in spare if self._container(s) == majority][:3]
+        else:
+            by_unit: dict[int, list[Slot]] = {}
+            for s in spare:
+                by_unit.setdefault(self.index.unit_of(s), []).append(s)
+            for unit_slots in by_unit.values():
+                if len(unit_slots) >= atom and self.index.node_leafset[unit_slots[0][0]] == majority[0]:
+                    out.append(unit_slots[:atom])
+                if len(out) >= 3:
+                    break
+        for other in range(0, self.world, atom):
+            if other != start and self._container(slots[other]) == majority:
+                out.append(other)
+            if len(out) >= 6:
+                break
+        return out
+
+
+_LEVELS = ("nvlink", "host", "leaf", "spine", "core")
