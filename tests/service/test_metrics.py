@@ -75,8 +75,9 @@ def populate(m: ServiceMetrics) -> None:
     m.set_gpu_inventory([NodeGpus("node-0", "nvl-0", 8, 8), NodeGpus("node-1", "nvl-0", 8, 0)])
     m.set_job_state("job-a", "team-a", "RUNNING")
     m.set_job_placement("job-a", "team-a", {("node-0", "nvl-0"): 8})
-    m.record_step("job-a", "team-a", Report(step=10))
-    m.record_checkpoint("job-a", "team-a", seconds=3.0, size_bytes=123456)
+    m.record_step("job-a", "team-a", Report(step=10, breakdown={"forward_backward": 0.15, "checkpoint": 2.5}))
+    m.record_step("job-a", "team-a", Report(step=11))
+    m.record_checkpoint_size("job-a", "team-a", 123456)
     m.record_restart("job-a", "team-a")
     m.set_straggler_ratio("job-a", "team-a", 1.25)
 
@@ -102,6 +103,9 @@ def test_values_and_names(metrics: ServiceMetrics, registry: CollectorRegistry) 
     assert value(registry, "trainctl_job_state", state="RUNNING", **job) == 1
     assert value(registry, "trainctl_job_state", state="QUEUED", **job) == 0
     assert value(registry, "trainctl_job_step_phase_seconds", phase="optimizer", **job) == 0.05
+    assert value(registry, "trainctl_job_checkpoint_duration_seconds_count", **job) == 1
+    assert value(registry, "trainctl_job_checkpoint_duration_seconds_sum", **job) == 2.5
+    assert value(registry, "trainctl_job_checkpoint_size_bytes", **job) == 123456
     assert value(registry, "trainctl_job_mfu_ratio", **job) == 0.4
     assert value(registry, "trainctl_job_gpus", node="node-0", nvlink_domain="nvl-0", **job) == 8
     assert value(registry, "trainctl_cluster_gpus_used", node="node-1", nvlink_domain="nvl-0") == 0
@@ -162,6 +166,7 @@ def test_restarted_job_does_not_expire(metrics: ServiceMetrics, clock: Clock) ->
         (lambda m: m.set_gpu_inventory([NodeGpus("n", "d", 4, 5)]), "need 0 <= used <= total"),
         (lambda m: m.record_step("j", "t", Report(step=1, breakdown={"rank 3": 1.0})), "breakdown key"),
         (lambda m: m.set_straggler_ratio("j", "t", 0.5), "must be >= 1"),
+        (lambda m: m.record_checkpoint_size("j", "t", -1), "checkpoint size"),
         (lambda m: m.record_restart("", "t"), "job_id must be a non-empty"),
     ],
 )
@@ -192,6 +197,6 @@ def test_metrics_server_serves_registry(metrics: ServiceMetrics, registry: Colle
             body = resp.read().decode()
     finally:
         server.close()
-    assert 'trainctl_job_step{job_id="job-a",tenant="team-a"} 10.0' in body
+    assert 'trainctl_job_step{job_id="job-a",tenant="team-a"} 11.0' in body
     with pytest.raises(ValueError, match="metrics port"):
         start_metrics_server(registry, "127.0.0.1", 70000)

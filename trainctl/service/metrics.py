@@ -53,6 +53,8 @@ CHECKPOINT_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 6
 SOLVER_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0)
 
 _JOB = ("job_id", "tenant")
+CHECKPOINT_PHASE = "checkpoint"
+"""The step-time breakdown key under which the engine reports a checkpoint save."""
 
 
 class StepReportLike(Protocol):
@@ -198,7 +200,7 @@ class ServiceMetrics:
         self.job_peak_memory = Gauge(
             "trainctl_job_peak_memory_bytes", "Peak accelerator (or host) memory, max over ranks.", _JOB, registry=r)
         self.job_checkpoint_duration = Histogram(
-            "trainctl_job_checkpoint_duration_seconds", "Checkpoint save time.", _JOB,
+            "trainctl_job_checkpoint_duration_seconds", "Checkpoint save time (from the step report of the step that saved it).", _JOB,
             buckets=CHECKPOINT_BUCKETS, registry=r)
         self.job_checkpoint_size = Gauge(
             "trainctl_job_checkpoint_size_bytes", "Size of the last saved checkpoint.", _JOB, registry=r)
@@ -340,14 +342,17 @@ class ServiceMetrics:
         self.job_step_duration.labels(*labels).observe(report.step_time_seconds)
         for phase, seconds in report.breakdown.items():
             self.job_phase.labels(*labels, phase).set(seconds)
+        if CHECKPOINT_PHASE in report.breakdown:  # the engine times a save inside the step that made it
+            self.job_checkpoint_duration.labels(*labels).observe(report.breakdown[CHECKPOINT_PHASE])
         self.job_peak_memory.labels(*labels).set(report.peak_memory_bytes)
         self.job_last_progress.labels(*labels).set(self._clock())
 
-    def record_checkpoint(self, job_id: str, tenant: str, seconds: float, size_bytes: int) -> None:
-        """One saved checkpoint: how long the save took and its size on disk."""
+    def record_checkpoint_size(self, job_id: str, tenant: str, size_bytes: int) -> None:
+        """Size on disk of the job's newest checkpoint (its save time comes with the step report)."""
+        if size_bytes < 0:
+            raise ValueError(f"checkpoint size must be >= 0 bytes; got {size_bytes}")
         with self._lock:
             self._job(job_id, tenant)
-        self.job_checkpoint_duration.labels(job_id, tenant).observe(seconds)
         self.job_checkpoint_size.labels(job_id, tenant).set(size_bytes)
 
     def record_restart(self, job_id: str, tenant: str) -> None:
