@@ -67,6 +67,28 @@ class ServiceConfig:
     """gRPC handler threads (each open WatchJob stream holds one)."""
 
 
+def build_grpc_server(
+    servicer: TrainingServicer,
+    authenticator: Authenticator,
+    observer: ServiceMetrics | None,
+    *,
+    workers: int,
+    limits: MessageLimits | None = None,
+) -> tuple[grpc.Server, health.HealthServicer]:
+    """The unbound gRPC server: interceptors in order (auth, undecodable requests, errors), message
+    limits, the TrainingService, health checking and reflection. Tests build the same server."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainctl-rpc"),
+        interceptors=[AuthInterceptor(authenticator), MalformedRequestInterceptor(), ErrorInterceptor(observer)],
+        options=(limits or MessageLimits()).server_options(),
+    )
+    pb_grpc.add_TrainingServiceServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    return server, health_servicer
+
+
 class Service:
     """One running service. `topology` and `ray_address` may also come from an embedded cluster the
     caller started (the demo and the tests do)."""
@@ -120,16 +142,7 @@ class Service:
             ray_nodes=self._ray_nodes,
         )
 
-        limits = MessageLimits()
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="trainctl-rpc"),
-            interceptors=[AuthInterceptor(authenticator), MalformedRequestInterceptor(), ErrorInterceptor(self.metrics)],
-            options=limits.server_options(),
-        )
-        pb_grpc.add_TrainingServiceServicer_to_server(servicer, server)
-        self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        server, self._health = build_grpc_server(servicer, authenticator, self.metrics, workers=config.workers)
         self.port = bind(server, config.address, config.tls)
         self.scheduler.start()
         server.start()
