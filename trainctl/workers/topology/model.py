@@ -131,11 +131,16 @@ class Node(_Strict):
         return [g for g in self.gpus if g not in failed]
 
     def nic_of(self, gpu: int) -> Nic | None:
-        """The NIC a GPU's inter-node traffic leaves through: the first active NIC listing it as nearest."""
-        for nic in self.nics:
-            if gpu in nic.gpus and nic.state == "Active":
-                return nic
-        return None
+        """The NIC a GPU's inter-node traffic leaves through.
+
+        Among the active NICs listing the GPU as nearest: GPUs that share the same NICs (two GPUs and
+        two NICs behind one PCIe switch on a DGX A100) take them in order, the k-th GPU the k-th NIC.
+        """
+        candidates = [nic for nic in self.nics if gpu in nic.gpus and nic.state == "Active"]
+        if not candidates:
+            return None
+        peers = sorted({g for nic in candidates for g in nic.gpus})
+        return candidates[peers.index(gpu) % len(candidates)]
 
     @model_validator(mode="after")
     def _check(self) -> Node:
