@@ -1,6 +1,6 @@
 """Apply a parallel layout to the (full, initialised) model, in one fixed order.
 
-    1. split pipeline stages    (pipeline.split_model, E3)       -> this rank's model chunks
+    1. split pipeline stages    (pipeline.split_pipeline_stages)  -> this rank's model chunks
     2. tensor + sequence parallel (tensor_parallel.apply_tensor_parallel)
     3. expert parallel          (expert_parallel.apply_expert_parallel, MoE models)
     4. context parallel         (context_parallel.apply_context_parallel: ring attention cores)
@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,6 +61,8 @@ class ParallelModel:
     """Data-parallel implementation in use."""
     zero1: list[ZeroOneSharding] = field(default_factory=list)
     """Per part, the ZeRO-1 ownership (empty unless dp_mode is zero1)."""
+    chunks: list[Any] = field(default_factory=list)
+    """With PP: this rank's `pipeline.PipelineChunk`s, whose `.module` is the final (wrapped) part."""
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(canonical name, parameter) over all parts."""
@@ -102,9 +105,13 @@ def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, 
     if pmesh is None and par.world_size != 1:
         raise ValueError(f"the layout needs {par.world_size} ranks but no device mesh was given")
 
+    chunks: list[Any] = []
     if par.pp > 1:
         pipeline = require_module("pipeline", f"pipeline parallelism (pp={par.pp})")
-        parts = pipeline.split_model(model, pmesh, job)
+        chunks = pipeline.split_pipeline_stages(
+            model, pp_rank=pmesh["pp"].get_local_rank(), pp=par.pp, virtual_stages=par.pp_virtual_stages
+        )
+        parts = [c.module for c in chunks]
     else:
         parts = [model]
     parts = [p.to(device) for p in parts]
@@ -131,5 +138,7 @@ def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, 
         return ParallelModel(parts=parts, dp_mode="none")
     param_dtype = torch.bfloat16 if train.dtype == "bfloat16" else None
     parts, mode = apply_data_parallel(parts, pmesh, par, param_dtype=param_dtype)
+    for chunk, part in zip(chunks, parts, strict=False):
+        chunk.module = part
     zero1 = [ZeroOneSharding(p.parameters(), pmesh.group("dp_shard_cp")) for p in parts] if mode == "zero1" else []
-    return ParallelModel(parts=parts, dp_mode=mode, zero1=zero1)
+    return ParallelModel(parts=parts, dp_mode=mode, zero1=zero1, chunks=chunks)

@@ -7,7 +7,8 @@ Conventions that make every layout compute what one process computes:
   losses are added per micro-batch.
 - Gradients are averaged over dp_replicate x dp_shard x cp (data_parallel); TP peers hold one shard of
   the same gradient; pipeline stages hold disjoint parameters.
-- The reported loss is the global mean: the last pipeline stage's local means, all-reduced.
+- The reported loss is the global mean of that objective (cross-entropy + MoE aux), all-reduced
+  (under PP every pipeline rank holds the last stage's value).
 - The global gradient norm is taken over every shard and stage before clipping (optim.clip_gradients).
 - bf16: autocast around forward (or FSDP2's bf16 all-gather), fp32 master weights, optimizer state and
   gradient reductions.
@@ -32,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from trainctl.parallelism import checkpoint as ckpt
@@ -59,7 +61,7 @@ class StepReport:
     step: int
     """1-based number of the optimizer step just completed."""
     loss: float
-    """Global mean language-model loss of the step."""
+    """Global mean training loss of the step (cross-entropy, plus the aux loss of MoE models)."""
     grad_norm: float
     """Global gradient norm before clipping."""
     lr: float
@@ -99,8 +101,14 @@ class TrainResult:
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over all local tokens, in float32."""
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+    """Mean next-token cross-entropy over all local tokens, in float32, as a plain tensor.
+
+    Vocabulary-sharded DTensor logits (TP) need `tensor_parallel.loss_context`; the replicated
+    DTensor loss is then turned into a plain tensor (differentiably).
+    """
+    targets = targets.flatten()
+    loss = F.cross_entropy(logits.flatten(0, -2).float(), targets)
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def _peak_memory(device: torch.device) -> int:
@@ -161,12 +169,19 @@ class Trainer:
             dp_size=self.grid.dp,
         )
         self.step = 0
-        self.pipeline = (
-            require_module("pipeline", "pipeline parallelism").build_runner(self.model, self.pmesh, job, cross_entropy, self.device)
-            if par.pp > 1
-            else None
-        )
+        self.pipeline = None
+        if par.pp > 1:
+            pipeline = require_module("pipeline", "pipeline parallelism")
+            self.pipeline = pipeline.PipelineRunner(
+                self.model.chunks,
+                schedule=par.pp_schedule,
+                n_microbatches=self.loader.n_micro,
+                group=self.pmesh.group("pp"),
+                device=self.device,
+                loss_fn=cross_entropy,
+            )
         self._cp = require_module("context_parallel", "context parallelism") if par.cp > 1 else None
+        self._tp = require_module("tensor_parallel", "tensor parallelism") if par.tp > 1 else None
         self.flops_per_token = training_flops_per_token(self.config, job.data.seq_len)
         self.peak_flops = peak_flops(
             torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None, job.training.dtype
@@ -177,6 +192,9 @@ class Trainer:
         if self.autocast_dtype is None or self.model.dp_mode in ("fsdp", "hsdp", "zero2"):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _loss_context(self) -> contextlib.AbstractContextManager:
+        return self._tp.loss_context(True) if self._tp is not None else contextlib.nullcontext()
 
     def _grad_sync(self, part: nn.Module, last: bool) -> contextlib.AbstractContextManager:
         """Skip DDP's all-reduce on all but the last micro-batch of a step."""
@@ -190,38 +208,40 @@ class Trainer:
         if self._cp is None:
             return inputs, targets, None
         par = self.job.parallelism
-        return self._cp.shard_batch(inputs, targets, self.pmesh["cp"], par.cp_load_balance)
+        return self._cp.shard_batch_for_cp(inputs, targets, self.pmesh["cp"], par.cp_load_balance)
 
-    def forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor | None:
+    def forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         """Forward and backward of one step's micro-batches; gradients end reduced over dp x cp.
 
-        Returns this rank's mean local loss (None on pipeline stages without the output).
+        Returns this rank's mean local loss: cross-entropy plus MoE aux loss, the objective optimized.
         """
         if self.pipeline is not None:
-            with self._autocast():
-                return self.pipeline.step(micro_batches)
+            inputs = torch.cat([m.inputs for m in micro_batches])
+            targets = torch.cat([m.targets for m in micro_batches])
+            with self._loss_context(), self._autocast():
+                return self.pipeline.step(inputs, targets)
         (part,) = self.model.parts
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
         for i, micro in enumerate(micro_batches):
             inputs, targets, positions = self._local_inputs(micro)
-            with self._grad_sync(part, last=i == n - 1):
+            with self._grad_sync(part, last=i == n - 1), self._loss_context():
                 with self._autocast():
                     logits = part(inputs, positions)
                 loss = cross_entropy(logits, targets)
                 aux = pop_aux_loss(part)
-                objective = loss if aux is None else loss + aux
-                (objective / n).backward()
+                if aux is not None:
+                    loss = loss + aux
+                (loss / n).backward()
             total += loss.detach()
         return total / n
 
-    def global_loss(self, local: torch.Tensor | None) -> float:
-        """The global mean loss from each rank's local mean (None off the last pipeline stage)."""
-        value = torch.zeros((), device=self.device) if local is None else local.detach().float()
+    def global_loss(self, local: torch.Tensor) -> float:
+        """The global mean loss from every rank's local mean (pipeline ranks all hold the last stage's)."""
+        value = local.detach().float().clone()
         if self.world_size > 1:
-            value = value.clone()
             dist.all_reduce(value)
-            value /= self.world_size // self.grid.pp
+            value /= self.world_size
         return float(value)
 
     def optimizer_step(self) -> float:

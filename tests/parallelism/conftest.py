@@ -1,0 +1,32 @@
+"""Fixtures for engine tests: one pool of worker processes for the session, and a small corpus."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import WorkerPool
+
+WORDS = ["the", "model", "trains", "on", "text", "and", "every", "rank", "must", "agree", "on", "the", "loss", "while", "gradients", "flow", "through", "shards", "stages", "and", "rings", "of", "attention", "so", "that", "one", "process", "and", "many", "compute", "the", "same", "numbers"]
+
+
+@pytest.fixture(scope="session")
+def pool() -> Iterator[WorkerPool]:
+    workers = WorkerPool()
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A glob over 6 deterministic text files (~60 KB in all)."""
+    root: Path = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(1234)
+    for i in range(6):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) for _ in range(150)]
+        (root / f"doc{i}.txt").write_text("\n".join(lines) + "\n")
+    return str(root / "*.txt")
