@@ -1,0 +1,219 @@
+"""Authentication, tenancy, quotas, path confinement and TLS through the real TrainingService over gRPC."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from secure_service import SecureService, Tokens, bearer, job_message, start_service, stub, write_access_file
+from throwaway_pki import Authority
+
+from trainctl.service.errors import field_violations
+from trainctl.service.tls import TlsConfig, channel_credentials
+from trainctl.v1 import training_pb2 as pb
+
+QUOTAS = {"vision": {"queued_jobs": 3, "running_gpus": 4}}
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> Tokens:
+    return write_access_file(tmp_path_factory.mktemp("access"), QUOTAS)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, tokens: Tokens):
+    svc = start_service(tmp_path_factory.mktemp("svc"), tokens.path)
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def channel(service: SecureService):
+    with service.channel() as ch:
+        yield ch
+
+
+def invoke(call, request, **kwargs):
+    """Call a unary or server-streaming method; a stream is read to its end."""
+    result = call(request, timeout=10, **kwargs)
+    return list(result) if isinstance(result, grpc.Call) and hasattr(result, "__next__") else result
+
+
+def code_of(call, request, **kwargs) -> grpc.StatusCode:
+    try:
+        invoke(call, request, **kwargs)
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def every_method(client) -> list[tuple[str, object, object]]:
+    return [
+        ("CreateJob", client.CreateJob, pb.CreateJobRequest(job=job_message("x"))),
+        ("GetJob", client.GetJob, pb.GetJobRequest(id="job-x")),
+        ("ListJobs", client.ListJobs, pb.ListJobsRequest()),
+        ("CancelJob", client.CancelJob, pb.CancelJobRequest(id="job-x")),
+        ("WatchJob", client.WatchJob, pb.WatchJobRequest(id="job-x")),
+        ("PlanJob", client.PlanJob, pb.PlanJobRequest(job=job_message("x"))),
+        ("GetCluster", client.GetCluster, pb.GetClusterRequest()),
+    ]
+
+
+def test_every_rpc_needs_a_valid_token(service: SecureService, channel: grpc.Channel, tokens: Tokens) -> None:
+    client = stub(channel)
+    methods = every_method(client)
+    assert {m for m, _, _ in methods} == set(pb.DESCRIPTOR.services_by_name["TrainingService"].methods_by_name)
+    for name, call, request in methods:
+        for metadata in (None, bearer("trainctl_" + "x" * 43), [("authorization", "Basic dXNlcjpwYXNz")]):
+            assert code_of(call, request, metadata=metadata) == grpc.StatusCode.UNAUTHENTICATED, (name, metadata)
+    assert service.store.list_jobs() == []  # nothing refused reached the store
+    assert code_of(client.ListJobs, pb.ListJobsRequest(), metadata=bearer(tokens.alice)) == grpc.StatusCode.OK
+
+
+def test_health_and_reflection_need_no_token(channel: grpc.Channel) -> None:
+    assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+    answers = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+    )
+    names = {s.name for answer in answers for s in answer.list_services_response.service}
+    assert "trainctl.v1.TrainingService" in names
+
+
+def create(channel: grpc.Channel, token: str, name: str, **kwargs) -> pb.Job:
+    request_id = kwargs.pop("request_id", "")
+    return stub(channel).CreateJob(pb.CreateJobRequest(job=job_message(name, **kwargs), request_id=request_id), metadata=bearer(token), timeout=10)
+
+
+def rpc_error(call, request, token: str) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        invoke(call, request, metadata=bearer(token))
+    return info.value
+
+
+def test_a_user_sees_watches_and_cancels_only_its_tenants_jobs(service: SecureService, channel: grpc.Channel, tokens: Tokens) -> None:
+    client = stub(channel)
+    mine = create(channel, tokens.alice, "alice-job", labels={"owner": "alice"})
+    theirs = create(channel, tokens.bob, "bob-job", labels={"owner": "bob"})
+    missing = f"job-{uuid.uuid4().hex[:12]}"
+
+    for job_id in (theirs.id, missing):  # another tenant's job looks exactly like no job at all
+        for call, request in (
+            (client.GetJob, pb.GetJobRequest(id=job_id)),
+            (client.CancelJob, pb.CancelJobRequest(id=job_id)),
+            (client.WatchJob, pb.WatchJobRequest(id=job_id)),
+        ):
+            error = rpc_error(call, request, tokens.alice)
+            assert error.code() == grpc.StatusCode.NOT_FOUND
+            assert error.details() == f"job {job_id!r} not found"
+    assert client.GetJob(pb.GetJobRequest(id=theirs.id), metadata=bearer(tokens.bob), timeout=10).status.state == pb.QUEUED
+
+    listed = client.ListJobs(pb.ListJobsRequest(), metadata=bearer(tokens.alice), timeout=10)
+    assert mine.id in {j.id for j in listed.jobs} and theirs.id not in {j.id for j in listed.jobs}
+    by_label = client.ListJobs(pb.ListJobsRequest(labels={"owner": "bob"}), metadata=bearer(tokens.alice), timeout=10)
+    assert list(by_label.jobs) == []
+    events = list(client.WatchJob(pb.WatchJobRequest(id=mine.id), metadata=bearer(tokens.alice), timeout=10))
+    assert events and all(e.job_id == mine.id for e in events)
+
+    cluster = client.GetCluster(pb.GetClusterRequest(), metadata=bearer(tokens.alice), timeout=10)
+    assert cluster.queued_jobs == len(listed.jobs)
+
+
+def test_an_admin_sees_and_cancels_every_tenants_jobs(channel: grpc.Channel, tokens: Tokens) -> None:
+    client = stub(channel)
+    theirs = create(channel, tokens.bob, "bob-job-2")
+    every = client.ListJobs(pb.ListJobsRequest(page_size=1000), metadata=bearer(tokens.root), timeout=10)
+    tenants_seen = {j.metadata.labels.get("owner") for j in every.jobs}
+    assert theirs.id in {j.id for j in every.jobs} and {"alice", "bob"} <= tenants_seen
+    cancelled = client.CancelJob(pb.CancelJobRequest(id=theirs.id), metadata=bearer(tokens.root), timeout=10)
+    assert cancelled.status.state == pb.CANCELLED and "root" in cancelled.status.reason
+
+
+def test_request_ids_are_per_tenant(channel: grpc.Channel, tokens: Tokens) -> None:
+    key = str(uuid.uuid4())
+    first = create(channel, tokens.bob, "retry-bob", request_id=key)
+    assert create(channel, tokens.bob, "retry-bob", request_id=key).id == first.id  # an idempotent retry
+    other = create(channel, tokens.root, "retry-root", request_id=key)
+    assert other.id != first.id and other.metadata.name == "retry-root"  # never another tenant's job
+
+
+def test_quotas_refuse_with_resource_exhausted_naming_the_quota(service: SecureService, tmp_path: Path, tokens: Tokens) -> None:
+    svc = start_service(tmp_path, tokens.path)
+    try:
+        with svc.channel() as ch:
+            error = rpc_error(stub(ch).CreateJob, pb.CreateJobRequest(job=job_message("too-big", gpus=8)), tokens.alice)
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "quota running_gpus" in error.details()
+            for i in range(3):
+                create(ch, tokens.alice, f"queued-{i}")
+            error = rpc_error(stub(ch).CreateJob, pb.CreateJobRequest(job=job_message("one-more")), tokens.alice)
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "quota queued_jobs" in error.details()
+            assert "'vision'" in error.details()
+            create(ch, tokens.bob, "other-tenant", gpus=8)  # nlp has no quota: unaffected
+            stub(ch).CancelJob(pb.CancelJobRequest(id=svc.store.list_jobs(tenant="vision")[0].id), metadata=bearer(tokens.alice), timeout=10)
+            create(ch, tokens.alice, "room-again")  # a cancelled job frees its queue slot
+        assert len(svc.store.list_jobs(tenant="vision")) == 4
+    finally:
+        svc.stop()
+
+
+def test_data_paths_outside_the_roots_are_invalid_argument(tmp_path: Path, tokens: Tokens) -> None:
+    root = tmp_path / "datasets"
+    root.mkdir()
+    (root / "ok.txt").write_text("some text " * 20)
+    (tmp_path / "secret.txt").write_text("private")
+    (root / "escape.txt").symlink_to(tmp_path / "secret.txt")
+    svc = start_service(tmp_path / "svc", tokens.path, data_roots=[root])
+    try:
+        with svc.channel() as ch:
+            client = stub(ch)
+            assert create(ch, tokens.alice, "inside", paths=[str(root / "ok.txt")]).status.state == pb.QUEUED
+            for bad in (str(tmp_path / "secret.txt"), str(root / ".." / "secret.txt"), str(root / "escape.txt"), str(root / "*.txt")):
+                error = rpc_error(client.CreateJob, pb.CreateJobRequest(job=job_message("escape", paths=["@stdlib", bad])), tokens.alice)
+                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
+                assert [v.field for v in field_violations(error)] == ["spec.data.paths[1]"], bad
+            plan = client.PlanJob(pb.PlanJobRequest(job=job_message("plan", paths=[str(tmp_path / "secret.txt")])), metadata=bearer(tokens.alice), timeout=10)
+            assert not plan.valid and [v.field for v in plan.violations] == ["spec.data.paths[0]"]
+        assert [r.name for r in svc.store.list_jobs()] == ["inside"]
+    finally:
+        svc.stop()
+
+
+def test_without_an_access_file_calls_need_no_token(tmp_path: Path) -> None:
+    svc = start_service(tmp_path, None)
+    try:
+        with svc.channel() as ch:
+            job = stub(ch).CreateJob(pb.CreateJobRequest(job=job_message("anon")), timeout=10)
+        assert svc.store.get_job(job.id).tenant == "default"
+    finally:
+        svc.stop()
+
+
+def test_watch_respects_the_client_deadline(channel: grpc.Channel, tokens: Tokens) -> None:
+    job = create(channel, tokens.alice, "watched")
+    started = time.monotonic()
+    stream = stub(channel).WatchJob(pb.WatchJobRequest(id=job.id, follow=True), metadata=bearer(tokens.alice), timeout=1.0)
+    with pytest.raises(grpc.RpcError) as info:
+        list(stream)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - started < 5
+    assert stub(channel).GetJob(pb.GetJobRequest(id=job.id), metadata=bearer(tokens.alice), timeout=10).id == job.id
+
+
+def test_the_service_over_mutual_tls(tmp_path: Path, tokens: Tokens) -> None:
+    ca = Authority(tmp_path, "svc-ca")
+    server_cert, client_cert = ca.issue("server", server=True), ca.issue("client", server=False)
+    svc = start_service(tmp_path / "svc", tokens.path, tls=TlsConfig(server_cert.cert, server_cert.key, ca.cert_file))
+    try:
+        with svc.channel(channel_credentials(ca.cert_file, client_cert.cert, client_cert.key)) as ch:
+            assert create(ch, tokens.alice, "over-tls").status.state == pb.QUEUED
+            assert code_of(stub(ch).ListJobs, pb.ListJobsRequest()) == grpc.StatusCode.UNAUTHENTICATED  # TLS is not a token
+        with svc.channel() as plain:
+            assert code_of(stub(plain).ListJobs, pb.ListJobsRequest(), metadata=bearer(tokens.alice)) == grpc.StatusCode.UNAVAILABLE
+        with svc.channel(channel_credentials(ca.cert_file)) as no_cert:
+            assert code_of(stub(no_cert).ListJobs, pb.ListJobsRequest(), metadata=bearer(tokens.alice)) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        svc.stop()
