@@ -14,7 +14,8 @@ from typing import Any
 from trainctl.parallelism.grid import DIMS, RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
-from trainctl.workers import placement as placement_mod
+from trainctl.workers.placement import place
+from trainctl.workers.placement.fabric import FabricIndex
 
 Slot = tuple[str, int]
 """(node name, local GPU index)."""
@@ -44,8 +45,7 @@ class PlannedPlacement:
         for a in sorted(solved.assignments, key=lambda a: a.rank):
             coords = tuple((d, grid.coords(a.rank)[d]) for d in DIMS)
             rows.append(Assignment(int(a.rank), str(a.node), int(a.gpu), coords))
-        cost = getattr(solved, "cost_seconds", None)
-        return cls(assignments=tuple(rows), cost_seconds=None if cost is None else float(cost))
+        return cls(assignments=tuple(rows), cost_seconds=float(solved.comm_seconds))
 
     @classmethod
     def from_records(cls, records: list[dict[str, Any]]) -> PlannedPlacement:
@@ -74,6 +74,7 @@ class GpuPool:
         self._lock = threading.Lock()
         self._held: dict[str, list[Slot]] = {}
         self._slots: list[Slot] = [(node, gpu) for node, gpus in node_gpus(topology) for gpu in gpus]
+        self._index = FabricIndex.build(topology)
 
     @property
     def total(self) -> int:
@@ -98,10 +99,10 @@ class GpuPool:
         """Where every rank of `job` would run on the free GPUs (or on the whole pool with `empty`);
         None when they do not all fit (gang scheduling: all or nothing)."""
         grid = RankGrid.from_spec(job.spec.parallelism)
-        free = set(self._slots) if empty else self.free_slots()
-        if len(free) < grid.world_size:
-            return None
-        solved = placement_mod.place(grid, self.topology, free, model=resolve_model(job.spec.model))
+        free: dict[str, set[int]] = {}
+        for node, gpu in set(self._slots) if empty else self.free_slots():
+            free.setdefault(node, set()).add(gpu)
+        solved = place(grid, self.topology, free, model=resolve_model(job.spec.model), job_spec=job.spec, index=self._index)
         return None if solved is None else PlannedPlacement.from_solver(solved, grid)
 
     def reserve(self, job_id: str, placement: PlannedPlacement) -> None:
@@ -114,7 +115,7 @@ class GpuPool:
 
     def domains(self) -> dict[str, str]:
         """Each node's NVLink domain (the node itself when the map names none)."""
-        return {node.name: node.nvlink_domain or node.name for node in self.topology.spec.nodes}
+        return {node.name: self.topology.nvlink_group_of(node.name) or node.name for node in self.topology.nodes}
 
     def nodes(self) -> list[tuple[str, list[int]]]:
         """(node name, its GPU indices) in map order."""
@@ -123,4 +124,4 @@ class GpuPool:
 
 def node_gpus(topology: Any) -> list[tuple[str, list[int]]]:
     """(node name, GPUs that may get ranks) for every node of a topology map."""
-    return [(node.name, list(node.usable_gpus)) for node in topology.spec.nodes]
+    return [(node.name, list(node.usable_gpus)) for node in topology.nodes]

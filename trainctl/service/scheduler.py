@@ -211,7 +211,9 @@ class Scheduler:
             where = ", ".join(f"{p.get('rank')}->{p.get('node')}:{p.get('gpu')}" for p in event.placement)
             self.store.append_event(record.id, st.EVENT_LOG, {"level": "INFO", "message": f"ranks placed: {where}"}, now=event.time)
         elif event.kind is EventKind.STATE and event.state is not None:
-            if record.state == st.CANCELLING and not event.state.terminal:
+            if event.state.terminal:
+                return record  # recorded once the whole log is drained (see _follow), after the last step
+            if record.state == st.CANCELLING:
                 return record  # a job being cancelled does not go back to running
             extra = {"start_time": event.time} if event.state.value == st.RUNNING and record.start_time is None else {}
             record = self._set_state(record, event.state.value, event.reason, **extra)

@@ -1,0 +1,342 @@
+"""The `trainctl` command.
+
+    trainctl serve [--address HOST:PORT] [--data-dir DIR] [--metrics-port N] [--ray-address ADDR] [--topology FILE]
+    trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
+    trainctl cancel JOB                  trainctl logs JOB [-f]              trainctl plan FILE
+    trainctl validate FILE               trainctl demo
+
+Client commands find the server in --server or TRAINCTL_SERVER (default 127.0.0.1:50051) and send
+TRAINCTL_TOKEN as a bearer token. Exit status: 0 success, 1 an API or runtime error (or a watched job
+that did not succeed), 2 an invalid spec or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient
+from trainctl.cli.progress import follow, state_name
+from trainctl.service.convert import job_from_proto
+from trainctl.service.errors import field_violations
+from trainctl.spec.validate import FieldViolation, SpecError, load_job_file, semantic_violations
+from trainctl.v1 import training_pb2 as pb
+
+EXIT_OK, EXIT_ERROR, EXIT_INVALID = 0, 1, 2
+
+
+class CliError(Exception):
+    """A failure to report as `error: ...` with an exit status."""
+
+    def __init__(self, message: str, status: int = EXIT_ERROR, violations: Sequence[FieldViolation] = ()):
+        super().__init__(message)
+        self.status = status
+        self.violations = list(violations)
+
+
+# ---- output helpers -----------------------------------------------------------------------------------
+
+
+def _time(ts: Any) -> str | None:
+    return ts.ToDatetime().isoformat() + "Z" if ts.seconds or ts.nanos else None
+
+
+def metrics_dict(m: pb.StepMetrics) -> dict[str, Any]:
+    """One step's metrics as plain JSON values."""
+    return {
+        "step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "lr": m.lr, "tokens": m.tokens,
+        "tokens_per_second": m.tokens_per_second, "mfu": m.mfu if m.HasField("mfu") else None,
+        "step_time_seconds": m.step_time_seconds, "peak_memory_bytes": m.peak_memory_bytes,
+        "breakdown": dict(m.breakdown), "time": _time(m.time),
+    }
+
+
+def job_document(job: pb.Job) -> dict[str, Any]:
+    """A job as the document `get -o yaml|json` prints: the spec as written, status, metrics."""
+    s = job.status
+    status = {
+        "state": state_name(s.state), "reason": s.reason,
+        **{name: _time(getattr(s, name)) for name in ("create_time", "schedule_time", "start_time", "end_time", "update_time")},
+        "steps_done": s.steps_done, "total_steps": s.total_steps,
+        "first_loss": s.first_loss if s.HasField("first_loss") else None,
+        "last_loss": s.last_loss if s.HasField("last_loss") else None,
+        "restarts": s.restarts, "tokens_per_second": s.tokens_per_second,
+        "mfu": s.mfu if s.HasField("mfu") else None, "run_dir": s.run_dir,
+        "placement": [{"rank": p.rank, "node": p.node, "gpu": p.gpu, "coords": dict(p.coords)} for p in s.placement],
+    }
+    document = {"id": job.id, **job_from_proto(job).model_dump(mode="json"), "status": status}
+    document["metrics"] = [metrics_dict(m) for m in job.metrics]
+    return document
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows])
+
+
+def _age(ts: Any) -> str:
+    if not ts.seconds:
+        return "-"
+    seconds = max(0, int(time.time() - ts.seconds))
+    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m" if seconds < 7200 else f"{seconds // 3600}h"
+
+
+def _load(path: str) -> Any:
+    try:
+        return load_job_file(path)
+    except SpecError as exc:
+        raise CliError(f"{path} is not a valid job spec", EXIT_INVALID, exc.violations) from None
+
+
+# ---- commands -------------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from trainctl.service.server import Service, ServiceConfig
+    from trainctl.service.tls import TlsConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert or args.tls_key else None
+    config = ServiceConfig(
+        address=args.address, data_dir=args.data_dir, metrics_port=args.metrics_port, ray_address=args.ray_address,
+        topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
+    )
+    service = Service(config).start()
+    print(f"trainctl serving on {service.target}; data in {config.data_dir}"
+          + (f"; metrics on http://{config.metrics_host}:{service.metrics_port}/metrics" if service.metrics_port else ""),
+          flush=True)
+    stop = lambda *_: service.stop()  # noqa: E731 - a signal handler
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    service.wait()
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace, client: TrainctlClient) -> int:
+    job = client.create_job(_load(args.file))
+    print(f"job {job.id} {state_name(job.status.state)}", flush=True)
+    if not args.watch:
+        return EXIT_OK
+    return _follow(client, job.id, job.status.total_steps, after=0)
+
+
+def _follow(client: TrainctlClient, job_id: str, total: int, after: int) -> int:
+    follow(client.watch(job_id, after_sequence=after, follow=True), total, sys.stdout)
+    final = client.get_job(job_id)
+    s = final.status
+    summary = f"job {job_id} {state_name(s.state)}"
+    if s.reason:
+        summary += f": {s.reason}"
+    if s.HasField("first_loss") and s.HasField("last_loss"):
+        summary += f" (loss {s.first_loss:.4f} -> {s.last_loss:.4f} over {s.steps_done} steps)"
+    print(summary, flush=True)
+    return EXIT_OK if s.state == pb.SUCCEEDED else EXIT_ERROR
+
+
+def cmd_get(args: argparse.Namespace, client: TrainctlClient) -> int:
+    job = client.get_job(args.job, full=args.output in ("json", "yaml"))
+    if args.output == "json":
+        print(json.dumps(job_document(job), indent=2))
+    elif args.output == "yaml":
+        print(yaml.safe_dump(job_document(job), sort_keys=False), end="")
+    else:
+        print(_table([_row(job)], LIST_HEADER))
+    return EXIT_OK
+
+
+LIST_HEADER = ["ID", "STATE", "PRIORITY", "GPUS", "STEP", "LOSS", "AGE", "REASON"]
+
+
+def _row(job: pb.Job) -> list[str]:
+    s = job.status
+    loss = f"{s.last_loss:.4f}" if s.HasField("last_loss") else "-"
+    return [
+        job.id, state_name(s.state), str(job.spec.scheduling.priority), str(job.spec.resources.gpus),
+        f"{s.steps_done}/{s.total_steps}", loss, _age(s.create_time), s.reason[:60],
+    ]
+
+
+def cmd_list(args: argparse.Namespace, client: TrainctlClient) -> int:
+    labels = {}
+    for item in args.label or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--label {item!r}: expected key=value", EXIT_INVALID)
+        labels[key] = value
+    states = [s.upper() for s in args.state or ()]
+    for s in states:
+        if s not in pb.JobState.keys()[1:]:  # noqa: SIM118 - an EnumTypeWrapper, not a dict
+            raise CliError(f"--state {s}: one of {', '.join(pb.JobState.keys()[1:])}", EXIT_INVALID)
+    jobs = list(client.list_jobs(states=states, labels=labels))
+    print(_table([_row(j) for j in jobs], LIST_HEADER))
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace, client: TrainctlClient) -> int:
+    job = client.cancel_job(args.job)
+    print(f"job {job.id} {state_name(job.status.state)}: {job.status.reason}")
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace, client: TrainctlClient) -> int:
+    job = client.get_job(args.job)
+    if args.follow:
+        return _follow(client, job.id, job.status.total_steps, after=0)
+    follow(client.watch(job.id, follow=False), job.status.total_steps, sys.stdout, force_plain=True)
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace, client: TrainctlClient) -> int:
+    plan = client.plan_job(_load(args.file))
+    if not plan.valid:
+        raise CliError(f"{args.file} is not a valid job", EXIT_INVALID,
+                       [FieldViolation(v.field, v.description) for v in plan.violations])
+    grid = " x ".join(f"{k}{v}" for k, v in plan.grid.items() if v > 1) or "single rank"
+    print(f"valid: {plan.world_size} ranks ({grid}); pool {plan.pool_gpus} GPUs, {plan.free_gpus} free; "
+          f"{'fits now' if plan.fits_now else 'would queue'}")
+    if plan.placement:
+        rows = [[str(p.rank), p.node, str(p.gpu), " ".join(f"{k}={v}" for k, v in sorted(p.coords.items()))] for p in plan.placement]
+        print(_table(rows, ["RANK", "NODE", "GPU", "COORDS"]))
+    if plan.HasField("placement_cost_seconds"):
+        print(f"modelled communication per step: {plan.placement_cost_seconds * 1e3:.3f} ms")
+    if plan.memory:
+        kinds = sorted({k for m in plan.memory for k in m.bytes})
+        rows = [[str(m.rank), *(f"{m.bytes.get(k, 0) / 2**20:.1f}" for k in kinds)] for m in plan.memory]
+        print(_table(rows, ["RANK", *(f"{k.upper()} MiB" for k in kinds)]))
+    if plan.HasField("step_time_seconds"):
+        parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in plan.step_time_breakdown.items())
+        print(f"modelled step time: {plan.step_time_seconds * 1e3:.2f} ms" + (f" ({parts})" if parts else ""))
+    for note in plan.notes:
+        print(f"note: {note}")
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    job = _load(args.file)
+    violations = semantic_violations(job, pool_gpus=args.pool_gpus, check_data=True)
+    if violations:
+        raise CliError(f"{args.file} is not a valid job spec", EXIT_INVALID, violations)
+    print(f"{args.file}: valid ({job.spec.parallelism.world_size} ranks)")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from trainctl.cli.demo import run_demo
+
+    return run_demo(Path(args.spec), nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from trainctl.service.auth import token_main
+
+    return token_main(args.rest)
+
+
+# ---- parser -----------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainctl", description="Distributed LLM training service.")
+    parser.add_argument("--server", help=f"service address (default: ${SERVER_ENV} or {DEFAULT_SERVER})")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the service")
+    serve.add_argument("--address", default="127.0.0.1:50051", help="gRPC listen address HOST:PORT")
+    serve.add_argument("--data-dir", type=Path, default=Path(".trainctl"), help="store and run directory")
+    serve.add_argument("--metrics-port", type=int, default=9464, help="Prometheus port (0: off)")
+    serve.add_argument("--ray-address", help="Ray cluster to use (default: start an embedded local Ray)")
+    serve.add_argument("--topology", type=Path, help="topology map file (default: simulated from the Ray cluster)")
+    serve.add_argument("--tokens-file", type=Path, help="access file with token hashes, tenants, quotas (default: auth off)")
+    serve.add_argument("--tls-cert", type=Path)
+    serve.add_argument("--tls-key", type=Path)
+    serve.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA")
+    serve.add_argument("--data-root", type=Path, action="append", help="confine job data paths to this directory (repeatable)")
+    serve.set_defaults(handler=cmd_serve, needs_client=False)
+
+    submit = sub.add_parser("submit", help="submit a job spec")
+    submit.add_argument("file")
+    submit.add_argument("--watch", "-w", action="store_true", help="show live progress until the job ends")
+    submit.set_defaults(handler=cmd_submit, needs_client=True)
+
+    get = sub.add_parser("get", help="show one job")
+    get.add_argument("job")
+    get.add_argument("-o", "--output", choices=["table", "yaml", "json"], default="table")
+    get.set_defaults(handler=cmd_get, needs_client=True)
+
+    lst = sub.add_parser("list", help="list jobs")
+    lst.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
+    lst.add_argument("--label", action="append", help="only jobs with label key=value (repeatable)")
+    lst.set_defaults(handler=cmd_list, needs_client=True)
+
+    cancel = sub.add_parser("cancel", help="cancel a job")
+    cancel.add_argument("job")
+    cancel.set_defaults(handler=cmd_cancel, needs_client=True)
+
+    logs = sub.add_parser("logs", help="a job's events (state changes, steps, log lines)")
+    logs.add_argument("job")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep following until the job ends")
+    logs.set_defaults(handler=cmd_logs, needs_client=True)
+
+    plan = sub.add_parser("plan", help="dry run: validation, placement, memory, step time")
+    plan.add_argument("file")
+    plan.set_defaults(handler=cmd_plan, needs_client=True)
+
+    validate = sub.add_parser("validate", help="check a job spec locally")
+    validate.add_argument("file")
+    validate.add_argument("--pool-gpus", type=int, help="also check the job fits a pool of this many GPUs")
+    validate.set_defaults(handler=cmd_validate, needs_client=False)
+
+    demo = sub.add_parser("demo", help="embedded 2-node Ray + service + a hybrid-parallel job, end to end")
+    demo.add_argument("--spec", default=str(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"))
+    demo.add_argument("--nodes", type=int, default=2)
+    demo.add_argument("--gpus-per-node", type=int, default=4)
+    demo.set_defaults(handler=cmd_demo, needs_client=False)
+
+    token = sub.add_parser("token", help="make or hash an API token (see trainctl.service.auth)", add_help=False)
+    token.add_argument("rest", nargs=argparse.REMAINDER)
+    token.set_defaults(handler=cmd_token, needs_client=False)
+
+    if importlib.util.find_spec("trainctl.cli.topology_cmd") is not None:
+        importlib.import_module("trainctl.cli.topology_cmd").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[..., int] = getattr(args, "handler", None) or args.func  # func: subcommands others register
+    try:
+        if getattr(args, "needs_client", False):
+            with TrainctlClient(args.server) as client:
+                return handler(args, client)
+        return handler(args)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        for violation in exc.violations:
+            print(f"  {violation}", file=sys.stderr)
+        return exc.status
+    except grpc.RpcError as exc:
+        violations = field_violations(exc)
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr) if not violations else print(
+            f"error: {exc.code().name}: the server rejected the job", file=sys.stderr)
+        for violation in violations:
+            print(f"  {violation}", file=sys.stderr)
+        return EXIT_INVALID if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Live progress of a job from its event stream: step / total, loss, tokens/s, MFU, ETA, state changes.
+
+On a terminal a rich progress bar redraws in place and state changes and log lines scroll above it;
+when stdout is not a terminal (CI logs, pipes) every event is one plain line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from trainctl.v1 import training_pb2 as pb
+
+TERMINAL = frozenset({pb.SUCCEEDED, pb.FAILED, pb.CANCELLED})
+
+
+def state_name(state: int) -> str:
+    return pb.JobState.Name(state) if state else "-"
+
+
+@dataclass
+class Tracker:
+    """Running numbers derived from the events seen so far."""
+
+    total_steps: int
+    step: int = 0
+    loss: float | None = None
+    first_loss: float | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+    state: int = pb.JOB_STATE_UNSPECIFIED
+    _step_times: list[tuple[float, int]] = field(default_factory=list)
+
+    def on_step(self, metrics: pb.StepMetrics, now: float) -> None:
+        self.step = metrics.step
+        self.loss = metrics.loss
+        if self.first_loss is None:
+            self.first_loss = metrics.loss
+        self.tokens_per_second = metrics.tokens_per_second
+        self.mfu = metrics.mfu if metrics.HasField("mfu") else None
+        self._step_times = [*self._step_times[-19:], (now, metrics.step)]
+
+    def eta_seconds(self) -> float | None:
+        """Remaining steps times the recent seconds per step (None until two steps were seen)."""
+        if len(self._step_times) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._step_times[0], self._step_times[-1]
+        if s1 <= s0:
+            return None
+        return max(0.0, (self.total_steps - self.step) * (t1 - t0) / (s1 - s0))
+
+    def line(self) -> str:
+        parts = [f"step {self.step}/{self.total_steps}"]
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4f}")
+        if self.tokens_per_second is not None:
+            parts.append(f"{self.tokens_per_second:,.0f} tok/s")
+        parts.append(f"MFU {self.mfu:.1%}" if self.mfu is not None else "MFU n/a")
+        eta = self.eta_seconds()
+        parts.append(f"ETA {format_seconds(eta)}" if eta is not None else "ETA -")
+        return "  ".join(parts)
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = int(round(seconds))
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def describe(event: pb.JobEvent) -> str | None:
+    """One human line for a state change or a log line (None for step events)."""
+    kind = event.WhichOneof("payload")
+    if kind == "state_change":
+        change = event.state_change
+        reason = f": {change.reason}" if change.reason else ""
+        return f"[{event.sequence}] {state_name(change.from_state)} -> {state_name(change.to_state)}{reason}"
+    if kind == "log":
+        rank = f"rank {event.log.rank} " if event.log.HasField("rank") else ""
+        return f"[{event.sequence}] {rank}{event.log.level}: {event.log.message}"
+    return None
+
+
+def follow(events: Iterable[pb.JobEvent], total_steps: int, out: TextIO, *, force_plain: bool = False) -> Tracker:
+    """Render `events` until they end; returns the final numbers (state included)."""
+    tracker = Tracker(total_steps=total_steps)
+    console = Console(file=out, highlight=False, soft_wrap=True)
+    if force_plain or not console.is_terminal:
+        for event in events:
+            _update(tracker, event)
+            text = describe(event)
+            if text is None:
+                text = tracker.line()
+            print(text, file=out, flush=True)
+        return tracker
+    columns = (TextColumn("[bold]{task.fields[state]}"), BarColumn(), TextColumn("{task.fields[line]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("job", total=total_steps, state="", line="")
+        for event in events:
+            _update(tracker, event)
+            text = describe(event)
+            if text is not None:
+                bar.console.print(text)
+            bar.update(task, completed=tracker.step, state=state_name(tracker.state), line=tracker.line())
+    return tracker
+
+
+def _update(tracker: Tracker, event: pb.JobEvent) -> None:
+    kind = event.WhichOneof("payload")
+    if kind == "step":
+        tracker.on_step(event.step, time.monotonic())
+    elif kind == "state_change":
+        tracker.state = event.state_change.to_state
