@@ -105,3 +105,24 @@ def test_confined_child_builds_service_paths_and_refuses_escapes(tmp_path: Path)
     (runs / "evil").symlink_to(tmp_path, target_is_directory=True)
     with pytest.raises(ValueError, match="resolves outside"):
         confined_child(runs, "evil", "checkpoints")
+
+
+def test_the_policy_also_checks_that_confined_globs_match_readable_files(layout: dict[str, Path]) -> None:
+    root = layout["root"]
+    policy = DataPathPolicy([root])
+    got = fields(policy, paths=[f"{root}/corpus/*.md", f"{root}/nothing/here.txt"])
+    assert got == {
+        "spec.data.paths[0]": f"{str(root) + '/corpus/*.md'!r} matches no files",
+        "spec.data.paths[1]": f"{str(root) + '/nothing/here.txt'!r} matches no files",
+    }
+
+
+def test_a_glob_outside_the_roots_is_never_expanded(layout: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    expanded: list[list[str]] = []
+    import trainctl.service.paths as paths_module
+
+    real = paths_module.resolve_data_paths
+    monkeypatch.setattr(paths_module, "resolve_data_paths", lambda patterns: expanded.append(patterns) or real(patterns))
+    got = fields(DataPathPolicy([layout["root"]]), paths=["/**/*", f"{layout['outside']}/**"])
+    assert set(got) == {"spec.data.paths[0]", "spec.data.paths[1]"}
+    assert expanded == []  # a hostile '/**' costs a string check, not a walk of the filesystem

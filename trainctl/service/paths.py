@@ -5,7 +5,8 @@ the service derives directories it will write (checkpoints). Without confinement
 on, and so learn about, any file the service account can read. `DataPathPolicy` accepts a path only
 when it is absolute, has no `..` component, its fixed (non-glob) part lies under a data root, and every
 file it matches still lies under a data root once symlinks are resolved (`os.path.realpath`).
-`confined_child` builds service-owned paths (a job's checkpoint directory) the same way.
+Globs are expanded only after their fixed part is known to lie under a root. `confined_child` builds
+service-owned paths (a job's checkpoint directory) the same way.
 
 Residual risk, documented in docs/security.md: validation happens at CreateJob; a tenant who can write
 inside a data root could swap a validated file for a symlink later, so data roots must not be
@@ -73,14 +74,23 @@ class DataPathPolicy:
         fixed = _static_prefix(value) if glob else value
         if self._outside(fixed):
             return f"{value!r} is outside the data roots ({roots})"
-        matches = resolve_data_paths([value]) if glob else [Path(value)]
+        if not glob:
+            return None if not self._outside(value) else f"{value!r} resolves outside the data roots ({roots}) through a symlink"
+        matches = resolve_data_paths([value])
+        if not matches:
+            return f"{value!r} matches no files"
         for match in matches:
             if self._outside(str(match)):
                 return f"{value!r} matches {str(match)!r}, which resolves outside the data roots ({roots}) through a symlink"
+        unreadable = [m for m in matches if not os.access(m, os.R_OK)]
+        if unreadable:
+            return f"{len(unreadable)} matched files are unreadable, e.g. {unreadable[0]}"
         return None
 
     def violations(self, data: DataSpec) -> list[FieldViolation]:
-        """One FieldViolation per data path or tokenizer path that escapes the roots."""
+        """One FieldViolation per data path or tokenizer path that escapes the roots, or (data paths)
+        matches nothing readable. It replaces the spec's own data check (`check_data=False`), which
+        would expand a hostile glob such as `/**` over the whole filesystem before confinement."""
         out = []
         for i, pattern in enumerate(data.paths):
             if pattern == STDLIB_CORPUS:
