@@ -82,7 +82,7 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             job = job_from_proto(message)
         except SpecError as exc:
             raise invalid_argument(exc.violations) from None
-        violations = semantic_violations(job, pool_gpus=self.pool.total)
+        violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=self.data_policy is None)
         if self.data_policy is not None:
             violations += self.data_policy.violations(job.spec.data)
         if violations:
@@ -175,7 +175,7 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             job = job_from_proto(request.job)
         except SpecError as exc:
             return _invalid_plan(exc.violations, self.pool)
-        violations = semantic_violations(job, pool_gpus=self.pool.total)
+        violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=self.data_policy is None)
         if self.data_policy is not None:
             violations += self.data_policy.violations(job.spec.data)
         if violations:
