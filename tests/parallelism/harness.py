@@ -25,6 +25,10 @@ API (the `pool` fixture in conftest.py is a session-wide `WorkerPool`):
         Losses equal within `loss_rtol` (relative), and every gradient within `grad_atol` (absolute,
         plus the same relative), same parameter names on both sides.
 
+    run_training(pool, body, checkpoint_dir=None) -> TrainResult
+        `Trainer.run()` as the service runs it (checkpoints on schedule, resumes from the newest
+        complete checkpoint in `checkpoint_dir`); rank 0's result.
+
     tiny_job(tmp_corpus, **parallelism) -> JobSpecBody
         A small model (the debug preset), seq_len 32, global batch 8, micro-batch 1, on `tmp_corpus`
         (the `corpus` fixture: a few KB of deterministic text files).
@@ -251,3 +255,18 @@ def assert_equivalent(run: LayoutRun, reference: LayoutRun, *, loss_rtol: float 
         got = run.grads[name]
         assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
         torch.testing.assert_close(got, want, atol=grad_atol, rtol=grad_atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def train_run(rank: int, world_size: int, body_json: str, checkpoint_dir: str | None) -> Any:
+    """Worker body of run_training: `Trainer.run()` as the service runs it."""
+    from trainctl.parallelism.trainer import Trainer
+
+    body = JobSpecBody.model_validate_json(body_json)
+    result = Trainer(body, rank=rank, world_size=world_size, device="cpu", checkpoint_dir=checkpoint_dir).run()
+    return result if rank == 0 else None
+
+
+def run_training(pool: WorkerPool, body: JobSpecBody, checkpoint_dir: str | None = None) -> Any:
+    """`Trainer.run()` of `body` under its layout (resuming from `checkpoint_dir` if it holds a
+    complete checkpoint); rank 0's TrainResult."""
+    return pool.run(train_run, body.parallelism.world_size, body.model_dump_json(), checkpoint_dir)[0]

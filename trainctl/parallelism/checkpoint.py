@@ -72,7 +72,7 @@ def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], keep_las
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     _barrier()
-    dcp.save(state, checkpoint_id=str(tmp))
+    dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     _barrier()
     if _is_coordinator():
         (tmp / COMPLETE).write_text(f"{step}\n")
@@ -90,4 +90,4 @@ def load_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     path = Path(path)
     if not (path / COMPLETE).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker)")
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
