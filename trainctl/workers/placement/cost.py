@@ -29,6 +29,7 @@ from trainctl.spec.presets import ModelConfig
 from trainctl.workers.placement.fabric import FabricIndex, Slot
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+Pattern = Literal["ring", "all_to_all", "pairwise"]
 SPLIT_DIMS: tuple[str, ...] = ("tp", "ep", "cp")
 """Dimensions whose groups should never cross an NVLink domain, most important first."""
 
@@ -93,8 +94,13 @@ class DimTraffic:
     """Reported dimension: tp, cp, ep, pp or dp."""
     groups: list[list[int]]
     collectives: list[Collective]
-    pairwise: bool = False
-    """Point-to-point between consecutive members (pipeline stages) rather than a ring over all."""
+    pattern: Pattern = "ring"
+    """ring: NCCL rings (one flow per direction leaves each switch a group spans); all_to_all: every
+    member sends to every other; pairwise: point-to-point between consecutive members (pipeline)."""
+
+    @property
+    def pairwise(self) -> bool:
+        return self.pattern == "pairwise"
 
     def bytes_per_rank(self) -> float:
         """Bytes one rank sends per step."""
@@ -165,10 +171,12 @@ def build_traffic(grid: RankGrid, model: ModelConfig, work: Workload) -> list[Di
         out.append(DimTraffic("cp", grid.groups("cp"), [Collective("send_recv", kv, steps), Collective("send_recv", 2 * kv, steps)]))
     if grid.ep > 1 and model.moe is not None:
         routed = tokens / grid.tp * model.moe.top_k * h * e
-        out.append(DimTraffic("ep", grid.groups("ep"), [Collective("all_to_all", routed, 4 * moe_layers * nm)]))
+        out.append(
+            DimTraffic("ep", grid.groups("ep"), [Collective("all_to_all", routed, 4 * moe_layers * nm)], pattern="all_to_all")
+        )
     if grid.pp > 1:
         boundary = tokens * h * e / grid.tp
-        out.append(DimTraffic("pp", grid.groups("pp"), [Collective("send_recv", boundary, 2 * nm)], pairwise=True))
+        out.append(DimTraffic("pp", grid.groups("pp"), [Collective("send_recv", boundary, 2 * nm)], pattern="pairwise"))
     dense, expert = parameter_counts(model, grid)
     out.extend(_data_parallel(grid, dense, ("dp_shard", "cp"), grid.dp_shard * grid.cp, work))
     if expert and grid.ep > 1:
@@ -240,7 +248,7 @@ def evaluate(traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex) -
         else:
             spans = entry.groups
         levels = [index.level([slots[r] for r in span]) for span in spans]
-        factors = _contention(spans, levels, slots, index)
+        factors = _contention(entry.pattern, spans, levels, slots, index)
         for span, level, factor in zip(spans, levels, factors, strict=True):
             bw = index.level_bw[level] / factor
             t = entry.seconds(bw, index.level_latency[level])
@@ -256,39 +264,57 @@ def evaluate(traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex) -
     return result
 
 
-def _contention(spans: list[list[int]], levels: list[str], slots: list[Slot], index: FabricIndex) -> list[float]:
+def _contention(
+    pattern: Pattern, spans: list[list[int]], levels: list[str], slots: list[Slot], index: FabricIndex
+) -> list[float]:
     """Per span, the factor by which oversubscribed uplinks slow it (1 = none).
 
-    Every member of a group that leaves its leaf sends through the leaf's uplinks; a leaf with `p`
-    GPU ports and oversubscription `o` carries `p / o` GPUs' worth of uplink traffic at full rate.
-    Likewise for spines when a group reaches the core.
+    A leaf with `p` GPU ports and uplink oversubscription `o` carries `p / o` full-rate flows up.
+    Flows a span sends up through each switch it leaves: a ring, one per leaf (the ring enters and
+    leaves each switch once); an all-to-all, each member's share of traffic to members elsewhere;
+    a pipeline pair, one per member. Likewise for spines when a span reaches the core. Only the job's
+    own traffic is counted: the map does not know what other jobs send.
     """
+    o_leaf, o_spine = index.oversub["leaf"], index.oversub["spine"]
+    if o_leaf <= 1 and o_spine <= 1:
+        return [1.0] * len(spans)
     up_leaf: Counter[int] = Counter()
     up_spine: Counter[int] = Counter()
-    o_leaf, o_spine = index.oversub["leaf"], index.oversub["spine"]
     for span, level in zip(spans, levels, strict=True):
-        if level in ("spine", "core"):
-            for r in span:
-                leaf = index.gpu_leaf[slots[r]]
-                up_leaf[leaf] += 1
-                if level == "core":
-                    up_spine[index.leaf_spine.get(leaf, -1)] += 1
-    if not up_leaf:
-        return [1.0] * len(spans)
+        if level not in ("spine", "core"):
+            continue
+        leaves = Counter(index.gpu_leaf[slots[r]] for r in span)
+        for leaf, members in leaves.items():
+            up_leaf[leaf] += _flows(pattern, members, len(span))
+        if level == "core":
+            spines = Counter()
+            for leaf, members in leaves.items():
+                spines[index.leaf_spine.get(leaf, -1)] += members
+            for spine, members in spines.items():
+                up_spine[spine] += _flows(pattern, members, len(span))
     factors = []
     for span, level in zip(spans, levels, strict=True):
         f = 1.0
         if level in ("spine", "core"):
-            for r in span:
-                leaf = index.gpu_leaf[slots[r]]
+            for leaf in {index.gpu_leaf[slots[r]] for r in span}:
                 if leaf >= 0:
                     f = max(f, up_leaf[leaf] * o_leaf / index.leaf_ports[leaf])
-                if level == "core":
-                    spine = index.leaf_spine.get(leaf, -1)
-                    if spine >= 0:
-                        f = max(f, up_spine[spine] * o_spine / index.spine_ports[spine])
+                spine = index.leaf_spine.get(leaf, -1)
+                if level == "core" and spine >= 0:
+                    f = max(f, up_spine[spine] * o_spine / index.spine_ports[spine])
         factors.append(f)
     return factors
+
+
+def _flows(pattern: Pattern, inside: int, size: int) -> float:
+    """Full-rate flows `inside` members of a `size`-member span send out of their switch."""
+    if inside >= size:
+        return 0.0
+    if pattern == "ring":
+        return 1.0
+    if pattern == "all_to_all":
+        return inside * (size - inside) / (size - 1)
+    return float(inside)
 
 
 def lower_bound(traffic: list[DimTraffic], index: FabricIndex) -> dict[str, float]:

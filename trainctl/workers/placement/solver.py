@@ -150,57 +150,94 @@ class _Solver:
     ) -> None:
         self.grid, self.index, self.free, self.traffic, self.deadline = grid, index, free, traffic, deadline
         self.world = grid.world_size
-        units: dict[int, int] = Counter()
-        for nid, gpus in free.items():
-            units[index.node_unit[nid]] += len(gpus)
-        self.unit_free = units
-        # Tree: spine set -> leaf set -> units (each unit under one leaf set: validated nesting).
-        tree: dict[int, dict[int, list[int]]] = {}
-        for unit in sorted(units):
-            first = index.unit_nodes[unit][0]
-            tree.setdefault(index.node_spineset[first], {}).setdefault(index.node_leafset[first], []).append(unit)
-        self.tree = [[tree[s][ls] for ls in sorted(tree[s])] for s in sorted(tree)]
 
     # ---- top level ---------------------------------------------------------------------------------
     def solve(self) -> list[Slot]:
         best: tuple[tuple[float, ...], list[Slot], CostBreakdown] | None = None
         for atom in atom_sizes(self.grid):
             for aligned in (True, False):
-                slots = self._construct(atom, aligned)
-                if slots is None:
-                    continue
-                cost = evaluate(self.traffic, slots, self.index)
-                key = cost.objective()
-                if best is None or key < best[0]:
-                    best = (key, slots, cost)
+                slots = self._construct(self.free, atom, 0, self.world, aligned)
+                best = self._keep_better(best, slots)
             if best is not None and not any(best[0][: len(SPLIT_DIMS)]):
                 break
+        if self.grid.tp > 1 and (best is None or best[0][0] > 0):
+            best = self._keep_better(best, self._construct_mixed(self.grid.tp))
         if best is None:
             raise AssertionError("unreachable: with enough free GPUs, atom size 1 always places")
         return self._improve(best[1], best[2])
 
+    def _keep_better(
+        self, best: tuple[tuple[float, ...], list[Slot], CostBreakdown] | None, slots: list[Slot] | None
+    ) -> tuple[tuple[float, ...], list[Slot], CostBreakdown] | None:
+        if slots is None:
+            return best
+        cost = evaluate(self.traffic, slots, self.index)
+        key = cost.objective()
+        return (key, slots, cost) if best is None or key < best[0] else best
+
     # ---- construction ------------------------------------------------------------------------------
-    def _construct(self, atom: int, aligned: bool) -> list[Slot] | None:
-        caps = {u: f // atom for u, f in self.unit_free.items()}
-        needed = self.world // atom
+    def _tree(self, free: dict[int, list[int]]) -> tuple[Counter[int], list]:
+        """Free GPUs per NVLink unit, and the tree spine set -> leaf set -> units (validated nesting)."""
+        units: Counter[int] = Counter()
+        for nid, gpus in free.items():
+            units[self.index.node_unit[nid]] += len(gpus)
+        tree: dict[int, dict[int, list[int]]] = {}
+        for unit in sorted(units):
+            first = self.index.unit_nodes[unit][0]
+            tree.setdefault(self.index.node_spineset[first], {}).setdefault(self.index.node_leafset[first], []).append(unit)
+        return units, [[tree[s][ls] for ls in sorted(tree[s])] for s in sorted(tree)]
+
+    def _construct(
+        self, free: dict[int, list[int]], atom: int, first_rank: int, count: int, aligned: bool
+    ) -> list[Slot] | None:
+        """Slots for ranks first_rank .. first_rank + count - 1 in atoms of `atom` ranks, or None."""
+        unit_free, tree = self._tree(free)
+        caps = {u: f // atom for u, f in unit_free.items()}
+        needed = count // atom
         if sum(caps.values()) < needed:
             return None
         blocks = [b // atom for b in job_blocks(self.grid) if b % atom == 0 and b >= atom] if aligned else [1]
-        picks = self._choose(self.tree, needed, caps, blocks)
+        picks = self._choose(tree, needed, caps, blocks)
         if picks is None:
             return None
         slots: list[Slot] = []
-        for unit, count in picks:
-            slots.extend(self._fill_unit(unit, len(slots), count * atom))
+        for unit, n_atoms in picks:
+            slots.extend(self._fill_unit(free, unit, first_rank + len(slots), n_atoms * atom))
         return slots
+
+    def _construct_mixed(self, atom: int) -> list[Slot] | None:
+        """When not every atom fits whole: as many whole atoms as fit, the remaining ranks GPU by GPU."""
+        unit_free, _ = self._tree(self.free)
+        whole = sum(f // atom for f in unit_free.values()) * atom
+        if whole == 0:
+            return None
+        head = self._construct(self.free, atom, 0, whole, True)
+        if head is None:
+            return None
+        taken = set(head)
+        rest = {n: [g for g in gpus if (n, g) not in taken] for n, gpus in self.free.items()}
+        tail = self._construct({n: g for n, g in rest.items() if g}, 1, whole, self.world - whole, True)
+        return None if tail is None else head + tail
 
     def _cap(self, child: object, caps: dict[int, int]) -> int:
         if isinstance(child, int):
             return caps[child]
         return sum(self._cap(c, caps) for c in child)  # type: ignore[attr-defined]
 
+    def _fit_depth(self, child: object, n: int, caps: dict[int, int]) -> int:
+        """How many levels further down one descendant of `child` still holds all `n` atoms."""
+        if isinstance(child, int):
+            return 0
+        inner = [c for c in child if self._cap(c, caps) >= n]  # type: ignore[attr-defined]
+        return 1 + max(self._fit_depth(c, n, caps) for c in inner) if inner else 0
+
     def _choose(self, children: list, n: int, caps: dict[int, int], blocks: list[int]) -> list[tuple[int, int]] | None:
-        """Split `n` atoms over `children` (nested lists of unit ids): best fit, else largest first."""
+        """Split `n` atoms over `children` (nested lists of unit ids).
+
+        If some child holds them all: the one in which they fit deepest (a single unit beats a
+        single leaf set), then the fullest (best fit). Otherwise the largest children first, in
+        chunks aligned to the job's blocks, and a best-fit child for the remainder.
+        """
         child_caps = [self._cap(c, caps) for c in children]
         avail = [i for i, c in enumerate(child_caps) if c > 0]
         picks: list[tuple[int, int]] = []
@@ -210,7 +247,7 @@ class _Solver:
                 return None
             fitting = [i for i in avail if child_caps[i] >= remaining]
             if fitting:
-                i = min(fitting, key=lambda j: (child_caps[j], j))
+                i = min(fitting, key=lambda j: (-self._fit_depth(children[j], remaining, caps), child_caps[j], j))
                 picks.append((i, remaining))
                 break
             i = max(avail, key=lambda j: (child_caps[j], -j))
@@ -234,25 +271,24 @@ class _Solver:
                 out.extend(sub)
         return out
 
-    def _fill_unit(self, unit: int, first_rank: int, count: int) -> list[Slot]:
+    def _fill_unit(self, free: dict[int, list[int]], unit: int, first_rank: int, count: int) -> list[Slot]:
         """GPUs of one NVLink unit for ranks first_rank.. first_rank+count-1, rail-matched per node."""
-        nodes = [n for n in self.index.unit_nodes[unit] if n in self.free]
-        nodes.sort(key=lambda n: (-len(self.free[n]), n))
+        nodes = [n for n in self.index.unit_nodes[unit] if n in free]
+        nodes.sort(key=lambda n: (-len(free[n]), n))
         slots: list[Slot] = []
         rank = first_rank
         for nid in nodes:
             if len(slots) == count:
                 break
-            take = min(len(self.free[nid]), count - len(slots))
+            take = min(len(free[nid]), count - len(slots))
             ranks = list(range(rank, rank + take))
-            slots.extend((nid, g) for g in self._match_rails(nid, ranks))
+            slots.extend((nid, g) for g in self._match_rails(free[nid], nid, ranks))
             rank += take
         return slots
 
-    def _match_rails(self, nid: int, ranks: list[int]) -> list[int]:
-        """Local GPUs for `ranks` on node `nid`: rank r prefers GPU (r mod GPUs per node)."""
+    def _match_rails(self, free: list[int], nid: int, ranks: list[int]) -> list[int]:
+        """Local GPUs among `free` for `ranks` on node `nid`: rank r prefers GPU (r mod GPUs per node)."""
         all_gpus = self.index.topology.spec.nodes[nid].gpus
-        free = list(self.free[nid])
         wanted = [all_gpus[r % len(all_gpus)] for r in ranks]
         chosen: dict[int, int] = {}
         taken: set[int] = set()
@@ -273,17 +309,21 @@ class _Solver:
         key = cost.objective()
         bound = lower_bound(self.traffic, self.index)
         tried: set[tuple[str, tuple[int, ...]]] = set()
-        while time.perf_counter() < self.deadline:
+        failures = 0
+        while failures < _MAX_FAILED_GROUPS and time.perf_counter() < self.deadline:
             target = self._worst_group(slots, cost, bound, tried)
             if target is None:
                 break
             dim, group = target
             tried.add((dim, tuple(group)))
             better = self._try_moves(slots, group, atom, key)
-            if better is not None:
-                slots, cost = better
-                key = cost.objective()
-                tried.clear()
+            if better is None:
+                failures += 1
+                continue
+            slots, cost = better
+            key = cost.objective()
+            tried.clear()
+            failures = 0
         return slots
 
     def _worst_group(
@@ -362,3 +402,5 @@ class _Solver:
 
 
 _LEVELS = ("nvlink", "host", "leaf", "spine", "core")
+_MAX_FAILED_GROUPS = 3
+"""Local search stops after this many worst groups in a row admit no improving swap."""

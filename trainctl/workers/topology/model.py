@@ -243,7 +243,8 @@ class TopologyMap(_Strict):
         return None
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
+        body = self.model_dump(mode="json", exclude_defaults=True)
+        return yaml.safe_dump({"apiVersion": self.apiVersion, "kind": self.kind, **body}, sort_keys=False)
 
     @model_validator(mode="after")
     def _check(self) -> TopologyMap:

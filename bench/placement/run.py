@@ -1,0 +1,195 @@
+"""Placement benchmark: four strategies on fragmented simulated fleets, scored by the cost model.
+
+Fleets: 1,024 HGX H100 nodes x 8 (32-node scalable units, 8 rails, leaf/spine uplinks 1:1 and 2:1)
+and 128 GB200 NVL72 racks. Each fleet is fragmented by random background jobs to 50 / 70 / 85 %
+occupancy per seed; every job of the mix is then placed on that state by each strategy and compared
+with our solver on the empty fleet and with the cost model's lower bound.
+
+    .venv/bin/python bench/placement/run.py            # full: 20 seeds
+    .venv/bin/python bench/placement/run.py --quick    # 2 seeds, for a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from strategies import STRATEGIES  # noqa: E402
+
+from trainctl.parallelism.grid import RankGrid  # noqa: E402
+from trainctl.spec.presets import PRESETS  # noqa: E402
+from trainctl.workers.placement.cost import Workload, build_traffic, evaluate, lower_bound  # noqa: E402
+from trainctl.workers.placement.fabric import FabricIndex  # noqa: E402
+from trainctl.workers.placement.solver import _Solver  # noqa: E402
+from trainctl.workers.topology.builders import nvl72_fleet, rail_optimized_fleet  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    model: str
+    grid: RankGrid
+    work: Workload
+
+
+JOBS = [
+    Job("8B tp8.pp4.dp32", "llama3-8b", RankGrid(tp=8, pp=4, dp_shard=32), Workload(seq_len=8192, micro_batches=16)),
+    Job("70B tp8.pp8.dp16", "llama3-70b", RankGrid(tp=8, pp=8, dp_shard=16), Workload(seq_len=8192, micro_batches=32)),
+    Job("MoE ep8.dp64", "moe-8x1b", RankGrid(ep=8, dp_shard=64), Workload(seq_len=4096, micro_batches=4)),
+    Job("8B long-ctx tp2.cp4.dp8", "llama3-8b", RankGrid(tp=2, cp=4, dp_shard=8), Workload(seq_len=65536, micro_batches=4)),
+    Job("1B FSDP dp8", "llama-1b", RankGrid(dp_shard=8), Workload(seq_len=4096, micro_batches=4)),
+    Job("1B FSDP dp32", "llama-1b", RankGrid(dp_shard=32), Workload(seq_len=4096, micro_batches=4)),
+]
+
+
+def fleets() -> dict[str, object]:
+    return {
+        "H100 1024x8, 1:1": lambda: rail_optimized_fleet(1024, oversubscription=1.0),
+        "H100 1024x8, 2:1": lambda: rail_optimized_fleet(1024, oversubscription=2.0),
+        "GB200 NVL72 x128": lambda: nvl72_fleet(128),
+    }
+
+
+def fragment(index: FabricIndex, occupancy: float, rng: random.Random) -> dict[int, list[int]]:
+    """Free GPUs after random background jobs fill `occupancy` of the fleet.
+
+    A third of the jobs take 1-4 GPUs of one node, a quarter take one whole node, the rest take 2-32
+    whole nodes starting at a random node (the next fully free ones in id order): a mix of partial
+    nodes and scattered runs of busy nodes, as a busy shared cluster has.
+    """
+    free = {n: list(g) for n, g in enumerate(index.node_gpus)}
+    n_nodes = len(free)
+    per_node = max(len(g) for g in index.node_gpus)
+    total = sum(len(g) for g in free.values())
+    used = 0
+    while used < occupancy * total:
+        kind = rng.random()
+        if kind < 0.33:
+            size = rng.choice([s for s in (1, 2, 4) if s < per_node] or [1])
+            for _ in range(50):
+                n = rng.randrange(n_nodes)
+                if len(free[n]) >= size:
+                    free[n] = free[n][size:]
+                    used += size
+                    break
+            continue
+        count = 1 if kind < 0.58 else rng.choice([2, 4, 8, 16, 32])
+        start = rng.randrange(n_nodes)
+        taken = 0
+        for step in range(n_nodes):
+            n = (start + step) % n_nodes
+            if len(free[n]) == len(index.node_gpus[n]) and free[n]:
+                used += len(free[n])
+                free[n] = []
+                taken += 1
+                if taken == count or used >= occupancy * total:
+                    break
+    return {n: g for n, g in free.items() if g}
+
+
+def ours(job: Job, index: FabricIndex, free: dict[int, list[int]], traffic, budget: float):
+    solver = _Solver(job.grid, index, free, traffic, time.perf_counter() + budget)
+    if sum(len(g) for g in free.values()) < job.grid.world_size:
+        return None
+    return solver.solve()
+
+
+def run(seeds: int, occupancies: list[float], budget: float, out: Path | None) -> list[dict]:
+    rows: list[dict] = []
+    for fleet_name, make in fleets().items():
+        topo = make()
+        index = FabricIndex.build(topo)
+        everything = {n: list(g) for n, g in enumerate(index.node_gpus)}
+        traffic = {j.name: build_traffic(j.grid, PRESETS[j.model], j.work) for j in JOBS}
+        empty = {}
+        for job in JOBS:
+            slots = ours(job, index, everything, traffic[job.name], budget)
+            empty[job.name] = evaluate(traffic[job.name], slots, index).total_seconds
+        bound = {j.name: sum(lower_bound(traffic[j.name], index).values()) for j in JOBS}
+        for occ in occupancies:
+            for seed in range(seeds):
+                free = fragment(index, occ, random.Random(seed * 1000 + int(occ * 100)))
+                for job in JOBS:
+                    tr = traffic[job.name]
+                    candidates = {name: (lambda f=f: f(job.grid.world_size, index, free)) for name, f in STRATEGIES.items()}
+                    candidates["ours"] = lambda: ours(job, index, free, tr, budget)
+                    for strategy, solve in candidates.items():
+                        t0 = time.perf_counter()
+                        slots = solve()
+                        elapsed = time.perf_counter() - t0
+                        row = {
+                            "fleet": fleet_name, "occupancy": occ, "seed": seed, "job": job.name,
+                            "gpus": job.grid.world_size, "strategy": strategy, "solve_s": elapsed,
+                            "empty_s": empty[job.name], "bound_s": bound[job.name], "placed": slots is not None,
+                        }
+                        if slots is not None:
+                            cost = evaluate(tr, slots, index)
+                            row["comm_s"] = cost.total_seconds
+                            row["split_tp"] = len(cost.split_groups.get("tp", []))
+                        rows.append(row)
+            print(f"{fleet_name} occupancy {occ:.0%}: done", file=sys.stderr, flush=True)
+    if out:
+        out.write_text(json.dumps(rows))
+    return rows
+
+
+def summarise(rows: list[dict]) -> str:
+    lines = [
+        "| fleet | occ. | strategy | placed | within 5% of empty | median / empty | p95 / empty | min / bound | TP groups split |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted({(r["fleet"], r["occupancy"]) for r in rows})
+    for fleet, occ in keys:
+        for strategy in [*STRATEGIES, "ours"]:
+            sel = [r for r in rows if r["fleet"] == fleet and r["occupancy"] == occ and r["strategy"] == strategy]
+            placed = [r for r in sel if r["placed"]]
+            if not placed:
+                lines.append(f"| {fleet} | {occ:.0%} | {strategy} | 0/{len(sel)} | - | - | - | - | - |")
+                continue
+            ratios = sorted(r["comm_s"] / r["empty_s"] for r in placed)
+            within = sum(x <= 1.05 for x in ratios)
+            p95 = ratios[min(len(ratios) - 1, int(0.95 * len(ratios)))]
+            min_bound = min(r["comm_s"] / r["bound_s"] for r in placed)
+            split = sum(r["split_tp"] > 0 for r in placed)
+            lines.append(
+                f"| {fleet} | {occ:.0%} | {strategy} | {len(placed)}/{len(sel)} | {within / len(placed):.0%} | "
+                f"{statistics.median(ratios):.3f} | {p95:.3f} | {min_bound:.3f} | {split} jobs |"
+            )
+    big = [r for r in rows if r["strategy"] == "ours" and r["gpus"] >= 1024]
+    if big:
+        times = sorted(r["solve_s"] for r in big)
+        lines.append("")
+        lines.append(
+            f"Our solver on 1,024-GPU jobs: median {statistics.median(times) * 1e3:.0f} ms, "
+            f"max {times[-1] * 1e3:.0f} ms over {len(times)} solves."
+        )
+    below = [r for r in rows if r["placed"] and r["comm_s"] < r["bound_s"] * (1 - 1e-9)]
+    lines.append(f"Placements below the lower bound: {len(below)} (must be 0).")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 seeds instead of 20")
+    parser.add_argument("--seeds", type=int, default=None, help="override the seed count")
+    parser.add_argument("--budget", type=float, default=0.5, help="our solver's time budget per job, seconds")
+    parser.add_argument("--json", type=Path, default=None, help="write raw rows here")
+    args = parser.parse_args()
+    seeds = args.seeds or (2 if args.quick else 20)
+    t0 = time.perf_counter()
+    rows = run(seeds, [0.5, 0.7, 0.85], args.budget, args.json)
+    print(summarise(rows))
+    print(f"\n{seeds} seeds, {len(rows)} placements, {time.perf_counter() - t0:.0f} s wall", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

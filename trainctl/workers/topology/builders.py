@@ -1,0 +1,181 @@
+"""Generators of the standard fabrics: the example maps in deploy/topologies and the benchmark fleets.
+
+Link parameters are nominal datasheet figures (per GPU, per direction): NVLink 4 (H100) 450 GB/s,
+NVLink 5 (GB200) 900 GB/s, ConnectX-7 NDR 400 Gb/s = 50 GB/s, PCIe Gen4 x16 ~25 GB/s. Latencies are
+modelling assumptions (docs/placement.md).
+
+    python -m trainctl.workers.topology.builders deploy/topologies   # regenerate the example maps
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from trainctl.workers.topology.model import (
+    Fabric,
+    LinkLevel,
+    Metadata,
+    Nic,
+    Node,
+    NvlinkDomain,
+    Switch,
+    TopologyMap,
+    TopologySpec,
+    simulated_topology,
+)
+
+
+def _levels(nvlink_gbs: float | None, nic_gbs: float, oversub: float, host_gbs: float | None = None) -> Fabric:
+    return Fabric(
+        nvlink=LinkLevel(bandwidth_gbytes_per_s=nvlink_gbs, latency_us=2.0) if nvlink_gbs else None,
+        host=LinkLevel(bandwidth_gbytes_per_s=host_gbs, latency_us=3.0) if host_gbs else None,
+        leaf=LinkLevel(bandwidth_gbytes_per_s=nic_gbs, latency_us=4.0, oversubscription=oversub),
+        spine=LinkLevel(bandwidth_gbytes_per_s=nic_gbs, latency_us=5.0, oversubscription=oversub),
+        core=LinkLevel(bandwidth_gbytes_per_s=nic_gbs, latency_us=6.5),
+    )
+
+
+def rail_optimized_fleet(
+    nodes: int,
+    gpus_per_node: int = 8,
+    su_nodes: int = 32,
+    sus_per_pod: int = 4,
+    oversubscription: float = 1.0,
+    name: str = "h100-fleet",
+    gpu_model: str = "H100-SXM5-80GB",
+    nvlink_gbs: float = 450.0,
+    nic_gbs: float = 50.0,
+) -> TopologyMap:
+    """HGX nodes in scalable units of `su_nodes`, one rail leaf per GPU index per unit, units grouped
+    `sus_per_pod` to a spine, pods joined by a core. `oversubscription` applies to leaf and spine uplinks."""
+    return _fleet(
+        domains=[[f"{name}-n{i:04d}"] for i in range(nodes)],
+        gpus_per_node=gpus_per_node,
+        nodes_per_su=su_nodes,
+        sus_per_pod=sus_per_pod,
+        oversubscription=oversubscription,
+        name=name,
+        gpu_model=gpu_model,
+        fabric=_levels(nvlink_gbs, nic_gbs, oversubscription),
+        domain_name=lambda i, members: f"nvl-{members[0]}",
+    )
+
+
+def nvl72_fleet(
+    racks: int,
+    racks_per_su: int = 8,
+    sus_per_pod: int = 4,
+    oversubscription: float = 1.0,
+    name: str = "gb200-nvl72",
+) -> TopologyMap:
+    """GB200 NVL72 racks (18 trays x 4 GPUs, one NVLink domain per rack), a 400G NIC per GPU on 4 rails."""
+    trays = 18
+    return _fleet(
+        domains=[[f"{name}-r{r:03d}-t{t:02d}" for t in range(trays)] for r in range(racks)],
+        gpus_per_node=4,
+        nodes_per_su=racks_per_su * trays,
+        sus_per_pod=sus_per_pod,
+        oversubscription=oversubscription,
+        name=name,
+        gpu_model="GB200",
+        fabric=_levels(900.0, 50.0, oversubscription),
+        domain_name=lambda i, members: f"{name}-rack{i:03d}",
+    )
+
+
+def _fleet(
+    domains: list[list[str]],
+    gpus_per_node: int,
+    nodes_per_su: int,
+    sus_per_pod: int,
+    oversubscription: float,
+    name: str,
+    gpu_model: str,
+    fabric: Fabric,
+    domain_name: Callable[[int, list[str]], str],
+) -> TopologyMap:
+    nodes: list[Node] = []
+    nv_domains: list[NvlinkDomain] = []
+    switches: list[Switch] = [Switch(name=f"{name}-core", tier="core")]
+    total = sum(len(d) for d in domains)
+    n_su = -(-total // nodes_per_su)
+    n_pod = -(-n_su // sus_per_pod)
+    switches += [Switch(name=f"{name}-pod{p}-spine", tier="spine", parent=f"{name}-core") for p in range(n_pod)]
+    for su in range(n_su):
+        pod = su // sus_per_pod
+        switches += [
+            Switch(name=f"{name}-su{su}-rail{r}", tier="leaf", rail=r, parent=f"{name}-pod{pod}-spine")
+            for r in range(gpus_per_node)
+        ]
+    index = 0
+    for d, members in enumerate(domains):
+        dname = domain_name(d, members)
+        nv_domains.append(NvlinkDomain(name=dname, nodes=members))
+        for node_name in members:
+            su = index // nodes_per_su
+            nics = [
+                Nic(name=f"mlx5_{g}", rate_gbps=400.0, rail=g, leaf=f"{name}-su{su}-rail{g}", gpus=[g])
+                for g in range(gpus_per_node)
+            ]
+            numa = {g: g * 2 // gpus_per_node for g in range(gpus_per_node)}
+            nodes.append(
+                Node(name=node_name, gpus=list(range(gpus_per_node)), gpu_model=gpu_model, numa=numa, nvlink_domain=dname, nics=nics)
+            )
+            index += 1
+    desc = f"{total} nodes x {gpus_per_node} GPUs, {n_su} scalable units, {gpus_per_node} rails, uplinks {oversubscription:g}:1"
+    return TopologyMap(
+        metadata=Metadata(name=name, description=desc),
+        spec=TopologySpec(fabric=fabric, nvlink_domains=nv_domains, switches=switches, nodes=nodes),
+    )
+
+
+def pcie_servers(servers: int = 4, gpus_per_node: int = 8, name: str = "pcie-l40s") -> TopologyMap:
+    """PCIe-only servers (no NVLink): two 200G NICs each, half the GPUs behind each, one ToR leaf."""
+    nodes = []
+    half = gpus_per_node // 2
+    for i in range(servers):
+        nics = [
+            Nic(name="mlx5_0", rate_gbps=200.0, leaf=f"{name}-tor", gpus=list(range(half)), numa=0),
+            Nic(name="mlx5_1", rate_gbps=200.0, leaf=f"{name}-tor", gpus=list(range(half, gpus_per_node)), numa=1),
+        ]
+        numa = {g: g * 2 // gpus_per_node for g in range(gpus_per_node)}
+        nodes.append(Node(name=f"{name}-{i}", gpus=list(range(gpus_per_node)), gpu_model="L40S", numa=numa, nics=nics))
+    per_gpu_nic = 2 * 25.0 / gpus_per_node
+    return TopologyMap(
+        metadata=Metadata(name=name, description=f"{servers} PCIe servers x {gpus_per_node} GPUs, one ToR switch"),
+        spec=TopologySpec(
+            fabric=Fabric(
+                host=LinkLevel(bandwidth_gbytes_per_s=25.0, latency_us=3.0),
+                leaf=LinkLevel(bandwidth_gbytes_per_s=per_gpu_nic, latency_us=5.0),
+            ),
+            switches=[Switch(name=f"{name}-tor", tier="leaf")],
+            nodes=nodes,
+        ),
+    )
+
+
+def example_maps() -> dict[str, TopologyMap]:
+    """File name -> map, for deploy/topologies."""
+    return {
+        "dgx-h100-superpod-su.yaml": rail_optimized_fleet(32, name="dgx-h100-su"),
+        "gb200-nvl72-2racks.yaml": nvl72_fleet(2, racks_per_su=2, name="gb200-nvl72"),
+        "pcie-servers.yaml": pcie_servers(),
+        "simulated-local.yaml": simulated_topology(4, 4),
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m trainctl.workers.topology.builders OUT_DIR", file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    for file, topology in example_maps().items():
+        (out / file).write_text(f"# Generated by `python -m trainctl.workers.topology.builders {argv[0]}`.\n" + topology.to_yaml())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
