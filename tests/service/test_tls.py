@@ -89,6 +89,8 @@ def test_bad_tls_files_name_the_option(pki: dict, tmp_path: Path) -> None:
     (tmp_path / "junk.pem").write_text("not a certificate")
     with pytest.raises(TlsConfigError, match="--tls-client-ca: .* holds no PEM block"):
         TlsConfig(pki["server"].cert, pki["server"].key, tmp_path / "junk.pem").server_credentials()
+    with pytest.raises(TlsConfigError, match="--tls-cert and --tls-key go together"):
+        TlsConfig(pki["server"].cert, None)  # type: ignore[arg-type] - what `serve --tls-cert X` alone passes
     with pytest.raises(TlsConfigError, match="go together"):
         channel_credentials(pki["ca"].cert_file, cert_file=pki["client"].cert)
 

@@ -40,6 +40,10 @@ class TlsConfig:
     client_ca_file: Path | None = None
     """PEM CA bundle; when set, every client must present a certificate it signed (--tls-client-ca)."""
 
+    def __post_init__(self) -> None:
+        if self.cert_file is None or self.key_file is None:
+            raise TlsConfigError("--tls-cert and --tls-key go together: TLS needs both the certificate and its key")
+
     @property
     def mutual(self) -> bool:
         """Whether client certificates are required."""
