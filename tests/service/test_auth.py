@@ -107,6 +107,9 @@ def test_unreadable_or_malformed_access_file(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("tokens: [unclosed")
     with pytest.raises(AuthConfigError, match="not valid YAML"):
         load_access_config(tmp_path / "bad.yaml")
+    (tmp_path / "empty.yaml").write_text("")  # the placeholder Secret in deploy/: the service must refuse to start
+    with pytest.raises(AuthConfigError, match="must be a mapping"):
+        Authenticator.from_file(tmp_path / "empty.yaml")
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     with pytest.raises(AuthConfigError, match="must be a mapping"):
         load_access_config(tmp_path / "list.yaml")
