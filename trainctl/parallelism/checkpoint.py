@@ -15,8 +15,11 @@ under one layout loads into any other (DCP reshards by fully-qualified name).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,14 @@ def latest_checkpoint(root: str | Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns that it assumes a single process when there is no process group; that is intended."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -72,7 +83,8 @@ def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], keep_las
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     _barrier()
-    dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+    with _quiet_single_process():
+        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     _barrier()
     if _is_coordinator():
         (tmp / COMPLETE).write_text(f"{step}\n")
@@ -90,4 +102,5 @@ def load_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     path = Path(path)
     if not (path / COMPLETE).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker)")
-    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    with _quiet_single_process():
+        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
