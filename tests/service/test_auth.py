@@ -21,8 +21,10 @@ from trainctl.service.auth import (
     AuthenticationError,
     Authenticator,
     AuthInterceptor,
+    check_exposure,
     generate_token,
     hash_token,
+    is_loopback,
     load_access_config,
     token_main,
 )
@@ -143,6 +145,21 @@ def test_without_access_file_everyone_is_anonymous_admin_and_a_warning_says_so(c
     assert "authentication is OFF" in caplog.text
     assert auth.authenticate([]) is ANONYMOUS and auth.principal_of(FakeContext([])) is ANONYMOUS
     assert auth.quota("default") == Quota()
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [("127.0.0.1:50051", True), ("127.8.0.1:1", True), ("localhost:50051", True), ("[::1]:50051", True),
+     ("0.0.0.0:50051", False), ("[::]:50051", False), ("10.0.0.7:50051", False), ("trainctl.example.com:443", False)],
+)
+def test_authentication_may_be_off_only_on_loopback(tmp_path: Path, address: str, loopback: bool) -> None:
+    assert is_loopback(address) == loopback
+    check_exposure(address, Authenticator.from_file(write_access(tmp_path)))  # with tokens: anywhere
+    if loopback:
+        check_exposure(address, Authenticator(None))
+    else:
+        with pytest.raises(AuthConfigError, match="without --tokens-file"):
+            check_exposure(address, Authenticator(None))
 
 
 def test_token_cli_new_prints_an_entry_that_authenticates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

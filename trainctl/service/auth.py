@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import ipaddress
 import logging
 import re
 import secrets
@@ -227,6 +228,26 @@ class Authenticator:
             return self.authenticate(context.invocation_metadata())
         except AuthenticationError as exc:
             raise ApiError(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a HOST:PORT listen address is reachable from this machine only."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(address: str, authenticator: Authenticator) -> None:
+    """Refuse to listen beyond loopback with authentication off (AuthConfigError naming the fix)."""
+    if not authenticator.enabled and not is_loopback(address):
+        raise AuthConfigError(
+            f"refusing to serve {address} without authentication: only a loopback address "
+            "(127.0.0.1, ::1, localhost) may run without --tokens-file"
+        )
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
