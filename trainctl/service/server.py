@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from trainctl.service.api import TrainingServicer
-from trainctl.service.auth import Authenticator, AuthInterceptor
+from trainctl.service.auth import Authenticator, AuthInterceptor, check_exposure
 from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits
 from trainctl.service.interceptors import ErrorInterceptor
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
@@ -116,6 +116,7 @@ class Service:
 
         config = self.config
         authenticator = Authenticator.from_file(config.tokens_file)
+        check_exposure(config.address, authenticator)
         ray_address = config.ray_address
         if ray_address is None:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
