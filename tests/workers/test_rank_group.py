@@ -46,9 +46,9 @@ def _free_slots() -> dict[str, list[int]]:
 
 
 def _job_leftovers(job_id: str) -> tuple[list, list]:
-    actors = [a for a in list_actors(filters=[("state", "=", "ALIVE")]) if owned_by(a.name or "", job_id)]
+    actors = [a for a in list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")]) if owned_by(a.name or "", job_id)]
     groups = [
-        g for g in list_placement_groups(filters=[("state", "!=", "REMOVED")]) if owned_by(g.name or "", job_id)
+        g for g in list_placement_groups(address=ray.get_runtime_context().gcs_address, filters=[("state", "!=", "REMOVED")]) if owned_by(g.name or "", job_id)
     ]
     return actors, groups
 
@@ -78,7 +78,7 @@ def test_every_rank_runs_on_its_planned_node_and_gpu(embedded_ray, blocker):
 
 def test_a_taken_gpu_is_not_double_booked(embedded_ray, blocker):
     plan = [RankSlot(0, "node-0", 1), RankSlot(1, "node-2", 2)]  # node-0 GPU 1 is taken
-    with pytest.raises(PlacementUnavailable, match=r"rank 0 -> node-0 GPU 1"):
+    with pytest.raises(PlacementUnavailable, match=r"rank 0 -> node-0 GPU 1.*not within 2s"):
         RankGroup.create("taken-test", 0, plan, use_gpu=False, ready_timeout=2)
     time.sleep(0.5)
     assert _job_leftovers("taken-test") == ([], [])

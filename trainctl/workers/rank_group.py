@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -95,8 +95,11 @@ class RankGroup:
         *,
         use_gpu: bool,
         ready_timeout: float,
+        stop: Callable[[], bool] = lambda: False,
     ) -> RankGroup:
-        """Reserve the planned slots and start one RankWorker per rank (ordered by rank)."""
+        """Reserve the planned slots and start one RankWorker per rank (ordered by rank).
+
+        Waiting for the reservation gives up early (PlacementUnavailable) once ``stop()`` is true."""
         check_slots(slots)
         ordered = sorted(slots, key=lambda slot: slot.rank)
         bundles = [_bundle(slot, use_gpu) for slot in ordered]
@@ -104,15 +107,14 @@ class RankGroup:
         pg = placement_group(
             bundles, strategy="PACK", name=group_name(job_id, generation), bundle_label_selector=selectors
         )
-        try:
-            ray.get(pg.ready(), timeout=ready_timeout)
-        except GetTimeoutError:
-            remove_placement_group(pg)
-            wanted = ", ".join(f"rank {s.rank} -> {s.node} GPU {s.gpu}" for s in ordered)
-            raise PlacementUnavailable(
-                f"could not reserve the planned GPUs within {ready_timeout:g}s ({wanted}); "
-                "a GPU is taken or a node is missing"
-            ) from None
+        ready = pg.ready()
+        deadline = time.monotonic() + ready_timeout
+        while not ray.wait([ready], timeout=min(0.5, ready_timeout))[0]:
+            if stop() or time.monotonic() >= deadline:
+                remove_placement_group(pg)
+                wanted = ", ".join(f"rank {s.rank} -> {s.node} GPU {s.gpu}" for s in ordered)
+                why = "stopped" if stop() else f"not within {ready_timeout:g}s; a GPU is taken or a node is missing"
+                raise PlacementUnavailable(f"could not reserve the planned GPUs ({wanted}): {why}")
         actor_cls = ray.remote(RankWorker)
         workers = []
         for slot in ordered:

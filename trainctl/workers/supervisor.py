@@ -231,6 +231,7 @@ class JobSupervisor:
                 cfg.slots,
                 use_gpu=cfg.use_gpu,
                 ready_timeout=cfg.placement_timeout,
+                stop=self._cancel.is_set,
             )
         except PlacementUnavailable as exc:
             return _Outcome.FAILED, str(exc)

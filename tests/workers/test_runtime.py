@@ -1,0 +1,235 @@
+"""RayRuntime + JobSupervisor end to end on the embedded 3-node cluster: a job trains where the plan
+says and succeeds; cancel leaves nothing; a killed rank is detected and the job resumes from its
+checkpoint with the same losses; max_restarts is enforced; bad placements get clear errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.state import list_actors, list_placement_groups
+
+from trainctl.spec.job import TrainingJob
+from trainctl.workers.events import EventKind, JobPhase, JobStatus
+from trainctl.workers.placement.plan import Placement, RankAssignment
+from trainctl.workers.rank_group import owned_by, rank_name
+from trainctl.workers.resources import NODE_LABEL, gpu_slot
+from trainctl.workers.runtime import JobAlreadyStarted, JobNotFound, PlacementError, RayRuntime
+from trainctl.workers.supervisor import supervisor_name
+
+
+def tiny_job(name: str, steps: int, *, max_restarts: int = 2, interval: int = 2) -> TrainingJob:
+    return TrainingJob.model_validate(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "data": {"max_files": 10, "seq_len": 32},
+                "parallelism": {"dp_replicate": 2},
+                "training": {"steps": steps, "global_batch_size": 4, "micro_batch_size": 2, "warmup_steps": 1},
+                "checkpoint": {"interval_steps": interval},
+                "resources": {"gpus": 2, "device": "cpu"},
+                "scheduling": {"max_restarts": max_restarts},
+            },
+        }
+    )
+
+
+def plan(*slots: tuple[str, int]) -> Placement:
+    return Placement(
+        grid=f"dp_replicate{len(slots)}",
+        assignments=[RankAssignment(rank=r, node=node, gpu=gpu) for r, (node, gpu) in enumerate(slots)],
+    )
+
+
+@pytest.fixture(scope="module")
+def runtime(embedded_ray) -> RayRuntime:
+    return RayRuntime(embedded_ray.address, placement_timeout=30)
+
+
+@pytest.fixture(scope="module")
+def pool_partly_taken(embedded_ray):
+    """Another tenant holds node-1 GPUs 0 and 1 and node-2 GPU 3 for the whole module."""
+    taken = [("node-1", 0), ("node-1", 1), ("node-2", 3)]
+    pg = placement_group(
+        [{gpu_slot(g): 1} for _, g in taken], bundle_label_selector=[{NODE_LABEL: n} for n, _ in taken]
+    )
+    ray.get(pg.ready(), timeout=30)
+    yield taken
+    remove_placement_group(pg)
+
+
+def follow(runtime: RayRuntime, job_id: str, until, timeout: float = 90.0, cursor: int = 0):
+    """Poll from ``cursor`` until ``until(events_so_far, status)``; returns (events, status)."""
+    events = []
+    deadline = time.monotonic() + timeout
+    while True:
+        status: JobStatus = runtime.poll(job_id, cursor)
+        events += status.events
+        cursor = status.cursor
+        if until(events, status):
+            return events, status
+        if status.state.terminal and status.drained:
+            raise AssertionError(f"job {job_id} ended {status.state} ({status.reason}) before the condition held")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out following {job_id}; last state {status.state} ({status.reason})")
+        time.sleep(0.2)
+
+
+def finished(events, status) -> bool:
+    return status.state.terminal and status.drained
+
+
+def steps_of(events, generation=None) -> dict[int, float]:
+    return {
+        e.step["step"]: e.step["loss"]
+        for e in events
+        if e.kind is EventKind.STEP and (generation is None or e.generation == generation)
+    }
+
+
+def states_of(events) -> list[JobPhase]:
+    return [e.state for e in events if e.kind is EventKind.STATE]
+
+
+def leftovers(job_id: str) -> tuple[list[str], list[str]]:
+    """Alive actors and non-removed placement groups of a job, per Ray's state API."""
+    actors = [
+        a.name
+        for a in list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "!=", "DEAD")])
+        if a.name == supervisor_name(job_id) or owned_by(a.name or "", job_id)
+    ]
+    groups = [
+        g.name for g in list_placement_groups(address=ray.get_runtime_context().gcs_address, filters=[("state", "!=", "REMOVED")]) if owned_by(g.name or "", job_id)
+    ]
+    return actors, groups
+
+
+def assert_nothing_left(job_id: str) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(leftovers(job_id)):
+        time.sleep(0.25)
+    assert leftovers(job_id) == ([], [])
+
+
+def test_cluster_nodes_report_labels_and_free_gpus(runtime, pool_partly_taken):
+    nodes = {n.name: n for n in runtime.cluster_nodes() if n.name}
+    assert sorted(nodes) == ["node-0", "node-1", "node-2"]
+    assert all(n.alive and n.gpus == [0, 1, 2, 3] and n.cuda_gpus == 0 for n in nodes.values())
+    assert nodes["node-1"].labels[NODE_LABEL] == "node-1"
+    assert nodes["node-1"].free_gpus == [2, 3] and nodes["node-2"].free_gpus == [0, 1, 2]
+
+
+def test_job_runs_on_the_planned_gpus_and_succeeds(runtime, pool_partly_taken, tmp_path):
+    placement = plan(("node-2", 2), ("node-1", 3))  # rank 0 on the later node, around the taken GPUs
+    runtime.start_job("ok-1", tiny_job("ok", steps=6), placement, tmp_path / "ok-1")
+    assert "ok-1" in runtime.running_jobs()
+    events, status = follow(runtime, "ok-1", finished)
+    assert status.state is JobPhase.SUCCEEDED, status.reason
+    assert states_of(events) == [JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.SUCCEEDED]
+    [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
+    assert [(p["rank"], p["node"], p["gpu"]) for p in where] == [(0, "node-2", 2), (1, "node-1", 3)]
+    losses = steps_of(events)
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert "steps_completed=6" in status.reason
+    # Released once drained; the log stays readable from the run directory.
+    assert_nothing_left("ok-1")
+    again = runtime.poll("ok-1", 0)
+    assert again.state is JobPhase.SUCCEEDED and [e.seq for e in again.events] == [e.seq for e in events]
+
+
+def test_cancel_leaves_no_actor_or_placement_group(runtime, tmp_path):
+    runtime.start_job("cancel-1", tiny_job("cancel", steps=100_000), plan(("node-0", 0), ("node-2", 1)), tmp_path)
+    follow(runtime, "cancel-1", lambda events, status: bool(steps_of(events)))
+    assert leftovers("cancel-1")[1], "a running job holds its placement group"
+    started = time.monotonic()
+    final = runtime.cancel("cancel-1")
+    assert final.state is JobPhase.CANCELLED and final.reason == "cancelled by request"
+    assert time.monotonic() - started < 15
+    assert leftovers("cancel-1") == ([], [])
+    events, _ = follow(runtime, "cancel-1", finished)
+    assert states_of(events)[-2:] == [JobPhase.CANCELLING, JobPhase.CANCELLED]
+    assert runtime.running_jobs().count("cancel-1") == 0
+
+
+def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runtime, tmp_path):
+    job_id = "kill-1"
+    runtime.start_job(job_id, tiny_job("kill", steps=30), plan(("node-0", 1), ("node-1", 2)), tmp_path)
+    events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
+    [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
+    os.kill(where[1]["pid"], signal.SIGKILL)
+    killed_at = time.time()
+    more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
+    events += more
+    assert status.state is JobPhase.SUCCEEDED, status.reason
+    restart = next(e for e in events if e.state is JobPhase.RESTARTING)
+    assert restart.reason.startswith("rank 1 died") and "restart 1 of 2" in restart.reason
+    assert restart.time - killed_at < 10  # detected within seconds
+    assert states_of(events) == [
+        JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.RESTARTING, JobPhase.RUNNING, JobPhase.SUCCEEDED
+    ]
+    first, second = steps_of(events, 0), steps_of(events, 1)
+    resumed = min(second) - 1
+    assert resumed >= 2 and resumed % 2 == 0, "resumes after a complete checkpoint (every 2 steps)"
+    assert any("resumed from checkpoint" in e.message for e in events if e.generation == 1)
+    assert max(second) == 30
+    replayed = sorted(set(first) & set(second))
+    for step in replayed:  # deterministic resume: the same step gives the same loss
+        assert second[step] == pytest.approx(first[step], rel=1e-5)
+    placements = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
+    assert [(p["node"], p["gpu"]) for p in placements[1]] == [("node-0", 1), ("node-1", 2)]
+    assert placements[1][1]["pid"] != where[1]["pid"]
+    assert_nothing_left(job_id)
+
+
+def test_failure_beyond_max_restarts_fails_the_job(runtime, tmp_path):
+    job_id = "fail-1"
+    runtime.start_job(job_id, tiny_job("fail", steps=100_000, max_restarts=0), plan(("node-2", 0), ("node-0", 3)), tmp_path)
+    follow(runtime, job_id, lambda events, status: bool(steps_of(events)))
+    ray.kill(ray.get_actor(rank_name(job_id, 0, 0)))
+    events, status = follow(runtime, job_id, finished)
+    assert status.state is JobPhase.FAILED
+    assert status.reason.startswith("rank 0 died") and "scheduling.max_restarts=0" in status.reason
+    assert_nothing_left(job_id)
+
+
+def test_reattach_from_a_new_runtime_resumes_at_the_cursor(runtime, tmp_path):
+    job_id = "attach-1"
+    runtime.start_job(job_id, tiny_job("attach", steps=8), plan(("node-0", 2), ("node-2", 0)), tmp_path / job_id)
+    with pytest.raises(JobAlreadyStarted):
+        runtime.start_job(job_id, tiny_job("attach", steps=8), plan(("node-0", 2), ("node-2", 0)), tmp_path / job_id)
+    seen, status = follow(runtime, job_id, lambda events, status: len(events) >= 3)
+    # A restarted service: a fresh runtime finds the supervisor and continues from its cursor.
+    fresh = RayRuntime(None)
+    assert job_id in fresh.running_jobs()
+    fresh.attach(job_id, tmp_path / job_id)
+    rest, status = follow(fresh, job_id, finished, cursor=status.cursor)
+    assert status.state is JobPhase.SUCCEEDED
+    assert [e.seq for e in seen + rest] == list(range(1, status.last_seq + 1))
+    assert_nothing_left(job_id)
+
+
+@pytest.mark.parametrize(
+    ("placement", "message"),
+    [
+        (plan(("node-0", 0)), "placement has 1 ranks, the job's layout needs 2"),
+        (plan(("node-0", 0), ("node-7", 0)), r"rank 1: no live Ray node labelled trainctl.io/node=node-7"),
+        (plan(("node-0", 0), ("node-1", 4)), r"rank 1: node node-1 has no GPU 4"),
+        (plan(("node-0", 1), ("node-0", 1)), "ranks 0 and 1 are both placed on node-0 GPU 1"),
+    ],
+)
+def test_bad_placements_are_rejected_before_anything_starts(runtime, tmp_path, placement, message):
+    with pytest.raises(PlacementError, match=message):
+        runtime.start_job("bad-1", tiny_job("bad", steps=2), placement, tmp_path)
+    assert "bad-1" not in runtime.running_jobs()
+
+
+def test_unknown_jobs_and_bad_ids(runtime):
+    with pytest.raises(JobNotFound, match="nope"):
+        runtime.poll("nope")
+    with pytest.raises(ValueError, match="job id"):
+        runtime.start_job("../x", tiny_job("x", steps=1), plan(("node-0", 0), ("node-1", 0)), "/tmp")
