@@ -48,7 +48,7 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.double() - want).abs().max() / want.abs().max()).item()
 
 
-def _check_case(case, cp: int, group, load_balance: bool) -> list[str]:
+def _check_case(case, cp: int, group, load_balance: bool, autocast: bool = False) -> list[str]:
     batch, heads, kv_heads, seq, head_dim, dtype, tol = case
     gen = torch.Generator().manual_seed(seq * 100 + heads)
     # Inputs are drawn in fp64 and rounded to the case's dtype; the reference uses the rounded values.
@@ -64,7 +64,8 @@ def _check_case(case, cp: int, group, load_balance: bool) -> list[str]:
     rank = dist.get_rank(group)
     pos = layout.positions(rank)
     q_loc, k_loc, v_loc = (t[:, :, pos].to(dtype).requires_grad_() for t in (q, k, v))
-    out = ring_attention(q_loc, k_loc, v_loc, layout, group)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = ring_attention(q_loc, k_loc, v_loc, layout, group)
     out.backward(grad[:, :, pos].to(dtype))
 
     failures = []
@@ -78,7 +79,10 @@ def _check_case(case, cp: int, group, load_balance: bool) -> list[str]:
     ):
         err = _rel_err(got, want)
         if not err <= tol:
-            failures.append(f"cp={cp} lb={load_balance} case={case[:6]} cp_rank={rank}: {name} rel err {err:.2e} > {tol}")
+            failures.append(
+                f"cp={cp} lb={load_balance} autocast={autocast} case={case[:6]} cp_rank={rank}: "
+                f"{name} rel err {err:.2e} > {tol}"
+            )
     return failures
 
 
@@ -94,6 +98,8 @@ def _worker(rank: int, port: int, results) -> None:
             for load_balance in (False, True):
                 for case in CASES:
                     failures += _check_case(case, cp, group, load_balance)
+            # fp32 inputs under bf16 autocast: the ring keeps its own fp32 arithmetic.
+            failures += _check_case(CASES[2], cp, group, load_balance=True, autocast=True)
         results.put((rank, failures))
         dist.destroy_process_group()
     except Exception:

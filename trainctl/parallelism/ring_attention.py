@@ -179,6 +179,16 @@ def _unpack(buffer: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, layout: SequenceLayout, group, scale: float):  # type: ignore[override]
+        with torch.autocast(q.device.type, enabled=False):  # the fp32 statistics must stay fp32
+            return _RingAttention._forward(ctx, q, k, v, layout, group, scale)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return _RingAttention._backward(ctx, grad_out)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, layout: SequenceLayout, group, scale: float):
         ring = _Ring(group)
         batch, n_heads, q_len, head_dim = q.shape
         n_kv = k.shape[1]
@@ -218,7 +228,7 @@ class _RingAttention(torch.autograd.Function):
         return out.reshape(batch, n_heads, q_len, head_dim).to(q.dtype)
 
     @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
+    def _backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         layout, scale = ctx.layout, ctx.scale
         ring = _Ring(ctx.group)
