@@ -119,11 +119,12 @@ def run(seeds: int, occupancies: list[float], budget: float, out: Path | None) -
                 free = fragment(index, occ, random.Random(seed * 1000 + int(occ * 100)))
                 for job in JOBS:
                     tr = traffic[job.name]
-                    candidates = {name: (lambda f=f: f(job.grid.world_size, index, free)) for name, f in STRATEGIES.items()}
-                    candidates["ours"] = lambda: ours(job, index, free, tr, budget)
-                    for strategy, solve in candidates.items():
+                    for strategy in [*STRATEGIES, "ours"]:
                         t0 = time.perf_counter()
-                        slots = solve()
+                        if strategy == "ours":
+                            slots = ours(job, index, free, tr, budget)
+                        else:
+                            slots = STRATEGIES[strategy](job.grid.world_size, index, free)
                         elapsed = time.perf_counter() - t0
                         row = {
                             "fleet": fleet_name, "occupancy": occ, "seed": seed, "job": job.name,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import (
@@ -135,6 +136,7 @@ class RayRuntime:
             namespace=self.namespace,
             lifetime="detached",
             max_restarts=SUPERVISOR_MAX_RESTARTS,
+            max_task_retries=-1,  # poll / cancel are idempotent: retry them across a restart
             num_cpus=0,
         ).remote(config)
         self._run_dirs[job_id] = run_path
@@ -154,15 +156,16 @@ class RayRuntime:
         """Events after ``cursor`` and the job's state. Releases the supervisor once the job is over
         and every event has been returned."""
         supervisor = self._supervisor(job_id)
-        if supervisor is not None:
-            try:
-                status: JobStatus = ray.get(supervisor.poll.remote(cursor, limit), timeout=self._call_timeout)
-            except ray.exceptions.RayActorError:
-                return self._poll_file(job_id, cursor, limit)
-            if status.state.terminal and status.drained:
-                ray.kill(supervisor, no_restart=True)
-            return status
-        return self._poll_file(job_id, cursor, limit)
+        if supervisor is None:
+            return self._poll_file(job_id, cursor, limit)
+        try:
+            status: JobStatus = ray.get(supervisor.poll.remote(cursor, limit), timeout=self._call_timeout)
+        except (RayActorError, GetTimeoutError):
+            # Starting or being restarted by Ray: answer from the log file, without a verdict.
+            return self._read_log(job_id, cursor, limit)
+        if status.state.terminal and status.drained:
+            ray.kill(supervisor, no_restart=True)
+        return status
 
     def cancel(self, job_id: str, timeout: float = 60.0) -> JobStatus:
         """Cancel the job and wait until none of its actors or placement groups is left; returns its
@@ -214,7 +217,15 @@ class RayRuntime:
         entries = ray.util.list_named_actors(all_namespaces=True)
         return [e["name"] for e in entries if e["namespace"] == self.namespace]
 
+    def _read_log(self, job_id: str, cursor: int, limit: int) -> JobStatus:
+        """The job's log file from ``cursor``; an empty SCHEDULED status while the file does not exist."""
+        run_dir = self._run_dirs.get(job_id)
+        if run_dir is None or not (run_dir / EVENTS_FILE).exists():
+            return JobStatus(events=[], cursor=cursor, state=JobPhase.SCHEDULED, reason="supervisor starting", restarts=0)
+        return status_of(read_events(run_dir / EVENTS_FILE), cursor, limit)
+
     def _poll_file(self, job_id: str, cursor: int, limit: int) -> JobStatus:
+        """The log of a job whose supervisor is gone; a job it left unfinished is recorded FAILED."""
         run_dir = self._run_dirs.get(job_id)
         path = run_dir / EVENTS_FILE if run_dir else None
         if path is None or not path.exists():

@@ -17,6 +17,7 @@ what its previous incarnation left and starts a new generation from the checkpoi
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -119,17 +120,18 @@ class JobSupervisor:
         self._generation = 1 + max((e.generation for e in self._log.all()), default=-1)
         self._progress_at = time.monotonic()
         self._stats = _StepStats()
-        resumed = self._log.last_seq > 0
+        self._thread: threading.Thread | None = None
         status = self.poll(0, 1)
         if status.state.terminal:
-            self._thread = None
             return
-        if resumed:
+        if self._log.last_seq > 0:  # Ray restarted this actor after its process died
             self._remove_leftovers()
-            self._log.append(
-                EventKind.LOG,
-                message="supervisor restarted; rebuilding the rank group from the last complete checkpoint",
-                generation=self._generation,
+            if status.state is JobPhase.CANCELLING:
+                self._state(JobPhase.CANCELLED, "cancelled by request")
+                return
+            self._state(
+                JobPhase.RESTARTING,
+                "job supervisor restarted (its process died); rebuilding the rank group from the last complete checkpoint",
             )
         else:
             nodes = sorted({slot.node for slot in config.slots})
@@ -314,10 +316,15 @@ class JobSupervisor:
 
 
 def _first_line(exc: BaseException) -> str:
+    """A one-line cause: a task error's original "Type: message" line, an actor death's first sentence
+    (plus Ray's worker exit type when it gives one)."""
     text = str(exc).strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    # Ray task errors end with the original exception's "Type: message" line.
-    return lines[-1].strip() if lines else type(exc).__name__
+    if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[-1] if lines else type(exc).__name__
+    sentence = text.split(". ", 1)[0].rstrip(".")
+    exit_type = re.search(r"Worker exit type: (\w+)", text)
+    return sentence + (f" (worker exit type {exit_type.group(1)})" if exit_type else "")
 
 
 def _summary(result: dict[str, Any], ranks: int) -> str:

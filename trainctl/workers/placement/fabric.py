@@ -168,6 +168,9 @@ class FabricIndex:
         unit = self.node_unit[first]
         if self.unit_has_nvlink[unit] and all(self.node_unit[s[0]] == unit for s in slots):
             return "nvlink"
+        leaves = {self.gpu_leaf[s] for s in slots}
+        if len(leaves) == 1 or len({self.gpu_rail[s] for s in slots}) == 1:
+            return self._network_level(self._lca_tier(leaves))
         per_node: dict[int, Counter[int]] = {}
         for s in slots:
             per_node.setdefault(s[0], Counter())[self.gpu_rail[s]] += 1

@@ -65,6 +65,10 @@ class TopoMatrix:
         return min((self.cells[(nic, f"GPU{g}")] for g in self.gpus), key=order.index)
 
 
+def _is_cell(value: str) -> bool:
+    return value in CONNECTIONS or _NVLINK_CELL.match(value) is not None
+
+
 def _tokens(line: str) -> list[str]:
     for phrase, token in _MULTIWORD.items():
         line = line.replace(phrase, token)
@@ -105,10 +109,12 @@ def parse_topo_matrix(text: str, source: str = "topo -m") -> TopoMatrix:
         if name not in devices:
             raise DiscoveryError(f"{where}: row device {name!r} is not a column of the header")
         values = tokens[1 : 1 + len(devices)]
-        if len(values) != len(devices):
-            raise DiscoveryError(f"{where}: {len(values)} connection cells, expected {len(devices)}")
+        cells_found = next((i for i, v in enumerate(values) if not _is_cell(v)), len(values))
+        expected_fields = len(devices) + (len(extras) if _GPU.match(name) else 0)
+        if cells_found < len(devices) and len(tokens) - 1 < expected_fields:
+            raise DiscoveryError(f"{where}: {cells_found} connection cells, expected {len(devices)}")
         for col, value in zip(devices, values, strict=True):
-            if value not in CONNECTIONS and not _NVLINK_CELL.match(value):
+            if not _is_cell(value):
                 raise DiscoveryError(f"{where}: unknown connection {value!r} to {col}; expected X, NV#, PIX, PXB, PHB, NODE or SYS")
             if (value == "X") != (col == name):
                 raise DiscoveryError(f"{where}: cell for {col} is {value!r}; X must be exactly on the diagonal")
