@@ -8,6 +8,7 @@ UNKNOWN or INTERNAL), the server must keep serving, and the store must stay inta
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from trainctl.v1 import training_pb2 as pb
 SERVICE = pb.DESCRIPTOR.services_by_name["TrainingService"]
 BAD_CODES = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 MAX_DEPTH = 4
+SAFE_ID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 INT_RANGES = {
     FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
@@ -197,6 +199,8 @@ def test_the_service_and_its_store_survive(hostile: dict) -> None:
             record = reopened.get_job(job_id)  # parses the stored spec back into a TrainingJob
             assert record.state in STATES
         for record in reopened.list_jobs(limit=10_000):
+            # run and checkpoint directories are <data-dir>/runs/<job id>: an id must be a plain name
+            assert SAFE_ID.match(record.id), record.id
             sequences = [e.sequence for e in reopened.events(record.id)]
             assert sequences == sorted(set(sequences)) and sequences, record.id
     finally:

@@ -1,12 +1,12 @@
 """Confinement of file paths to configured roots.
 
-A job spec names files the service's workers will read (`spec.data.paths`, `spec.data.tokenizer`), and
-the service derives directories it will write (checkpoints). Without confinement a tenant could train
-on, and so learn about, any file the service account can read. `DataPathPolicy` accepts a path only
-when it is absolute, has no `..` component, its fixed (non-glob) part lies under a data root, and every
-file it matches still lies under a data root once symlinks are resolved (`os.path.realpath`).
-Globs are expanded only after their fixed part is known to lie under a root. `confined_child` builds
-service-owned paths (a job's checkpoint directory) the same way.
+A job spec names files the service's workers will read (`spec.data.paths`, `spec.data.tokenizer`).
+Without confinement a tenant could train on, and so learn about, any file the service account can
+read. `DataPathPolicy` accepts a path only when it is absolute, has no `..` component, its fixed
+(non-glob) part lies under a data root, and every file it matches still lies under a data root once
+symlinks are resolved (`os.path.realpath`). Globs are expanded only after their fixed part is known to
+lie under a root. (Paths the service writes, `<data-dir>/runs/<job id>` with its checkpoints, take no
+user input but the job name, a DNS-1123 label.)
 
 Residual risk, documented in docs/security.md: validation happens at CreateJob; a tenant who can write
 inside a data root could swap a validated file for a symlink later, so data roots must not be
@@ -24,7 +24,6 @@ from trainctl.spec.job import DataSpec
 from trainctl.spec.validate import STDLIB_CORPUS, FieldViolation, resolve_data_paths
 
 _GLOB_MAGIC = re.compile(r"[*?\[]")
-_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def _within(path: str, root: str) -> bool:
@@ -104,18 +103,3 @@ class DataPathPolicy:
                 out.append(FieldViolation("spec.data.tokenizer", problem))
         return out
 
-
-def confined_child(root: str | os.PathLike[str], *parts: str) -> Path:
-    """`root/part/...` for service-owned paths (a job's checkpoint directory), refusing any escape.
-
-    Each part must be a plain name (letters, digits, '.', '_', '-', not starting with '.'), and the
-    result, with symlinks resolved as far as it exists, must stay under `root`.
-    """
-    for part in parts:
-        if not _SAFE_PART.match(part):
-            raise ValueError(f"path component {part!r} is not a plain file name")
-    real_root = os.path.realpath(root)
-    candidate = os.path.join(real_root, *parts)
-    if not _within(os.path.realpath(candidate), real_root):
-        raise ValueError(f"{candidate} resolves outside {real_root}")
-    return Path(candidate)
