@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from trainctl.workers.placement import capacity
 from trainctl.workers.topology.discovery import (
     parse_fabric_query,
     parse_ib_sysfs_listing,
@@ -26,7 +27,6 @@ from trainctl.workers.topology.discovery import (
 )
 from trainctl.workers.topology.discovery_node import build_node, node_labels
 from trainctl.workers.topology.model import TopologyError, load_topology
-from trainctl.workers.placement import capacity
 
 
 def _read(path: Path, what: str) -> str:
