@@ -24,7 +24,9 @@ CASES = {
     "tp4": ({"tp": 4}, KV4),
     "cp2_zigzag": ({"cp": 2, "cp_load_balance": True}, None),
     "cp4_zigzag": ({"cp": 4, "cp_load_balance": True}, None),
-    "fsdp2_tp2_cp2": ({"dp_shard": 2, "tp": 2, "cp": 2, "cp_load_balance": True, "zero_stage": 3}, None),
+    "fsdp2_tp2_sp_cp2": (
+        {"dp_shard": 2, "tp": 2, "sequence_parallel": True, "cp": 2, "cp_load_balance": True, "zero_stage": 3}, None
+    ),
 }
 
 

@@ -137,10 +137,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
 
 
 def _reduce_partial_grad(param: DTensor) -> None:
-    """Turn a replicated parameter's Partial gradient (SP norms see one sequence shard each) Replicate.
+    """Reduce a replicated parameter's Partial gradient (SP norms see one sequence shard each) once.
 
-    Without this the optimizer and gradient clipping would see pending sums. FSDP2, when applied on top,
-    replaces these parameters and performs the same redistribution itself.
+    The gradient then matches the parameter's placement, so clipping, the optimizer and checkpoints
+    read a plain replicated value instead of a pending sum that DTensor would re-reduce in every op
+    touching it. FSDP2, when applied on top, replaces these parameters and does the same itself.
     """
     grad = param.grad
     if isinstance(grad, DTensor) and grad.placements != param.placements:
