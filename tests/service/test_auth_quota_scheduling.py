@@ -1,0 +1,80 @@
+"""The running-GPU quota in the scheduler: a tenant over quota waits (with the reason), others do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from secure_service import POOL_GPUS_PER_NODE, POOL_NODES
+
+from trainctl.service import store as st
+from trainctl.service.pool import GpuPool
+from trainctl.service.scheduler import Scheduler
+from trainctl.service.store import JobStore
+from trainctl.service.tenancy import Quota
+from trainctl.spec.validate import parse_object
+from trainctl.workers.events import JobPhase, JobStatus
+from trainctl.workers.topology import simulated_topology
+
+
+class FakeRuntime:
+    """Starts nothing; a job runs until the test marks it finished."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.finished: set[str] = set()
+
+    def start_job(self, job_id: str, job: Any, placement: Any, run_dir: Path) -> None:
+        self.started.append(job_id)
+
+    def attach(self, job_id: str, run_dir: Path) -> None:
+        raise AssertionError("nothing to re-attach in this test")
+
+    def running_jobs(self) -> list[str]:
+        return []
+
+    def poll(self, job_id: str, cursor: int) -> JobStatus:
+        phase = JobPhase.SUCCEEDED if job_id in self.finished else JobPhase.RUNNING
+        return JobStatus(events=[], cursor=cursor, state=phase, reason="test", restarts=0, last_seq=cursor)
+
+    def cancel(self, job_id: str) -> JobStatus:
+        raise AssertionError("no cancel in this test")
+
+
+def job(name: str, gpus: int):
+    return parse_object({
+        "metadata": {"name": name},
+        "spec": {
+            "parallelism": {"dp_shard": gpus},
+            "training": {"global_batch_size": 2 * gpus},
+            "resources": {"gpus": gpus, "device": "cpu"},
+        },
+    })
+
+
+def test_a_tenant_over_its_gpu_quota_waits_without_blocking_others(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    runtime = FakeRuntime()
+    quotas = {"vision": Quota(running_gpus=4)}
+    scheduler = Scheduler(
+        store, GpuPool(simulated_topology(POOL_NODES, POOL_GPUS_PER_NODE), "simulated"), runtime, tmp_path / "runs",
+        quota_of=lambda tenant: quotas.get(tenant, Quota()),
+    )
+    try:
+        first, _ = store.create_job(job("first", 4), tenant="vision")
+        second, _ = store.create_job(job("second", 2), tenant="vision")
+        other, _ = store.create_job(job("other", 2), tenant="nlp")
+        scheduler.tick()
+        assert runtime.started == [first.id, other.id]
+        waiting = store.get_job(second.id)
+        assert waiting.state == st.QUEUED
+        assert "quota running_gpus of tenant 'vision'" in waiting.reason and "4 of 4 GPUs in use" in waiting.reason
+
+        runtime.finished.add(first.id)
+        scheduler.tick()  # the first job ends, its GPUs leave the tenant's count
+        scheduler.tick()
+        assert store.get_job(first.id).state == st.SUCCEEDED
+        assert runtime.started == [first.id, other.id, second.id]
+        assert store.get_job(second.id).state == st.SCHEDULED
+    finally:
+        store.close()
