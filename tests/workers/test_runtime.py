@@ -186,6 +186,25 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runtime, tmp
     assert_nothing_left(job_id)
 
 
+def test_killed_supervisor_is_restarted_and_resumes_the_job(runtime, tmp_path):
+    job_id = "sup-1"
+    runtime.start_job(job_id, tiny_job("sup", steps=30), plan(("node-1", 3), ("node-2", 1)), tmp_path)
+    events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
+    [supervisor] = list_actors(
+        address=ray.get_runtime_context().gcs_address, filters=[("name", "=", supervisor_name(job_id))]
+    )
+    os.kill(supervisor.pid, signal.SIGKILL)
+    more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
+    events += more
+    assert status.state is JobPhase.SUCCEEDED, status.reason
+    restart = next(e for e in events if e.state is JobPhase.RESTARTING)
+    assert restart.reason.startswith("job supervisor restarted")
+    assert max(steps_of(events, restart.generation)) == 30
+    assert min(steps_of(events, restart.generation)) > 1, "resumed from a checkpoint, not from scratch"
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)), "numbering continues across the restart"
+    assert_nothing_left(job_id)
+
+
 def test_failure_beyond_max_restarts_fails_the_job(runtime, tmp_path):
     job_id = "fail-1"
     runtime.start_job(job_id, tiny_job("fail", steps=100_000, max_restarts=0), plan(("node-2", 0), ("node-0", 3)), tmp_path)
