@@ -18,7 +18,7 @@ dp_shard x cp (`dp_shard_cp`) and replicated over dp_replicate.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Literal
 
 import torch
@@ -48,9 +48,10 @@ def select_mode(par: ParallelismSpec) -> DPMode:
     return "zero2" if par.zero_stage == 2 else "fsdp"
 
 
-def has_dtensor_params(module: nn.Module) -> bool:
-    """Whether any parameter is already a DTensor (TP / EP applied)."""
-    return any(isinstance(p, DTensor) for p in module.parameters())
+def has_dtensor_params(module: nn.Module, ignored: Collection[nn.Parameter] = ()) -> bool:
+    """Whether any parameter outside `ignored` is already a DTensor (TP applied)."""
+    skip = {id(p) for p in ignored}
+    return any(isinstance(p, DTensor) for p in module.parameters() if id(p) not in skip)
 
 
 def fsdp_mesh(pmesh: ParallelMesh):
@@ -66,27 +67,38 @@ def apply_fsdp(
     *,
     reshard_after_forward: bool,
     param_dtype: torch.dtype | None,
+    ignored: Collection[nn.Parameter] = (),
 ) -> nn.Module:
     """`fully_shard` each decoder block, then the root (embedding, final norm and output stay with it).
 
     bf16: parameters are all-gathered in bf16 and gradients reduced in fp32 (fp32 master weights).
+    `ignored` parameters (expert-parallel experts) are left alone.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    ignored_set = set(ignored) or None
     layers = getattr(part, "layers", None)
     if layers is not None:
         for block in layers.values():
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
-    fully_shard(part, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+            fully_shard(
+                block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp, ignored_params=ignored_set
+            )
+    fully_shard(part, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp, ignored_params=ignored_set)
     return part
 
 
-def apply_ddp(part: nn.Module, pmesh: ParallelMesh, *, param_dtype: torch.dtype | None) -> nn.Module:
+def apply_ddp(
+    part: nn.Module, pmesh: ParallelMesh, *, param_dtype: torch.dtype | None, ignored: Collection[nn.Parameter] = ()
+) -> nn.Module:
     """Replicate `part` over dp_cp with torch DDP. DDP cannot hold DTensor parameters (TP), so those
     parts get FSDP2 over (dp_replicate, dp_shard_cp) instead: pure replication when dp_shard x cp is 1
     (HSDP with a one-way shard), ZeRO-2-style sharding over CP ranks otherwise."""
-    if has_dtensor_params(part):
+    if has_dtensor_params(part, ignored):
         mesh = pmesh[("dp_replicate", "dp_shard_cp")]
-        return apply_fsdp(part, mesh, reshard_after_forward=False, param_dtype=param_dtype)
+        return apply_fsdp(part, mesh, reshard_after_forward=False, param_dtype=param_dtype, ignored=ignored)
+    if ignored:
+        skip = {id(p) for p in ignored}
+        names = [n for n, p in part.named_parameters() if id(p) in skip]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(part, names)
     return DistributedDataParallel(
         part,
         process_group=pmesh.group("dp_cp"),
@@ -96,20 +108,38 @@ def apply_ddp(part: nn.Module, pmesh: ParallelMesh, *, param_dtype: torch.dtype 
     )
 
 
-def apply_data_parallel(
-    parts: Sequence[nn.Module], pmesh: ParallelMesh, par: ParallelismSpec, *, param_dtype: torch.dtype | None
-) -> tuple[list[nn.Module], DPMode]:
-    """Wrap or shard every model part (pipeline chunk) for the selected mode; last step of parallelize."""
+def effective_mode(par: ParallelismSpec, dtensor_params: bool) -> DPMode:
+    """`select_mode`, with ZeRO-1 upgraded to ZeRO-2 when dense parameters are DTensors (TP): DDP
+    cannot hold them, and ZeRO-2 shards a superset of what ZeRO-1 shards."""
     mode = select_mode(par)
+    return "zero2" if mode == "zero1" and dtensor_params else mode
+
+
+def apply_data_parallel(
+    parts: Sequence[nn.Module],
+    pmesh: ParallelMesh,
+    par: ParallelismSpec,
+    *,
+    param_dtype: torch.dtype | None,
+    ignored: Sequence[Collection[nn.Parameter]] | None = None,
+) -> tuple[list[nn.Module], DPMode]:
+    """Wrap or shard every model part (pipeline chunk) for the selected mode; last step of parallelize.
+
+    `ignored[i]` are parameters of part i that data parallelism must not touch (expert-parallel
+    experts, whose gradients expert_parallel reduces itself).
+    """
+    ignored = ignored or [() for _ in parts]
+    mode = effective_mode(par, any(has_dtensor_params(p, ig) for p, ig in zip(parts, ignored, strict=True)))
     if mode == "none":
         return list(parts), mode
-    if mode == "zero1" and any(has_dtensor_params(p) for p in parts):
-        mode = "zero2"  # DDP cannot hold DTensor (TP/EP) parameters; ZeRO-2 shards a superset of ZeRO-1
     if mode in ("ddp", "zero1"):
-        return [apply_ddp(p, pmesh, param_dtype=param_dtype) for p in parts], mode
+        return [apply_ddp(p, pmesh, param_dtype=param_dtype, ignored=ig) for p, ig in zip(parts, ignored, strict=True)], mode
     mesh = fsdp_mesh(pmesh)
     reshard = mode == "fsdp" or (mode == "hsdp" and par.zero_stage == 3)
-    return [apply_fsdp(p, mesh, reshard_after_forward=reshard, param_dtype=param_dtype) for p in parts], mode
+    return [
+        apply_fsdp(p, mesh, reshard_after_forward=reshard, param_dtype=param_dtype, ignored=ig)
+        for p, ig in zip(parts, ignored, strict=True)
+    ], mode
 
 
 def partition_sizes(sizes: Sequence[int], n: int) -> list[int]:
@@ -134,12 +164,17 @@ class ZeroOneSharding:
     """ZeRO-1: each rank of the shard group keeps optimizer state only for the parameters it owns.
 
     Gradients are already averaged (DDP). The rank's optimizer steps its own parameters; then every
-    parameter is broadcast from its owner (one coalesced broadcast per owner). DTensor parameters
-    (TP) broadcast their local shards, so this composes with tensor parallelism.
+    parameter is broadcast from its owner (one coalesced broadcast per owner). `private` parameters
+    (expert-parallel experts, different on every rank) are always stepped locally and never broadcast.
     """
 
-    def __init__(self, params: Iterable[nn.Parameter], group: dist.ProcessGroup):
-        self.params = [p for p in params if p.requires_grad]
+    def __init__(
+        self, params: Iterable[nn.Parameter], group: dist.ProcessGroup, private: Collection[nn.Parameter] = ()
+    ):
+        params = list(params)
+        skip = {id(p) for p in private}
+        self.private = [p for p in params if id(p) in skip]
+        self.params = [p for p in params if p.requires_grad and id(p) not in skip]
         self.group = group
         self.group_ranks = dist.get_process_group_ranks(group)
         n = len(self.group_ranks)
@@ -151,8 +186,8 @@ class ZeroOneSharding:
         self.local_index = self.group_ranks.index(dist.get_rank())
 
     def owned(self) -> list[nn.Parameter]:
-        """The parameters this rank's optimizer steps (in model order)."""
-        return [p for p, o in zip(self.params, self.owner, strict=True) if o == self.local_index]
+        """The parameters this rank's optimizer steps: its share of the replicated ones, then the private."""
+        return [p for p, o in zip(self.params, self.owner, strict=True) if o == self.local_index] + self.private
 
     @torch.no_grad()
     def broadcast_params(self) -> None:

@@ -6,7 +6,7 @@
     4. context parallel         (context_parallel.apply_context_parallel: ring attention cores)
     5. activation checkpointing (none / selective = every other block / full = every block)
     6. torch.compile            (each decoder block, in place: names do not change)
-    7. FSDP / ZeRO / DDP        (data_parallel.apply_data_parallel)
+    7. FSDP / ZeRO / DDP        (data_parallel.apply_data_parallel; EP experts are left out of it)
 
 The model is built whole on CPU from the training seed and only then cut, so every layout starts
 from bit-identical weights (see model.init_weights).
@@ -63,6 +63,8 @@ class ParallelModel:
     """Per part, the ZeRO-1 ownership (empty unless dp_mode is zero1)."""
     chunks: list[Any] = field(default_factory=list)
     """With PP: this rank's `pipeline.PipelineChunk`s, whose `.module` is the final (wrapped) part."""
+    expert_parallel: bool = False
+    """Experts are sharded over EP groups; their gradients need `expert_parallel.reduce_expert_gradients`."""
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(canonical name, parameter) over all parts."""
@@ -120,10 +122,12 @@ def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, 
         tp = require_module("tensor_parallel", f"tensor parallelism (tp={par.tp})")
         for part in parts:
             tp.apply_tensor_parallel(part, pmesh["tp"], par.sequence_parallel)
+    experts: list[list[nn.Parameter]] = [[] for _ in parts]
     if par.ep > 1:
         ep = require_module("expert_parallel", f"expert parallelism (ep={par.ep})")
         for part in parts:
             ep.apply_expert_parallel(part, pmesh, job)
+        experts = [ep.expert_parameters(part) for part in parts]
     if par.cp > 1:
         cp = require_module("context_parallel", f"context parallelism (cp={par.cp})")
         for part in parts:
@@ -137,8 +141,12 @@ def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, 
     if pmesh is None:
         return ParallelModel(parts=parts, dp_mode="none")
     param_dtype = torch.bfloat16 if train.dtype == "bfloat16" else None
-    parts, mode = apply_data_parallel(parts, pmesh, par, param_dtype=param_dtype)
+    parts, mode = apply_data_parallel(parts, pmesh, par, param_dtype=param_dtype, ignored=experts)
     for chunk, part in zip(chunks, parts, strict=False):
         chunk.module = part
-    zero1 = [ZeroOneSharding(p.parameters(), pmesh.group("dp_shard_cp")) for p in parts] if mode == "zero1" else []
-    return ParallelModel(parts=parts, dp_mode=mode, zero1=zero1, chunks=chunks)
+    zero1 = (
+        [ZeroOneSharding(p.parameters(), pmesh.group("dp_shard_cp"), private=ex) for p, ex in zip(parts, experts, strict=True)]
+        if mode == "zero1"
+        else []
+    )
+    return ParallelModel(parts=parts, dp_mode=mode, zero1=zero1, chunks=chunks, expert_parallel=par.ep > 1)

@@ -215,6 +215,12 @@ class Trainer:
 
         Returns this rank's mean local loss: cross-entropy plus MoE aux loss, the objective optimized.
         """
+        loss = self._forward_backward(micro_batches)
+        if self.model.expert_parallel:
+            require_module("expert_parallel", "expert parallelism").reduce_expert_gradients(self.model.parts)
+        return loss
+
+    def _forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         if self.pipeline is not None:
             inputs = torch.cat([m.inputs for m in micro_batches])
             targets = torch.cat([m.targets for m in micro_batches])
