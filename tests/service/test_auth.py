@@ -12,6 +12,8 @@ import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainctl.service.auth import (
     MIN_TOKEN_LENGTH,
@@ -252,3 +254,14 @@ def test_unknown_methods_stay_unimplemented(server) -> None:
     with pytest.raises(grpc.RpcError) as info:
         call(channel, "/test.Echo/Nope", None)
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.one_of(st.text(max_size=80), st.binary(max_size=80), st.builds(lambda t: f"Bearer {t}", st.text(max_size=60))))
+def test_arbitrary_authorization_values_only_ever_fail_as_authentication_errors(value: str | bytes) -> None:
+    auth = Authenticator(AccessConfig.model_validate({"tokens": [{"name": "alice", "tenant": "vision", "sha256": hash_token(ALICE)}]}))
+    try:
+        principal = auth.authenticate([("authorization", value)])
+    except AuthenticationError:
+        return
+    assert principal.name == "alice"  # only the real token can get through

@@ -173,7 +173,7 @@ class Authenticator:
         if path is None:
             log.warning(
                 "authentication is OFF: no access file configured (--tokens-file). Every caller is an "
-                "admin of tenant %r. Serve only on loopback like this.",
+                "admin of tenant %r, and the service listens on loopback only.",
                 ANONYMOUS.tenant,
             )
             return cls(None)
