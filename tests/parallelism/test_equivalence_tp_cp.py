@@ -8,10 +8,15 @@ global loss within 1e-5 relative of the single-process reference and the gradien
 from __future__ import annotations
 
 import pytest
+import torch
 from harness import assert_equivalent, run_layout, run_reference, tiny_job
+from torch.distributed.device_mesh import init_device_mesh
 
+from trainctl.parallelism.context_parallel import apply_context_parallel, make_layout, shard_sequence
+from trainctl.parallelism.model import build_model
 from trainctl.parallelism.trainer import Trainer
 from trainctl.spec.job import JobSpecBody
+from trainctl.spec.presets import PRESETS
 
 # tp4 needs the kv heads divisible by 4 (the debug preset has 2): the reference uses the same model.
 KV4 = {"n_kv_heads": 4}
@@ -61,3 +66,24 @@ def test_resume_dp4_checkpoint_under_tp2(pool, corpus, tmp_path):
 
     for step, (got, want) in enumerate(zip(before + after, reference.losses, strict=True)):
         assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: loss {got!r} != uninterrupted {want!r}"
+
+
+def _cp_logits(rank: int, world_size: int, load_balance: bool) -> list[float]:
+    """Max |difference| of this CP rank's logits from the full model's rows at the same positions,
+    with positions passed explicitly and left to the model's CP default."""
+    torch.manual_seed(0)
+    full = build_model(PRESETS["debug"], seed=3)
+    model = apply_context_parallel(build_model(PRESETS["debug"], seed=3), init_device_mesh("cpu", (world_size,)), load_balance)
+    tokens = torch.randint(0, PRESETS["debug"].vocab_size, (2, 32))
+    layout = make_layout(32, world_size, load_balance)
+    local = shard_sequence(tokens, layout, rank)
+    positions = layout.positions(rank)
+    want = full(tokens)[:, positions]
+    with torch.no_grad():
+        return [float((model(local, positions) - want).abs().max()), float((model(local) - want).abs().max())]
+
+
+@pytest.mark.parametrize("load_balance", [False, True])
+def test_cp_model_defaults_to_its_shard_positions(pool, load_balance):
+    for explicit, default in pool.run(_cp_logits, 2, load_balance):
+        assert explicit < 1e-5 and default < 1e-5, (explicit, default)

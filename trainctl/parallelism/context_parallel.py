@@ -112,7 +112,8 @@ def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, load_balance: 
     """Replace every decoder block's `attention.core` with `RingAttentionCore`; returns `model`.
 
     Parameters are untouched (CP ranks hold the same weights; data_parallel reduces their gradients
-    over dp_shard x cp). Feed the model batches from `shard_batch_for_cp` with the same `load_balance`.
+    over dp_shard x cp). Feed the model batches from `shard_batch_for_cp` with the same `load_balance`;
+    a forward called without positions defaults to this rank's shard positions (not arange).
     """
     if cp_mesh.ndim != 1:
         raise ValueError(f"apply_context_parallel needs a 1-d CP mesh, got {cp_mesh.ndim} dims")
@@ -124,4 +125,26 @@ def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, load_balance: 
         if attention is None or not hasattr(attention, "core"):
             raise TypeError(f"layers.{name} has no attention.core to replace with ring attention")
         attention.core = RingAttentionCore(cp_mesh, load_balance)
+    model.register_forward_pre_hook(_ShardPositions(cp_mesh, load_balance), with_kwargs=True)
     return model
+
+
+class _ShardPositions:
+    """Forward pre-hook: a call without `positions` gets this CP rank's shard positions, not arange.
+
+    Callers that pass no positions (a pipeline stage's schedule, for example) thereby still apply RoPE
+    at the true global positions of the shard the layout gives this rank.
+    """
+
+    def __init__(self, cp_mesh: DeviceMesh, load_balance: bool) -> None:
+        self.cp = cp_mesh.size()
+        self.rank = cp_mesh.get_local_rank()
+        self.load_balance = load_balance
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        given = args[1] if len(args) > 1 else kwargs.get("positions")
+        if given is not None:
+            return None
+        x = args[0] if args else kwargs["tokens"]
+        layout = make_layout(x.shape[1] * self.cp, self.cp, self.load_balance)
+        return args[:1], {**kwargs, "positions": layout.positions(self.rank, device=x.device)}
