@@ -110,7 +110,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert or args.tls_key else None
     config = ServiceConfig(
-        address=args.address, data_dir=args.data_dir, metrics_port=args.metrics_port, ray_address=args.ray_address,
+        address=args.address, data_dir=args.data_dir, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        ray_address=args.ray_address,
         topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
     )
     service = Service(config).start()
@@ -256,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--address", default="127.0.0.1:50051", help="gRPC listen address HOST:PORT")
     serve.add_argument("--data-dir", type=Path, default=Path(".trainctl"), help="store and run directory")
     serve.add_argument("--metrics-port", type=int, default=9464, help="Prometheus port (0: off)")
+    serve.add_argument("--metrics-host", default="127.0.0.1",
+                       help="Prometheus listen address (0.0.0.0 in a pod, so Prometheus can scrape it)")
     serve.add_argument("--ray-address", help="Ray cluster to use (default: start an embedded local Ray)")
     serve.add_argument("--topology", type=Path, help="topology map file (default: simulated from the Ray cluster)")
     serve.add_argument("--tokens-file", type=Path, help="access file with token hashes, tenants, quotas (default: auth off)")
