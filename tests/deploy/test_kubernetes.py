@@ -1,0 +1,262 @@
+"""The kustomize overlays: they build, every object passes its strict schema from ../shared/schemas,
+and the objects agree with each other and with the project (selectors, ports, volumes, images, Ray
+version, CLI flags, generated monitoring objects, the topology-labels init container)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploy_support import DEPLOY, REPO, require_tool
+from k8s_support import kustomize, schema_errors
+
+KUBE = DEPLOY / "kubernetes"
+OVERLAYS = sorted(p.parent.name for p in (KUBE / "overlays").glob("*/kustomization.yaml"))
+RAY_PIN = re.search(r"^ray\[[^\]]*\]==(\S+)$", (REPO / "requirements.txt").read_text(), re.M).group(1)
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> str:
+    return require_tool("kubectl", "kubectl (with its built-in kustomize) is part of the machine image")
+
+
+@pytest.fixture(scope="module")
+def built(kubectl) -> dict[str, list[dict[str, Any]]]:
+    return {name: kustomize(kubectl, KUBE / "overlays" / name) for name in OVERLAYS}
+
+
+@dataclass
+class PodTemplate:
+    where: str
+    namespace: str
+    labels: dict[str, str]
+    spec: dict[str, Any]
+
+    def containers(self) -> list[dict[str, Any]]:
+        return self.spec.get("initContainers", []) + self.spec["containers"]
+
+    def port_names(self) -> set[str]:
+        return {p["name"] for c in self.spec["containers"] for p in c.get("ports", []) if "name" in p}
+
+
+def pod_templates(docs: list[dict[str, Any]]) -> list[PodTemplate]:
+    """Pod templates with the labels their pods will carry (KubeRay adds ray.io/cluster, node-type, group)."""
+    pods = []
+    for doc in docs:
+        ns = doc["metadata"].get("namespace", "")
+        if doc["kind"] == "RayCluster":
+            name = doc["metadata"]["name"]
+            groups = [("head", "headgroup", doc["spec"]["headGroupSpec"])]
+            groups += [("worker", g["groupName"], g) for g in doc["spec"].get("workerGroupSpecs", [])]
+            for node_type, group, spec in groups:
+                labels = {**spec["template"].get("metadata", {}).get("labels", {}),
+                          "ray.io/cluster": name, "ray.io/node-type": node_type, "ray.io/group": group}
+                pods.append(PodTemplate(f"RayCluster/{name} {group}", ns, labels, spec["template"]["spec"]))
+        elif doc["kind"] == "Deployment":
+            tpl = doc["spec"]["template"]
+            pods.append(PodTemplate(f"Deployment/{doc['metadata']['name']}", ns, tpl["metadata"]["labels"], tpl["spec"]))
+    return pods
+
+
+def objects(docs, kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_every_overlay_is_there() -> None:
+    assert {"cpu-dev", "gpu-h100", "gb200-nvl72"} <= set(OVERLAYS)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_passes_its_strict_schema(built, overlay) -> None:
+    errors = [e for doc in built[overlay] for e in schema_errors(doc)]
+    assert errors == []
+    kinds = {d["kind"] for d in built[overlay]}
+    assert {"RayCluster", "Service", "ConfigMap", "Secret", "PersistentVolumeClaim", "ServiceAccount",
+            "PodMonitor", "PrometheusRule"} <= kinds
+
+
+def test_schema_check_rejects_unknown_fields(built) -> None:
+    cluster = json.loads(json.dumps(objects(built["cpu-dev"], "RayCluster")["trainctl"]))
+    cluster["spec"]["headGroupSpec"]["rayStartparams"] = {}
+    cluster["spec"]["workerGroupSpecs"][0]["replicas"] = "2"
+    cluster["extra"] = 1
+    found = "\n".join(schema_errors(cluster))
+    assert "rayStartparams" in found and "'2' is not of type 'integer'" in found and "'extra'" in found
+    monitor = dict(objects(built["cpu-dev"], "PodMonitor")["trainctl"])
+    monitor["spec"] = {**monitor["spec"], "podMetricEndpoints": []}
+    assert any("podMetricEndpoints" in e for e in schema_errors(monitor))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_everything_lives_in_the_overlay_namespace(built, overlay) -> None:
+    docs = built[overlay]
+    (namespace,) = objects(docs, "Namespace")
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {namespace}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_selectors_and_ports_match_pods(built, overlay) -> None:
+    docs, pods = built[overlay], pod_templates(built[overlay])
+    for svc in objects(docs, "Service").values():
+        selected = [p for p in pods if matches(svc["spec"]["selector"], p.labels)]
+        assert selected, f"Service {svc['metadata']['name']} selects no pod"
+        for port in svc["spec"]["ports"]:
+            assert all(port["targetPort"] in p.port_names() for p in selected), port
+    for mon in objects(docs, "PodMonitor").values():
+        selected = [p for p in pods if matches(mon["spec"]["selector"]["matchLabels"], p.labels)]
+        assert selected, f"PodMonitor {mon['metadata']['name']} selects no pod"
+        for endpoint in mon["spec"]["podMetricsEndpoints"]:
+            assert all(endpoint["port"] in p.port_names() for p in selected), (mon["metadata"]["name"], endpoint)
+        if "jobLabel" in mon["spec"]:
+            assert all(mon["spec"]["jobLabel"] in p.labels for p in selected), mon["metadata"]["name"]
+    (trainctl_monitor,) = [m for m in objects(docs, "PodMonitor").values() if m["metadata"]["name"] == "trainctl"]
+    (head,) = [p for p in pods if matches(trainctl_monitor["spec"]["selector"]["matchLabels"], p.labels)]
+    assert head.labels[trainctl_monitor["spec"]["jobLabel"]] == "trainctl"  # the rules' job="trainctl"
+    worker_monitor = objects(docs, "PodMonitor")["ray-workers"]
+    assert all(matches(worker_monitor["spec"]["selector"]["matchLabels"], p.labels)
+               for p in pods if p.labels["ray.io/node-type"] == "worker")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_referenced_configmaps_secrets_volumes_exist(built, overlay) -> None:
+    docs, pods = built[overlay], pod_templates(built[overlay])
+    configmaps, secrets = objects(docs, "ConfigMap"), objects(docs, "Secret")
+    claims, accounts = objects(docs, "PersistentVolumeClaim"), objects(docs, "ServiceAccount")
+    for pod in pods:
+        volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+        for v in volumes.values():
+            if "configMap" in v:
+                assert v["configMap"]["name"] in configmaps, (pod.where, v)
+            if "secret" in v:
+                assert v["secret"]["secretName"] in secrets, (pod.where, v)
+            if "persistentVolumeClaim" in v:
+                assert v["persistentVolumeClaim"]["claimName"] in claims, (pod.where, v)
+        assert pod.spec["serviceAccountName"] in accounts, pod.where
+        assert pod.spec.get("automountServiceAccountToken") is False, pod.where
+        assert pod.spec["securityContext"]["runAsNonRoot"] is True, pod.where
+        pod_claims = {c["name"] for c in pod.spec.get("resourceClaims", [])}
+        for c in pod.containers():
+            for m in c.get("volumeMounts", []):
+                assert m["name"] in volumes, (pod.where, c["name"], m)
+            for ref in c.get("envFrom", []):
+                assert ref["configMapRef"]["name"] in configmaps, (pod.where, ref)
+            for claim in c.get("resources", {}).get("claims", []):
+                assert claim["name"] in pod_claims, (pod.where, claim)
+            env = {e["name"] for e in c.get("env", [])}
+            env |= {k for ref in c.get("envFrom", []) for k in configmaps[ref["configMapRef"]["name"]]["data"]}
+            for arg in c.get("args", []) + c.get("command", []):
+                for var in re.findall(r"\$\((\w+)\)", arg):
+                    assert var in env, f"{pod.where} {c['name']}: $({var}) is not defined in its env"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_images_and_ray_versions_agree(built, overlay) -> None:
+    (cluster,) = objects(built[overlay], "RayCluster").values()
+    assert cluster["spec"]["rayVersion"] == RAY_PIN
+    images = {c["image"] for p in pod_templates(built[overlay]) for c in p.containers()}
+    assert len(images) == 1, f"one image for the head, the control plane and the workers: {images}"
+    (image,) = images
+    tag = image.rsplit(":", 1)[1]
+    assert f"-ray{RAY_PIN}-" in tag, f"image tag {tag} does not name Ray {RAY_PIN}"
+    dockerfile = (DEPLOY / "docker" / "Dockerfile").read_text()
+    base = re.search(r"^ARG RAY_IMAGE=rayproject/ray:(\S+)$", dockerfile, re.M).group(1)
+    assert base.startswith(f"{RAY_PIN}-"), f"Dockerfile base rayproject/ray:{base} is not Ray {RAY_PIN}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_worker_gpu_slots_match_gpus_and_topology(built, overlay) -> None:
+    from trainctl.workers.topology.model import TopologyMap
+
+    (cluster,) = objects(built[overlay], "RayCluster").values()
+    topology = TopologyMap.model_validate(yaml.safe_load(objects(built[overlay], "ConfigMap")["trainctl-topology"]
+                                                         ["data"]["topology.yaml"]))
+    gpus_per_node = {len(n.gpus) for n in topology.spec.nodes}
+    replicas = 0
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        slots = sorted(int(k.removeprefix("trainctl_gpu_")) for k in group["resources"])
+        (worker,) = group["template"]["spec"]["containers"]
+        limit = worker["resources"]["limits"].get("nvidia.com/gpu")
+        gpus = int(limit) if limit is not None else int(group["labels"]["trainctl.io/gpus"])
+        assert slots == list(range(gpus)), (group["groupName"], slots, gpus)
+        assert gpus_per_node == {gpus}, f"topology has {gpus_per_node} GPUs per node, pods have {gpus}"
+        if "labels" in group:
+            assert group["labels"]["trainctl.io/node"] in {n.name for n in topology.spec.nodes}
+        replicas += group["replicas"]
+    assert replicas <= len(topology.spec.nodes), "more worker pods than nodes in the topology map"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_control_plane_args_are_real_serve_flags(built, overlay) -> None:
+    (cluster,) = objects(built[overlay], "RayCluster").values()
+    (sidecar,) = [c for c in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"] if c["name"] == "trainctl"]
+    assert sidecar["command"] == ["trainctl"] and sidecar["args"][0] == "serve"
+    help_text = subprocess.run([sys.executable, "-m", "trainctl.cli.main", "serve", "--help"], capture_output=True,
+                               text=True, check=True, timeout=60).stdout
+    for arg in sidecar["args"][1:]:
+        flag = arg.split("=", 1)[0]
+        assert re.search(rf"(^|\s){re.escape(flag)}[\s=,]", help_text), f"`trainctl serve` has no flag {flag}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_monitoring_objects_are_the_generated_ones(built, overlay) -> None:
+    docs = built[overlay]
+    (rule,) = objects(docs, "PrometheusRule").values()
+    assert rule["spec"]["groups"] == yaml.safe_load((DEPLOY / "prometheus" / "rules.yaml").read_text())["groups"]
+    dashboards = {p.name: json.loads(p.read_text()) for p in (DEPLOY / "grafana" / "dashboards").glob("*.json")}
+    shipped = {}
+    for cm in objects(docs, "ConfigMap").values():
+        if cm["metadata"].get("labels", {}).get("grafana_dashboard") == "1":
+            ((name, text),) = cm["data"].items()
+            shipped[name] = json.loads(text)
+    assert shipped == dashboards, "one ConfigMap labelled grafana_dashboard=1 per dashboard, same JSON"
+
+
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if o != "cpu-dev"])
+def test_topology_labels_init_container_runs(built, overlay, tmp_path) -> None:
+    """Run the init container's own script on the overlay's topology ConfigMap for one of its nodes."""
+    (cluster,) = objects(built[overlay], "RayCluster").values()
+    topology = objects(built[overlay], "ConfigMap")["trainctl-topology"]["data"]["topology.yaml"]
+    (tmp_path / "topology.yaml").write_text(topology)
+    node = yaml.safe_load(topology)["spec"]["nodes"][-1]["name"]
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        (init,) = group["template"]["spec"]["initContainers"]
+        env = {e["name"]: e.get("value") for e in init["env"]}
+        labels_file = group["rayStartParams"]["labels-file"]
+        assert labels_file == env["RAY_LABELS_FILE"]
+        overrides = {"K8S_NODE_NAME": node, "TOPOLOGY_FILE": str(tmp_path / "topology.yaml"),
+                     "RAY_LABELS_FILE": str(tmp_path / "labels.yaml")}
+        cmd = [sys.executable if init["command"][0] == "python" else init["command"][0], *init["command"][1:],
+               *init["args"]]
+        subprocess.run(cmd, env={**os.environ, **overrides}, check=True, timeout=60)
+        labels = yaml.safe_load((tmp_path / "labels.yaml").read_text())
+        assert labels["trainctl.io/node"] == node
+        assert labels["trainctl.io/nvlink-domain"] != "none"
+
+
+def test_gcs_fault_tolerance_component(kubectl, tmp_path) -> None:
+    overlay = tmp_path / "ha"
+    overlay.mkdir()
+    rel = Path(os.path.relpath(KUBE, overlay))
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(rel / "overlays" / "gpu-h100")], "components": [str(rel / "components" / "gcs-ft")]}))
+    docs = kustomize(kubectl, overlay)
+    assert [e for d in docs for e in schema_errors(d)] == []
+    (cluster,) = objects(docs, "RayCluster").values()
+    ft = cluster["spec"]["gcsFaultToleranceOptions"]
+    ref = ft["redisPassword"]["valueFrom"]["secretKeyRef"]
+    assert ref["key"] in objects(docs, "Secret")[ref["name"]]["stringData"]
+    assert re.fullmatch(r"[\w.-]+:\d+", ft["redisAddress"])
+    assert cluster["spec"]["workerGroupSpecs"], "the component must keep the overlay's workers"
