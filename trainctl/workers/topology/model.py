@@ -381,7 +381,7 @@ def load_topology(path: str | Path) -> TopologyMap:
     except OSError as err:
         raise TopologyError(f"{path}: cannot read topology map: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
         raise TopologyError(f"{path}: not valid YAML: {err}") from None
     return parse_topology(data, str(path))
