@@ -85,10 +85,10 @@ def test_plaintext_server_without_tls_config(pki: dict) -> None:
 
 def test_bad_tls_files_name_the_option(pki: dict, tmp_path: Path) -> None:
     with pytest.raises(TlsConfigError, match="--tls-key: cannot read"):
-        TlsConfig(pki["server"].cert, tmp_path / "missing.pem").server_credentials()
+        TlsConfig(pki["server"].cert, tmp_path / "missing.pem")
     (tmp_path / "junk.pem").write_text("not a certificate")
     with pytest.raises(TlsConfigError, match="--tls-client-ca: .* holds no PEM block"):
-        TlsConfig(pki["server"].cert, pki["server"].key, tmp_path / "junk.pem").server_credentials()
+        TlsConfig(pki["server"].cert, pki["server"].key, tmp_path / "junk.pem")
     with pytest.raises(TlsConfigError, match="--tls-cert and --tls-key go together"):
         TlsConfig(pki["server"].cert, None)  # type: ignore[arg-type] - what `serve --tls-cert X` alone passes
     with pytest.raises(TlsConfigError, match="go together"):

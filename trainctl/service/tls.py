@@ -43,6 +43,7 @@ class TlsConfig:
     def __post_init__(self) -> None:
         if self.cert_file is None or self.key_file is None:
             raise TlsConfigError("--tls-cert and --tls-key go together: TLS needs both the certificate and its key")
+        self.server_credentials()  # fail at configuration time, not after the rest of the service started
 
     @property
     def mutual(self) -> bool:
