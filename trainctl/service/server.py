@@ -117,6 +117,7 @@ class Service:
         config = self.config
         authenticator = Authenticator.from_file(config.tokens_file)
         check_exposure(config.address, authenticator)
+        policy = DataPathPolicy(config.data_roots) if config.data_roots else None
         ray_address = config.ray_address
         if ray_address is None:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -137,7 +138,6 @@ class Service:
             self.store, self.pool, self._runtime, Path(config.data_dir).resolve() / "runs",
             metrics=self.metrics, quota_of=authenticator.quota,
         )
-        policy = DataPathPolicy(config.data_roots) if config.data_roots else None
         servicer = TrainingServicer(
             self.store, self.scheduler, self.pool, authenticator, data_policy=policy, stopping=self._stopping,
             ray_nodes=self._ray_nodes,
