@@ -13,13 +13,15 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.state import list_actors, list_placement_groups
 
+from trainctl.parallelism.grid import RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, JobPhase, JobStatus
-from trainctl.workers.placement.plan import Placement, RankAssignment
+from trainctl.workers.placement import Placement, RankAssignment, place
 from trainctl.workers.rank_group import owned_by, rank_name
 from trainctl.workers.resources import NODE_LABEL, gpu_slot
 from trainctl.workers.runtime import JobAlreadyStarted, JobNotFound, PlacementError, RayRuntime
 from trainctl.workers.supervisor import supervisor_name
+from trainctl.workers.topology.model import simulated_topology
 
 
 def tiny_job(name: str, steps: int, *, max_restarts: int = 2, interval: int = 2) -> TrainingJob:
@@ -123,22 +125,34 @@ def test_cluster_nodes_report_labels_and_free_gpus(runtime, pool_partly_taken):
     assert nodes["node-1"].free_gpus == [2, 3] and nodes["node-2"].free_gpus == [0, 1, 2]
 
 
-def test_job_runs_on_the_planned_gpus_and_succeeds(runtime, pool_partly_taken, tmp_path):
-    placement = plan(("node-2", 2), ("node-1", 3))  # rank 0 on the later node, around the taken GPUs
-    runtime.start_job("ok-1", tiny_job("ok", steps=6), placement, tmp_path / "ok-1")
-    assert "ok-1" in runtime.running_jobs()
-    events, status = follow(runtime, "ok-1", finished)
+def test_solver_plan_on_a_fragmented_pool_runs_where_planned_and_succeeds(runtime, pool_partly_taken, tmp_path):
+    job = tiny_job("tpdp", steps=4).model_copy(deep=True)
+    job.spec.parallelism.tp = 2
+    job.spec.resources.gpus = 4
+    topology = simulated_topology(3, 4)
+    free = {n.name: set(n.free_gpus) for n in runtime.cluster_nodes() if n.name}
+    assert free["node-1"] == {2, 3} and free["node-2"] == {0, 1, 2}  # the pool is fragmented
+    grid = RankGrid.from_spec(job.spec.parallelism)
+    placement = place(grid, topology, free, job_spec=job.spec)
+    assert placement is not None and placement.split_groups == []
+    assert all(a.gpu in free[a.node] for a in placement.assignments)
+
+    runtime.start_job("tpdp-1", job, placement, tmp_path / "tpdp-1")
+    assert "tpdp-1" in runtime.running_jobs()
+    events, status = follow(runtime, "tpdp-1", finished)
     assert status.state is JobPhase.SUCCEEDED, status.reason
     assert states_of(events) == [JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.SUCCEEDED]
     [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
-    assert [(p["rank"], p["node"], p["gpu"]) for p in where] == [(0, "node-2", 2), (1, "node-1", 3)]
-    losses = steps_of(events)
-    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    actual = {p["rank"]: (p["node"], p["gpu"]) for p in where}
+    assert actual == {a.rank: (a.node, a.gpu) for a in placement.assignments}
+    for tp_group in grid.groups("tp"):  # no TP group straddles two nodes, as observed by the ranks
+        assert len({actual[r][0] for r in tp_group}) == 1
+    assert sorted(steps_of(events)) == [1, 2, 3, 4]
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
-    assert "steps_completed=6" in status.reason
+    assert "steps_completed=4" in status.reason
     # Released once drained; the log stays readable from the run directory.
-    assert_nothing_left("ok-1")
-    again = runtime.poll("ok-1", 0)
+    assert_nothing_left("tpdp-1")
+    again = runtime.poll("tpdp-1", 0)
     assert again.state is JobPhase.SUCCEEDED and [e.seq for e in again.events] == [e.seq for e in events]
 
 
