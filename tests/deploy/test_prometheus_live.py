@@ -149,3 +149,19 @@ def test_job_series_in_prometheus_match_the_job(run) -> None:
     gpus = prom.api("query", query=f"sum(max_over_time(trainctl_job_gpus{sel}[5m]))", time=run["end"])["result"]
     assert float(gpus[0]["value"][1]) == 2
     assert re.fullmatch(r"[\w.-]+", job.id)
+
+
+def test_report_of_the_finished_job(run, tmp_path) -> None:
+    import matplotlib.image
+
+    from trainctl.service.report import PANELS, build_figure, write_report
+
+    job = run["job"]
+    files = write_report(job, tmp_path / "report.png")
+    assert matplotlib.image.imread(files.png).shape[:2] == (900, 1500)
+    axes = {ax.get_title(): ax for ax in build_figure(job).axes if ax.get_title()}
+    assert list(axes) == list(PANELS)
+    assert list(axes["Loss"].get_lines()[0].get_ydata()) == [m.loss for m in job.metrics]
+    phases = {t.get_text() for t in axes["Step-time breakdown"].get_legend().get_texts()}
+    assert phases == {p for m in job.metrics for p in m.breakdown}
+    assert len(axes["Placement"].texts) == len(job.status.placement) == 2
