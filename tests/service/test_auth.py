@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from trainctl.service.auth import (
     token_main,
 )
 from trainctl.service.errors import ApiError
+from trainctl.service.hardening import StreamLimiter
 from trainctl.service.tenancy import ANONYMOUS, Principal, Quota, Role
 
 ALICE = generate_token()
@@ -265,3 +268,49 @@ def test_arbitrary_authorization_values_only_ever_fail_as_authentication_errors(
     except AuthenticationError:
         return
     assert principal.name == "alice"  # only the real token can get through
+
+
+def test_open_streams_are_capped_per_tenant(tmp_path: Path) -> None:
+    """A tenant holding its quota of streams gets RESOURCE_EXHAUSTED; other tenants and closed streams free slots."""
+    bob = generate_token()
+    access = write_access(tmp_path)
+    document = load_access_config(access).model_dump(mode="json")
+    document["tokens"].append({"name": "bob", "tenant": "nlp", "role": "user", "sha256": hash_token(bob)})
+    config = AccessConfig.model_validate(document)
+    limiter = StreamLimiter(2)
+    release = threading.Event()
+
+    def hold(request: bytes, context: grpc.ServicerContext):
+        yield request
+        while not release.is_set() and context.is_active():
+            release.wait(0.05)
+
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[AuthInterceptor(Authenticator(config), limiter)])
+    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {"Hold": grpc.unary_stream_rpc_method_handler(hold)})])
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    hold_call = channel.unary_stream("/test.Echo/Hold")
+    try:
+        streams = [hold_call(b"x", metadata=bearer_of(ALICE), timeout=20) for _ in range(2)]
+        assert [next(s) for s in streams] == [b"x", b"x"]  # both open and counted
+        assert limiter.open_streams("vision") == 2
+        with pytest.raises(grpc.RpcError) as info:
+            next(hold_call(b"x", metadata=bearer_of(ALICE), timeout=20))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "'vision'" in info.value.details()
+        other = hold_call(b"y", metadata=bearer_of(bob), timeout=20)
+        assert next(other) == b"y"  # another tenant is not affected
+        streams[0].cancel()
+        deadline = time.monotonic() + 10
+        while limiter.open_streams("vision") > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert next(hold_call(b"z", metadata=bearer_of(ALICE), timeout=20)) == b"z"  # the closed stream's slot is free
+    finally:
+        release.set()
+        channel.close()
+        srv.stop(None)
+    assert limiter.open_streams("vision") == 0 and limiter.open_streams("nlp") == 0
+
+
+def bearer_of(token: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")]

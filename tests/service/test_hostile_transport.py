@@ -10,7 +10,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits
+from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
 
 CHECK = "/grpc.health.v1.Health/Check"
 WATCH = "/grpc.health.v1.Health/Watch"
@@ -91,3 +91,11 @@ def test_message_limits_are_checked() -> None:
         MessageLimits(max_receive_bytes=10)
     options = dict(MessageLimits(max_receive_bytes=2048, max_send_bytes=4096).server_options())
     assert options == {"grpc.max_receive_message_length": 2048, "grpc.max_send_message_length": 4096, "grpc.so_reuseport": 0}
+
+
+def test_stream_limiter_needs_a_positive_cap() -> None:
+    with pytest.raises(ValueError, match="max_per_key must be at least 1"):
+        StreamLimiter(0)
+    limiter = StreamLimiter(1)
+    unary = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+    assert limiter.limit(unary, "t") is unary and limiter.limit(None, "t") is None  # only server streams are counted

@@ -35,7 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainctl.service.errors import ApiError
-from trainctl.service.hardening import rejecting_handler
+from trainctl.service.hardening import StreamLimiter, rejecting_handler
 from trainctl.service.tenancy import ANONYMOUS, TENANT_PATTERN, Principal, Quota, Role
 
 log = logging.getLogger(__name__)
@@ -255,15 +255,17 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     Refused calls get UNAUTHENTICATED and their payload is never decoded. The servicer learns who is
     calling from `Authenticator.principal_of(context)`, which re-derives the principal from the same
-    metadata (a hash and a few comparisons), so no state travels between the two.
+    metadata (a hash and a few comparisons), so no state travels between the two. With a
+    `StreamLimiter`, the server streams each tenant holds open are capped too.
     """
 
-    def __init__(self, authenticator: Authenticator):
+    def __init__(self, authenticator: Authenticator, streams: StreamLimiter | None = None):
         self._auth = authenticator
+        self._streams = streams
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
-        if not self._auth.enabled or method.startswith(PUBLIC_METHOD_PREFIXES):
+        if method.startswith(PUBLIC_METHOD_PREFIXES):
             return continuation(handler_call_details)
         try:
             principal = self._auth.authenticate(handler_call_details.invocation_metadata)
@@ -271,7 +273,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
             log.warning("refused %s: %s", method, exc)
             return rejecting_handler(continuation(handler_call_details), grpc.StatusCode.UNAUTHENTICATED, str(exc))
         log.debug("%s called by %s (tenant %s, %s)", method, principal.name, principal.tenant, principal.role)
-        return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        return self._streams.limit(handler, principal.tenant) if self._streams else handler
 
 
 def token_main(argv: Sequence[str] | None = None) -> int:

@@ -1,15 +1,21 @@
-"""Transport hardening for the gRPC server: message size limits, an exclusive port, malformed requests.
+"""Transport hardening for the gRPC server: message size limits, an exclusive port, malformed requests,
+and a cap on the server-streaming calls one tenant holds open.
 
 gRPC Python answers a request whose bytes do not decode as the method's message with INTERNAL
 ("Exception deserializing request!"). DESIGN.md decision 9 says nothing a client sends yields an
 internal error, so `MalformedRequestInterceptor` decodes requests itself and answers undecodable
 ones with INVALID_ARGUMENT naming the expected message type. `rejecting_handler` is also how the
 auth interceptor refuses a call without ever decoding its payload.
+
+Each open server stream (a following WatchJob) holds one of the server's handler threads until it
+ends. `StreamLimiter` caps how many one tenant holds, so a single tenant cannot take every thread and
+starve the others (and the health checks) of the server.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,3 +132,54 @@ class MalformedRequestInterceptor(grpc.ServerInterceptor):
 
         make = grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler
         return make(checked, request_deserializer=decode, response_serializer=handler.response_serializer)
+
+
+class StreamLimiter:
+    """At most `max_per_key` concurrent server-streaming calls per key (the caller's tenant)."""
+
+    def __init__(self, max_per_key: int):
+        if max_per_key < 1:
+            raise ValueError(f"max_per_key must be at least 1, got {max_per_key}")
+        self.max_per_key = max_per_key
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def open_streams(self, key: str) -> int:
+        """Streams `key` holds open now."""
+        with self._lock:
+            return self._open.get(key, 0)
+
+    def _acquire(self, key: str) -> bool:
+        with self._lock:
+            if self._open.get(key, 0) >= self.max_per_key:
+                return False
+            self._open[key] = self._open.get(key, 0) + 1
+            return True
+
+    def _release(self, key: str) -> None:
+        with self._lock:
+            self._open[key] -= 1
+            if not self._open[key]:
+                del self._open[key]
+
+    def limit(self, handler: grpc.RpcMethodHandler | None, key: str) -> grpc.RpcMethodHandler | None:
+        """`handler` unchanged unless it is unary-request, server-streaming; then counted against `key`
+        and answered RESOURCE_EXHAUSTED while `key` already holds `max_per_key` streams."""
+        if handler is None or handler.request_streaming or not handler.response_streaming:
+            return handler
+        behaviour = handler.unary_stream
+
+        def limited(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            if not self._acquire(key):
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{key!r} already holds {self.max_per_key} open streams (the most per tenant); close one and retry",
+                )
+            try:
+                yield from behaviour(request, context)
+            finally:
+                self._release(key)
+
+        return grpc.unary_stream_rpc_method_handler(
+            limited, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
