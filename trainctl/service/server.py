@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator, AuthInterceptor, check_exposure
-from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits
+from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
 from trainctl.service.interceptors import ErrorInterceptor
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 from trainctl.service.paths import DataPathPolicy
@@ -43,6 +43,8 @@ DEFAULT_METRICS_PORT = 9464
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainingService"].full_name
 EMBEDDED_GPUS = 4
 """Simulated GPUs of the single-node embedded Ray `trainctl serve` starts with no --ray-address."""
+STREAM_SHARE = 4
+"""One tenant may hold at most 1/STREAM_SHARE of the handler threads with open streams (WatchJob)."""
 
 
 @dataclass
@@ -79,7 +81,11 @@ def build_grpc_server(
     limits, the TrainingService, health checking and reflection. Tests build the same server."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainctl-rpc"),
-        interceptors=[AuthInterceptor(authenticator), MalformedRequestInterceptor(), ErrorInterceptor(observer)],
+        interceptors=[
+            AuthInterceptor(authenticator, StreamLimiter(max(1, workers // STREAM_SHARE))),
+            MalformedRequestInterceptor(),
+            ErrorInterceptor(observer),
+        ],
         options=(limits or MessageLimits()).server_options(),
     )
     pb_grpc.add_TrainingServiceServicer_to_server(servicer, server)
