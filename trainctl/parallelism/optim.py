@@ -30,7 +30,14 @@ def param_groups(params: Iterable[nn.Parameter], weight_decay: float) -> list[di
 
 
 def build_optimizer(params: Iterable[nn.Parameter], spec: TrainingSpec) -> torch.optim.Optimizer:
-    """AdamW (decoupled decay), Adafactor (torch.optim.Adafactor) or SGD with momentum = beta1."""
+    """AdamW (decoupled decay), Adafactor (torch.optim.Adafactor, plain tensors only) or SGD with
+    momentum = beta1 (coupled L2 weight decay is not applied to SGD)."""
+    params = list(params)
+    if spec.optimizer == "adafactor" and any(isinstance(p, DTensor) for p in params):
+        raise ValueError(
+            "spec.training.optimizer: adafactor cannot step sharded (DTensor) parameters, which this layout "
+            "creates (FSDP / ZeRO-2/3, TP or EP); use adamw or sgd, or DDP / ZeRO-1 without TP"
+        )
     groups = param_groups(params, spec.weight_decay)
     if spec.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps, foreach=True)

@@ -218,7 +218,17 @@ class Trainer:
         loss = self._forward_backward(micro_batches)
         if self.model.expert_parallel:
             require_module("expert_parallel", "expert parallelism").reduce_expert_gradients(self.model.parts)
+        self._align_grad_placements()
         return loss
+
+    @torch.no_grad()
+    def _align_grad_placements(self) -> None:
+        """Give every DTensor gradient its parameter's placements (e.g. a vocab-parallel embedding's
+        gradient arrives replicated): the optimizer, clipping and memory then see true shards."""
+        for p in self.model.parameters():
+            g = p.grad
+            if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
+                p.grad = g.redistribute(p.device_mesh, p.placements)
 
     def _forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         if self.pipeline is not None:

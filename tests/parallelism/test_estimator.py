@@ -1,0 +1,89 @@
+"""The estimator's parameter, gradient and optimizer bytes equal the real sharded tensors (CPU fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from harness import tiny_job
+from torch.distributed.tensor import DTensor
+
+from trainctl.parallelism.estimator import estimate_all, estimate_memory, flops_per_step, local_params
+from trainctl.parallelism.flops import training_flops_per_token
+from trainctl.spec.job import JobSpecBody
+from trainctl.spec.presets import resolve_model
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (DTensors by their local shard)."""
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        storage = local.untyped_storage()
+        if storage.data_ptr() in seen and storage.nbytes():
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+    return total
+
+
+def measure(rank: int, world_size: int, body_json: str) -> dict[str, int]:
+    """Worker: bytes of gradients after one backward, then of parameters and optimizer state after a step."""
+    from trainctl.parallelism.trainer import Trainer
+
+    trainer = Trainer(JobSpecBody.model_validate_json(body_json), rank=rank, world_size=world_size, device="cpu")
+    params = trainer.model.parameters()
+    trainer.forward_backward(trainer.loader.next_batch())
+    grads = storage_bytes(p.grad for p in params if p.grad is not None)
+    trainer.optimizer_step()
+    state = [t for opt in trainer.optimizers for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return {"params": storage_bytes(params), "grads": grads, "optimizer": storage_bytes(state)}
+
+
+CASES = {
+    "single": ({}, {}, {}),
+    "ddp-dp2": ({"dp_replicate": 2}, {}, {}),
+    "zero1-dp2-adafactor": ({"dp_shard": 2, "zero_stage": 1}, {}, {"optimizer": "adafactor"}),
+    "fsdp-dp4-padded": ({"dp_shard": 4, "zero_stage": 3}, {"vocab_size": 258}, {}),
+    "hsdp-2x2-zero2": ({"dp_replicate": 2, "dp_shard": 2, "zero_stage": 2}, {}, {}),
+    "pp2-tp2-sgd": ({"pp": 2, "tp": 2}, {}, {"optimizer": "sgd"}),
+    "moe-ep2-fsdp": ({"dp_shard": 2, "ep": 2}, {"preset": "debug-moe"}, {}),
+}
+
+
+@pytest.mark.parametrize(("layout", "model", "training"), CASES.values(), ids=CASES.keys())
+def test_param_grad_optimizer_bytes_are_exact(pool, corpus, layout, model, training):
+    body = tiny_job(corpus, steps=1, model=model, training=training, **layout)
+    measured = pool.run(measure, body.parallelism.world_size, body.model_dump_json())
+    config = resolve_model(body.model)
+    for rank, got in enumerate(measured):
+        est = estimate_memory(config, body, rank)
+        assert (est.params_bytes, est.grads_bytes, est.optimizer_bytes) == (got["params"], got["grads"], got["optimizer"]), rank
+
+
+def test_sharding_divides_the_state_and_padding_is_counted(corpus):
+    config = resolve_model(tiny_job(corpus).model)
+    single = estimate_memory(config, tiny_job(corpus), 0)
+    fsdp = estimate_all(config, tiny_job(corpus, dp_shard=4))
+    assert all(e.params_bytes * 4 == single.params_bytes for e in fsdp)
+    padded = tiny_job(corpus, dp_shard=4, model={"vocab_size": 258})
+    by_name = {p.name: p for p in local_params(resolve_model(padded.model), padded, 3)[0]}
+    assert by_name["output.weight"].storage_shape == (65, 64) and by_name["output.weight"].shape == (63, 64)
+
+
+def test_activation_checkpointing_and_context_parallel_shrink_activations(corpus):
+    config = resolve_model(tiny_job(corpus).model)
+    base = estimate_memory(config, tiny_job(corpus), 0).activations_bytes
+    full = estimate_memory(config, tiny_job(corpus, training={"activation_checkpointing": "full"}), 0).activations_bytes
+    cp2 = estimate_memory(config, tiny_job(corpus, cp=2), 0).activations_bytes
+    assert full < base and cp2 * 2 == base
+
+
+def test_flops_per_step_follows_the_documented_formula(corpus):
+    body = tiny_job(corpus)
+    config = resolve_model(body.model)
+    d, f, v, layers, s = 64, 128, 256, 4, 32
+    kv = 2 * 16
+    n_active = layers * (2 * d * d + 2 * d * kv + 3 * d * f) + d * v
+    assert training_flops_per_token(config, s) == 6 * n_active + 6 * layers * s * d
+    assert flops_per_step(config, body) == training_flops_per_token(config, s) * 8 * s

@@ -1,0 +1,237 @@
+"""Per-rank memory and per-step FLOPs of a job, without building it.
+
+Parameters, gradients and optimizer state are computed from the exact local shape of every parameter
+on the rank, following what the engine does (formulas in docs/engine.md):
+
+1. Full shapes from the model built on the meta device (no memory).
+2. Pipeline: the rank keeps the layers of its stages (pipeline.balanced_split), the embedding on the
+   first stage, the final norm and output on the last.
+3. Tensor parallel (tensor_parallel's plan): wq, wk, wv, w1, w3, tok_embeddings and output are split
+   on dim 0, wo and w2 on dim 1; norms and MoE layers are replicated across TP ranks.
+4. Expert parallel: the experts' stacked weights are split on dim 0 (experts) over the EP group.
+5. FSDP / ZeRO-2 / HSDP (`fully_shard`): every dense parameter is split on dim 0 over dp_shard x cp;
+   FSDP2 pads dim 0 to a multiple of the shard count, so parameter and gradient storage is
+   ceil(rows / S) rows on every rank, while optimizer state follows the unpadded local rows.
+   DDP and ZeRO-1 keep full parameters and gradients (DDP's gradient buckets are the gradients).
+6. Optimizer state per local parameter: AdamW 2 fp32 moments + a 4-byte step; SGD one momentum
+   buffer; Adafactor row and column factors (or a full variance for vectors) + a 4-byte step.
+   ZeRO-1 keeps state only for the parameters its rank owns (data_parallel.partition_sizes).
+
+Master weights, gradients and optimizer state are float32 whatever the compute dtype. Activations
+are an estimate (see `activation_bytes`), not exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil, prod
+
+import torch
+
+from trainctl.parallelism.data_parallel import effective_mode, partition_sizes
+from trainctl.parallelism.flops import training_flops_per_token
+from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.model import Transformer
+from trainctl.parallelism.pipeline import balanced_split, local_stage_indices
+from trainctl.spec.job import JobSpecBody
+from trainctl.spec.presets import ModelConfig
+
+FP32 = 4
+TP_DIM0 = ("wq", "wk", "wv", "w1", "w3", "tok_embeddings", "output")
+TP_DIM1 = ("wo", "w2")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one rank holds (parameters, gradients and optimizer state are exact on CPU fp32)."""
+
+    rank: int
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+
+
+@dataclass(frozen=True)
+class LocalParam:
+    """One parameter as a rank stores it."""
+
+    name: str
+    storage_shape: tuple[int, ...]
+    """Shape of the storage behind it (padded under FSDP)."""
+    shape: tuple[int, ...]
+    """Shape of the rank's local values (what optimizer state is shaped like)."""
+    dense: bool
+    """Data-parallel parameter (False for expert-parallel experts)."""
+
+
+def full_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's full shape, by name, from the model on the meta device."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def _module_of(name: str) -> str:
+    parts = name.split(".")
+    return parts[-2] if len(parts) >= 2 else parts[0]
+
+
+def _stage_names(names: list[str], config: ModelConfig, job: JobSpecBody, pp_rank: int) -> list[list[str]]:
+    """The parameter names of each model part (pipeline chunk) this pipeline rank holds."""
+    par = job.parallelism
+    if par.pp == 1:
+        return [names]
+    num_stages = par.pp * par.pp_virtual_stages
+    ranges = balanced_split(config.n_layers, num_stages)
+    out = []
+    for s in local_stage_indices(pp_rank, par.pp, par.pp_virtual_stages):
+        layers = {str(i) for i in ranges[s]}
+        keep = []
+        for name in names:
+            head = name.split(".")[0]
+            if head == "layers":
+                if name.split(".")[1] in layers:
+                    keep.append(name)
+            elif head == "tok_embeddings":
+                if s == 0:
+                    keep.append(name)
+            elif s == num_stages - 1:
+                keep.append(name)
+        out.append(keep)
+    return out
+
+
+def _split(shape: tuple[int, ...], dim: int, ways: int) -> tuple[int, ...]:
+    if shape[dim] % ways:
+        raise ValueError(f"dimension {dim} of a parameter of shape {shape} is not divisible by {ways}")
+    return (*shape[:dim], shape[dim] // ways, *shape[dim + 1 :])
+
+
+def local_params(config: ModelConfig, job: JobSpecBody, rank: int) -> list[list[LocalParam]]:
+    """Per model part on `rank`, every parameter's local shape under the job's layout."""
+    par = job.parallelism
+    grid = RankGrid.from_spec(par)
+    coords = grid.coords(rank)
+    shapes = full_shapes(config)
+    mode = effective_mode(par, dtensor_params=par.tp > 1)
+    fsdp = mode in ("zero2", "fsdp", "hsdp") or (mode == "ddp" and par.tp > 1)
+    shard_group = grid.group(("dp_shard", "cp"), rank)
+    n_shard, shard_index = len(shard_group), shard_group.index(rank)
+    parts = []
+    for names in _stage_names(list(shapes), config, job, coords["pp"]):
+        part = []
+        for name in names:
+            shape = shapes[name]
+            module = _module_of(name)
+            is_expert = ".moe.experts." in name
+            in_moe = ".moe." in name
+            if par.tp > 1 and not in_moe:
+                if module in TP_DIM0:
+                    shape = _split(shape, 0, par.tp)
+                elif module in TP_DIM1:
+                    shape = _split(shape, 1, par.tp)
+            if is_expert and par.ep > 1:
+                shape = _split(shape, 0, par.ep)
+            dense = not (is_expert and par.ep > 1)
+            storage = shape
+            if fsdp and dense and n_shard > 1:
+                rows = ceil(shape[0] / n_shard)
+                storage = (rows, *shape[1:])
+                mine = max(0, min(rows, shape[0] - shard_index * rows))
+                shape = (mine, *shape[1:])
+            part.append(LocalParam(name=name, storage_shape=storage, shape=shape, dense=dense))
+        parts.append(part)
+    return parts
+
+
+def optimizer_state_bytes(shape: tuple[int, ...], optimizer: str, momentum: float) -> int:
+    """Bytes of optimizer state for one local parameter of `shape` (float32)."""
+    numel = prod(shape)
+    if optimizer == "adamw":
+        return 2 * numel * FP32 + FP32
+    if optimizer == "sgd":
+        return numel * FP32 if momentum > 0 else 0
+    if optimizer == "adafactor":
+        if len(shape) > 1:
+            return (prod(shape[:-1]) + prod(shape[:-2]) * shape[-1]) * FP32 + FP32
+        return numel * FP32 + FP32
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int) -> int:
+    """Estimated bytes of activations saved for backward at the peak of a step on `rank`.
+
+    Per token and layer a block saves about 10 d + 4 f values (norm inputs and outputs, q, k, v
+    expanded to all heads, attention output and its projection input, the SwiGLU's two projections,
+    activation and product), with d and f divided by tp inside attention and the MLP (norm-side
+    values too under sequence parallel); the output layer saves the logits and their float32
+    softmax (2 V / tp per token). Tokens per micro-batch are micro_batch_size x seq_len / cp.
+    Activation checkpointing keeps only the block input (d per token) for checkpointed blocks.
+    With PP, stage i of a 1F1B-type schedule holds up to pp - i micro-batches in flight
+    (GPipe: all of them).
+    """
+    par = job.parallelism
+    train = job.training
+    grid = RankGrid.from_spec(par)
+    pp_rank = grid.coords(rank)["pp"]
+    elem = 2 if train.dtype == "bfloat16" else FP32
+    tokens = train.micro_batch_size * job.data.seq_len // par.cp
+    d, f = config.dim, config.ffn_dim
+    norm_side = 4 * d / (par.tp if par.sequence_parallel else 1)
+    full_block = tokens * elem * (norm_side + (6 * d + 4 * f) / par.tp)
+    checkpointed = tokens * elem * d
+    names = [n for part in _stage_names(list(full_shapes(config)), config, job, pp_rank) for n in part]
+    layers = sorted({int(n.split(".")[1]) for n in names if n.startswith("layers.")})
+    total = 0.0
+    for layer in layers:
+        ac = train.activation_checkpointing
+        total += checkpointed if ac == "full" or (ac == "selective" and layer % 2 == 0) else full_block
+    if any(n.startswith("output.") for n in names):
+        total += tokens * (elem + FP32) * config.vocab_size / par.tp
+    n_micro = train.global_batch_size // (grid.dp * train.micro_batch_size)
+    in_flight = 1 if par.pp == 1 else (n_micro if par.pp_schedule == "gpipe" else min(n_micro, par.pp - pp_rank))
+    return int(total * in_flight)
+
+
+def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int) -> MemoryEstimate:
+    """Bytes of parameters, gradients, optimizer state and activations on `rank`."""
+    par = job.parallelism
+    train = job.training
+    mode = effective_mode(par, dtensor_params=par.tp > 1)
+    n_shard = par.dp_shard * par.cp
+    grid = RankGrid.from_spec(par)
+    shard_index = grid.group(("dp_shard", "cp"), rank).index(rank)
+    params = grads = optim = 0
+    for part in local_params(config, job, rank):
+        stored = [prod(p.storage_shape) * FP32 for p in part]
+        params += sum(stored)
+        grads += sum(stored)
+        owned = part
+        if mode == "zero1":
+            dense = [p for p in part if p.dense]
+            owner = partition_sizes([prod(p.shape) for p in dense], n_shard)
+            owned = [p for p, o in zip(dense, owner, strict=True) if o == shard_index] + [p for p in part if not p.dense]
+        optim += sum(optimizer_state_bytes(p.shape, train.optimizer, train.beta1) for p in owned)
+    return MemoryEstimate(
+        rank=rank,
+        params_bytes=params,
+        grads_bytes=grads,
+        optimizer_bytes=optim,
+        activations_bytes=activation_bytes(config, job, rank),
+    )
+
+
+def estimate_all(config: ModelConfig, job: JobSpecBody) -> list[MemoryEstimate]:
+    """`estimate_memory` of every rank, in rank order."""
+    return [estimate_memory(config, job, r) for r in range(job.parallelism.world_size)]
+
+
+def flops_per_step(config: ModelConfig, job: JobSpecBody) -> int:
+    """Training FLOPs of one optimizer step over all ranks (flops.training_flops_per_token x tokens)."""
+    tokens = job.training.global_batch_size * job.data.seq_len
+    return training_flops_per_token(config, job.data.seq_len) * tokens
