@@ -18,6 +18,7 @@ import ray
 from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 
+from trainctl.workers.rank_worker import free_port
 from trainctl.workers.resources import NODE_LABEL, slot_resources
 from trainctl.workers.topology.model import TopologyMap, simulated_topology
 
@@ -105,9 +106,14 @@ def start_embedded(
     )
     try:
         for index, (name, node_labels) in enumerate(labels.items()):
-            extra = {"include_dashboard": dashboard, "num_cpus": head_cpus} if index == 0 else {"num_cpus": 0}
+            extra: dict[str, Any] = {"num_cpus": 0}
+            if index == 0:
+                extra = {"num_cpus": head_cpus, "include_dashboard": dashboard}
+                if dashboard:  # never Ray's fixed default port: other clusters may run on this machine
+                    extra["dashboard_port"] = free_port(LOOPBACK)
             embedded._nodes[name] = cluster.add_node(
                 node_ip_address=LOOPBACK,
+                dashboard_agent_listen_port=None,  # a free port, not the fixed default
                 num_gpus=0,
                 resources=slot_resources(gpus_per_node),
                 labels=node_labels,

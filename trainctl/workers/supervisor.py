@@ -66,6 +66,9 @@ class SupervisorConfig:
     """Seconds to wait for a rank to answer a set-up call."""
     watch_interval: float = 0.5
     """Seconds between checks of the ranks, the cancel flag and step progress."""
+    startup_grace: float = 300.0
+    """Seconds a new generation may take to its first step report (imports, data, model build, resume)
+    before it counts as hung; ``scheduling.step_timeout_seconds`` applies once steps are reported."""
 
 
 class _Outcome(Enum):
@@ -119,6 +122,7 @@ class JobSupervisor:
         self._group: RankGroup | None = None
         self._generation = 1 + max((e.generation for e in self._log.all()), default=-1)
         self._progress_at = time.monotonic()
+        self._stepping = False
         self._stats = _StepStats()
         self._thread: threading.Thread | None = None
         status = self.poll(0, 1)
@@ -176,6 +180,7 @@ class JobSupervisor:
         if generation != self._generation:
             return
         self._progress_at = time.monotonic()
+        self._stepping = True
         step = int(report["step"])
         self._stats.add(rank, step, report.get("step_time_seconds"))
         if step <= self._stats.last_emitted:
@@ -251,14 +256,15 @@ class JobSupervisor:
             )
             checkpoint_dir = self._run_dir / CHECKPOINT_SUBDIR
             checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            self._progress_at = time.monotonic()
+            self._stepping = False
+            self._stats = _StepStats()
             refs = group.start(
                 self._job.spec.model_dump_json(),
                 str(checkpoint_dir),
                 ray.get_runtime_context().current_actor,
                 cfg.call_timeout,
             )
-            self._progress_at = time.monotonic()
-            self._stats = _StepStats()
             nodes = sorted({loc.node or "?" for loc in locations})
             self._state(
                 JobPhase.RUNNING,
@@ -276,7 +282,7 @@ class JobSupervisor:
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, dict[str, Any]] = {}
         pending = list(refs)
-        timeout = self._job.spec.scheduling.step_timeout_seconds
+        step_timeout = self._job.spec.scheduling.step_timeout_seconds
         while pending:
             if self._cancel.is_set():
                 return _Outcome.CANCELLED, "cancelled"
@@ -290,10 +296,12 @@ class JobSupervisor:
                 except RayTaskError as exc:
                     return _Outcome.FAILED, f"rank {rank} failed: {_first_line(exc)}"
             idle = time.monotonic() - self._progress_at
-            if pending and idle > timeout:
+            if pending and self._stepping and idle > step_timeout:
                 return _Outcome.FAILED, (
-                    f"no step progress for {idle:.0f}s (scheduling.step_timeout_seconds={timeout:g}); ranks hung"
+                    f"no step progress for {idle:.0f}s (scheduling.step_timeout_seconds={step_timeout:g}); ranks hung"
                 )
+            if pending and not self._stepping and idle > max(step_timeout, self._cfg.startup_grace):
+                return _Outcome.FAILED, f"no first step within {idle:.0f}s of starting the ranks; ranks hung"
         return _Outcome.SUCCEEDED, _summary(results.get(0, {}), len(refs))
 
     # ---- helpers ---------------------------------------------------------------------------------

@@ -224,6 +224,8 @@ class CostBreakdown:
     """Outermost level any group of the dimension spans."""
     split_groups: dict[str, list[list[int]]] = field(default_factory=dict)
     """TP / EP / CP groups that cross an NVLink domain (or node, where there is no NVLink)."""
+    uplink_bytes: float = 0.0
+    """Bytes per step the job sends up through leaf uplinks: what other tenants' traffic would slow."""
 
     @property
     def total_seconds(self) -> float:
@@ -249,7 +251,11 @@ def evaluate(traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex) -
             spans = entry.groups
         levels = [index.level([slots[r] for r in span]) for span in spans]
         factors = _contention(entry.pattern, spans, levels, slots, index)
+        volume = entry.bytes_per_rank()
         for span, level, factor in zip(spans, levels, factors, strict=True):
+            if level in ("spine", "core"):
+                leaves = Counter(index.gpu_leaf[slots[r]] for r in span)
+                result.uplink_bytes += volume * sum(_flows(entry.pattern, n, len(span)) for n in leaves.values())
             bw = index.level_bw[level] / factor
             t = entry.seconds(bw, index.level_latency[level])
             worst = max(worst, t)
@@ -258,7 +264,7 @@ def evaluate(traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex) -
             if entry.dim in SPLIT_DIMS and len({index.unit_of(slots[r]) for r in span}) > 1:
                 result.split_groups.setdefault(entry.dim, []).append(list(span))
         result.seconds_by_dim[entry.dim] = result.seconds_by_dim.get(entry.dim, 0.0) + worst
-        result.bytes_by_dim[entry.dim] = result.bytes_by_dim.get(entry.dim, 0.0) + entry.bytes_per_rank()
+        result.bytes_by_dim[entry.dim] = result.bytes_by_dim.get(entry.dim, 0.0) + volume
         prev = result.level_by_dim.get(entry.dim, "nvlink")
         result.level_by_dim[entry.dim] = max(prev, level_max, key=_LEVEL_ORDER.__getitem__)
     return result

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
+from itertools import product
 
 from trainctl.parallelism.grid import RankGrid
 from trainctl.spec.presets import ModelConfig, resolve_model
@@ -123,14 +124,32 @@ def _free_by_node(free: Mapping[str, set[int]], index: FabricIndex) -> dict[int,
     return out
 
 
-def job_blocks(grid: RankGrid) -> list[int]:
-    """Contiguous rank-block sizes of the grid, inner to outer (tp, tp*cp, ..., world)."""
+ORDERS: tuple[tuple[str, ...], ...] = (
+    ("pp", "dp_replicate", "dp_shard", "cp", "tp"),
+    ("dp_replicate", "dp_shard", "pp", "cp", "tp"),
+)
+"""Nesting orders tried, outer to inner: the grid's own (pipeline stages outermost, data-parallel
+groups inside a stage's block) and pipeline inside data parallel (when stage boundaries carry more
+than gradient sync, e.g. small models with long sequences). TP and CP stay innermost in both."""
+
+
+def job_blocks(grid: RankGrid, order: tuple[str, ...] = ORDERS[0]) -> list[int]:
+    """Contiguous position-block sizes of the grid in `order`, inner to outer (tp, tp*cp, ..., world)."""
     sizes, acc = [], 1
-    for degree in (grid.tp, grid.cp, grid.dp_shard, grid.dp_replicate, grid.pp):
+    for dim in reversed(order):
+        degree = getattr(grid, dim)
         acc *= degree
         if degree > 1 or not sizes:
             sizes.append(acc)
     return sorted(set(sizes))
+
+
+def positions(grid: RankGrid, order: tuple[str, ...]) -> list[int]:
+    """The rank at each position when ranks are enumerated in `order` (outer to inner)."""
+    return [
+        grid.rank_of(**dict(zip(order, coords, strict=True)))
+        for coords in product(*(range(getattr(grid, d)) for d in order))
+    ]
 
 
 def atom_sizes(grid: RankGrid) -> list[int]:
@@ -154,17 +173,34 @@ class _Solver:
     # ---- top level ---------------------------------------------------------------------------------
     def solve(self) -> list[Slot]:
         best: tuple[tuple[float, ...], list[Slot], CostBreakdown] | None = None
-        for atom in atom_sizes(self.grid):
-            for aligned in (True, False):
-                slots = self._construct(self.free, atom, 0, self.world, aligned)
-                best = self._keep_better(best, slots)
-            if best is not None and not any(best[0][: len(SPLIT_DIMS)]):
-                break
-        if self.grid.tp > 1 and (best is None or best[0][0] > 0):
-            best = self._keep_better(best, self._construct_mixed(self.grid.tp))
+        for order in ORDERS:
+            if order != ORDERS[0] and (self.grid.pp == 1 or self.grid.ep > 1 or self.grid.dp == 1):
+                continue
+            perm = positions(self.grid, order)
+            blocks = job_blocks(self.grid, order)
+            whole = False
+            for atom in atom_sizes(self.grid) if order == ORDERS[0] else atom_sizes(RankGrid(tp=self.grid.tp, cp=self.grid.cp)):
+                for aligned in (True, False):
+                    slots = self._construct(self.free, atom, 0, self.world, blocks if aligned else [1])
+                    best = self._keep_better(best, self._by_rank(perm, slots))
+                whole = best is not None and not any(best[0][: len(SPLIT_DIMS)])
+                if whole:
+                    break
+            if not whole and self.grid.tp > 1:
+                best = self._keep_better(best, self._by_rank(perm, self._construct_mixed(self.grid.tp, blocks)))
         if best is None:
             raise AssertionError("unreachable: with enough free GPUs, atom size 1 always places")
         return self._improve(best[1], best[2])
+
+    @staticmethod
+    def _by_rank(perm: list[int], slots: list[Slot] | None) -> list[Slot] | None:
+        """Slots by position -> slots by rank."""
+        if slots is None:
+            return None
+        out: list[Slot] = [slots[0]] * len(slots)
+        for position, rank in enumerate(perm):
+            out[rank] = slots[position]
+        return out
 
     def _keep_better(
         self, best: tuple[tuple[float, ...], list[Slot], CostBreakdown] | None, slots: list[Slot] | None
@@ -173,7 +209,7 @@ class _Solver:
             return best
         cost = evaluate(self.traffic, slots, self.index)
         key = cost.objective()
-        return (key, slots, cost) if best is None or key < best[0] else best
+        return (key, slots, cost) if best is None or _preferred(cost, best[2]) else best
 
     # ---- construction ------------------------------------------------------------------------------
     def _tree(self, free: dict[int, list[int]]) -> tuple[Counter[int], list]:
@@ -188,35 +224,38 @@ class _Solver:
         return units, [[tree[s][ls] for ls in sorted(tree[s])] for s in sorted(tree)]
 
     def _construct(
-        self, free: dict[int, list[int]], atom: int, first_rank: int, count: int, aligned: bool
+        self, free: dict[int, list[int]], atom: int, first: int, count: int, blocks: list[int]
     ) -> list[Slot] | None:
-        """Slots for ranks first_rank .. first_rank + count - 1 in atoms of `atom` ranks, or None."""
+        """Slots for positions first .. first + count - 1 in atoms of `atom` positions, or None.
+
+        `blocks` are the job's contiguous block sizes the split points align to ([1]: no alignment).
+        """
         unit_free, tree = self._tree(free)
         caps = {u: f // atom for u, f in unit_free.items()}
         needed = count // atom
         if sum(caps.values()) < needed:
             return None
-        blocks = [b // atom for b in job_blocks(self.grid) if b % atom == 0 and b >= atom] if aligned else [1]
-        picks = self._choose(tree, needed, caps, blocks)
+        in_atoms = [b // atom for b in blocks if b % atom == 0 and b >= atom] or [1]
+        picks = self._choose(tree, needed, caps, in_atoms)
         if picks is None:
             return None
         slots: list[Slot] = []
         for unit, n_atoms in picks:
-            slots.extend(self._fill_unit(free, unit, first_rank + len(slots), n_atoms * atom))
+            slots.extend(self._fill_unit(free, unit, first + len(slots), n_atoms * atom))
         return slots
 
-    def _construct_mixed(self, atom: int) -> list[Slot] | None:
+    def _construct_mixed(self, atom: int, blocks: list[int]) -> list[Slot] | None:
         """When not every atom fits whole: as many whole atoms as fit, the remaining ranks GPU by GPU."""
         unit_free, _ = self._tree(self.free)
         whole = sum(f // atom for f in unit_free.values()) * atom
         if whole == 0:
             return None
-        head = self._construct(self.free, atom, 0, whole, True)
+        head = self._construct(self.free, atom, 0, whole, blocks)
         if head is None:
             return None
         taken = set(head)
         rest = {n: [g for g in gpus if (n, g) not in taken] for n, gpus in self.free.items()}
-        tail = self._construct({n: g for n, g in rest.items() if g}, 1, whole, self.world - whole, True)
+        tail = self._construct({n: g for n, g in rest.items() if g}, 1, whole, self.world - whole, blocks)
         return None if tail is None else head + tail
 
     def _cap(self, child: object, caps: dict[int, int]) -> int:
@@ -271,12 +310,12 @@ class _Solver:
                 out.extend(sub)
         return out
 
-    def _fill_unit(self, free: dict[int, list[int]], unit: int, first_rank: int, count: int) -> list[Slot]:
-        """GPUs of one NVLink unit for ranks first_rank.. first_rank+count-1, rail-matched per node."""
+    def _fill_unit(self, free: dict[int, list[int]], unit: int, first: int, count: int) -> list[Slot]:
+        """GPUs of one NVLink unit for positions first .. first+count-1, rail-matched per node."""
         nodes = [n for n in self.index.unit_nodes[unit] if n in free]
         nodes.sort(key=lambda n: (-len(free[n]), n))
         slots: list[Slot] = []
-        rank = first_rank
+        rank = first
         for nid in nodes:
             if len(slots) == count:
                 break
@@ -403,4 +442,20 @@ class _Solver:
 
 _LEVELS = ("nvlink", "host", "leaf", "spine", "core")
 _MAX_FAILED_GROUPS = 3
+TIE_TOLERANCE = 0.02
+"""Candidates whose modelled times are within this fraction count as tied; the tie goes to the one
+sending fewer bytes through leaf uplinks (what other tenants' traffic, which the map cannot see,
+would slow): with non-blocking fabrics this keeps data-parallel rings under one leaf set and puts
+pipeline boundaries across."""
+
+
+def _preferred(a: CostBreakdown, b: CostBreakdown) -> bool:
+    """Whether candidate `a` beats `b`: fewer split groups, then time, near-ties by uplink bytes."""
+    splits_a, splits_b = a.objective()[:-1], b.objective()[:-1]
+    if splits_a != splits_b:
+        return splits_a < splits_b
+    ta, tb = a.total_seconds, b.total_seconds
+    if abs(ta - tb) <= TIE_TOLERANCE * min(ta, tb) and a.uplink_bytes != b.uplink_bytes:
+        return a.uplink_bytes < b.uplink_bytes
+    return ta < tb
 """Local search stops after this many worst groups in a row admit no improving swap."""
