@@ -70,7 +70,7 @@ class SecureService:
         return grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
 
     def stop(self) -> None:
-        self.server.stop(None)
+        self.server.stop(grace=2).wait()  # let handlers (a WatchJob noticing its deadline) finish before the store closes
         self.store.close()
 
 

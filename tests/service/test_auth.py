@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import threading
 import time
 from concurrent import futures
@@ -314,3 +315,41 @@ def test_open_streams_are_capped_per_tenant(tmp_path: Path) -> None:
 
 def bearer_of(token: str) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")]
+
+
+def touch_later(path: Path, seconds: int) -> None:
+    """Give `path` a distinct modification time (file systems with coarse timestamps)."""
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + seconds * 1_000_000_000))
+
+
+def test_access_file_changes_apply_without_a_restart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write_access(tmp_path)
+    auth = Authenticator.from_file(path, reload_seconds=0)
+    assert auth.authenticate_token(ALICE).tenant == "vision"
+    assert auth.quota("vision") == Quota(running_gpus=4, queued_jobs=2)
+
+    carol = generate_token()
+    path.write_text(yaml.safe_dump({
+        "tokens": [{"name": "carol", "tenant": "vision", "sha256": hash_token(carol)}],
+        "tenants": {"vision": {"running_gpus": 1}},
+    }))
+    touch_later(path, 1)
+    with pytest.raises(AuthenticationError, match="invalid token"):
+        auth.authenticate_token(ALICE)  # revoked
+    assert auth.authenticate_token(carol).name == "carol"
+    assert auth.quota("vision") == Quota(running_gpus=1)
+
+    path.write_text("tokens: [{name: broken}]")
+    touch_later(path, 2)
+    with caplog.at_level(logging.ERROR, logger="trainctl.service.auth"):
+        assert auth.authenticate_token(carol).name == "carol"  # a bad edit keeps the version in force
+    assert "keeping the previously loaded version" in caplog.text and "tokens[0].tenant" in caplog.text
+
+
+def test_reloads_are_throttled(tmp_path: Path) -> None:
+    path = write_access(tmp_path)
+    auth = Authenticator.from_file(path, reload_seconds=3600)
+    path.write_text(yaml.safe_dump({"tokens": [{"name": "x", "tenant": "t", "sha256": "0" * 64}]}))
+    touch_later(path, 1)
+    assert auth.authenticate_token(ALICE).name == "alice"  # not checked again within the interval

@@ -24,10 +24,14 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import os
 import re
 import secrets
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -46,6 +50,9 @@ MIN_TOKEN_LENGTH = 32
 """Shortest token `hash_token` accepts: anything shorter is too guessable for an unsalted hash."""
 _TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")
 _BEARER = re.compile(r"^\s*bearer\s+(\S+)\s*$", re.IGNORECASE)
+
+RELOAD_SECONDS = 5.0
+"""How often, at most, the access file's modification time is checked for a reload."""
 
 PUBLIC_METHOD_PREFIXES = (
     "/grpc.health.v1.Health/",
@@ -153,6 +160,10 @@ def load_access_config(path: str | Path) -> AccessConfig:
         raise AuthConfigError(f"access file {path}: {problems}") from exc
 
 
+def _mtime_ns(path: Path) -> int:
+    return os.stat(path).st_mtime_ns
+
+
 def _dotted(loc: Sequence[str | int]) -> str:
     out = ""
     for part in loc:
@@ -160,15 +171,43 @@ def _dotted(loc: Sequence[str | int]) -> str:
     return out or "<document>"
 
 
-class Authenticator:
-    """Turns call metadata into a Principal. Without an access file, authentication is off."""
+@dataclass(frozen=True)
+class _Loaded:
+    """One version of the access file, swapped in whole so readers never see half of a reload."""
 
-    def __init__(self, config: AccessConfig | None):
-        self._config = config
-        self._entries = [(bytes.fromhex(e.sha256), e) for e in config.tokens] if config else []
+    config: AccessConfig
+    entries: tuple[tuple[bytes, TokenEntry], ...]
+    mtime_ns: int | None
 
     @classmethod
-    def from_file(cls, path: str | Path | None) -> Authenticator:
+    def of(cls, config: AccessConfig, mtime_ns: int | None = None) -> _Loaded:
+        return cls(config, tuple((bytes.fromhex(e.sha256), e) for e in config.tokens), mtime_ns)
+
+
+class Authenticator:
+    """Turns call metadata into a Principal. Without an access file, authentication is off.
+
+    Built `from_file`, it re-reads the file when its modification time changes (checked at most every
+    `reload_seconds`, on the next call), so tokens are added and revoked without a restart. A changed
+    file that does not validate is logged and ignored: the previous version stays in force.
+    """
+
+    def __init__(
+        self,
+        config: AccessConfig | None,
+        *,
+        path: Path | None = None,
+        mtime_ns: int | None = None,
+        reload_seconds: float = RELOAD_SECONDS,
+    ):
+        self._loaded = _Loaded.of(config, mtime_ns) if config else None
+        self._path = path
+        self._reload_seconds = reload_seconds
+        self._checked = time.monotonic()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_file(cls, path: str | Path | None, *, reload_seconds: float = RELOAD_SECONDS) -> Authenticator:
         """Authentication from an access file; with None it is off, and a warning says so."""
         if path is None:
             log.warning(
@@ -177,30 +216,62 @@ class Authenticator:
                 ANONYMOUS.tenant,
             )
             return cls(None)
+        try:
+            mtime = _mtime_ns(Path(path))  # before reading: a change in between is picked up by the next check
+        except OSError as exc:
+            raise AuthConfigError(f"cannot read access file {path}: {exc.strerror}") from exc
         config = load_access_config(path)
         log.info("authentication on: %d tokens, %d tenants with quotas", len(config.tokens), len(config.tenants))
-        return cls(config)
+        return cls(config, path=Path(path), mtime_ns=mtime, reload_seconds=reload_seconds)
 
     @property
     def enabled(self) -> bool:
         """Whether calls must carry a valid bearer token."""
-        return self._config is not None
+        return self._loaded is not None
+
+    def _current(self) -> _Loaded | None:
+        """The access file in force, re-read first if it changed on disk."""
+        loaded = self._loaded
+        if loaded is None or self._path is None or time.monotonic() - self._checked < self._reload_seconds:
+            return loaded
+        with self._lock:
+            if time.monotonic() - self._checked < self._reload_seconds:
+                return self._loaded
+            self._checked = time.monotonic()
+            try:
+                mtime = _mtime_ns(self._path)
+            except OSError as exc:
+                log.error("access file %s unreadable (%s); keeping the loaded version", self._path, exc.strerror)
+                return self._loaded
+            if mtime == self._loaded.mtime_ns:
+                return self._loaded
+            try:
+                config = load_access_config(self._path)
+            except AuthConfigError as exc:
+                log.error("%s; keeping the previously loaded version", exc)
+                self._loaded = replace(self._loaded, mtime_ns=mtime)  # do not re-parse the bad file each call
+                return self._loaded
+            self._loaded = _Loaded.of(config, mtime)
+            log.info("access file reloaded: %d tokens, %d tenants with quotas", len(config.tokens), len(config.tenants))
+            return self._loaded
 
     def quota(self, tenant: str) -> Quota:
         """The quota of `tenant` (unlimited when authentication is off)."""
-        if self._config is None:
+        loaded = self._current()
+        if loaded is None:
             return Quota()
-        return self._config.tenants.get(tenant, self._config.default_quota)
+        return loaded.config.tenants.get(tenant, loaded.config.default_quota)
 
     def authenticate_token(self, token: str | None) -> Principal:
         """The principal holding `token` (None: the call carried none); AuthenticationError if none does."""
-        if self._config is None:
+        loaded = self._current()
+        if loaded is None:
             return ANONYMOUS
         if token is None:
             raise AuthenticationError("missing credentials: send metadata 'authorization: Bearer <token>'")
         presented = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
         found = None
-        for digest, entry in self._entries:  # no early exit: the time spent does not depend on which entry matches
+        for digest, entry in loaded.entries:  # no early exit: the time spent does not depend on which entry matches
             if hmac.compare_digest(presented, digest):
                 found = entry
         if found is None:
@@ -209,7 +280,7 @@ class Authenticator:
 
     def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal:
         """The principal of a call's metadata (`authorization: Bearer <token>`); AuthenticationError if none."""
-        if self._config is None:
+        if not self.enabled:
             return ANONYMOUS
         values = [value for key, value in (metadata or ()) if key.lower() == "authorization"]
         if len(values) > 1:
