@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from harness import assert_equivalent, run_layout, run_reference, tiny_job
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 
-from trainctl.parallelism.context_parallel import apply_context_parallel, make_layout, shard_sequence
+from trainctl.parallelism.context_parallel import (
+    apply_context_parallel,
+    make_layout,
+    shard_batch_for_cp,
+    shard_sequence,
+)
 from trainctl.parallelism.model import build_model
+from trainctl.parallelism.pipeline import split_pipeline_stages
+from trainctl.parallelism.tensor_parallel import apply_tensor_parallel, loss_context
 from trainctl.parallelism.trainer import Trainer
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import PRESETS
@@ -87,3 +97,49 @@ def _cp_logits(rank: int, world_size: int, load_balance: bool) -> list[float]:
 def test_cp_model_defaults_to_its_shard_positions(pool, load_balance):
     for explicit, default in pool.run(_cp_logits, 2, load_balance):
         assert explicit < 1e-5 and default < 1e-5, (explicit, default)
+
+
+def _sp_pipeline_stages(rank: int, world_size: int, cp: int) -> dict[str, float]:
+    """Two pipeline stages of one model under tp x cp with SP, run back to back on every rank.
+
+    Returns the stage-0 output type and the largest relative differences from the full model.
+    """
+    torch.manual_seed(0)
+    config = PRESETS["debug"]
+    tokens = torch.randint(0, config.vocab_size, (2, 33))
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    full = build_model(config, seed=3)
+    F.cross_entropy(full(inputs).flatten(0, 1), labels.flatten()).backward()
+
+    mesh = init_device_mesh("cpu", (cp, world_size // cp), mesh_dim_names=("cp", "tp"))
+    model = build_model(config, seed=3)
+    stages = [split_pipeline_stages(model, pp_rank=r, pp=2)[0].module for r in (0, 1)]
+    for stage in stages:
+        apply_tensor_parallel(stage, mesh["tp"], sequence_parallel=True)
+        if cp > 1:
+            apply_context_parallel(stage, mesh["cp"], load_balance=True)
+    if cp > 1:
+        inputs, labels, positions = shard_batch_for_cp(inputs, labels, mesh["cp"], load_balance=True)
+    hidden = stages[0](inputs)
+    with loss_context(True):
+        loss = F.cross_entropy(stages[1](hidden).flatten(0, 1), labels.flatten())
+        loss.backward()
+    worst = 0.0
+    for name, param in model.named_parameters():
+        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+        if cp > 1:
+            dist.all_reduce(grad, group=mesh["cp"].get_group())
+            grad = grad / cp
+        want = full.get_parameter(name).grad
+        worst = max(worst, float((grad - want).abs().max() / want.abs().max()))
+    return {
+        "plain_boundary": float(not isinstance(hidden, DTensor) and hidden.shape[1] == 32 // world_size),
+        "grad_rel_err": worst,
+    }
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_sp_pipeline_stage_boundaries_carry_local_shards(pool, cp):
+    for result in pool.run(_sp_pipeline_stages, 2 * cp, cp):
+        assert result["plain_boundary"] == 1.0
+        assert result["grad_rel_err"] < 1e-4, result

@@ -15,6 +15,10 @@ feed-forward inputs are all-gathered along the sequence, and their row-parallel 
 reduce-scattered back to sequence shards. Activations stay DTensors (not local tensors) so the model
 still sees the global sequence length when it builds default positions.
 
+Pipeline stages under SP exchange plain local sequence shards [batch, seq / tp, dim]: a stage without
+the embedding wraps its input as a sequence-sharded DTensor, one without the output head unwraps its
+result, so the stage boundary carries ordinary tensors and positions still span the whole sequence.
+
 MoE blocks (`moe` instead of `feed_forward`) keep their MoE module replicated across TP ranks: its
 input is gathered to full (replicated) activations and, under SP, its output is re-sharded.
 """
@@ -22,6 +26,7 @@ input is gathered to full (replicated) activations and, under SP, its output is 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -133,7 +138,29 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     for param in model.parameters():
         if isinstance(param, DTensor) and all(p.is_replicate() for p in param.placements):
             param.register_post_accumulate_grad_hook(_reduce_partial_grad)
+    if sequence_parallel and getattr(model, "tok_embeddings", "absent") is None:
+        # Prepended: context parallel's default-positions hook must see the global (DTensor) length.
+        model.register_forward_pre_hook(partial(_stage_input_to_dtensor, tp_mesh), with_kwargs=True, prepend=True)
+    if sequence_parallel and getattr(model, "output", "absent") is None:
+        model.register_forward_hook(_stage_output_to_local)
     return model
+
+
+def _stage_input_to_dtensor(tp_mesh: DeviceMesh, module: nn.Module, args: tuple, kwargs: dict):
+    """Pipeline stage without the embedding, under SP: its input is this rank's sequence shard.
+
+    Checked at call time and idempotent: pipeline stage views may share one hook table.
+    """
+    if module.tok_embeddings is None and args and not isinstance(args[0], DTensor):
+        return (DTensor.from_local(args[0], tp_mesh, [Shard(1)], run_check=False), *args[1:]), kwargs
+    return None
+
+
+def _stage_output_to_local(module: nn.Module, args: tuple, output: object) -> object:
+    """Pipeline stage without the output head, under SP: send the local sequence shard on."""
+    if module.output is None and isinstance(output, DTensor):
+        return output.to_local()
+    return output
 
 
 def _reduce_partial_grad(param: DTensor) -> None:
