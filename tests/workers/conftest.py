@@ -16,10 +16,12 @@ NODES = 3
 GPUS_PER_NODE = 4
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def embedded_ray() -> EmbeddedRay:
     """3 labelled nodes x 4 simulated GPUs on loopback, with the dashboard (ray.util.state needs it);
-    the test process is connected in namespace ``trainctl``."""
+    the test process is connected in namespace ``trainctl`` until the tests of this package end."""
+    if ray.is_initialized():  # a connection another test package left open
+        ray.shutdown()
     cluster = start_embedded(NODES, GPUS_PER_NODE, dashboard=True)
     try:
         ray.init(address=cluster.address, namespace="trainctl", log_to_driver=False)

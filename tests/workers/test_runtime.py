@@ -4,6 +4,7 @@ checkpoint with the same losses; max_restarts is enforced; bad placements get cl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -216,6 +217,31 @@ def test_killed_supervisor_is_restarted_and_resumes_the_job(runtime, tmp_path):
     assert max(steps_of(events, restart.generation)) == 30
     assert min(steps_of(events, restart.generation)) > 1, "resumed from a checkpoint, not from scratch"
     assert [e.seq for e in events] == list(range(1, len(events) + 1)), "numbering continues across the restart"
+    assert_nothing_left(job_id)
+
+
+def test_hung_rank_is_detected_within_the_step_timeout_and_restarted(runtime, tmp_path):
+    job_id = "hang-1"
+    job = tiny_job("hang", steps=20)
+    job.spec.scheduling.step_timeout_seconds = 6
+    runtime.start_job(job_id, job, plan(("node-2", 1), ("node-0", 0)), tmp_path)
+    events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
+    [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
+    hung = where[1]["pid"]
+    os.kill(hung, signal.SIGSTOP)  # alive but making no progress: rank 0 waits in its all-reduce
+    stopped_at = time.time()
+    try:
+        more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung, signal.SIGKILL)
+    events += more
+    assert status.state is JobPhase.SUCCEEDED, status.reason
+    restart = next(e for e in events if e.state is JobPhase.RESTARTING)
+    # Either the watchdog or the collective timeout (both step_timeout_seconds) catches it.
+    assert "no step progress" in restart.reason or restart.reason.startswith("rank 0 failed"), restart.reason
+    assert restart.time - stopped_at < 6 + 10
+    assert max(steps_of(events, 1)) == 20
     assert_nothing_left(job_id)
 
 
