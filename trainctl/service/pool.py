@@ -117,6 +117,10 @@ class GpuPool:
         """Each node's NVLink domain (the node itself when the map names none)."""
         return {node.name: self.topology.nvlink_group_of(node.name) or node.name for node in self.topology.nodes}
 
+    def gpu_model(self, node: str) -> str | None:
+        """The GPU model the map names for `node` (None when it names none)."""
+        return self.topology.node(node).gpu_model
+
     def nodes(self) -> list[tuple[str, list[int]]]:
         """(node name, its GPU indices) in map order."""
         return [(node, list(gpus)) for node, gpus in node_gpus(self.topology)]

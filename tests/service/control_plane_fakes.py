@@ -1,0 +1,143 @@
+"""A scripted runtime and an in-process API server for control-plane unit tests (no Ray).
+
+`ScriptedRuntime` keeps one real `trainctl.workers.events.EventLog` per started job, so polls go
+through the same cursor logic as the supervisor's; a test plays the supervisor by appending events.
+End-to-end tests (test_e2e.py) use the real RayRuntime instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from trainctl.service.api import TrainingServicer
+from trainctl.service.auth import Authenticator
+from trainctl.service.pool import GpuPool
+from trainctl.service.scheduler import Scheduler
+from trainctl.service.server import build_grpc_server
+from trainctl.service.store import JobStore
+from trainctl.spec.job import TrainingJob
+from trainctl.workers.events import EventKind, EventLog, JobPhase, JobStatus, status_of
+from trainctl.workers.topology import simulated_topology
+
+
+@dataclass
+class ScriptedRuntime:
+    """Implements the scheduler's Runtime protocol over in-memory event logs."""
+
+    logs: dict[str, EventLog] = field(default_factory=dict)
+    started: list[tuple[str, Any]] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    attached: list[str] = field(default_factory=list)
+    alive: set[str] = field(default_factory=set)
+    fail_start: bool = False
+
+    def start_job(self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path) -> None:
+        if self.fail_start:
+            raise RuntimeError("no Ray today")
+        self.started.append((job_id, placement))
+        self.logs[job_id] = EventLog()
+        self.alive.add(job_id)
+
+    def attach(self, job_id: str, run_dir: Path) -> None:
+        self.attached.append(job_id)
+        self.logs.setdefault(job_id, EventLog())
+
+    def running_jobs(self) -> list[str]:
+        return sorted(self.alive)
+
+    def poll(self, job_id: str, cursor: int) -> JobStatus:
+        return status_of(self.logs[job_id].all(), cursor, 1000)
+
+    def cancel(self, job_id: str) -> JobStatus:
+        self.cancelled.append(job_id)
+        self.state(job_id, JobPhase.CANCELLED, "cancelled by request")
+        return status_of(self.logs[job_id].all(), 0, 1)
+
+    # ---- playing the supervisor ----------------------------------------------------------------------
+    def wait_started(self, job_id: str, timeout: float = 10.0) -> None:
+        """Block until the scheduler has called start_job for `job_id`."""
+        deadline = time.monotonic() + timeout
+        while job_id not in self.logs:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{job_id} was not started within {timeout} s")
+            time.sleep(0.01)
+
+    def state(self, job_id: str, state: JobPhase, reason: str = "") -> None:
+        self.logs[job_id].append(EventKind.STATE, state=state, reason=reason)
+        if state.terminal:
+            self.alive.discard(job_id)
+
+    def step(self, job_id: str, step: int, loss: float) -> None:
+        self.logs[job_id].append(
+            EventKind.STEP,
+            step={"step": step, "loss": loss, "grad_norm": 1.0, "lr": 1e-3, "tokens": 256,
+                  "tokens_per_second": 1000.0 + step, "mfu": None, "step_time_seconds": 0.25,
+                  "breakdown": {"forward_backward": 0.2}, "peak_memory_bytes": 1 << 20},
+        )
+
+    def run(self, job_id: str, losses: list[float], end: JobPhase = JobPhase.SUCCEEDED) -> None:
+        """A whole run: RUNNING, one step per loss, then `end`."""
+        self.state(job_id, JobPhase.RUNNING, "ranks up")
+        for i, loss in enumerate(losses, start=1):
+            self.step(job_id, i, loss)
+        self.state(job_id, end, "done")
+
+
+def make_scheduler(data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4) -> Scheduler:
+    """A scheduler over a fresh store and a simulated `nodes` x `gpus` pool (loop not started)."""
+    pool = GpuPool(simulated_topology(nodes, gpus), "simulated")
+    return Scheduler(JobStore(data_dir), pool, runtime, data_dir / "runs")
+
+
+@dataclass
+class ApiServer:
+    """A real gRPC server on loopback over a scheduler whose loop runs."""
+
+    scheduler: Scheduler
+    server: grpc.Server
+    target: str
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()
+        self.scheduler.stop()
+        self.scheduler.store.close()
+
+
+def start_api_server(data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4) -> ApiServer:
+    scheduler = make_scheduler(data_dir, runtime, nodes, gpus)
+    authenticator = Authenticator(None)
+    servicer = TrainingServicer(scheduler.store, scheduler, scheduler.pool, authenticator)
+    server, health_servicer = build_grpc_server(servicer, authenticator, None, workers=8)
+    port = server.add_insecure_port("127.0.0.1:0")
+    scheduler.interval = 0.05
+    scheduler.start()
+    server.start()
+    from grpc_health.v1 import health_pb2
+
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    return ApiServer(scheduler, server, f"127.0.0.1:{port}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def bad_spec_catalogue() -> list[Any]:
+    """tests/spec/bad_specs.catalogue(), loaded by path (tests/spec is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "spec" / "bad_specs.py"
+    spec = importlib.util.spec_from_file_location("trainctl_tests_bad_specs", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.catalogue()

@@ -1,0 +1,235 @@
+"""The TrainingService over real gRPC on loopback (scripted runtime, no Ray): errors as google.rpc
+statuses naming fields, the server surviving every bad request, the RPCs' contracts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from control_plane_fakes import ApiServer, ScriptedRuntime, bad_spec_catalogue, start_api_server
+from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from trainctl.cli.client import TrainctlClient
+from trainctl.service.convert import job_to_proto
+from trainctl.service.errors import field_violations
+from trainctl.spec.job import TrainingJob
+from trainctl.spec.validate import load_job_file
+from trainctl.v1 import training_pb2 as pb
+from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.workers.events import JobPhase
+
+REMOTE_CASES = [c for c in bad_spec_catalogue() if not c.local_only]
+
+
+def small_job(name: str = "small", gpus: int = 2, **labels: str) -> TrainingJob:
+    return TrainingJob.model_validate({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"parallelism": {"dp_shard": gpus}, "training": {"global_batch_size": gpus, "steps": 3},
+                 "resources": {"gpus": gpus, "device": "cpu"}},
+    })
+
+
+@pytest.fixture
+def runtime() -> ScriptedRuntime:
+    return ScriptedRuntime()
+
+
+@pytest.fixture
+def api(tmp_path: Path, runtime: ScriptedRuntime) -> Iterator[ApiServer]:
+    server = start_api_server(tmp_path, runtime)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(api: ApiServer) -> Iterator[TrainctlClient]:
+    with TrainctlClient(api.target, token="") as c:
+        yield c
+
+
+ENUM_PREFIXES = {
+    ("training", "optimizer"): "OPTIMIZER_", ("training", "dtype"): "DTYPE_", ("resources", "device"): "DEVICE_",
+    ("parallelism", "pp_schedule"): "PIPELINE_SCHEDULE_",
+    ("training", "activation_checkpointing"): "ACTIVATION_CHECKPOINTING_",
+}
+
+
+def proto_from_yaml(path: Path) -> pb.Job:
+    """The document as a typed proto built field by field, without the pydantic model, as a client in
+    another language would send it: schema errors must be caught by the server."""
+    document = yaml.safe_load(path.read_text())
+    if "apiVersion" in document:
+        document["api_version"] = document.pop("apiVersion")
+    spec = document.get("spec", {})
+    if "paths" in spec.get("data", {}):
+        spec["data"]["paths"] = {"values": spec["data"]["paths"]}
+    for (section, key), prefix in ENUM_PREFIXES.items():
+        if key in spec.get(section, {}):
+            spec[section][key] = prefix + str(spec[section][key]).upper()
+    return json_format.ParseDict(document, pb.Job())
+
+
+@pytest.mark.parametrize("case", REMOTE_CASES, ids=lambda c: c.name)
+def test_bad_spec_gets_invalid_argument_naming_the_field(case, client: TrainctlClient, api: ApiServer) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        client.create_job(proto_from_yaml(case.path))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    fields = [v.field for v in field_violations(info.value)]
+    assert case.field in fields, f"{case.name}: {info.value.details()}"
+    assert case.field in info.value.details()
+    # and the server keeps serving
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(api.target))
+    assert stub.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+    assert client.get_cluster().total_gpus == 8
+
+
+def test_at_least_fifteen_kinds_reach_the_server() -> None:
+    assert len(REMOTE_CASES) >= 15
+
+
+def test_unknown_enum_number_names_the_field(client: TrainctlClient) -> None:
+    message = job_to_proto(small_job("enum"))
+    message.spec.training.optimizer = 99
+    with pytest.raises(grpc.RpcError) as info:
+        client.create_job(message)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [v.field for v in field_violations(info.value)] == ["spec.training.optimizer"]
+
+
+def test_nothing_recorded_for_rejected_jobs(client: TrainctlClient) -> None:
+    names = {j.metadata.name for j in client.list_jobs()}
+    assert not names & {c.path.stem for c in REMOTE_CASES}
+
+
+def test_request_field_errors(client: TrainctlClient, api: ApiServer) -> None:
+    stub = pb_grpc.TrainingServiceStub(grpc.insecure_channel(api.target))
+    cases = [
+        (lambda: stub.CreateJob(pb.CreateJobRequest()), grpc.StatusCode.INVALID_ARGUMENT, "job"),
+        (lambda: stub.GetJob(pb.GetJobRequest()), grpc.StatusCode.INVALID_ARGUMENT, "id"),
+        (lambda: stub.GetJob(pb.GetJobRequest(id="nope")), grpc.StatusCode.NOT_FOUND, None),
+        (lambda: stub.CancelJob(pb.CancelJobRequest(id="nope")), grpc.StatusCode.NOT_FOUND, None),
+        (lambda: stub.ListJobs(pb.ListJobsRequest(page_size=-1)), grpc.StatusCode.INVALID_ARGUMENT, "page_size"),
+        (lambda: stub.ListJobs(pb.ListJobsRequest(page_token="garbage!")), grpc.StatusCode.INVALID_ARGUMENT, "page_token"),
+        (lambda: stub.ListJobs(pb.ListJobsRequest(states=[42])), grpc.StatusCode.INVALID_ARGUMENT, "states[0]"),
+        (lambda: list(stub.WatchJob(pb.WatchJobRequest(id="nope"))), grpc.StatusCode.NOT_FOUND, None),
+        (lambda: stub.PlanJob(pb.PlanJobRequest()), grpc.StatusCode.INVALID_ARGUMENT, "job"),
+    ]
+    for call, code, field in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            call()
+        assert info.value.code() == code, info.value.details()
+        if field is not None:
+            assert [v.field for v in field_violations(info.value)] == [field]
+    job = client.create_job(small_job("watch-bad"))
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.WatchJob(pb.WatchJobRequest(id=job.id, after_sequence=-1)))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_create_get_list_and_idempotent_retry(client: TrainctlClient) -> None:
+    first = client.create_job(small_job("listed", team="a"), request_id="retry-1")
+    again = client.create_job(small_job("listed", team="a"), request_id="retry-1")
+    assert first.id == again.id
+    assert first.status.state == pb.QUEUED and first.status.create_time.seconds > 0
+    got = client.get_job(first.id)
+    assert got.metadata.labels["team"] == "a" and got.spec.parallelism.dp_shard == 2
+    other = client.create_job(small_job("listed-b", team="b"))
+    assert [j.id for j in client.list_jobs(labels={"team": "a"})] == [first.id]
+    assert {j.id for j in client.list_jobs(labels={"team": "b"})} == {other.id}
+    everything = [j.id for j in client.list_jobs(page_size=1)]  # pages of one
+    assert everything == [j.id for j in client.list_jobs(page_size=1000)] and len(everything) >= 2
+    assert first.id not in [j.id for j in client.list_jobs(states=["SUCCEEDED"])]
+
+
+def test_watch_resumes_from_a_cursor_and_ends_at_a_terminal_state(client: TrainctlClient, runtime: ScriptedRuntime) -> None:
+    job = client.create_job(small_job("watched"))
+    events = client.watch(job.id, follow=True)
+    first = next(events)
+    assert first.state_change.to_state == pb.QUEUED
+    second = next(events)
+    assert second.state_change.to_state == pb.SCHEDULED and second.sequence > first.sequence
+    runtime.wait_started(job.id)
+    runtime.run(job.id, [4.0, 3.0, 2.0])
+    rest = list(events)
+    assert [e.WhichOneof("payload") for e in rest] == ["state_change", "step", "step", "step", "state_change"]
+    assert rest[-1].state_change.to_state == pb.SUCCEEDED
+    # resume from the middle: exactly the events after the cursor
+    resumed = list(client.watch(job.id, after_sequence=rest[1].sequence, follow=False))
+    assert [e.sequence for e in resumed] == [e.sequence for e in rest[2:]]
+    full = client.get_job(job.id, full=True)
+    assert [m.step for m in full.metrics] == [1, 2, 3] and full.metrics[0].breakdown["forward_backward"] == 0.2
+    assert full.status.steps_done == 3 and full.status.last_loss == 2.0 and full.status.first_loss == 4.0
+    assert not client.get_job(job.id).metrics  # basic view
+
+
+def test_cancel_contract(client: TrainctlClient, runtime: ScriptedRuntime) -> None:
+    job = client.create_job(small_job("to-cancel", gpus=8))
+    blocked = client.create_job(small_job("blocked", gpus=8))
+    assert client.cancel_job(blocked.id, reason="changed my mind").status.state == pb.CANCELLED
+    assert client.get_job(blocked.id).status.reason == "changed my mind"
+    states = []
+    for event in client.watch(job.id):
+        if event.WhichOneof("payload") == "state_change":
+            states.append(event.state_change.to_state)
+            if event.state_change.to_state == pb.SCHEDULED:
+                runtime.wait_started(job.id)
+                runtime.state(job.id, JobPhase.RUNNING, "ranks up")
+            elif event.state_change.to_state == pb.RUNNING:
+                assert client.cancel_job(job.id).status.state == pb.CANCELLING
+    assert states == [pb.QUEUED, pb.SCHEDULED, pb.RUNNING, pb.CANCELLING, pb.CANCELLED]
+    assert runtime.cancelled == [job.id]
+    done = client.create_job(small_job("done"))
+    for event in client.watch(done.id):
+        if event.state_change.to_state == pb.SCHEDULED:
+            runtime.wait_started(done.id)
+            runtime.run(done.id, [1.0])
+    with pytest.raises(grpc.RpcError) as info:
+        client.cancel_job(done.id)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_plan(client: TrainctlClient) -> None:
+    hybrid = TrainingJob.model_validate({
+        "metadata": {"name": "plan"},
+        "spec": {"parallelism": {"pp": 2, "dp_shard": 2, "tp": 2}, "training": {"global_batch_size": 8, "micro_batch_size": 2},
+                 "resources": {"gpus": 8, "device": "cpu"}},
+    })
+    plan = client.plan_job(hybrid)
+    assert plan.valid and plan.world_size == 8 and plan.pool_gpus == 8
+    assert dict(plan.grid) == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2, "ep": 1}
+    assert sorted((p.node, p.gpu) for p in plan.placement) == [(f"node-{n}", g) for n in (0, 1) for g in range(4)]
+    by_rank = {p.rank: p for p in plan.placement}
+    assert by_rank[0].node == by_rank[1].node  # tp peers (adjacent ranks) share a node
+    assert plan.HasField("placement_cost_seconds")
+    bad = client.plan_job(load_job_file(Path(__file__).parents[1] / "spec" / "bad" / "heads-tp.yaml"))
+    assert not bad.valid and "spec.model.n_heads" in [v.field for v in bad.violations]
+
+
+def test_cluster_health_and_reflection(client: TrainctlClient, api: ApiServer) -> None:
+    cluster = client.get_cluster()
+    assert [n.name for n in cluster.nodes] == ["node-0", "node-1"]
+    assert cluster.total_gpus == 8 and cluster.free_gpus + cluster.used_gpus == 8
+    channel = grpc.insecure_channel(api.target)
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answer = next(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    names = {s.name for s in answer.list_services_response.service}
+    assert "trainctl.v1.TrainingService" in names and "grpc.health.v1.Health" in names
+
+
+def test_an_unexpected_exception_is_internal_and_the_server_survives(
+    client: TrainctlClient, api: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(api.scheduler.store, "count_by_state", broken)
+    with pytest.raises(grpc.RpcError) as info:
+        client.get_cluster()
+    assert info.value.code() == grpc.StatusCode.INTERNAL and "disk on fire" not in info.value.details()
+    monkeypatch.undo()
+    assert client.get_cluster().total_gpus == 8
