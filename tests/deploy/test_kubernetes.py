@@ -260,3 +260,17 @@ def test_gcs_fault_tolerance_component(kubectl, tmp_path) -> None:
     assert ref["key"] in objects(docs, "Secret")[ref["name"]]["stringData"]
     assert re.fullmatch(r"[\w.-]+:\d+", ft["redisAddress"])
     assert cluster["spec"]["workerGroupSpecs"], "the component must keep the overlay's workers"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_shares_the_run_directories(built, overlay) -> None:
+    """Supervisor, ranks and service exchange events and checkpoints under <data dir>/runs."""
+    docs = built[overlay]
+    data_dir = objects(docs, "ConfigMap")["trainctl-settings"]["data"]["TRAINCTL_DATA_DIR"]
+    claims = objects(docs, "PersistentVolumeClaim")
+    for pod in pod_templates(docs):
+        volumes = {v["name"]: v for v in pod.spec["volumes"]}
+        (container,) = [c for c in pod.spec["containers"] if c["name"] in ("trainctl", "ray-worker")]
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+        claim = mounts[f"{data_dir}/runs"]["persistentVolumeClaim"]["claimName"]
+        assert "ReadWriteMany" in claims[claim]["spec"]["accessModes"], (pod.where, claim)

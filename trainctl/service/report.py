@@ -68,8 +68,10 @@ def build_figure(job: pb.Job) -> Figure:
         ax.set_ylabel("MFU (%)")
         ax.set_ylim(bottom=0)
     else:
-        ax.text(0.5, 0.5, "MFU unknown: the device's peak FLOP rate is not known", ha="center", va="center",
-                transform=ax.transAxes, wrap=True)
+        ax.text(0.5, 0.5, "MFU unknown:\nthe device's peak FLOP rate\nis not known", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_xticks([])
+        ax.set_yticks([])
     ax.set_xlabel("step")
 
     _breakdown(axes["Step-time breakdown"], steps)
@@ -115,7 +117,7 @@ def _placement(ax: Axes, placement: list[pb.RankPlacement]) -> None:
     for p in placement:
         coords = " ".join(f"{k}{v}" for k, v in sorted(p.coords.items()) if v)
         ax.text(p.gpu, nodes.index(p.node), f"r{p.rank}\n{coords}".strip(), ha="center", va="center",
-                color="white", fontsize="small")
+                fontsize="small", bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
     ax.set_xticks(range(gpus), [f"GPU {g}" for g in range(gpus)])
     ax.set_yticks(range(len(nodes)), nodes)
 
