@@ -7,14 +7,9 @@ counts, and sequence lengths that do not split evenly into chunks.
 
 from __future__ import annotations
 
-import os
-import socket
-import traceback
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from trainctl.parallelism.context_parallel import (
@@ -86,42 +81,21 @@ def _check_case(case, cp: int, group, load_balance: bool, autocast: bool = False
     return failures
 
 
-def _worker(rank: int, port: int, results) -> None:
-    try:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
-        )
-        torch.set_num_threads(1)
-        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-        failures: list[str] = []
-        for cp, group in ((2, pairs[rank // 2]), (4, dist.group.WORLD)):
-            for load_balance in (False, True):
-                for case in CASES:
-                    failures += _check_case(case, cp, group, load_balance)
-            # fp32 inputs under bf16 autocast: the ring keeps its own fp32 arithmetic.
-            failures += _check_case(CASES[2], cp, group, load_balance=True, autocast=True)
-        results.put((rank, failures))
-        dist.destroy_process_group()
-    except Exception:
-        results.put((rank, [traceback.format_exc()]))
+def _all_cases(rank: int, world_size: int) -> list[str]:
+    """Every case on this rank of the 4-rank pool: cp=2 over two pairs of ranks, and cp=4."""
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    failures: list[str] = []
+    for cp, group in ((2, pairs[rank // 2]), (4, dist.group.WORLD)):
+        for load_balance in (False, True):
+            for case in CASES:
+                failures += _check_case(case, cp, group, load_balance)
+        # fp32 inputs under bf16 autocast: the ring keeps its own fp32 arithmetic.
+        failures += _check_case(CASES[2], cp, group, load_balance=True, autocast=True)
+    return failures
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.mark.timeout(180)
-def test_ring_attention_matches_full_causal_attention():
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_worker, args=(_free_port(), results), nprocs=WORLD, start_method="spawn")
-    failures = []
-    for _ in range(WORLD):
-        _, rank_failures = results.get()
-        failures += rank_failures
+def test_ring_attention_matches_full_causal_attention(pool):
+    failures = [line for rank_failures in pool.run(_all_cases, WORLD) for line in rank_failures]
     assert not failures, "\n".join(failures)
 
 
