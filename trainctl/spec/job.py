@@ -21,9 +21,12 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
 class StrictModel(BaseModel):
-    """Base for every spec block: unknown keys are errors, values are re-validated on assignment."""
+    """Base for every spec block: unknown keys are errors, NaN and infinity are refused, values are re-validated
+    on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
 
 class Metadata(StrictModel):
