@@ -175,3 +175,32 @@ def test_job_spec_sets_the_workload() -> None:
     longer = place(RankGrid.from_spec(job.spec.parallelism), topo, all_free(topo), job_spec=TrainingJob.model_validate(spec))
     assert longer.comm_bytes_by_dim["tp"] == pytest.approx(2 * short.comm_bytes_by_dim["tp"])
     assert longer.comm_bytes_by_dim["dp"] == pytest.approx(short.comm_bytes_by_dim["dp"])
+
+
+def test_nccl_hints_from_the_map() -> None:
+    from trainctl.workers.topology.builders import example_maps
+    from trainctl.workers.topology.nccl import nccl_env
+
+    maps = example_maps()
+    su = maps["dgx-h100-superpod-su.yaml"]
+    env = nccl_env(su, su.nodes[3].name)
+    assert env == {"NCCL_IB_HCA": "=" + ",".join(f"mlx5_{i}:1" for i in range(8)), "NCCL_CROSS_NIC": "0"}
+    nvl = maps["gb200-nvl72-2racks.yaml"]
+    assert nccl_env(nvl, nvl.nodes[0].name)["NCCL_MNNVL_ENABLE"] == "1"
+    pcie = maps["pcie-servers.yaml"]
+    assert nccl_env(pcie, "pcie-l40s-1") == {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1"}
+    with pytest.raises(KeyError, match="node 'ghost' is not in topology map"):
+        nccl_env(pcie, "ghost")
+
+
+def test_topology_and_placement_import_without_torch_or_ray() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, trainctl.workers.placement, trainctl.workers.topology.discovery_node, "
+        "trainctl.workers.topology.merge, trainctl.workers.topology.nccl, trainctl.cli.topology_cmd; "
+        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
