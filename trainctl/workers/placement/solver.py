@@ -155,8 +155,8 @@ def positions(grid: RankGrid, order: tuple[str, ...]) -> list[int]:
 def atom_sizes(grid: RankGrid) -> list[int]:
     """Candidate atoms, most protective first: blocks that keep TP+EP+CP, TP+EP, TP+CP, TP, nothing whole."""
     tp, ep_block, cp_block = grid.tp, grid.tp * grid.ep, grid.tp * grid.cp
-    both = ep_block * cp_block // tp if (cp_block % ep_block == 0 or ep_block % cp_block == 0) else 0
-    both = max(ep_block, cp_block) if both else 0
+    larger, smaller = max(ep_block, cp_block), min(ep_block, cp_block)
+    both = larger if larger % smaller == 0 else 0  # one block nests in the other: keeping it keeps both
     ordered = [both, ep_block, cp_block, tp, 1]
     return list(dict.fromkeys(a for a in ordered if a >= 1 and grid.world_size % a == 0))
 
