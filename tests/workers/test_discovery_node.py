@@ -165,3 +165,30 @@ def test_cli_validate_as_a_module() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "valid TopologyMap 'pcie-l40s': 4 nodes, 32 usable GPUs" in result.stdout
+
+
+def test_discover_local_node_runs_the_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainctl.workers.topology.discovery_node import discover_local_node
+
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in\n'
+        f"  topo) cat '{H100}' ;;\n"
+        f"  nvlink) cat '{FIXTURES / 'h100-sxm-gpu0_awesome-ml-sys.nvlink-s.txt'}' ;;\n"
+        "  *) echo 'index, fabric.cluster_uuid, fabric.clique_id'; for g in 0 1 2 3 4 5 6 7; do echo \"$g, N/A, N/A\"; done ;;\n"
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    port = tmp_path / "ib" / "mlx5_0" / "ports" / "1"
+    port.mkdir(parents=True)
+    (port / "rate").write_text("400 Gb/sec (4X NDR)\n")
+    (port / "state").write_text("4: ACTIVE\n")
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    node = discover_local_node("gpu-7", ib_root=tmp_path / "ib")
+    assert node.name == "gpu-7" and node.gpus == list(range(8)) and node.nvlink_domain == "nvl-gpu-7"
+    assert node.gpu_model == "NVIDIA H100 80GB HBM3" and node.nic_of(0).rate_gbps == 400.0
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(DiscoveryError, match="`nvidia-smi topo -m` failed"):
+        discover_local_node("gpu-7")
