@@ -204,7 +204,8 @@ def cmd_plan(args: argparse.Namespace, client: TrainctlClient) -> int:
     if not plan.valid:
         raise CliError(f"{args.file} is not a valid job", EXIT_INVALID,
                        [FieldViolation(v.field, v.description) for v in plan.violations])
-    grid = " x ".join(f"{k}{v}" for k, v in plan.grid.items() if v > 1) or "single rank"
+    order = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+    grid = " x ".join(f"{k}{plan.grid[k]}" for k in order if plan.grid.get(k, 1) > 1) or "single rank"
     print(f"valid: {plan.world_size} ranks ({grid}); pool {plan.pool_gpus} GPUs, {plan.free_gpus} free; "
           f"{'fits now' if plan.fits_now else 'would queue'}")
     if plan.placement:

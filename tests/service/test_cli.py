@@ -1,0 +1,158 @@
+"""The `trainctl` command: validate prints every offending field and exits non-zero; the client
+commands against a loopback server (scripted runtime); progress rendering without a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from control_plane_fakes import ApiServer, ScriptedRuntime, bad_spec_catalogue, start_api_server
+
+from trainctl.cli.main import EXIT_INVALID, main
+from trainctl.cli.progress import follow
+from trainctl.spec.validate import load_job_file, semantic_violations
+from trainctl.v1 import training_pb2 as pb
+from trainctl.workers.events import JobPhase
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = bad_spec_catalogue()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_validate_prints_each_violation_and_exits_non_zero(case, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(case.path), "--pool-gpus", "8"]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert f"  {case.field}: " in err
+    try:  # the same lines the library reports (and the API sends as BadRequest field violations)
+        expected = semantic_violations(load_job_file(case.path), pool_gpus=8)
+    except Exception as exc:  # noqa: BLE001 - schema errors: SpecError
+        expected = exc.violations  # type: ignore[attr-defined]
+    assert [line.strip() for line in err.splitlines()[1:]] == [str(v) for v in expected]
+
+
+def test_validate_accepts_a_good_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(ROOT / "examples" / "demo.yaml")]) == 0
+    assert "valid (8 ranks)" in capsys.readouterr().out
+
+
+def test_submit_of_an_invalid_file_never_calls_the_server(capsys: pytest.CaptureFixture[str]) -> None:
+    bad = next(c for c in CASES if c.name == "malformed-yaml")
+    assert main(["--server", "127.0.0.1:9", "submit", str(bad.path)]) == EXIT_INVALID
+    assert "<document>: malformed YAML" in capsys.readouterr().err
+
+
+@pytest.fixture
+def runtime() -> ScriptedRuntime:
+    return ScriptedRuntime()
+
+
+@pytest.fixture
+def api(tmp_path: Path, runtime: ScriptedRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
+    server = start_api_server(tmp_path / "data", runtime)
+    monkeypatch.setenv("TRAINCTL_SERVER", server.target)  # commands find the server from the environment
+    yield server
+    server.stop()
+
+
+def _spec(tmp_path: Path, name: str, gpus: int = 2, steps: int = 3, **labels: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"parallelism": {"dp_shard": gpus}, "training": {"global_batch_size": gpus, "steps": steps},
+                 "resources": {"gpus": gpus, "device": "cpu"}},
+    }))
+    return path
+
+
+def _submitted_id(out: str) -> str:
+    return out.split()[1]
+
+
+def test_client_commands(tmp_path: Path, api: ApiServer, runtime: ScriptedRuntime, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["submit", str(_spec(tmp_path, "alpha", team="a"))]) == 0
+    job_id = _submitted_id(capsys.readouterr().out)
+    runtime.wait_started(job_id)
+    runtime.run(job_id, [5.0, 4.0, 3.0])
+
+    assert main(["logs", job_id, "-f"]) == 0
+    out = capsys.readouterr().out
+    assert "QUEUED -> SCHEDULED" in out and "RUNNING -> SUCCEEDED" in out and "step 3/3" in out
+    assert f"job {job_id} SUCCEEDED" in out and "loss 5.0000 -> 3.0000 over 3 steps" in out
+
+    assert main(["get", job_id, "-o", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["id"] == job_id and document["status"]["state"] == "SUCCEEDED"
+    assert [(m["step"], m["loss"], m["tokens_per_second"]) for m in document["metrics"]] == [
+        (1, 5.0, 1001.0), (2, 4.0, 1002.0), (3, 3.0, 1003.0),
+    ]
+    assert document["spec"]["parallelism"]["dp_shard"] == 2 and document["metadata"]["labels"] == {"team": "a"}
+
+    assert main(["get", job_id, "-o", "yaml"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["status"]["steps_done"] == 3
+
+    assert main(["submit", str(_spec(tmp_path, "beta", gpus=8, team="b"))]) == 0
+    beta = _submitted_id(capsys.readouterr().out)
+    assert main(["list", "--label", "team=b"]) == 0
+    listing = capsys.readouterr().out
+    assert beta in listing and job_id not in listing
+    assert main(["list", "--state", "succeeded"]) == 0
+    assert job_id in capsys.readouterr().out
+    assert main(["cancel", beta]) == 0
+    assert beta in capsys.readouterr().out
+
+    assert main(["plan", str(ROOT / "examples" / "demo.yaml")]) == 0
+    plan = capsys.readouterr().out
+    assert "valid: 8 ranks (pp2 x dp_shard2 x tp2)" in plan and "RANK" in plan and "node-1" in plan
+
+    assert main(["get", "no-such-job"]) == 1
+    assert "NOT_FOUND" in capsys.readouterr().err
+
+
+def test_submit_watch_exit_status_follows_the_job(
+    tmp_path: Path, api: ApiServer, runtime: ScriptedRuntime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import threading
+
+    def fail_when_started() -> None:
+        while not runtime.logs:
+            threading.Event().wait(0.01)
+        runtime.run(next(iter(runtime.logs)), [2.0], end=JobPhase.FAILED)
+
+    threading.Thread(target=fail_when_started, daemon=True).start()
+    assert main(["submit", str(_spec(tmp_path, "doomed")), "--watch"]) == 1
+    assert "RUNNING -> FAILED: done" in capsys.readouterr().out
+
+
+def test_plan_of_an_invalid_spec(api: ApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    too_big = next(c for c in CASES if c.name == "too-many-gpus")
+    assert main(["plan", str(too_big.path)]) == EXIT_INVALID
+    assert "spec.resources.gpus: 16 GPUs requested but the pool can never hold more than 8" in capsys.readouterr().err
+
+
+def _event(seq: int, **payload: object) -> pb.JobEvent:
+    return pb.JobEvent(sequence=seq, job_id="j", **payload)
+
+
+def test_progress_without_a_terminal_is_plain_lines() -> None:
+    events = [
+        _event(1, state_change=pb.StateChange(to_state=pb.QUEUED, reason="accepted")),
+        _event(2, state_change=pb.StateChange(from_state=pb.QUEUED, to_state=pb.RUNNING, reason="up")),
+        _event(3, step=pb.StepMetrics(step=1, loss=5.0, tokens_per_second=1000.0)),
+        _event(4, step=pb.StepMetrics(step=2, loss=4.5, tokens_per_second=1200.0, mfu=0.25)),
+        _event(5, log=pb.LogLine(level="INFO", message="checkpoint saved", rank=0)),
+        _event(6, state_change=pb.StateChange(from_state=pb.RUNNING, to_state=pb.SUCCEEDED)),
+    ]
+    out = io.StringIO()
+    tracker = follow(events, 4, out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[1] - -> QUEUED: accepted"
+    assert lines[2].startswith("step 1/4  loss 5.0000  1,000 tok/s  MFU n/a  ETA -")
+    assert lines[3].startswith("step 2/4  loss 4.5000  1,200 tok/s  MFU 25.0%  ETA ")
+    assert lines[4] == "[5] rank 0 INFO: checkpoint saved"
+    assert lines[5] == "[6] RUNNING -> SUCCEEDED"
+    assert "\x1b" not in out.getvalue()  # no terminal control codes
+    assert tracker.state == pb.SUCCEEDED and tracker.first_loss == 5.0 and tracker.loss == 4.5
