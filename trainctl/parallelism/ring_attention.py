@@ -4,8 +4,9 @@ Each of the `cp` ranks of a context-parallel group holds the queries, keys and v
 of the sequence. Key/value shards travel around the ring (rank r sends to r+1 and receives from r-1)
 while every rank attends its queries to the shard it currently holds; the partial outputs are merged
 with a numerically stable log-sum-exp rule. The backward pass is its own ring: keys and values travel
-again together with the running dK/dV of their shard, each rank adds its contribution, and after a
-full turn one last hop hands every shard's dK/dV back to its owner. Autograd never sees communication.
+again (sent ahead, overlapping the compute), each followed by the running dK/dV of its shard to which
+every rank adds its contribution; after a full turn one last hop hands every shard's dK/dV back to its
+owner. Autograd never sees communication.
 
 Which global positions a rank holds is a `SequenceLayout`: contiguous (rank r holds chunk r of `cp`)
 or load-balanced zigzag (rank r holds chunks r and 2*cp-1-r of 2*cp), with lengths that need not
@@ -27,6 +28,9 @@ from functools import cached_property
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+_KV_TAG, _GRAD_TAG = 0, 1
+"""Message tags of the backward ring, which has keys/values and gradients in flight at once."""
 
 Segment = tuple[int, int]
 """A contiguous run of global positions: (start, length)."""
@@ -149,11 +153,11 @@ class _Ring:
         self.next = dist.get_global_rank(group, (self.rank + 1) % self.size)
         self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size)
 
-    def start(self, send: Tensor, recv: Tensor) -> list[dist.Work]:
+    def start(self, send: Tensor, recv: Tensor, tag: int = 0) -> list[dist.Work]:
         """Send `send` to the next rank and receive into `recv` from the previous one, asynchronously."""
         ops = [
-            dist.P2POp(dist.isend, send, self.next, self.group),
-            dist.P2POp(dist.irecv, recv, self.prev, self.group),
+            dist.P2POp(dist.isend, send, self.next, self.group, tag),
+            dist.P2POp(dist.irecv, recv, self.prev, self.group, tag),
         ]
         return dist.batch_isend_irecv(ops)
 
@@ -242,14 +246,19 @@ class _RingAttention(torch.autograd.Function):
         q_segs = layout.segments(ring.rank)
         dq = torch.zeros_like(q5)
 
-        # Travelling buffer: k, v of shard `src` and the running dK, dV of that shard (fp32 or wider).
-        buf = _pack(k.to(compute), v.to(compute), torch.zeros_like(k, dtype=compute),
-                    torch.zeros_like(v, dtype=compute))
+        # k, v of shard `src` travel in their own dtype, ahead of the compute that uses them; the
+        # running dK, dV of that shard (fp32 or wider) follow once this rank has added its part.
+        kv_buf = _pack(k, v)
+        dkv_buf = torch.zeros(2 * k.numel(), dtype=compute, device=k.device)
         for step in range(ring.size):
             src = (ring.rank - step) % ring.size
-            src_len = layout.local_len(src)
-            shape = torch.Size((batch, n_kv, src_len, head_dim))
-            k_cur, v_cur, dk_cur, dv_cur = _unpack(buf, [shape] * 4)
+            shape = torch.Size((batch, n_kv, layout.local_len(src), head_dim))
+            works, kv_next = [], None
+            if step + 1 < ring.size:
+                kv_next = kv_buf.new_empty(2 * batch * n_kv * layout.local_len((src - 1) % ring.size) * head_dim)
+                works = ring.start(kv_buf, kv_next, tag=_KV_TAG)
+            k_cur, v_cur = (t.to(compute) for t in _unpack(kv_buf, [shape, shape]))
+            dk_cur, dv_cur = _unpack(dkv_buf, [shape, shape])
             for qs, ks, q_seg, k_seg, partial in _pairs(q_segs, layout.segments(src)):
                 mask = _causal_mask(q_seg, k_seg, q.device) if partial else None
                 q_blk = q5[..., qs, :]
@@ -262,24 +271,17 @@ class _RingAttention(torch.autograd.Function):
                 dscores = probs * (dprobs - delta[..., qs].unsqueeze(-1)) * scale
                 dq[..., qs, :] += torch.matmul(dscores, k_blk.unsqueeze(2))
                 dk_cur[:, :, ks] += torch.einsum("bhgqk,bhgqd->bhkd", dscores, q_blk)
-            if ring.size == 1:
-                break
-            if step + 1 < ring.size:
-                incoming = 4 * batch * n_kv * layout.local_len((src - 1) % ring.size) * head_dim
-                send = buf
-            else:  # final hop: only the gradients go home, to the owner of shard `src` (the next rank)
-                incoming = 2 * batch * n_kv * layout.local_len(ring.rank) * head_dim
-                send = _pack(dk_cur, dv_cur)
-            recv = buf.new_empty(incoming)
-            for work in ring.start(send, recv):
-                work.wait()
-            buf = recv
+            if ring.size > 1:
+                # After the last step the shard held is the next rank's own: its gradients go home.
+                incoming = (src - 1) % ring.size if step + 1 < ring.size else ring.rank
+                dkv_next = dkv_buf.new_empty(2 * batch * n_kv * layout.local_len(incoming) * head_dim)
+                works += ring.start(dkv_buf, dkv_next, tag=_GRAD_TAG)
+                for work in works:
+                    work.wait()
+                kv_buf, dkv_buf = kv_next, dkv_next
 
-        if ring.size == 1:
-            dk, dv = dk_cur, dv_cur
-        else:
-            own = torch.Size((batch, n_kv, layout.local_len(ring.rank), head_dim))
-            dk, dv = _unpack(buf, [own, own])
+        own = torch.Size((batch, n_kv, layout.local_len(ring.rank), head_dim))
+        dk, dv = _unpack(dkv_buf, [own, own])
         return (
             dq.reshape(q.shape).to(q.dtype),
             dk.to(k.dtype),
