@@ -4,7 +4,6 @@ alert expression is evaluated through Prometheus's HTTP API, and the exposition 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -21,9 +20,6 @@ from trainctl.service.server import Service, ServiceConfig
 from trainctl.spec.validate import parse_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
-
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 RATE_INTERVAL = "10s"  # Grafana's $__rate_interval for a 1 s scrape interval, rounded up
 JOB_SPEC = {
