@@ -272,6 +272,24 @@ def test_reattach_from_a_new_runtime_resumes_at_the_cursor(runtime, tmp_path):
     assert_nothing_left(job_id)
 
 
+def test_lost_node_is_detected_and_reported(embedded_ray, tmp_path):
+    runtime = RayRuntime(None, placement_timeout=3)
+    embedded_ray.add_node("spare-0", gpus=2)
+    job_id = "node-loss-1"
+    try:
+        runtime.start_job(job_id, tiny_job("loss", steps=100_000, max_restarts=1), plan(("node-0", 3), ("spare-0", 1)), tmp_path)
+        events, _ = follow(runtime, job_id, lambda events, status: bool(steps_of(events)))
+    finally:
+        embedded_ray.remove_node("spare-0")
+    more, status = follow(runtime, job_id, finished, cursor=events[-1].seq, timeout=120)
+    events += more
+    assert status.state is JobPhase.FAILED
+    restart = next(e for e in events if e.state is JobPhase.RESTARTING)
+    assert restart.reason.startswith("rank 1 died"), restart.reason  # the root cause, not rank 0's peer error
+    assert "rank 1 -> spare-0 GPU 1" in status.reason and "scheduling.max_restarts=1" in status.reason
+    assert_nothing_left(job_id)
+
+
 @pytest.mark.parametrize(
     ("placement", "message"),
     [

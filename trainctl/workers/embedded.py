@@ -51,6 +51,22 @@ class EmbeddedRay:
         """Names of the nodes still in the cluster, in start order."""
         return list(self._nodes)
 
+    def add_node(self, name: str, gpus: int, labels: dict[str, str] | None = None) -> None:
+        """Start one more node (outside the topology map): ``name`` label, ``gpus`` simulated GPUs."""
+        if name in self._nodes:
+            raise ValueError(f"node {name!r} is already in the embedded cluster")
+        node_labels = {**(labels or {}), NODE_LABEL: name}
+        self._nodes[name] = self._cluster.add_node(
+            node_ip_address=LOOPBACK,
+            dashboard_agent_listen_port=None,
+            num_cpus=0,
+            num_gpus=0,
+            resources=slot_resources(gpus),
+            labels=node_labels,
+            object_store_memory=OBJECT_STORE_BYTES,
+        )
+        self.labels[name] = node_labels
+
     def remove_node(self, name: str) -> None:
         """Kill every process of a (non-head) node, as if the machine died."""
         node = self._nodes.get(name)
@@ -60,6 +76,7 @@ class EmbeddedRay:
             raise ValueError(f"{name} is the head node; removing it would end the cluster")
         self._cluster.remove_node(node, allow_graceful=False)
         del self._nodes[name]
+        del self.labels[name]
 
     def shutdown(self) -> None:
         """Disconnect this process and stop every node (only this cluster's processes)."""

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import (
@@ -38,6 +39,8 @@ from trainctl.workers.resources import NODE_LABEL, slots_of
 from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, SupervisorConfig, supervisor_name
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+HEAD_RESOURCE = "node:__internal_head__"
+"""Resource only Ray's head node carries."""
 SUPERVISOR_MAX_RESTARTS = 3
 """Times Ray restarts a supervisor whose process died; each restart resumes from the checkpoint."""
 
@@ -138,6 +141,8 @@ class RayRuntime:
             max_restarts=SUPERVISOR_MAX_RESTARTS,
             max_task_retries=-1,  # poll / cancel are idempotent: retry them across a restart
             num_cpus=0,
+            # On the head node while it lives, so a supervisor does not die with a GPU node it supervises.
+            scheduling_strategy=_prefer_head_node(),
         ).remote(config)
         self._run_dirs[job_id] = run_path
 
@@ -283,6 +288,14 @@ class RayRuntime:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"job {job_id}: actors or placement groups still alive {timeout:g}s after cancel")
+
+
+def _prefer_head_node() -> NodeAffinitySchedulingStrategy | str:
+    """Soft affinity to the Ray head node (Ray's default strategy when no head is listed)."""
+    for info in ray.nodes():
+        if info.get("Alive") and HEAD_RESOURCE in (info.get("Resources") or {}):
+            return NodeAffinitySchedulingStrategy(node_id=info["NodeID"], soft=True)
+    return "DEFAULT"
 
 
 def _check_job_id(job_id: str) -> None:

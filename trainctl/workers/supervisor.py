@@ -33,11 +33,16 @@ from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobPhase, JobStatus, status_of
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
 from trainctl.workers.rank_worker import RankSlot
+from trainctl.workers.resources import NODE_LABEL
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR_PREFIX = "trainctl-job-"
 CHECKPOINT_SUBDIR = "checkpoints"
+ROOT_CAUSE_WAIT = 2.0
+"""Seconds to wait for the other ranks' outcomes when one fails, to name the rank that died."""
+REASON_CHARS = 300
+"""Longest cause quoted from an error in a reason."""
 STEP_HISTORY = 16
 """Steps of per-rank step times kept for straggler statistics."""
 
@@ -231,6 +236,14 @@ class JobSupervisor:
 
     def _run_generation(self) -> tuple[_Outcome, str]:
         cfg = self._cfg
+        missing = _missing_nodes({slot.node for slot in cfg.slots})
+        if missing:
+            self._log.append(
+                EventKind.LOG,
+                generation=self._generation,
+                message=f"planned node(s) {', '.join(missing)} not in the Ray cluster; "
+                f"waiting up to {cfg.placement_timeout:g}s for them",
+            )
         try:
             group = RankGroup.create(
                 cfg.job_id,
@@ -241,7 +254,8 @@ class JobSupervisor:
                 stop=self._cancel.is_set,
             )
         except PlacementUnavailable as exc:
-            return _Outcome.FAILED, str(exc)
+            gone = _missing_nodes({slot.node for slot in cfg.slots})
+            return _Outcome.FAILED, str(exc) + (f" (not in the Ray cluster: {', '.join(gone)})" if gone else "")
         with self._lock:
             self._group = group
         if self._cancel.is_set():
@@ -287,14 +301,14 @@ class JobSupervisor:
             if self._cancel.is_set():
                 return _Outcome.CANCELLED, "cancelled"
             done, pending = ray.wait(pending, num_returns=1, timeout=self._cfg.watch_interval)
+            failures: list[tuple[int, BaseException]] = []
             for ref in done:
-                rank = rank_of[ref]
                 try:
-                    results[rank] = ray.get(ref)
-                except RayActorError as exc:
-                    return _Outcome.FAILED, f"rank {rank} died: {_first_line(exc)}"
-                except RayTaskError as exc:
-                    return _Outcome.FAILED, f"rank {rank} failed: {_first_line(exc)}"
+                    results[rank_of[ref]] = ray.get(ref)
+                except (RayActorError, RayTaskError) as exc:
+                    failures.append((rank_of[ref], exc))
+            if failures:
+                return _Outcome.FAILED, self._root_cause(failures, pending, rank_of)
             idle = time.monotonic() - self._progress_at
             if pending and self._stepping and idle > step_timeout:
                 return _Outcome.FAILED, (
@@ -303,6 +317,25 @@ class JobSupervisor:
             if pending and not self._stepping and idle > max(step_timeout, self._cfg.startup_grace):
                 return _Outcome.FAILED, f"no first step within {idle:.0f}s of starting the ranks; ranks hung"
         return _Outcome.SUCCEEDED, _summary(results.get(0, {}), len(refs))
+
+    def _root_cause(
+        self,
+        failures: list[tuple[int, BaseException]],
+        pending: list[ray.ObjectRef],
+        rank_of: dict[ray.ObjectRef, int],
+    ) -> str:
+        """Why the group failed. A dead rank makes its peers' collectives fail too, often first; wait
+        briefly for the others and name a dead rank before a rank that merely raised."""
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=ROOT_CAUSE_WAIT) if pending else ([], [])
+        for ref in done:
+            try:
+                ray.get(ref)
+            except (RayActorError, RayTaskError) as exc:
+                failures.append((rank_of[ref], exc))
+        dead = [(rank, exc) for rank, exc in failures if isinstance(exc, RayActorError)]
+        rank, exc = min(dead or failures, key=lambda item: item[0])
+        verb = "died" if dead else "failed"
+        return f"rank {rank} {verb}: {_first_line(exc)}"
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -323,15 +356,23 @@ class JobSupervisor:
                 remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
 
 
+def _missing_nodes(planned: set[str]) -> list[str]:
+    """Planned node names no live Ray node carries as its ``trainctl.io/node`` label."""
+    alive = {(info.get("Labels") or {}).get(NODE_LABEL) for info in ray.nodes() if info.get("Alive")}
+    return sorted(planned - alive)
+
+
 def _first_line(exc: BaseException) -> str:
     """A one-line cause: a task error's original "Type: message" line, an actor death's first sentence
     (plus Ray's worker exit type when it gives one)."""
     text = str(exc).strip()
+    exit_type = None
     if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return lines[-1] if lines else type(exc).__name__
-    sentence = text.split(". ", 1)[0].rstrip(".")
-    exit_type = re.search(r"Worker exit type: (\w+)", text)
+        text = lines[-1] if lines else type(exc).__name__
+    else:
+        exit_type = re.search(r"Worker exit type: (\w+)", text)
+    sentence = text.split(". ", 1)[0].rstrip(".")[:REASON_CHARS]
     return sentence + (f" (worker exit type {exit_type.group(1)})" if exit_type else "")
 
 
