@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from itertools import product
 
 from trainctl.parallelism.grid import RankGrid
@@ -161,6 +162,32 @@ def atom_sizes(grid: RankGrid) -> list[int]:
     return list(dict.fromkeys(a for a in ordered if a >= 1 and grid.world_size % a == 0))
 
 
+@dataclass
+class _Box:
+    """A container of the fabric tree with its free capacity in atoms (a unit when `unit` >= 0)."""
+
+    cap: int
+    unit: int = -1
+    children: list[_Box] = field(default_factory=list)
+
+    @classmethod
+    def tree(cls, nested: list, caps: dict[int, int]) -> list[_Box]:
+        """Boxes for nested lists of unit ids, capacities summed once."""
+        out = []
+        for item in nested:
+            if isinstance(item, int):
+                out.append(cls(caps[item], unit=item))
+            else:
+                kids = cls.tree(item, caps)
+                out.append(cls(sum(k.cap for k in kids), children=kids))
+        return out
+
+    def fit_depth(self, n: int) -> int:
+        """How many levels further down one descendant still holds all `n` atoms."""
+        inner = [k for k in self.children if k.cap >= n]
+        return 1 + max(k.fit_depth(n) for k in inner) if inner else 0
+
+
 class _Solver:
     """One placement problem (internal; `place` is the entry point)."""
 
@@ -179,7 +206,10 @@ class _Solver:
             perm = positions(self.grid, order)
             blocks = job_blocks(self.grid, order)
             whole = False
-            for atom in atom_sizes(self.grid) if order == ORDERS[0] else atom_sizes(RankGrid(tp=self.grid.tp, cp=self.grid.cp)):
+            sizes = atom_sizes(self.grid) if order == ORDERS[0] else atom_sizes(RankGrid(tp=self.grid.tp, cp=self.grid.cp))
+            for atom in [a for a in sizes if a > 1 or self.grid.tp == 1]:
+                if best is not None and time.perf_counter() > self.deadline:
+                    break
                 for aligned in (True, False):
                     slots = self._construct(self.free, atom, 0, self.world, blocks if aligned else [1])
                     best = self._keep_better(best, self._by_rank(perm, slots))
@@ -187,6 +217,7 @@ class _Solver:
                 if whole:
                     break
             if not whole and self.grid.tp > 1:
+                # as many whole TP groups as fit, the rest GPU by GPU (covers atom size 1)
                 best = self._keep_better(best, self._by_rank(perm, self._construct_mixed(self.grid.tp, blocks)))
         if best is None:
             raise AssertionError("unreachable: with enough free GPUs, atom size 1 always places")
@@ -236,7 +267,7 @@ class _Solver:
         if sum(caps.values()) < needed:
             return None
         in_atoms = [b // atom for b in blocks if b % atom == 0 and b >= atom] or [1]
-        picks = self._choose(tree, needed, caps, in_atoms)
+        picks = self._choose(_Box.tree(tree, caps), needed, in_atoms)
         if picks is None:
             return None
         slots: list[Slot] = []
@@ -247,10 +278,8 @@ class _Solver:
     def _construct_mixed(self, atom: int, blocks: list[int]) -> list[Slot] | None:
         """When not every atom fits whole: as many whole atoms as fit, the remaining ranks GPU by GPU."""
         unit_free, _ = self._tree(self.free)
-        whole = sum(f // atom for f in unit_free.values()) * atom
-        if whole == 0:
-            return None
-        head = self._construct(self.free, atom, 0, whole, blocks)
+        whole = min(self.world, sum(f // atom for f in unit_free.values()) * atom)
+        head = self._construct(self.free, atom, 0, whole, blocks) if whole else []
         if head is None:
             return None
         taken = set(head)
@@ -258,42 +287,29 @@ class _Solver:
         tail = self._construct({n: g for n, g in rest.items() if g}, 1, whole, self.world - whole, blocks)
         return None if tail is None else head + tail
 
-    def _cap(self, child: object, caps: dict[int, int]) -> int:
-        if isinstance(child, int):
-            return caps[child]
-        return sum(self._cap(c, caps) for c in child)  # type: ignore[attr-defined]
-
-    def _fit_depth(self, child: object, n: int, caps: dict[int, int]) -> int:
-        """How many levels further down one descendant of `child` still holds all `n` atoms."""
-        if isinstance(child, int):
-            return 0
-        inner = [c for c in child if self._cap(c, caps) >= n]  # type: ignore[attr-defined]
-        return 1 + max(self._fit_depth(c, n, caps) for c in inner) if inner else 0
-
-    def _choose(self, children: list, n: int, caps: dict[int, int], blocks: list[int]) -> list[tuple[int, int]] | None:
-        """Split `n` atoms over `children` (nested lists of unit ids).
+    def _choose(self, children: list[_Box], n: int, blocks: list[int]) -> list[tuple[int, int]] | None:
+        """Split `n` atoms over `children` -> [(unit, atoms)].
 
         If some child holds them all: the one in which they fit deepest (a single unit beats a
         single leaf set), then the fullest (best fit). Otherwise the largest children first, in
         chunks aligned to the job's blocks, and a best-fit child for the remainder.
         """
-        child_caps = [self._cap(c, caps) for c in children]
-        avail = [i for i, c in enumerate(child_caps) if c > 0]
+        avail = [i for i, c in enumerate(children) if c.cap > 0]
         picks: list[tuple[int, int]] = []
         remaining = n
         while remaining > 0:
             if not avail:
                 return None
-            fitting = [i for i in avail if child_caps[i] >= remaining]
+            fitting = [i for i in avail if children[i].cap >= remaining]
             if fitting:
-                i = min(fitting, key=lambda j: (-self._fit_depth(children[j], remaining, caps), child_caps[j], j))
+                i = min(fitting, key=lambda j: (-children[j].fit_depth(remaining), children[j].cap, j))
                 picks.append((i, remaining))
                 break
-            i = max(avail, key=lambda j: (child_caps[j], -j))
-            take = child_caps[i]
+            i = max(avail, key=lambda j: (children[j].cap, -j))
+            take = children[i].cap
             unit = max((b for b in blocks if b <= take), default=1)
             aligned_take = take // unit * unit
-            if aligned_take and sum(child_caps[j] for j in avail if j != i) >= remaining - aligned_take:
+            if aligned_take and sum(children[j].cap for j in avail if j != i) >= remaining - aligned_take:
                 take = aligned_take
             picks.append((i, take))
             avail.remove(i)
@@ -301,10 +317,10 @@ class _Solver:
         out: list[tuple[int, int]] = []
         for i, count in picks:
             child = children[i]
-            if isinstance(child, int):
-                out.append((child, count))
+            if child.unit >= 0:
+                out.append((child.unit, count))
             else:
-                sub = self._choose(child, count, caps, blocks)
+                sub = self._choose(child.children, count, blocks)
                 if sub is None:
                     return None
                 out.extend(sub)
