@@ -162,7 +162,7 @@ def test_restarted_job_does_not_expire(metrics: ServiceMetrics, clock: Clock) ->
         (lambda m: m.set_jobs_by_state({"DONE": 1}), "state must be one of"),
         (lambda m: m.observe_scheduling("maybe"), "decision must be one of"),
         (lambda m: m.observe_store("Create Job", 0.1), "op must be a snake_case"),
-        (lambda m: m.set_queue(0, 5.0), "oldest_queued_at must be None"),
+        (lambda m: m.set_queue(-1, None), "queue depth must be >= 0"),
         (lambda m: m.set_gpu_inventory([NodeGpus("n", "d", 4, 5)]), "need 0 <= used <= total"),
         (lambda m: m.record_step("j", "t", Report(step=1, breakdown={"rank 3": 1.0})), "breakdown key"),
         (lambda m: m.set_straggler_ratio("j", "t", 0.5), "must be >= 1"),

@@ -230,14 +230,12 @@ class ServiceMetrics:
         self.grpc_duration.labels(method).observe(seconds)
 
     def set_queue(self, depth: int, oldest_queued_at: float | None) -> None:
-        """Queue length and the Unix time the oldest queued job was enqueued (None when empty).
+        """Queue length and the Unix time the oldest queued job was enqueued (None: age 0).
 
         The age is computed at scrape time, so it keeps growing between scheduler passes.
         """
         if depth < 0:
             raise ValueError(f"queue depth must be >= 0; got {depth}")
-        if (depth == 0) != (oldest_queued_at is None):
-            raise ValueError("oldest_queued_at must be None exactly when the queue is empty")
         self.queue_depth.set(depth)
         with self._lock:
             self._oldest_queued_at = oldest_queued_at
@@ -331,43 +329,43 @@ class ServiceMetrics:
             else:
                 steps = 1  # first report, or a resume from an earlier checkpoint
             series.last_step = report.step
-        self.job_step.labels(*labels).set(report.step)
-        self.job_loss.labels(*labels).set(report.loss)
-        self.job_grad_norm.labels(*labels).set(report.grad_norm)
-        self.job_lr.labels(*labels).set(report.lr)
-        self.job_tokens.labels(*labels).inc(report.tokens * steps)
-        self.job_tps.labels(*labels).set(report.tokens_per_second)
-        if report.mfu is not None and math.isfinite(report.mfu):
-            self.job_mfu.labels(*labels).set(report.mfu)
-        self.job_step_duration.labels(*labels).observe(report.step_time_seconds)
-        for phase, seconds in report.breakdown.items():
-            self.job_phase.labels(*labels, phase).set(seconds)
-        if CHECKPOINT_PHASE in report.breakdown:  # the engine times a save inside the step that made it
-            self.job_checkpoint_duration.labels(*labels).observe(report.breakdown[CHECKPOINT_PHASE])
-        self.job_peak_memory.labels(*labels).set(report.peak_memory_bytes)
-        self.job_last_progress.labels(*labels).set(self._clock())
+            self.job_step.labels(*labels).set(report.step)
+            self.job_loss.labels(*labels).set(report.loss)
+            self.job_grad_norm.labels(*labels).set(report.grad_norm)
+            self.job_lr.labels(*labels).set(report.lr)
+            self.job_tokens.labels(*labels).inc(report.tokens * steps)
+            self.job_tps.labels(*labels).set(report.tokens_per_second)
+            if report.mfu is not None and math.isfinite(report.mfu):
+                self.job_mfu.labels(*labels).set(report.mfu)
+            self.job_step_duration.labels(*labels).observe(report.step_time_seconds)
+            for phase, seconds in report.breakdown.items():
+                self.job_phase.labels(*labels, phase).set(seconds)
+            if CHECKPOINT_PHASE in report.breakdown:  # the engine times a save inside the step that made it
+                self.job_checkpoint_duration.labels(*labels).observe(report.breakdown[CHECKPOINT_PHASE])
+            self.job_peak_memory.labels(*labels).set(report.peak_memory_bytes)
+            self.job_last_progress.labels(*labels).set(self._clock())
 
     def record_checkpoint_size(self, job_id: str, tenant: str, size_bytes: int) -> None:
         """Size on disk of the job's newest checkpoint (its save time comes with the step report)."""
         if size_bytes < 0:
             raise ValueError(f"checkpoint size must be >= 0 bytes; got {size_bytes}")
-        with self._lock:
+        with self._lock:  # under the lock: a concurrent forget_job cannot leave an orphan series
             self._job(job_id, tenant)
-        self.job_checkpoint_size.labels(job_id, tenant).set(size_bytes)
+            self.job_checkpoint_size.labels(job_id, tenant).set(size_bytes)
 
     def record_restart(self, job_id: str, tenant: str) -> None:
         """The job's rank group was restarted from its last checkpoint."""
-        with self._lock:
+        with self._lock:  # under the lock: a concurrent forget_job cannot leave an orphan series
             self._job(job_id, tenant)
-        self.job_restarts.labels(job_id, tenant).inc()
+            self.job_restarts.labels(job_id, tenant).inc()
 
     def set_straggler_ratio(self, job_id: str, tenant: str, ratio: float) -> None:
         """Slowest over fastest rank (or stage) step time; the slowest rank itself goes in an event."""
         if not ratio >= 1.0:
             raise ValueError(f"straggler ratio is slowest/fastest and must be >= 1; got {ratio}")
-        with self._lock:
+        with self._lock:  # under the lock: a concurrent forget_job cannot leave an orphan series
             self._job(job_id, tenant)
-        self.job_straggler.labels(job_id, tenant).set(ratio)
+            self.job_straggler.labels(job_id, tenant).set(ratio)
 
     def forget_job(self, job_id: str) -> None:
         """Remove every series of the job now (unknown jobs are ignored)."""
