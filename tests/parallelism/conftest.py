@@ -7,9 +7,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from harness import WorkerPool
 
 WORDS = ["the", "model", "trains", "on", "text", "and", "every", "rank", "must", "agree", "on", "the", "loss", "while", "gradients", "flow", "through", "shards", "stages", "and", "rings", "of", "attention", "so", "that", "one", "process", "and", "many", "compute", "the", "same", "numbers"]
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """In-process torch work on one thread: on a small shared machine, intra-op threads only spin."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
