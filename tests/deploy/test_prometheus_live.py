@@ -4,6 +4,7 @@ alert expression is evaluated through Prometheus's HTTP API, and the exposition 
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import time
@@ -58,6 +59,9 @@ def run(tmp_path_factory):
     prom = None
     try:
         prom = Prometheus(prometheus_bin, base, [f"127.0.0.1:{metrics_port}"], [DEPLOY / "prometheus" / "rules.yaml"])
+        # Prometheus has the service's state before the job, as a long-running one would: increases
+        # (the first scheduling decision, the first solver run) are then visible to rate().
+        assert prom.wait_for('up{job="trainctl"} == 1'), "Prometheus never scraped the service"
         start = time.time()
         with grpc.insecure_channel(service.target) as channel:
             stub = pb_grpc.TrainingServiceStub(channel)
@@ -106,7 +110,7 @@ def test_every_dashboard_query_returns_data(run) -> None:
     empty, checked = [], 0
     for uid, title, expr in dashboard_queries(job.id):
         data = prom.api("query_range", query=expr, start=run["start"], end=run["end"], step="1s")
-        has_data = any(series["values"] for series in data["result"])
+        has_data = any(math.isfinite(float(v)) for series in data["result"] for _, v in series["values"])
         checked += 1
         if any(metric in expr for metric in NOT_FED_YET):
             continue
