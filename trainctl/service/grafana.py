@@ -7,7 +7,7 @@ source chosen by the dashboard's `datasource` variable, so one import works in a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 SCHEMA_VERSION = 39
@@ -168,10 +168,8 @@ class Dashboard:
     tags: tuple[str, ...] = ("trainctl",)
     time_from: str = "now-6h"
     refresh: str = "30s"
-    links: tuple[str, ...] = field(default=())
-
-    def panels(self) -> list[Panel]:
-        return [item for item in self.items if isinstance(item, Panel)]
+    links: tuple[str, ...] = ()
+    """Tags of dashboards to link to in the header (a dropdown of every dashboard with that tag)."""
 
     def to_json(self) -> dict[str, Any]:
         panels: list[dict[str, Any]] = []
