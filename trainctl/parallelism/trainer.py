@@ -20,6 +20,7 @@ The process group (world_size > 1) must be initialised before constructing a Tra
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import resource
 import time
@@ -45,7 +46,12 @@ from trainctl.parallelism.mesh import ParallelMesh, build_mesh
 from trainctl.parallelism.model import build_model
 from trainctl.parallelism.moe import pop_aux_loss
 from trainctl.parallelism.optim import build_optimizer, build_scheduler, clip_gradients
-from trainctl.parallelism.parallelize import ParallelModel, parallelize, require_module
+from trainctl.parallelism.parallelize import (
+    LayoutNotSupportedError,
+    ParallelModel,
+    parallelize,
+    require_module,
+)
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import resolve_model
 
@@ -181,6 +187,12 @@ class Trainer:
                 loss_fn=cross_entropy,
             )
         self._cp = require_module("context_parallel", "context parallelism") if par.cp > 1 else None
+        pipeline_takes_positions = self.pipeline is not None and "positions" in inspect.signature(self.pipeline.step).parameters
+        if self._cp is not None and self.pipeline is not None and not pipeline_takes_positions:
+            raise LayoutNotSupportedError(
+                "spec.parallelism: context parallel inside pipeline stages needs a pipeline runner that "
+                "passes CP positions to every stage; this build's does not (use cp or pp, not both)"
+            )
         self._tp = require_module("tensor_parallel", "tensor parallelism") if par.tp > 1 else None
         self.flops_per_token = training_flops_per_token(self.config, job.data.seq_len)
         self.peak_flops = peak_flops(
@@ -232,10 +244,12 @@ class Trainer:
 
     def _forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         if self.pipeline is not None:
-            inputs = torch.cat([m.inputs for m in micro_batches])
-            targets = torch.cat([m.targets for m in micro_batches])
+            local = [self._local_inputs(m) for m in micro_batches]
+            inputs = torch.cat([x for x, _, _ in local])
+            targets = torch.cat([y for _, y, _ in local])
+            positions = {} if self._cp is None else {"positions": local[0][2]}
             with self._loss_context(), self._autocast():
-                return self.pipeline.step(inputs, targets)
+                return self.pipeline.step(inputs, targets, **positions)
         (part,) = self.model.parts
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
