@@ -91,6 +91,13 @@ class DataSpec(StrictModel):
     """Seed of the sample order; the same seed gives the same order on any layout."""
     max_files: PositiveInt | None = 2000
     """Read at most this many files (sorted by path) of the matched set; None reads all."""
+    format: Literal["text", "tokens"] = "text"
+    """`text`: tokenize the files at start-up. `tokens`: `paths` name directories of pre-tokenized,
+    memory-mapped token shards written by `trainctl data prepare` (tokenizer and max_files are then
+    those recorded at preparation)."""
+    prefetch: NonNegativeInt = 2
+    """Batches a background thread prepares ahead of the training step (pinned memory on CUDA); 0
+    loads each batch when it is needed."""
 
 
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
@@ -137,11 +144,15 @@ class TrainingSpec(StrictModel):
     """Optimizer steps to run."""
     global_batch_size: PositiveInt = 8
     """Sequences per optimizer step, over all data-parallel ranks."""
-    micro_batch_size: PositiveInt = 1
+    micro_batch_size: PositiveInt | Literal["auto"] = 1
     """Sequences per forward/backward on one rank (one pipeline micro-batch under PP); the rest of
-    the global batch is gradient accumulation."""
+    the global batch is gradient accumulation. `auto`: the largest divisor of the per-rank batch whose
+    estimated memory fits the device (confirmed by a probe step on CUDA)."""
     optimizer: Literal["adamw", "adafactor", "sgd"] = "adamw"
-    """Optimizer."""
+    """Optimizer: adamw, adafactor (factored second moments, no first moment) or sgd (momentum beta1)."""
+    optimizer_impl: Literal["auto", "foreach", "fused"] = "auto"
+    """AdamW / SGD kernel: foreach (multi-tensor) or fused (one kernel per step, CUDA and CPU
+    float32); auto picks fused on CUDA, foreach elsewhere."""
     lr: float = Field(default=3e-4, gt=0)
     """Peak learning rate."""
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
@@ -168,6 +179,9 @@ class TrainingSpec(StrictModel):
     """Seed of weight initialisation (identical on every layout)."""
     log_interval: PositiveInt = 1
     """Report step metrics every this many steps."""
+    empty_cache_steps: NonNegativeInt = 0
+    """On CUDA, release the caching allocator's unused blocks every this many steps and report
+    allocator retries and fragmentation (0: never). No effect on CPU."""
 
 
 class CheckpointSpec(StrictModel):
@@ -195,6 +209,20 @@ class SchedulingSpec(StrictModel):
     """A rank that makes no step progress for this long counts as hung."""
 
 
+LoRATarget = Literal["wq", "wk", "wv", "wo", "w1", "w2", "w3"]
+
+
+class LoRASpec(StrictModel):
+    rank: PositiveInt = 8
+    """Rank r of each adapter: W x + (alpha / r) B A x with A [r, in], B [out, r]."""
+    alpha: float = Field(default=16.0, gt=0)
+    """Adapter scale numerator (the update is scaled by alpha / rank)."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapter's input during training."""
+    target_modules: list[LoRATarget] = Field(default_factory=lambda: ["wq", "wv"], min_length=1)
+    """Projections that get adapters, by module name (wq, wk, wv, wo, w1, w2, w3) in every dense block."""
+
+
 class JobSpecBody(StrictModel):
     model: ModelSpec = Field(default_factory=ModelSpec)
     """Model shape."""
@@ -210,6 +238,13 @@ class JobSpecBody(StrictModel):
     """What the job needs from the pool."""
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     """Queueing and fault handling."""
+    init_from: str | None = None
+    """Start from the model weights of a checkpoint instead of a fresh initialisation: a `step_*`
+    checkpoint directory, a checkpoint root (its newest complete checkpoint), or a previous job's run
+    directory (its `checkpoints/`). Optimizer state and data position start fresh."""
+    lora: LoRASpec | None = None
+    """Low-rank adapters: freeze the model and train only adapters on `target_modules` (usually with
+    init_from); checkpoints then hold only the adapters. None: train every parameter."""
 
 
 class TrainingJob(StrictModel):

@@ -125,6 +125,9 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
     per_rank, rem = divmod(train.global_batch_size, par.dp)
     if rem:
         bad("spec.training.global_batch_size", f"{train.global_batch_size} is not divisible by dp_replicate x dp_shard = {par.dp}")
+    elif train.micro_batch_size == "auto":
+        if par.pp > 1:
+            bad("spec.training.micro_batch_size", "auto needs pp = 1 (the pipeline schedule fixes the micro-batch count)")
     elif per_rank % train.micro_batch_size:
         bad(
             "spec.training.micro_batch_size",
@@ -155,8 +158,39 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
     if spec.data.tokenizer != "byte" and not Path(spec.data.tokenizer).is_file():
         bad("spec.data.tokenizer", f"tokenizer file {spec.data.tokenizer!r} does not exist")
     if check_data:
-        out.extend(_data_violations(spec.data.paths))
+        out.extend(_data_violations(spec.data.paths) if spec.data.format == "text" else _shard_violations(spec.data.paths))
+    out.extend(_efficiency_violations(job))
     return out
+
+
+def _efficiency_violations(job: TrainingJob) -> list[FieldViolation]:
+    """Rules of the optimizer kernel, LoRA and init_from fields."""
+    spec = job.spec
+    par = spec.parallelism
+    out: list[FieldViolation] = []
+    if spec.training.optimizer == "adafactor" and spec.training.optimizer_impl == "fused":
+        out.append(FieldViolation("spec.training.optimizer_impl", "adafactor has no fused kernel; use auto or foreach"))
+    if spec.lora is not None:
+        for dim in ("tp", "pp", "cp", "ep"):
+            if getattr(par, dim) > 1:
+                out.append(FieldViolation(
+                    f"spec.parallelism.{dim}",
+                    f"LoRA composes with data parallelism (DDP, ZeRO-1/2, FSDP, HSDP) only; {dim} must be 1",
+                ))
+    if spec.init_from is not None and not spec.init_from.strip():
+        out.append(FieldViolation("spec.init_from", "must be a checkpoint path, not empty"))
+    return out
+
+
+def _shard_violations(patterns: list[str]) -> list[FieldViolation]:
+    """data.format tokens: every path must be a directory written by `trainctl data prepare`."""
+    if not patterns:
+        return [FieldViolation("spec.data.paths", "at least one prepared token-shard directory is required")]
+    return [
+        FieldViolation(f"spec.data.paths[{i}]", f"{path!r} is not a token-shard directory (no index.json); build it with `trainctl data prepare`")
+        for i, path in enumerate(patterns)
+        if not (Path(os.path.expanduser(path)) / "index.json").is_file()
+    ]
 
 
 def _model_violations(model: ModelConfig, job: TrainingJob) -> list[FieldViolation]:
