@@ -7,7 +7,8 @@ driven by the pydantic models; the few shapes proto3 cannot say directly have on
 - string `Literal`s are enums named `<ENUM>_<VALUE>` (`"1f1b"` -> `PIPELINE_SCHEDULE_1F1B`);
   the zero value (UNSPECIFIED) means the default;
 - `data.paths` is a `StringList` message, so an explicitly empty list differs from "unset";
-- `data.max_files: None` ("read every file") is the oneof member `all_files: true`.
+- `data.max_files: None` ("read every file") is the oneof member `all_files: true`;
+- `training.micro_batch_size: auto` is the oneof member `micro_batch_auto: true`.
 
 proto -> pydantic builds the mapping of the fields that are present and validates it with the spec's
 own model, so a bad value raises SpecError naming the same dotted path the YAML would.
@@ -59,6 +60,9 @@ def _model_to_message(model: BaseModel, message: Message, path: str) -> None:
                 message.all_files = True
             else:
                 message.max_files = _int64(value, field_path)
+            continue
+        if name == "micro_batch_size" and value == "auto":
+            message.micro_batch_auto = True
             continue
         field = descriptor.fields_by_name[proto_name]
         if value is None:
@@ -113,6 +117,13 @@ def _message_to_dict(message: Message, model: type[BaseModel], path: str) -> dic
                 out[name] = None
             elif which == "max_files":
                 out[name] = message.max_files
+            continue
+        if name == "micro_batch_size":
+            which = message.WhichOneof("micro_batch")
+            if which == "micro_batch_auto" and message.micro_batch_auto:
+                out[name] = "auto"
+            elif which == "micro_batch_size":
+                out[name] = message.micro_batch_size
             continue
         field = descriptor.fields_by_name[proto_name]
         if _is_map(field):

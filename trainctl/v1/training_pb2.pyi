@@ -10,6 +10,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DataFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DATA_FORMAT_UNSPECIFIED: _ClassVar[DataFormat]
+    DATA_FORMAT_TEXT: _ClassVar[DataFormat]
+    DATA_FORMAT_TOKENS: _ClassVar[DataFormat]
+
 class PipelineSchedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PIPELINE_SCHEDULE_UNSPECIFIED: _ClassVar[PipelineSchedule]
@@ -38,6 +44,13 @@ class ActivationCheckpointing(int, metaclass=_enum_type_wrapper.EnumTypeWrapper)
     ACTIVATION_CHECKPOINTING_SELECTIVE: _ClassVar[ActivationCheckpointing]
     ACTIVATION_CHECKPOINTING_FULL: _ClassVar[ActivationCheckpointing]
 
+class OptimizerImpl(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPTIMIZER_IMPL_UNSPECIFIED: _ClassVar[OptimizerImpl]
+    OPTIMIZER_IMPL_AUTO: _ClassVar[OptimizerImpl]
+    OPTIMIZER_IMPL_FOREACH: _ClassVar[OptimizerImpl]
+    OPTIMIZER_IMPL_FUSED: _ClassVar[OptimizerImpl]
+
 class Device(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DEVICE_UNSPECIFIED: _ClassVar[Device]
@@ -62,6 +75,9 @@ class JobView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_VIEW_UNSPECIFIED: _ClassVar[JobView]
     JOB_VIEW_BASIC: _ClassVar[JobView]
     JOB_VIEW_FULL: _ClassVar[JobView]
+DATA_FORMAT_UNSPECIFIED: DataFormat
+DATA_FORMAT_TEXT: DataFormat
+DATA_FORMAT_TOKENS: DataFormat
 PIPELINE_SCHEDULE_UNSPECIFIED: PipelineSchedule
 PIPELINE_SCHEDULE_GPIPE: PipelineSchedule
 PIPELINE_SCHEDULE_1F1B: PipelineSchedule
@@ -78,6 +94,10 @@ ACTIVATION_CHECKPOINTING_UNSPECIFIED: ActivationCheckpointing
 ACTIVATION_CHECKPOINTING_NONE: ActivationCheckpointing
 ACTIVATION_CHECKPOINTING_SELECTIVE: ActivationCheckpointing
 ACTIVATION_CHECKPOINTING_FULL: ActivationCheckpointing
+OPTIMIZER_IMPL_UNSPECIFIED: OptimizerImpl
+OPTIMIZER_IMPL_AUTO: OptimizerImpl
+OPTIMIZER_IMPL_FOREACH: OptimizerImpl
+OPTIMIZER_IMPL_FUSED: OptimizerImpl
 DEVICE_UNSPECIFIED: Device
 DEVICE_AUTO: Device
 DEVICE_CUDA: Device
@@ -155,20 +175,24 @@ class StringList(_message.Message):
     def __init__(self, values: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DataSpec(_message.Message):
-    __slots__ = ("paths", "tokenizer", "seq_len", "seed", "max_files", "all_files")
+    __slots__ = ("paths", "tokenizer", "seq_len", "seed", "max_files", "all_files", "format", "prefetch")
     PATHS_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     MAX_FILES_FIELD_NUMBER: _ClassVar[int]
     ALL_FILES_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FIELD_NUMBER: _ClassVar[int]
     paths: StringList
     tokenizer: str
     seq_len: int
     seed: int
     max_files: int
     all_files: bool
-    def __init__(self, paths: _Optional[_Union[StringList, _Mapping]] = ..., tokenizer: _Optional[str] = ..., seq_len: _Optional[int] = ..., seed: _Optional[int] = ..., max_files: _Optional[int] = ..., all_files: _Optional[bool] = ...) -> None: ...
+    format: DataFormat
+    prefetch: int
+    def __init__(self, paths: _Optional[_Union[StringList, _Mapping]] = ..., tokenizer: _Optional[str] = ..., seq_len: _Optional[int] = ..., seed: _Optional[int] = ..., max_files: _Optional[int] = ..., all_files: _Optional[bool] = ..., format: _Optional[_Union[DataFormat, str]] = ..., prefetch: _Optional[int] = ...) -> None: ...
 
 class ParallelismSpec(_message.Message):
     __slots__ = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "sequence_parallel", "zero_stage", "pp_schedule", "pp_virtual_stages", "cp_load_balance")
@@ -197,10 +221,11 @@ class ParallelismSpec(_message.Message):
     def __init__(self, dp_replicate: _Optional[int] = ..., dp_shard: _Optional[int] = ..., cp: _Optional[int] = ..., tp: _Optional[int] = ..., pp: _Optional[int] = ..., ep: _Optional[int] = ..., sequence_parallel: _Optional[bool] = ..., zero_stage: _Optional[int] = ..., pp_schedule: _Optional[_Union[PipelineSchedule, str]] = ..., pp_virtual_stages: _Optional[int] = ..., cp_load_balance: _Optional[bool] = ...) -> None: ...
 
 class TrainingSpec(_message.Message):
-    __slots__ = ("steps", "global_batch_size", "micro_batch_size", "optimizer", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "dtype", "activation_checkpointing", "compile", "seed", "log_interval")
+    __slots__ = ("steps", "global_batch_size", "micro_batch_size", "micro_batch_auto", "optimizer", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "dtype", "activation_checkpointing", "compile", "seed", "log_interval", "optimizer_impl", "empty_cache_steps")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_AUTO_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
     MIN_LR_RATIO_FIELD_NUMBER: _ClassVar[int]
@@ -215,9 +240,12 @@ class TrainingSpec(_message.Message):
     COMPILE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     LOG_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_IMPL_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_CACHE_STEPS_FIELD_NUMBER: _ClassVar[int]
     steps: int
     global_batch_size: int
     micro_batch_size: int
+    micro_batch_auto: bool
     optimizer: Optimizer
     lr: float
     min_lr_ratio: float
@@ -232,7 +260,9 @@ class TrainingSpec(_message.Message):
     compile: bool
     seed: int
     log_interval: int
-    def __init__(self, steps: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ..., lr: _Optional[float] = ..., min_lr_ratio: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., dtype: _Optional[_Union[DType, str]] = ..., activation_checkpointing: _Optional[_Union[ActivationCheckpointing, str]] = ..., compile: _Optional[bool] = ..., seed: _Optional[int] = ..., log_interval: _Optional[int] = ...) -> None: ...
+    optimizer_impl: OptimizerImpl
+    empty_cache_steps: int
+    def __init__(self, steps: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., micro_batch_auto: _Optional[bool] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ..., lr: _Optional[float] = ..., min_lr_ratio: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., dtype: _Optional[_Union[DType, str]] = ..., activation_checkpointing: _Optional[_Union[ActivationCheckpointing, str]] = ..., compile: _Optional[bool] = ..., seed: _Optional[int] = ..., log_interval: _Optional[int] = ..., optimizer_impl: _Optional[_Union[OptimizerImpl, str]] = ..., empty_cache_steps: _Optional[int] = ...) -> None: ...
 
 class CheckpointSpec(_message.Message):
     __slots__ = ("interval_steps", "keep_last", "resume")
@@ -262,8 +292,20 @@ class SchedulingSpec(_message.Message):
     step_timeout_seconds: float
     def __init__(self, priority: _Optional[int] = ..., max_restarts: _Optional[int] = ..., step_timeout_seconds: _Optional[float] = ...) -> None: ...
 
+class LoRASpec(_message.Message):
+    __slots__ = ("rank", "alpha", "dropout", "target_modules")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    DROPOUT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: StringList
+    def __init__(self, rank: _Optional[int] = ..., alpha: _Optional[float] = ..., dropout: _Optional[float] = ..., target_modules: _Optional[_Union[StringList, _Mapping]] = ...) -> None: ...
+
 class JobSpec(_message.Message):
-    __slots__ = ("model", "data", "parallelism", "training", "checkpoint", "resources", "scheduling")
+    __slots__ = ("model", "data", "parallelism", "training", "checkpoint", "resources", "scheduling", "init_from", "lora")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     PARALLELISM_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +313,8 @@ class JobSpec(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     SCHEDULING_FIELD_NUMBER: _ClassVar[int]
+    INIT_FROM_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     model: ModelSpec
     data: DataSpec
     parallelism: ParallelismSpec
@@ -278,7 +322,9 @@ class JobSpec(_message.Message):
     checkpoint: CheckpointSpec
     resources: ResourcesSpec
     scheduling: SchedulingSpec
-    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., parallelism: _Optional[_Union[ParallelismSpec, _Mapping]] = ..., training: _Optional[_Union[TrainingSpec, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointSpec, _Mapping]] = ..., resources: _Optional[_Union[ResourcesSpec, _Mapping]] = ..., scheduling: _Optional[_Union[SchedulingSpec, _Mapping]] = ...) -> None: ...
+    init_from: str
+    lora: LoRASpec
+    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., parallelism: _Optional[_Union[ParallelismSpec, _Mapping]] = ..., training: _Optional[_Union[TrainingSpec, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointSpec, _Mapping]] = ..., resources: _Optional[_Union[ResourcesSpec, _Mapping]] = ..., scheduling: _Optional[_Union[SchedulingSpec, _Mapping]] = ..., init_from: _Optional[str] = ..., lora: _Optional[_Union[LoRASpec, _Mapping]] = ...) -> None: ...
 
 class RankPlacement(_message.Message):
     __slots__ = ("rank", "node", "gpu", "coords")
