@@ -183,6 +183,7 @@ def test_cancel_contract(client: TrainctlClient, runtime: ScriptedRuntime) -> No
                 assert client.cancel_job(job.id).status.state == pb.CANCELLING
     assert states == [pb.QUEUED, pb.SCHEDULED, pb.RUNNING, pb.CANCELLING, pb.CANCELLED]
     assert runtime.cancelled == [job.id]
+    assert client.get_job(job.id).status.reason == "cancelled by anonymous"  # the caller's reason is kept
     done = client.create_job(small_job("done"))
     for event in client.watch(done.id):
         if event.state_change.to_state == pb.SCHEDULED:

@@ -12,27 +12,33 @@ that did not succeed), 2 an invalid spec or usage.
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import importlib.util
-import json
-import logging
-import signal
-import sys
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
+import os
 
-import grpc
-import yaml
+# Before anything imports Ray: an embedded Ray binds 127.0.0.1 only and reports no usage stats.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient
-from trainctl.cli.progress import follow, state_name
-from trainctl.service.convert import job_from_proto
-from trainctl.service.errors import field_violations
-from trainctl.spec.validate import FieldViolation, SpecError, load_job_file, semantic_violations
-from trainctl.v1 import training_pb2 as pb
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import grpc  # noqa: E402
+import yaml  # noqa: E402
+
+from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient  # noqa: E402
+from trainctl.cli.progress import follow, state_name  # noqa: E402
+from trainctl.service.convert import job_from_proto  # noqa: E402
+from trainctl.service.errors import field_violations  # noqa: E402
+from trainctl.spec.validate import FieldViolation, SpecError, load_job_file, semantic_violations  # noqa: E402
+from trainctl.v1 import training_pb2 as pb  # noqa: E402
 
 EXIT_OK, EXIT_ERROR, EXIT_INVALID = 0, 1, 2
 

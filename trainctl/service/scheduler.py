@@ -181,7 +181,9 @@ class Scheduler:
             active.cursor = status.cursor
             self.store.update_status(job_id, runtime_cursor=str(status.cursor), restarts=status.restarts)
         if status.drained and status.state.terminal:
-            self._finish(self._set_state(self.store.get_job(job_id), status.state.value, status.reason))
+            record = self.store.get_job(job_id)
+            reason = record.reason if record.state == st.CANCELLING and status.state.value == st.CANCELLED else status.reason
+            self._finish(self._set_state(record, status.state.value, reason))
 
     def _cancel(self, job_id: str) -> None:
         """Stop the job's supervisor and ranks (blocks until none is left); the loop records the end."""

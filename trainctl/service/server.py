@@ -117,6 +117,8 @@ class Service:
         return f"{host}:{self.port}"
 
     def start(self) -> Service:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # an embedded Ray binds loopback only
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         from trainctl.workers.embedded import start_local
         from trainctl.workers.runtime import RayRuntime
 
@@ -126,7 +128,6 @@ class Service:
         policy = DataPathPolicy(config.data_roots) if config.data_roots else None
         ray_address = config.ray_address
         if ray_address is None:
-            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             self._embedded = start_local(EMBEDDED_GPUS)
             ray_address = self._embedded.address
             self._topology = self._topology or self._embedded.topology
@@ -198,6 +199,7 @@ class Service:
         self._runtime.close()
         if self._embedded is not None:
             self._embedded.shutdown()
+        log.info("trainctl service stopped")
 
     def __enter__(self) -> Service:
         return self.start()
