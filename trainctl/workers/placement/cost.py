@@ -239,8 +239,15 @@ class CostBreakdown:
 _LEVEL_ORDER = {"nvlink": 0, "host": 1, "leaf": 2, "spine": 3, "core": 4}
 
 
-def evaluate(traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex) -> CostBreakdown:
-    """Cost of placing rank r on `slots[r]`."""
+def evaluate(
+    traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex, levels_seen: dict | None = None
+) -> CostBreakdown:
+    """Cost of placing rank r on `slots[r]`.
+
+    `levels_seen` (optional) memoises the level of each tuple of slots across calls: a local search
+    that moves a few ranks re-evaluates only the groups it touched.
+    """
+    memo: dict[tuple[Slot, ...], str] = {} if levels_seen is None else levels_seen
     result = CostBreakdown()
     for entry in traffic:
         worst = 0.0
@@ -249,7 +256,13 @@ def evaluate(traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex) -
             spans = [[g[i], g[i + 1]] for g in entry.groups for i in range(len(g) - 1)]
         else:
             spans = entry.groups
-        levels = [index.level([slots[r] for r in span]) for span in spans]
+        levels = []
+        for span in spans:
+            key = tuple(slots[r] for r in span)
+            level = memo.get(key)
+            if level is None:
+                level = memo[key] = index.level(list(key))
+            levels.append(level)
         factors = _contention(entry.pattern, spans, levels, slots, index)
         volume = entry.bytes_per_rank()
         for span, level, factor in zip(spans, levels, factors, strict=True):
