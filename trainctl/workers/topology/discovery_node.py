@@ -8,6 +8,7 @@ order of the lowest GPU they serve (on a DGX/HGX that is rail k for GPU k); NICs
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -126,6 +127,7 @@ def discover_local_node(name: str, ib_root: str | Path = "/sys/class/infiniband"
 def discover_and_label(name: str | None = None) -> dict[str, object]:
     """On a Ray node (e.g. as a task pinned there): discover it; return its entry and its labels.
 
+    The node is named `name`, or the host name (the name the map and the `trainctl.io/node` label use).
     Ray fixes a node's labels when the node starts, so the same labels are what the node's start
     command passes (`ray start --labels-file`, or the KubeRay group's rayStartParams); this routine
     also reports whether the running node already carries them.
@@ -133,8 +135,7 @@ def discover_and_label(name: str | None = None) -> dict[str, object]:
     import ray  # lazily: the topology package imports without Ray
 
     context = ray.get_runtime_context()
-    node_name = name or context.get_node_id()[:12]
-    node = discover_local_node(node_name)
+    node = discover_local_node(name or socket.gethostname())
     labels = node_labels(node)
     current = context.get_node_labels()
     missing = {k: v for k, v in labels.items() if current.get(k) != v}
