@@ -22,6 +22,7 @@ Scores, softmax statistics and gradients are accumulated in fp32 (or fp64 for fp
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -116,8 +117,11 @@ def _causal_mask(q_seg: Segment, k_seg: Segment, device: torch.device) -> Tensor
     return q_pos.unsqueeze(1) >= k_pos.unsqueeze(0)
 
 
-def _pairs(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...]):
-    """(q slice, k slice, q segment, k segment) for every pair that is not entirely masked."""
+def _pairs(
+    q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...]
+) -> Iterator[tuple[slice, slice, Segment, Segment, bool]]:
+    """(local q slice, local k slice, q segment, k segment, needs a mask) for every pair of segments
+    that is not entirely masked."""
     q_off = 0
     for q_seg in q_segs:
         k_off = 0
@@ -136,7 +140,7 @@ def _pairs(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...]):
 
 
 def _scores(q: Tensor, k: Tensor, scale: float, mask: Tensor | None) -> Tensor:
-    """q [B, Hkv, G, Sq, D], k [B, Hkv, Sk, D] -> fp32 scores [B, Hkv, G, Sq, Sk] (masked = -inf)."""
+    """q [B, Hkv, G, Sq, D], k [B, Hkv, Sk, D] -> scores [B, Hkv, G, Sq, Sk] (masked = -inf)."""
     scores = torch.matmul(q, k.unsqueeze(2).transpose(-1, -2)) * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -181,6 +185,8 @@ def _unpack(buffer: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
 
 
 class _RingAttention(torch.autograd.Function):
+    """Forward and backward rings; see the module docstring."""
+
     @staticmethod
     def forward(ctx, q, k, v, layout: SequenceLayout, group, scale: float):  # type: ignore[override]
         with torch.autocast(q.device.type, enabled=False):  # the fp32 statistics must stay fp32
@@ -192,7 +198,9 @@ class _RingAttention(torch.autograd.Function):
             return _RingAttention._backward(ctx, grad_out)
 
     @staticmethod
-    def _forward(ctx, q, k, v, layout: SequenceLayout, group, scale: float):
+    def _forward(
+        ctx, q: Tensor, k: Tensor, v: Tensor, layout: SequenceLayout, group: dist.ProcessGroup, scale: float
+    ) -> Tensor:
         ring = _Ring(group)
         batch, n_heads, q_len, head_dim = q.shape
         n_kv = k.shape[1]
@@ -232,7 +240,7 @@ class _RingAttention(torch.autograd.Function):
         return out.reshape(batch, n_heads, q_len, head_dim).to(q.dtype)
 
     @staticmethod
-    def _backward(ctx, grad_out):
+    def _backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
         layout, scale = ctx.layout, ctx.scale
         ring = _Ring(ctx.group)

@@ -71,7 +71,9 @@ def _block_plan(block: nn.Module, sequence_parallel: bool) -> dict[str, Parallel
     elif hasattr(block, "moe") and sequence_parallel:
         # Gather the input; re-shard the replicated output on the sequence dim (a local slice).
         plan["moe"] = _Chain(
-            PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+            ),
             PrepareModuleOutput(
                 output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=False
             ),
@@ -128,6 +130,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
 
     Call before context parallel and FSDP (the order of docs/architecture.md). Afterwards the logits are
     a DTensor sharded on the vocabulary: compute the loss and call backward inside `loss_context(True)`.
+    Some parameters stay plain tensors (norms without SP, MoE modules), so without FSDP on top an
+    optimizer must not put DTensors and plain tensors in one foreach parameter group.
     """
     if tp_mesh.ndim != 1:
         raise ValueError(f"apply_tensor_parallel needs a 1-d TP mesh, got {tp_mesh.ndim} dims")
