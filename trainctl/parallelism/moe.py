@@ -31,6 +31,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from trainctl.spec.presets import MoEConfig
 
@@ -70,10 +71,12 @@ class GroupedExperts(nn.Module):
         """`x` holds tokens sorted by local expert, `counts[e]` of them for expert e."""
         if len(counts) != self.num_local:
             raise ValueError(f"got token counts for {len(counts)} experts, this module holds {self.num_local}")
+        # Expert parallelism makes the weights DTensors sharded on the expert dim: use the local shard.
+        w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3))
         outputs = []
         for e, chunk in enumerate(torch.split(x, counts)):
-            hidden = F.silu(chunk @ self.w1[e]) * (chunk @ self.w3[e])
-            outputs.append(hidden @ self.w2[e])
+            hidden = F.silu(chunk @ w1[e]) * (chunk @ w3[e])
+            outputs.append(hidden @ w2[e])
         return torch.cat(outputs) if outputs else x.new_zeros(0, x.shape[-1])
 
 

@@ -126,9 +126,8 @@ def _stage_view(model: nn.Module, layer_ids: range, first: bool, last: bool) -> 
         if not hasattr(model, part):
             raise PipelineLayoutError(f"the model has no {part!r} sub-module; pipeline splitting needs the decoder's names")
     stage = copy.copy(model)
-    stage._modules = dict(model._modules)
-    stage._parameters = dict(model._parameters)
-    stage._buffers = dict(model._buffers)
+    # Fresh containers (sub-modules, parameters, buffers, hook tables): stages of one model are independent.
+    stage.__dict__.update({k: copy.copy(v) for k, v in model.__dict__.items() if isinstance(v, dict)})
     stage.layers = nn.ModuleDict({str(i): model.layers[str(i)] for i in layer_ids})
     if not first:
         stage.tok_embeddings = None
@@ -161,24 +160,33 @@ def split_pipeline_stages(
 
 
 # ---- running ---------------------------------------------------------------------------------------
-class AuxCarrier(nn.Module):
-    """Runs a stage of an MoE model and carries the micro-batch's aux-loss sum to the next stage.
+class AuxCarrier:
+    """Makes a stage of an MoE model carry the micro-batch's aux-loss sum to the next stage.
 
-    Input: tokens (first stage) or `(hidden, aux)`; output `(hidden_or_logits, aux)`. Used only to
-    drive the schedule: the wrapped stage keeps its own parameter names.
+    Forward hooks on the stage module (so DDP / FSDP wrappers stay visible to the schedule): the
+    pre-hook takes `(hidden, aux)` from the previous stage and passes `hidden` on; the post-hook
+    returns `(output, aux + this stage's aux losses)`. The first stage starts the sum at zero.
     """
 
-    def __init__(self, stage: nn.Module):
-        super().__init__()
-        self.stage = stage
+    def __init__(self, module: nn.Module):
+        self._incoming: Tensor | None = None
+        module.register_forward_pre_hook(self._before, prepend=True)
+        module.register_forward_hook(self._after)
 
-    def forward(self, x: Tensor, aux: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        out = self.stage(x)
-        local = pop_aux_loss(self.stage)
-        total = aux if aux is not None else torch.zeros((), device=out.device, dtype=torch.float32)
-        if local is not None:
-            total = total + local
-        return out, total
+    def _before(self, module: nn.Module, args: tuple) -> tuple | None:
+        if len(args) == 2:
+            hidden, self._incoming = args
+            return (hidden,)
+        self._incoming = None
+        return None
+
+    def _after(self, module: nn.Module, args: tuple, output: Tensor) -> tuple[Tensor, Tensor]:
+        total = self._incoming
+        self._incoming = None
+        if total is None:
+            total = torch.zeros((), device=output.device, dtype=torch.float32)
+        local = pop_aux_loss(module)
+        return output, total if local is None else total + local
 
 
 def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
@@ -235,12 +243,8 @@ class PipelineRunner:
                 return loss_fn(logits, labels) + aux
             return loss_fn(output, labels)
 
-        stages = [
-            PipelineStage(
-                AuxCarrier(c.module) if carries_aux else c.module, c.index, c.num_stages, device, group=group
-            )
-            for c in chunks
-        ]
+        self._carriers = [AuxCarrier(c.module) for c in chunks] if carries_aux else []
+        stages = [PipelineStage(c.module, c.index, c.num_stages, device, group=group) for c in chunks]
         if schedule == "gpipe":
             self.schedule = ScheduleGPipe(stages[0], n_microbatches, loss_fn=stage_loss)
         elif schedule == "1f1b":
