@@ -1,0 +1,150 @@
+"""Trained weights out of a checkpoint: find it, know its model, load it as one plain state dict.
+
+A Trainer with a checkpoint directory records its job there as `job.json` (`write_run_spec`), so a
+checkpoint describes itself: `export`, `generate` and `init_from` need only a path. Accepted paths:
+a `step_*` checkpoint, a checkpoint root (its newest complete checkpoint) or a job's run directory
+(its `checkpoints/`).
+
+`load_weights(path)` returns the full, merged model weights: for a LoRA run (whose checkpoints hold
+only adapters) the base comes from the run's own `init_from`, recursively, and the adapters are
+merged in. Reading uses DCP without a process group (every caller reads the whole model, as the
+engine builds the whole model on CPU before sharding it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from trainctl.parallelism import checkpoint as ckpt
+from trainctl.parallelism.lora import apply_lora, merge_lora_state
+from trainctl.parallelism.model import build_model
+from trainctl.spec.job import JobSpecBody
+from trainctl.spec.presets import ModelConfig, resolve_model
+
+RUN_SPEC = "job.json"
+CHECKPOINT_SUBDIR = "checkpoints"
+MAX_CHAIN = 16
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+    """The path names no usable checkpoint (the message says what was looked for)."""
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """A resolved checkpoint: where it is, the job that wrote it, its model shape."""
+
+    path: Path
+    job: JobSpecBody
+    config: ModelConfig
+
+
+def write_run_spec(checkpoint_dir: str | Path, job: JobSpecBody) -> None:
+    """Record `job` in `checkpoint_dir/job.json` (atomically; call on one rank)."""
+    root = Path(checkpoint_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{RUN_SPEC}.tmp"
+    tmp.write_text(job.model_dump_json(indent=2))
+    tmp.replace(root / RUN_SPEC)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The complete `step_*` checkpoint `path` names (itself, a root's newest, or a run dir's newest)."""
+    path = Path(path).expanduser()
+    if (path / ckpt.COMPLETE).is_file():
+        return path
+    for root in (path, path / CHECKPOINT_SUBDIR):
+        found = ckpt.latest_checkpoint(root)
+        if found is not None:
+            return found[1]
+    raise CheckpointNotFoundError(
+        f"{path}: no complete checkpoint there (looked for a step_* directory with {ckpt.COMPLETE}, "
+        f"and for step_* directories in it or in its {CHECKPOINT_SUBDIR}/)"
+    )
+
+
+def open_checkpoint(path: str | Path, job: JobSpecBody | None = None) -> Pretrained:
+    """Resolve `path` and the job that wrote it (its recorded job.json unless `job` is given)."""
+    step_dir = resolve_checkpoint(path)
+    if job is None:
+        spec_file = step_dir.parent / RUN_SPEC
+        if not spec_file.is_file():
+            raise CheckpointNotFoundError(
+                f"{step_dir}: the run recorded no {RUN_SPEC} beside its checkpoints; pass the job spec explicitly"
+            )
+        job = JobSpecBody.model_validate_json(spec_file.read_text())
+    return Pretrained(path=step_dir, job=job, config=resolve_model(job.model))
+
+
+@contextlib.contextmanager
+def _quiet() -> contextlib.AbstractContextManager:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def read_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor under the checkpoint's `model` key, as full plain tensors by parameter name."""
+    metadata = dcp.FileSystemReader(str(step_dir)).read_metadata()
+    state = {
+        key.removeprefix("model."): torch.empty(md.size, dtype=md.properties.dtype)
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
+    }
+    if not state:
+        raise CheckpointNotFoundError(f"{step_dir}: the checkpoint holds no model weights")
+    with _quiet():
+        dcp.load({"model": state}, checkpoint_id=str(step_dir), no_dist=True)
+    return state
+
+
+def load_weights(pretrained: Pretrained, _depth: int = 0) -> dict[str, torch.Tensor]:
+    """The full model weights of `pretrained`, LoRA adapters merged into their base weights."""
+    state = read_model_state(pretrained.path)
+    job = pretrained.job
+    if job.lora is None:
+        return state
+    if _depth >= MAX_CHAIN:
+        raise CheckpointNotFoundError(f"{pretrained.path}: init_from chain longer than {MAX_CHAIN}")
+    if job.init_from is None:  # adapters on a fresh model: its initialisation is reproducible
+        base = build_model(pretrained.config, job.training.seed).state_dict()
+    else:
+        base = load_weights(open_checkpoint(job.init_from), _depth + 1)
+    missing = [k for k in state if k.endswith(".lora_a") and k.replace(".lora_a", ".weight") not in {**base, **state}]
+    if missing:
+        raise CheckpointNotFoundError(
+            f"{pretrained.path}: LoRA checkpoint without base weights for {missing[0]} (its init_from is {job.init_from!r})"
+        )
+    return merge_lora_state({**base, **state}, job.lora)
+
+
+def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
+    """Copy `weights` into a plain model; the names and shapes must match exactly."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
+    if missing or unexpected:
+        raise ValueError(
+            f"spec.init_from: {source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    for name, tensor in weights.items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise ValueError(
+                f"spec.init_from: {source}: {name} has shape {tuple(tensor.shape)}, the model needs {tuple(own[name].shape)}"
+            )
+    model.load_state_dict(weights)
+
+
+def prepare_model(model: torch.nn.Module, job: JobSpecBody) -> None:
+    """The Trainer's hook before parallelizing: load `init_from`'s weights, then add LoRA adapters."""
+    if job.init_from is not None:
+        load_into(model, load_weights(open_checkpoint(job.init_from)), job.init_from)
+    if job.lora is not None:
+        apply_lora(model, job.lora, job.training.seed)
