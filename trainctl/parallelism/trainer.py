@@ -38,7 +38,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from trainctl.parallelism import checkpoint as ckpt
-from trainctl.parallelism.data import MicroBatch, PackedDataset, ShardedLoader
+from trainctl.parallelism import efficiency, pretrained, token_shards
+from trainctl.parallelism.data import MicroBatch
 from trainctl.parallelism.distributed import resolve_device
 from trainctl.parallelism.flops import mfu, peak_flops, training_flops_per_token
 from trainctl.parallelism.grid import RankGrid
@@ -56,8 +57,6 @@ from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import resolve_model
 
 log = logging.getLogger(__name__)
-
-STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 @dataclass
@@ -153,22 +152,31 @@ class Trainer:
         self.on_event = on_event
         self.grid = RankGrid.from_spec(par)
         self.config = resolve_model(job.model)
+        micro_auto = job.training.micro_batch_size == "auto"
+        self.job = job = efficiency.resolve_micro_batch_size(self.config, job, self.device)
         self.pmesh: ParallelMesh | None = build_mesh(self.grid, self.device.type) if world_size > 1 else None
         self.autocast_dtype = torch.bfloat16 if job.training.dtype == "bfloat16" else None
 
         torch.manual_seed(job.training.seed)
         model = build_model(self.config, job.training.seed)
+        pretrained.prepare_model(model, job)  # init_from weights, LoRA adapters
         self.model: ParallelModel = parallelize(model, self.pmesh, job, self.device)
         self.optimizers = []
         for i, part in enumerate(self.model.parts):
             params = self.model.zero1[i].owned() if self.model.zero1 else part.parameters()
             self.optimizers.append(build_optimizer(params, job.training))
         self.schedulers = [build_scheduler(opt, job.training) for opt in self.optimizers]
+        self.state_options = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=job.lora is not None)
+        self.job = job = efficiency.confirm_micro_batch(self, micro_auto)
+        if self.checkpoint_dir is not None and rank == 0:
+            pretrained.write_run_spec(self.checkpoint_dir, job)
 
-        dataset = PackedDataset(job.data, self.config.vocab_size)
+        dataset = token_shards.build_dataset(job.data, self.config.vocab_size)
         dp_group = self.grid.group(("dp_replicate", "dp_shard"), rank)
-        self.loader = ShardedLoader(
+        self.loader = token_shards.build_loader(
             dataset,
+            job.data,
+            self.device,
             global_batch_size=job.training.global_batch_size,
             micro_batch_size=job.training.micro_batch_size,
             dp_rank=dp_group.index(rank),
@@ -304,7 +312,7 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def _state_templates(self) -> list[tuple[dict, dict]]:
-        return [get_state_dict(part, opt, options=STATE_OPTIONS) for part, opt in zip(self.model.parts, self.optimizers, strict=True)]
+        return [get_state_dict(part, opt, options=self.state_options) for part, opt in zip(self.model.parts, self.optimizers, strict=True)]
 
     def _app_state(self, templates: list[tuple[dict, dict]]) -> dict[str, Any]:
         model_sd: dict[str, Any] = {}
@@ -341,7 +349,7 @@ class Trainer:
         for (part, opt), (m, o) in zip(zip(self.model.parts, self.optimizers, strict=True), templates, strict=True):
             part_model = {k: state["model"][k] for k in m}
             part_optim = {k: state["optim"][k] for k in o}
-            set_state_dict(part, opt, model_state_dict=part_model, optim_state_dict=part_optim, options=STATE_OPTIONS)
+            set_state_dict(part, opt, model_state_dict=part_model, optim_state_dict=part_optim, options=self.state_options)
         train = state["train"]
         self.step = int(train["step"])
         self.loader.offset = int(train["data_offset"])
@@ -381,6 +389,9 @@ class Trainer:
             lr = self.optimizers[0].param_groups[0]["lr"]
             t0 = time.perf_counter()
             loss, norm, breakdown = self.train_step()
+            allocator = efficiency.after_step(self.step, train.empty_cache_steps, self.device)
+            if allocator is not None:
+                breakdown.update(allocator.as_breakdown())
             if self.checkpoint_dir is not None and (
                 (interval and self.step % interval == 0) or self.step == train.steps
             ):
