@@ -204,3 +204,17 @@ def test_topology_and_placement_import_without_torch_or_ray() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_nvlink_partitions_bound_the_nvlink_level() -> None:
+    from trainctl.workers.topology.builders import nvl72_fleet
+
+    data = nvl72_fleet(1, racks_per_su=1, name="p").model_dump(mode="json")
+    trays = data["spec"]["nvlink_domains"][0]["nodes"]
+    data["spec"]["nvlink_domains"][0]["partitions"] = [{"name": "a", "nodes": trays[:9]}, {"name": "b", "nodes": trays[9:]}]
+    topo = parse_topology(data)
+    index = FabricIndex.build(topo)
+    assert index.level([(0, 0), (8, 3)]) == "nvlink" and index.level([(0, 0), (9, 0)]) == "leaf"
+    free = {trays[8]: {0, 1, 2, 3}, trays[9]: {0, 1, 2, 3}, trays[10]: {0, 1, 2, 3}}
+    plan = place(RankGrid(tp=8), topo, free, model=TINY)
+    assert plan.split_groups == [] and plan.gpus_by_node() == {trays[9]: [0, 1, 2, 3], trays[10]: [0, 1, 2, 3]}
