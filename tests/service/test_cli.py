@@ -91,6 +91,10 @@ def test_client_commands(tmp_path: Path, api: ApiServer, runtime: ScriptedRuntim
     ]
     assert document["spec"]["parallelism"]["dp_shard"] == 2 and document["metadata"]["labels"] == {"team": "a"}
 
+    assert main(["report", job_id, "--out", str(tmp_path / "alpha.png")]) == 0
+    assert (tmp_path / "alpha.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "alpha.html").exists()
+    capsys.readouterr()
+
     assert main(["get", job_id, "-o", "yaml"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["status"]["steps_done"] == 3
 

@@ -246,6 +246,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.spec), nodes=args.nodes, gpus_per_node=args.gpus_per_node)
 
 
+def cmd_report(args: argparse.Namespace, client: TrainctlClient) -> int:
+    from trainctl.service.report import ReportError, write_report
+
+    job = client.get_job(args.job, full=True)
+    try:
+        files = write_report(job, args.out or Path(f"{job.id}-report.png"), html_page=not args.no_html)
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
+    print(f"wrote {files.png}" + (f" and {files.html}" if files.html else ""))
+    return EXIT_OK
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     from trainctl.service.auth import token_main
 
@@ -314,20 +326,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--gpus-per-node", type=int, default=4)
     demo.set_defaults(handler=cmd_demo, needs_client=False)
 
+    report = sub.add_parser("report", help="PNG + HTML report of a job's recorded steps and placement")
+    report.add_argument("job")
+    report.add_argument("--out", type=Path, help="PNG path (default: <job id>-report.png)")
+    report.add_argument("--no-html", action="store_true", help="write only the PNG")
+    report.set_defaults(handler=cmd_report, needs_client=True)
+
     token = sub.add_parser("token", help="make or hash an API token (see trainctl.service.auth)", add_help=False)
     token.add_argument("rest", nargs=argparse.REMAINDER)
     token.set_defaults(handler=cmd_token, needs_client=False)
 
     if importlib.util.find_spec("trainctl.cli.topology_cmd") is not None:
-        importlib.import_module("trainctl.cli.topology_cmd").register(sub)
+        topology_cmd = importlib.import_module("trainctl.cli.topology_cmd")
+        topology_cmd.register(sub).set_defaults(dispatch=topology_cmd.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler: Callable[..., int] = getattr(args, "handler", None) or args.func  # func: subcommands others register
     try:
+        if hasattr(args, "dispatch"):  # a command group registered by another module runs itself
+            return args.dispatch(args)
+        handler: Callable[..., int] = args.handler
         if getattr(args, "needs_client", False):
             with TrainctlClient(args.server) as client:
                 return handler(args, client)
