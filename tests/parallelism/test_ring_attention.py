@@ -24,8 +24,7 @@ CASES = [
     (2, 4, 2, 32, 8, torch.float64, 1e-12),  # GQA, even length: exact up to fp64 rounding
     (1, 6, 2, 37, 5, torch.float64, 1e-12),  # 3 q heads per kv head, odd length and head_dim
     (2, 4, 2, 32, 8, torch.float32, 1e-5),
-    (1, 6, 2, 37, 5, torch.float32, 1e-5),
-    (2, 3, 3, 24, 4, torch.float32, 1e-5),  # plain multi-head, 3 heads
+    (2, 3, 3, 26, 4, torch.float32, 1e-5),  # plain multi-head, 3 heads, uneven chunks
     (2, 4, 1, 40, 8, torch.bfloat16, 2e-2),  # multi-query, bf16
     (1, 6, 3, 29, 8, torch.bfloat16, 2e-2),  # uneven everything, bf16
 ]
