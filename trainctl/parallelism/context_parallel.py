@@ -14,8 +14,9 @@ seq]` tokens and labels of this data-parallel rank and before the forward,
 
 Every CP rank of a group must receive the same full micro-batch (the data loader splits over dp, not
 cp). Each rank holds seq/cp tokens, so the local mean loss averaged over the CP ranks — which the
-gradient averaging over dp_shard x cp (data_parallel) does — is the global mean. Pipeline stages pass
-the same `positions` to every stage's forward.
+gradient averaging over dp_shard x cp (data_parallel) does — is the global mean. Under pipeline
+parallelism the first stage's inputs and the last stage's labels are sharded the same way; a stage
+called without positions gets its shard's positions from a pre-hook `apply_context_parallel` installs.
 """
 
 from __future__ import annotations
