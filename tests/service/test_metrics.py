@@ -200,3 +200,13 @@ def test_metrics_server_serves_registry(metrics: ServiceMetrics, registry: Colle
     assert 'trainctl_job_step{job_id="job-a",tenant="team-a"} 11.0' in body
     with pytest.raises(ValueError, match="metrics port"):
         start_metrics_server(registry, "127.0.0.1", 70000)
+
+
+def test_time_store_observes_failures_too(metrics: ServiceMetrics, registry: CollectorRegistry) -> None:
+    with metrics.time_store("get_job"):
+        pass
+    with pytest.raises(KeyError), metrics.time_store("get_job"):
+        raise KeyError("missing")
+    assert value(registry, "trainctl_store_operation_duration_seconds_count", op="get_job") == 2
+    with pytest.raises(ValueError, match="op must be a snake_case"), metrics.time_store("Get Job"):
+        pass

@@ -20,7 +20,8 @@ import platform
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Protocol
@@ -263,6 +264,16 @@ class ServiceMetrics:
     def observe_store(self, op: str, seconds: float) -> None:
         """One store operation (`op` a snake_case name such as "create_job") and its latency."""
         self.store_duration.labels(_identifier(op, "op")).observe(seconds)
+
+    @contextmanager
+    def time_store(self, op: str) -> Iterator[None]:
+        """`with metrics.time_store("create_job"): ...` observes the block's duration, failed or not."""
+        _identifier(op, "op")
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.observe_store(op, time.perf_counter() - started)
 
     def set_gpu_inventory(self, nodes: Iterable[NodeGpus]) -> None:
         """Replace the GPU inventory: nodes no longer listed disappear from the export."""
