@@ -218,3 +218,30 @@ def test_nvlink_partitions_bound_the_nvlink_level() -> None:
     free = {trays[8]: {0, 1, 2, 3}, trays[9]: {0, 1, 2, 3}, trays[10]: {0, 1, 2, 3}}
     plan = place(RankGrid(tp=8), topo, free, model=TINY)
     assert plan.split_groups == [] and plan.gpus_by_node() == {trays[9]: [0, 1, 2, 3], trays[10]: [0, 1, 2, 3]}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from([
+        dict(pp=2, dp_replicate=2, dp_shard=2, tp=2),
+        dict(dp_shard=4, cp=2, tp=2),
+        dict(dp_shard=4, ep=4, tp=2),
+        dict(pp=4, dp_shard=3),
+        dict(dp_replicate=3, tp=4),
+        dict(pp=2, dp_shard=2, cp=2, ep=2, tp=2),
+    ]),
+)
+def test_any_layout_on_any_free_set_is_a_valid_plan(seed: int, layout: dict) -> None:
+    topo = rail_su(oversubscription=2.0)
+    rng = random.Random(seed)
+    free = {n.name: set(rng.sample(range(8), rng.randint(0, 8))) for n in topo.nodes}
+    grid = RankGrid(**layout)
+    plan = place(grid, topo, free, model=PRESETS["debug-moe"] if grid.ep > 1 else TINY)
+    if sum(map(len, free.values())) < grid.world_size:
+        assert plan is None
+        return
+    assert [a.rank for a in plan.assignments] == list(range(grid.world_size))
+    assert all(a.gpu in free[a.node] for a in plan.assignments)
+    assert len({(a.node, a.gpu) for a in plan.assignments}) == grid.world_size
+    assert plan.comm_seconds >= sum(plan.lower_bound_seconds_by_dim.values()) * (1 - 1e-12)
