@@ -29,3 +29,17 @@ def test_harness_detects_a_different_run(pool, corpus):
     other = run_layout(pool, tiny_job(corpus, dp_replicate=2, training={"seed": 12}))
     with pytest.raises(AssertionError):
         assert_equivalent(other, run_reference(pool, body))
+
+
+def test_activation_checkpointing_composes_with_fsdp(pool, corpus):
+    body = tiny_job(corpus, dp_shard=2, training={"activation_checkpointing": "full"})
+    assert_equivalent(run_layout(pool, body), run_reference(pool, tiny_job(corpus, dp_shard=2)))
+
+
+@pytest.mark.parametrize("layout", [{"dp_shard": 2}, {"dp_replicate": 2}], ids=["fsdp-bf16", "ddp-bf16"])
+def test_bf16_mixed_precision_tracks_fp32(pool, corpus, layout):
+    """bf16 compute (FSDP2 bf16 all-gather / autocast) with fp32 master weights stays near fp32."""
+    run = run_layout(pool, tiny_job(corpus, training={"dtype": "bfloat16"}, **layout))
+    reference = run_reference(pool, tiny_job(corpus, **layout))
+    assert run.losses == pytest.approx(reference.losses, rel=5e-3)
+    assert run.losses != reference.losses
