@@ -239,15 +239,34 @@ class CostBreakdown:
 _LEVEL_ORDER = {"nvlink": 0, "host": 1, "leaf": 2, "spine": 3, "core": 4}
 
 
+@dataclass(frozen=True)
+class _Span:
+    """What the cost model needs to know about one group's slots (memoised by slot tuple)."""
+
+    level: str
+    units: int
+    """NVLink units (or nodes, without NVLink) the group touches."""
+    leaves: tuple[tuple[int, int], ...] = ()
+    """(leaf id, members under it), only for groups that leave their leaves (spine / core)."""
+
+
+def _span(index: FabricIndex, key: tuple[Slot, ...]) -> _Span:
+    level = index.level(list(key))
+    units = len({index.node_unit[s[0]] for s in key})
+    if level not in ("spine", "core"):
+        return _Span(level, units)
+    return _Span(level, units, tuple(Counter(index.gpu_leaf[s] for s in key).items()))
+
+
 def evaluate(
-    traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex, levels_seen: dict | None = None
+    traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex, spans_seen: dict | None = None
 ) -> CostBreakdown:
     """Cost of placing rank r on `slots[r]`.
 
-    `levels_seen` (optional) memoises the level of each tuple of slots across calls: a local search
-    that moves a few ranks re-evaluates only the groups it touched.
+    `spans_seen` (optional) memoises what is known about each tuple of slots across calls: a local
+    search that moves a few ranks re-analyses only the groups it touched.
     """
-    memo: dict[tuple[Slot, ...], str] = {} if levels_seen is None else levels_seen
+    memo: dict[tuple[Slot, ...], _Span] = {} if spans_seen is None else spans_seen
     result = CostBreakdown()
     for entry in traffic:
         worst = 0.0
@@ -256,25 +275,23 @@ def evaluate(
             spans = [[g[i], g[i + 1]] for g in entry.groups for i in range(len(g) - 1)]
         else:
             spans = entry.groups
-        levels = []
+        infos = []
         for span in spans:
             key = tuple(slots[r] for r in span)
-            level = memo.get(key)
-            if level is None:
-                level = memo[key] = index.level(list(key))
-            levels.append(level)
-        factors = _contention(entry.pattern, spans, levels, slots, index)
+            info = memo.get(key)
+            if info is None:
+                info = memo[key] = _span(index, key)
+            infos.append(info)
+        factors = _contention(entry.pattern, spans, infos, index)
         volume = entry.bytes_per_rank()
-        for span, level, factor in zip(spans, levels, factors, strict=True):
-            if level in ("spine", "core"):
-                leaves = Counter(index.gpu_leaf[slots[r]] for r in span)
-                result.uplink_bytes += volume * sum(_flows(entry.pattern, n, len(span)) for n in leaves.values())
-            bw = index.level_bw[level] / factor
-            t = entry.seconds(bw, index.level_latency[level])
-            worst = max(worst, t)
-            if _LEVEL_ORDER[level] > _LEVEL_ORDER[level_max]:
-                level_max = level
-            if entry.dim in SPLIT_DIMS and len({index.unit_of(slots[r]) for r in span}) > 1:
+        for span, info, factor in zip(spans, infos, factors, strict=True):
+            if info.leaves:
+                result.uplink_bytes += volume * sum(_flows(entry.pattern, n, len(span)) for _, n in info.leaves)
+            bw = index.level_bw[info.level] / factor
+            worst = max(worst, entry.seconds(bw, index.level_latency[info.level]))
+            if _LEVEL_ORDER[info.level] > _LEVEL_ORDER[level_max]:
+                level_max = info.level
+            if entry.dim in SPLIT_DIMS and info.units > 1:
                 result.split_groups.setdefault(entry.dim, []).append(list(span))
         result.seconds_by_dim[entry.dim] = result.seconds_by_dim.get(entry.dim, 0.0) + worst
         result.bytes_by_dim[entry.dim] = result.bytes_by_dim.get(entry.dim, 0.0) + volume
@@ -283,9 +300,7 @@ def evaluate(
     return result
 
 
-def _contention(
-    pattern: Pattern, spans: list[list[int]], levels: list[str], slots: list[Slot], index: FabricIndex
-) -> list[float]:
+def _contention(pattern: Pattern, spans: list[list[int]], infos: list[_Span], index: FabricIndex) -> list[float]:
     """Per span, the factor by which oversubscribed uplinks slow it (1 = none).
 
     A leaf with `p` GPU ports and uplink oversubscription `o` carries `p / o` full-rate flows up.
@@ -299,28 +314,24 @@ def _contention(
         return [1.0] * len(spans)
     up_leaf: Counter[int] = Counter()
     up_spine: Counter[int] = Counter()
-    for span, level in zip(spans, levels, strict=True):
-        if level not in ("spine", "core"):
-            continue
-        leaves = Counter(index.gpu_leaf[slots[r]] for r in span)
-        for leaf, members in leaves.items():
+    for span, info in zip(spans, infos, strict=True):
+        for leaf, members in info.leaves:
             up_leaf[leaf] += _flows(pattern, members, len(span))
-        if level == "core":
-            spines = Counter()
-            for leaf, members in leaves.items():
+        if info.level == "core":
+            spines: Counter[int] = Counter()
+            for leaf, members in info.leaves:
                 spines[index.leaf_spine.get(leaf, -1)] += members
             for spine, members in spines.items():
                 up_spine[spine] += _flows(pattern, members, len(span))
     factors = []
-    for span, level in zip(spans, levels, strict=True):
+    for info in infos:
         f = 1.0
-        if level in ("spine", "core"):
-            for leaf in {index.gpu_leaf[slots[r]] for r in span}:
-                if leaf >= 0:
-                    f = max(f, up_leaf[leaf] * o_leaf / index.leaf_ports[leaf])
-                spine = index.leaf_spine.get(leaf, -1)
-                if level == "core" and spine >= 0:
-                    f = max(f, up_spine[spine] * o_spine / index.spine_ports[spine])
+        for leaf, _ in info.leaves:
+            if leaf >= 0:
+                f = max(f, up_leaf[leaf] * o_leaf / index.leaf_ports[leaf])
+            spine = index.leaf_spine.get(leaf, -1)
+            if info.level == "core" and spine >= 0:
+                f = max(f, up_spine[spine] * o_spine / index.spine_ports[spine])
         factors.append(f)
     return factors
 

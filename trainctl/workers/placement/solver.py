@@ -196,7 +196,7 @@ class _Solver:
     ) -> None:
         self.grid, self.index, self.free, self.traffic, self.deadline = grid, index, free, traffic, deadline
         self.world = grid.world_size
-        self.levels_seen: dict = {}
+        self.spans_seen: dict = {}
 
     # ---- top level ---------------------------------------------------------------------------------
     def solve(self) -> list[Slot]:
@@ -239,7 +239,7 @@ class _Solver:
     ) -> tuple[tuple[float, ...], list[Slot], CostBreakdown] | None:
         if slots is None:
             return best
-        cost = evaluate(self.traffic, slots, self.index, self.levels_seen)
+        cost = evaluate(self.traffic, slots, self.index, self.spans_seen)
         key = cost.objective()
         return (key, slots, cost) if best is None or _preferred(cost, best[2]) else best
 
@@ -424,7 +424,7 @@ class _Solver:
                     trial[start : start + atom], trial[other : other + atom] = trial[other : other + atom], mine
                 else:
                     trial[start : start + atom] = other
-                cost = evaluate(self.traffic, trial, self.index, self.levels_seen)
+                cost = evaluate(self.traffic, trial, self.index, self.spans_seen)
                 evaluations += 1
                 k = cost.objective()
                 if k < key and (best is None or k < best[0]):
