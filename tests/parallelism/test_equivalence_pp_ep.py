@@ -7,17 +7,22 @@ run of the same job.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
-from harness import assert_equivalent, run_layout, run_reference, tiny_job
+from harness import assert_equivalent, run_layout, run_reference, run_training, tiny_job
+
+from trainctl.parallelism import checkpoint as ckpt
 
 MOE = {"preset": "debug-moe"}
+MOE8 = {"preset": "debug-moe", "moe": {"num_experts": 8, "top_k": 2}}
 
 LAYOUTS = {
     "pp2-1f1b": ({}, {"pp": 2, "pp_schedule": "1f1b"}),
     "pp2-interleaved-v2": ({}, {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2}),
     "pp4-zero-bubble": ({}, {"pp": 4, "pp_schedule": "zero_bubble"}),
     "moe-ep2": (MOE, {"dp_shard": 2, "ep": 2}),
-    "moe-ep4": (MOE, {"dp_shard": 4, "ep": 4}),
+    "moe-ep4": (MOE8, {"dp_shard": 4, "ep": 4}),
     "dp2-tp2-pp2": ({}, {"dp_shard": 2, "tp": 2, "pp": 2, "pp_schedule": "1f1b"}),
     "moe-pp2-tp2-ep2": (MOE, {"dp_shard": 2, "ep": 2, "tp": 2, "pp": 2, "pp_schedule": "1f1b"}),
 }
@@ -31,3 +36,29 @@ def test_layout_matches_single_process(pool, corpus, case):
     run = run_layout(pool, body)
     assert len(run.losses) == 5
     assert_equivalent(run, reference)
+
+
+RESUMES = {
+    # Dense: FSDP dp4 -> tp2 x pp2 (the pipeline stages reload their layers' shards by name).
+    "dp4-to-tp2-pp2": ({}, {"dp_shard": 4}, {"tp": 2, "pp": 2, "pp_schedule": "1f1b"}),
+    # MoE: experts over ep4 -> pp2 x ep2 (DCP reshards the expert-dim DTensors).
+    "moe-ep4-to-pp2-ep2": (MOE8, {"dp_shard": 4, "ep": 4}, {"pp": 2, "dp_shard": 2, "ep": 2}),
+}
+
+
+@pytest.mark.parametrize("case", RESUMES.values(), ids=RESUMES.keys())
+def test_resume_under_another_layout_continues_the_run(pool, corpus, tmp_path, case):
+    model, saved_layout, resumed_layout = case
+    saved = tmp_path / "saved"
+    first = tiny_job(corpus, steps=6, model=model, **saved_layout)
+    first.checkpoint.interval_steps = 3
+    uninterrupted = run_training(pool, first, str(saved))
+    assert [s for s, _ in ckpt.complete_checkpoints(saved)] == [3, 6]
+
+    resume_dir = tmp_path / "resume"
+    shutil.copytree(saved / "step_00000003", resume_dir / "step_00000003")
+    second = tiny_job(corpus, steps=6, model=model, **resumed_layout)
+    second.checkpoint.interval_steps = 3
+    resumed = run_training(pool, second, str(resume_dir))
+    assert resumed.resumed_from_step == 3 and resumed.steps_completed == 6
+    assert resumed.losses == pytest.approx(uninterrupted.losses[3:], rel=1e-5)
