@@ -139,9 +139,6 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     parallelize_module(model, tp_mesh, _top_plan(model, sequence_parallel))
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, _block_plan(block, sequence_parallel))
-    for param in model.parameters():
-        if isinstance(param, DTensor) and all(p.is_replicate() for p in param.placements):
-            param.register_post_accumulate_grad_hook(_reduce_partial_grad)
     if sequence_parallel and getattr(model, "tok_embeddings", "absent") is None:
         # Prepended: context parallel's default-positions hook must see the global (DTensor) length.
         model.register_forward_pre_hook(partial(_stage_input_to_dtensor, tp_mesh), with_kwargs=True, prepend=True)
@@ -165,18 +162,6 @@ def _stage_output_to_local(module: nn.Module, args: tuple, output: object) -> ob
     if module.output is None and isinstance(output, DTensor):
         return output.to_local()
     return output
-
-
-def _reduce_partial_grad(param: DTensor) -> None:
-    """Reduce a replicated parameter's Partial gradient (SP norms see one sequence shard each) once.
-
-    The gradient then matches the parameter's placement, so clipping, the optimizer and checkpoints
-    read a plain replicated value instead of a pending sum that DTensor would re-reduce in every op
-    touching it. FSDP2, when applied on top, replaces these parameters and does the same itself.
-    """
-    grad = param.grad
-    if isinstance(grad, DTensor) and grad.placements != param.placements:
-        param.grad = grad.redistribute(placements=param.placements)
 
 
 def loss_context(tp_enabled: bool) -> AbstractContextManager[None]:
