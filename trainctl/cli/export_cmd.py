@@ -1,0 +1,77 @@
+"""`trainctl export JOB|CHECKPOINT_DIR --out DIR`: the trained model as Hugging Face Llama safetensors.
+
+JOB is a job id on the server (its run directory's newest checkpoint, with the job's spec); a path is a
+`step_*` checkpoint, a checkpoint root or a run directory (its spec from the `job.json` the Trainer
+recorded beside the checkpoints). LoRA runs are exported with the adapters merged.
+
+`register(subparsers)` adds the command to the main parser; `python -m trainctl.cli.export_cmd` runs it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from trainctl.parallelism.hf_export import ExportError, export_checkpoint
+from trainctl.parallelism.pretrained import CheckpointNotFoundError, Pretrained, open_checkpoint
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_source(source: str, server: str | None) -> Pretrained:
+    """A checkpoint path, or a job id looked up on the server (its run directory and spec)."""
+    if Path(source).expanduser().exists():
+        return open_checkpoint(source)
+    import grpc
+
+    from trainctl.cli.client import TrainctlClient
+    from trainctl.service.convert import job_from_proto
+
+    try:
+        with TrainctlClient(server) as client:
+            job = client.get_job(source)
+    except grpc.RpcError as exc:
+        raise CheckpointNotFoundError(
+            f"{source!r} is neither a checkpoint path nor a job the server knows ({exc.code().name}: {exc.details()})"
+        ) from None
+    if not job.status.run_dir:
+        raise CheckpointNotFoundError(f"job {source} has no run directory yet (state: {job.status.state})")
+    return open_checkpoint(job.status.run_dir, job=job_from_proto(job).spec)
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `export` to the main parser; returns its parser."""
+    parser = subparsers.add_parser("export", help="write a job's trained model as Hugging Face Llama safetensors")
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="JOB|CHECKPOINT_DIR", help="job id, checkpoint, checkpoint root or run directory")
+    parser.add_argument("--out", required=True, type=Path, help="output directory (model.safetensors, config.json)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the written weights")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        source = resolve_source(args.source, getattr(args, "server", None))
+        files = export_checkpoint(source, args.out, DTYPES[args.dtype])
+    except (CheckpointNotFoundError, ExportError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"exported {source.path} -> " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainctl export", description=__doc__.splitlines()[0])
+    parser.add_argument("--server", help="service address for job ids")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""`trainctl generate JOB|CHECKPOINT_DIR --prompt TEXT`: sample text from a trained model.
+
+Greedy by default (`--temperature 0`); `--temperature T --top-p P --seed S` samples. `--no-cache`
+recomputes the whole sequence each step instead of using the KV cache (same greedy text, slower).
+Runs on CUDA when available (`--device`).
+
+`register(subparsers)` adds the command to the main parser; `python -m trainctl.cli.generate_cmd` runs it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from trainctl.cli.export_cmd import resolve_source
+from trainctl.parallelism.generate import decode, encode, generate
+from trainctl.parallelism.hf_export import ExportError
+from trainctl.parallelism.model import Transformer
+from trainctl.parallelism.pretrained import CheckpointNotFoundError, load_weights
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `generate` to the main parser; returns its parser."""
+    parser = subparsers.add_parser("generate", help="sample text from a job's checkpoint")
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="JOB|CHECKPOINT_DIR", help="job id, checkpoint, checkpoint root or run directory")
+    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (with temperature > 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampler")
+    parser.add_argument("--no-cache", action="store_true", help="recompute every step instead of using the KV cache")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    try:
+        source = resolve_source(args.source, getattr(args, "server", None))
+        with torch.device("meta"):
+            model = Transformer(source.config)
+        model.load_state_dict(load_weights(source), assign=True)
+        model.to(device)
+        tokenizer = source.job.data.tokenizer
+        prompt = torch.tensor([encode(tokenizer, args.prompt)], device=device)
+        out = generate(
+            model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+            use_cache=not args.no_cache, seed=args.seed,
+        )
+    except (CheckpointNotFoundError, ExportError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(decode(tokenizer, out[0].tolist()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainctl generate", description=__doc__.splitlines()[0])
+    parser.add_argument("--server", help="service address for job ids")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
