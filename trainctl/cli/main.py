@@ -4,6 +4,7 @@
     trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
     trainctl cancel JOB                  trainctl logs JOB [-f]              trainctl plan FILE
     trainctl validate FILE               trainctl demo
+    trainctl data prepare PATHS --out DIR   trainctl export JOB|CKPT --out DIR   trainctl generate JOB|CKPT --prompt T
 
 Client commands find the server in --server or TRAINCTL_SERVER (default 127.0.0.1:50051) and send
 TRAINCTL_TOKEN as a bearer token. Exit status: 0 success, 1 an API or runtime error (or a watched job
@@ -339,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     if importlib.util.find_spec("trainctl.cli.topology_cmd") is not None:
         topology_cmd = importlib.import_module("trainctl.cli.topology_cmd")
         topology_cmd.register(sub).set_defaults(dispatch=topology_cmd.run)
+    for name in ("data_cmd", "export_cmd", "generate_cmd"):  # issue 8: data prepare, export, generate
+        command = importlib.import_module(f"trainctl.cli.{name}")
+        command.register(sub).set_defaults(dispatch=command.run)
     return parser
 
 
