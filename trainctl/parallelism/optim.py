@@ -29,6 +29,13 @@ def param_groups(params: Iterable[nn.Parameter], weight_decay: float) -> list[di
     return [g for g in groups if g["params"]]
 
 
+def kernel_options(params: list[nn.Parameter], impl: str) -> dict[str, bool]:
+    """`foreach=True` or `fused=True` for AdamW / SGD: `auto` is fused when every parameter is on CUDA."""
+    if impl == "auto":
+        impl = "fused" if params and all(p.device.type == "cuda" for p in params) else "foreach"
+    return {"fused": True} if impl == "fused" else {"foreach": True}
+
+
 def build_optimizer(params: Iterable[nn.Parameter], spec: TrainingSpec) -> torch.optim.Optimizer:
     """AdamW (decoupled decay), Adafactor (torch.optim.Adafactor, plain tensors only) or SGD with
     momentum = beta1 (coupled L2 weight decay is not applied to SGD)."""
@@ -39,12 +46,13 @@ def build_optimizer(params: Iterable[nn.Parameter], spec: TrainingSpec) -> torch
             "creates (FSDP / ZeRO-2/3, TP or EP); use adamw or sgd, or DDP / ZeRO-1 without TP"
         )
     groups = param_groups(params, spec.weight_decay)
+    kernel = kernel_options(params, spec.optimizer_impl)
     if spec.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps, foreach=True)
+        return torch.optim.AdamW(groups, lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps, **kernel)
     if spec.optimizer == "adafactor":
         return torch.optim.Adafactor(groups, lr=spec.lr, foreach=False)
     if spec.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=spec.lr, momentum=spec.beta1, foreach=True)
+        return torch.optim.SGD(groups, lr=spec.lr, momentum=spec.beta1, **kernel)
     raise ValueError(f"spec.training.optimizer: unknown optimizer {spec.optimizer!r}")
 
 
