@@ -20,13 +20,17 @@ from trainctl.spec.job import TrainingSpec
 
 
 def param_groups(params: Iterable[nn.Parameter], weight_decay: float) -> list[dict]:
-    """Two groups: decayed matrices and undecayed vectors (empty groups are dropped)."""
-    decay, no_decay = [], []
+    """Decayed matrices and undecayed vectors, each split into DTensor and plain parameters (foreach
+    kernels cannot mix the two, e.g. expert-parallel experts beside DDP parameters); empty groups
+    are dropped."""
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
     for p in params:
         if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+            groups.setdefault((p.dim() >= 2, isinstance(p, DTensor)), []).append(p)
+    return [
+        {"params": groups[key], "weight_decay": weight_decay if key[0] else 0.0}
+        for key in sorted(groups, reverse=True)
+    ]
 
 
 def kernel_options(params: list[nn.Parameter], impl: str) -> dict[str, bool]:
