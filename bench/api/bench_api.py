@@ -12,7 +12,7 @@ Jobs API). For each concurrency level (1, 16, 128 client threads) every client c
   resource no node has) and `get_job_info`.
 
 Latency is per call (p50 / p99 over every call at that level); throughput is calls per second of
-wall time for the whole level. Results are printed and written as JSON (`--out`).
+wall time for the whole level (at least 128 creates per level, as many gets). Results are printed and written as JSON (`--out`).
 
     .venv/bin/python bench/api/bench_api.py --out bench/api/results-api.json
 """
@@ -41,12 +41,18 @@ from trainctl.spec.job import TrainingJob  # noqa: E402
 from trainctl.workers.embedded import EmbeddedRay, start_embedded  # noqa: E402
 
 LEVELS = (1, 16, 128)
+MIN_CREATES = 128
+"""Each level creates at least this many jobs (so p99 at 1 client rests on 128 samples)."""
 NEVER = "trainctl_bench_never"
 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def per_client_at(level: int, per_client: int) -> int:
+    return max(per_client, -(-MIN_CREATES // level))
 
 
 def run_level(clients: int, per_client: int, create: Callable[[int, int], str], get: Callable[[str], None]) -> dict:
@@ -116,7 +122,7 @@ def bench_trainctl(cluster: EmbeddedRay, per_client: int) -> list[dict]:
         clients = [TrainctlClient(service.target) for _ in range(max(LEVELS))]
         for level in LEVELS:
             results.append(run_level(
-                level, per_client,
+                level, per_client_at(level, per_client),
                 lambda index, _i: clients[index].create_job(job).id,
                 lambda job_id: clients[0].get_job(job_id) and None,
             ))
@@ -133,7 +139,7 @@ def bench_ray(cluster: EmbeddedRay, per_client: int) -> list[dict]:
     results = []
     for level in LEVELS:
         results.append(run_level(
-            level, per_client,
+            level, per_client_at(level, per_client),
             lambda index, _i: clients[index].submit_job(entrypoint="true", entrypoint_resources={NEVER: 1}),
             lambda job_id: clients[0].get_job_info(job_id) and None,
         ))

@@ -5,7 +5,8 @@ Both run the same engine loop (`trainctl.parallelism.trainer.Trainer`, same spec
 
 - trainctl: `TrainctlClient.create_job` -> the first STEP event on `WatchJob`, as the client sees it
   (the path includes admission, placement, the supervisor actor, the rank group, rendezvous and the
-  first step, and the event's way back through the supervisor, the service's poll and the store);
+  first step, and the event's way back through the supervisor, the service's poll and the store),
+  split into phases from the job's recorded times;
 - Ray Train: `TorchTrainer.fit()` called -> rank 0's first `on_step` callback (written to a file
   with its wall time), with `ScalingConfig(num_workers=2)` pinned one worker per node by the
   same GPU-slot resources.
@@ -49,7 +50,10 @@ JOB = {
 }
 
 
-def trainctl_trial(client: TrainctlClient) -> float:
+def trainctl_trial(client: TrainctlClient) -> tuple[float, dict[str, float]]:
+    """Seconds from CreateJob to the first step event at the client, and where they went (from the
+    job's recorded times: queue + placement, supervisor and rank group up, first step, delivery)."""
+    started_wall = time.time()
     started = time.perf_counter()
     created = client.create_job(TrainingJob.model_validate(JOB))
     for event in client.watch(created.id):
@@ -60,7 +64,17 @@ def trainctl_trial(client: TrainctlClient) -> float:
         raise RuntimeError(f"job {created.id} ended without a step: {client.get_job(created.id).status.reason}")
     for _ in client.watch(created.id):  # let it finish before the next trial
         pass
-    return first
+    job = client.get_job(created.id, full=True)
+    s = job.status
+    seconds = {name: getattr(s, name).ToNanoseconds() / 1e9 for name in ("schedule_time", "start_time")}
+    step_at = job.metrics[0].time.ToNanoseconds() / 1e9
+    phases = {
+        "admission": seconds["schedule_time"] - started_wall,
+        "ranks_up": seconds["start_time"] - seconds["schedule_time"],
+        "first_step": step_at - seconds["start_time"],
+        "delivery": started_wall + first - step_at,
+    }
+    return first, phases
 
 
 def _ray_train_loop(config: dict) -> None:
@@ -110,12 +124,15 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="trainctl-bench-first-step-"))
     cluster = start_embedded(2, 2, head_cpus=2)
     ours: list[float] = []
+    phases: list[dict[str, float]] = []
     theirs: list[float] = []
     try:
         config = ServiceConfig(address="127.0.0.1:0", data_dir=workdir / "service", metrics_port=0, ray_address=cluster.address)
         with Service(config, topology=cluster.topology) as service, TrainctlClient(service.target) as client:
             for trial in range(args.trials):
-                ours.append(trainctl_trial(client))
+                seconds, where = trainctl_trial(client)
+                ours.append(seconds)
+                phases.append(where)
                 theirs.append(ray_train_trial(workdir))
                 print(f"trial {trial}: trainctl {ours[-1]:.2f} s, Ray Train {theirs[-1]:.2f} s", flush=True)
     finally:
@@ -127,6 +144,7 @@ def main() -> int:
         "trainctl_median_seconds": statistics.median(ours),
         "ray_train_median_seconds": statistics.median(theirs),
         "speedup": statistics.median(theirs) / statistics.median(ours),
+        "trainctl_phase_median_seconds": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
     }
     print(json.dumps(result, indent=1))
     if args.out:

@@ -167,6 +167,7 @@ class JobStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
+        self._specs: dict[str, TrainingJob] = {}
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -251,7 +252,17 @@ class JobStore:
         if row is None:
             raise JobNotFound(job_id)
         labels = dict(self._db.execute("SELECT key, value FROM job_labels WHERE job_id = ?", (job_id,)).fetchall())
-        return _record(row, labels)
+        return self._record(row, labels)
+
+    def _record(self, row: sqlite3.Row, labels: dict[str, str]) -> JobRecord:
+        data = dict(row)
+        data.pop("request_id")
+        spec = data.pop("spec")
+        data["placement"] = json.loads(data["placement"])
+        job = self._specs.get(row["id"])
+        if job is None:  # specs never change: parse each once
+            job = self._specs[row["id"]] = TrainingJob.model_validate_json(spec)
+        return JobRecord(job=job, labels=labels, **data)
 
     def list_jobs(
         self,
@@ -278,7 +289,7 @@ class JobStore:
         if before_seq is not None:
             where.append("seq > ?" if oldest_first else "seq < ?")
             args.append(before_seq)
-        sql = "SELECT id FROM jobs"
+        sql = "SELECT * FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY seq " + ("ASC" if oldest_first else "DESC")
@@ -286,7 +297,15 @@ class JobStore:
             sql += " LIMIT ?"
             args.append(limit)
         with self._lock:
-            return [self._get(row["id"]) for row in self._db.execute(sql, args).fetchall()]
+            rows = self._db.execute(sql, args).fetchall()
+            labels: dict[str, dict[str, str]] = {}
+            ids = [row["id"] for row in rows]
+            for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+                chunk = ids[start:start + 500]
+                query = f"SELECT job_id, key, value FROM job_labels WHERE job_id IN ({','.join('?' * len(chunk))})"
+                for job_id, key, value in self._db.execute(query, chunk).fetchall():
+                    labels.setdefault(job_id, {})[key] = value
+            return [self._record(row, labels.get(row["id"], {})) for row in rows]
 
     def update_status(
         self, job_id: str, *, expect: Iterable[str] | None = None, now: float | None = None, **changes: Any
@@ -394,11 +413,3 @@ def _run_script(db: sqlite3.Connection, script: str) -> None:
     for statement in script.split(";"):
         if statement.strip():
             db.execute(statement)
-
-
-def _record(row: sqlite3.Row, labels: dict[str, str]) -> JobRecord:
-    data = dict(row)
-    data.pop("request_id")
-    data.pop("spec")
-    data["placement"] = json.loads(data["placement"])
-    return JobRecord(job=TrainingJob.model_validate_json(row["spec"]), labels=labels, **data)
