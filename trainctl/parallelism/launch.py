@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 8 -m trainctl.parallelism.launch examples/demo.yaml --checkpoint-dir ckpt
 
-Reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the environment (torchrun sets them; a plain
+Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environment (torchrun sets them; a plain
 `python -m ...` without them runs a single process). The same Trainer runs inside a RankWorker.
 """
 
@@ -62,17 +62,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    # torchrun's LOCAL_RANK picks this process's GPU on its node.
+    device = resolve_device(body.resources.device, _env_int("LOCAL_RANK", rank))
     if world_size > 1:
-        device = init_distributed(
+        init_distributed(
             rank,
             world_size,
             os.environ.get("MASTER_ADDR", "127.0.0.1"),
             _env_int("MASTER_PORT", 29500),
-            device=body.resources.device,
+            device=device,
             timeout_seconds=body.scheduling.step_timeout_seconds,
         )
-    else:
-        device = resolve_device(body.resources.device, 0)
     try:
         trainer = Trainer(
             body,
