@@ -145,6 +145,10 @@ def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: 
 def prepare_model(model: torch.nn.Module, job: JobSpecBody) -> None:
     """The Trainer's hook before parallelizing: load `init_from`'s weights, then add LoRA adapters."""
     if job.init_from is not None:
-        load_into(model, load_weights(open_checkpoint(job.init_from)), job.init_from)
+        try:
+            source = open_checkpoint(job.init_from)
+        except CheckpointNotFoundError as exc:
+            raise CheckpointNotFoundError(f"spec.init_from: {exc}") from None
+        load_into(model, load_weights(source), job.init_from)
     if job.lora is not None:
         apply_lora(model, job.lora, job.training.seed)
