@@ -87,3 +87,14 @@ def test_flops_per_step_follows_the_documented_formula(corpus):
     n_active = layers * (2 * d * d + 2 * d * kv + 3 * d * f) + d * v
     assert training_flops_per_token(config, s) == 6 * n_active + 6 * layers * s * d
     assert flops_per_step(config, body) == training_flops_per_token(config, s) * 8 * s
+
+
+def test_peak_flops_table_and_unknown_devices():
+    from trainctl.parallelism.flops import mfu, peak_flops
+
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe", "bfloat16") == 756e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "float32") == 19.5e12
+    assert peak_flops(None, "bfloat16") is None and peak_flops("Some Future GPU", "bfloat16") is None
+    assert mfu(1e9, 1e3, 2, None) is None
+    assert mfu(1e9, 1e3, 2, 1e12) == pytest.approx(0.5)
