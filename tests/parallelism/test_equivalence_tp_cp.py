@@ -1,6 +1,6 @@
 """Tensor/sequence and context parallel layouts reproduce the single-process run (CPU, gloo, fp32).
 
-Each case trains the debug model for 5 optimizer steps from identical weights and data: every step's
+Each case trains the debug model (its MoE variant for moe_*) for 5 optimizer steps from identical weights and data: every step's
 global loss within 1e-5 relative of the single-process reference and the gradients of step 2 within
 1e-4. The last case saves a checkpoint under dp4 (FSDP) and resumes it under tp2.
 """
@@ -39,6 +39,7 @@ CASES = {
     "tp4": ({"tp": 4}, KV4),
     "cp2_zigzag": ({"cp": 2, "cp_load_balance": True}, None),
     "cp4_zigzag": ({"cp": 4, "cp_load_balance": True}, None),
+    "moe_tp2_sp": ({"tp": 2, "sequence_parallel": True}, {"preset": "debug-moe"}),
     "fsdp2_tp2_sp_cp2": (
         {"dp_shard": 2, "tp": 2, "sequence_parallel": True, "cp": 2, "cp_load_balance": True, "zero_stage": 3}, None
     ),
