@@ -9,8 +9,8 @@ Flattened sub-meshes: `dp` = dp_replicate x dp_shard (the batch split), `dp_shar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
-import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -41,7 +41,7 @@ class ParallelMesh:
     def size(self, name: str) -> int:
         """Ranks along a dimension or flattened view."""
         if name in FLATTENED:
-            return int(torch.tensor([getattr(self.grid, d) for d in FLATTENED[name]]).prod())
+            return prod(getattr(self.grid, d) for d in FLATTENED[name])
         return getattr(self.grid, name)
 
 

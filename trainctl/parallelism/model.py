@@ -194,8 +194,8 @@ def init_weights(model: nn.Module, seed: int, n_layers: int) -> None:
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
                 continue
-            leaf = name.rsplit(".", 2)
-            std = residual_std if (len(leaf) >= 2 and leaf[-2] in ("wo", "w2")) or name.endswith(".w2") else 0.02
+            residual = {"wo", "w2"} & set(name.split(".")[-2:])
+            std = residual_std if residual else 0.02
             generator = torch.Generator(device="cpu").manual_seed(_param_seed(seed, name))
             values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
             param.copy_(values.to(param.dtype))

@@ -27,7 +27,7 @@ from trainctl.parallelism.data_parallel import DPMode, ZeroOneSharding, apply_da
 from trainctl.parallelism.mesh import ParallelMesh
 from trainctl.spec.job import JobSpecBody
 
-WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
 
 def canonical_name(fqn: str) -> str:
