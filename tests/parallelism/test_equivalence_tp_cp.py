@@ -25,7 +25,7 @@ from trainctl.parallelism.context_parallel import (
 )
 from trainctl.parallelism.model import build_model
 from trainctl.parallelism.pipeline import split_pipeline_stages
-from trainctl.parallelism.tensor_parallel import apply_tensor_parallel, loss_context
+from trainctl.parallelism.tensor_parallel import apply_tensor_parallel, check_tensor_parallel, loss_context
 from trainctl.parallelism.trainer import Trainer
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import PRESETS
@@ -170,3 +170,12 @@ def _moe_tp_grads(rank: int, world_size: int, sequence_parallel: bool) -> float:
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_moe_blocks_under_tensor_parallel(pool, sequence_parallel):
     assert max(pool.run(_moe_tp_grads, 2, sequence_parallel)) < 1e-4
+
+
+def test_tensor_parallel_names_the_indivisible_dimension():
+    model = build_model(PRESETS["debug"], seed=0)
+    check_tensor_parallel(model, 2)
+    with pytest.raises(ValueError, match="tp=4 must divide model n_kv_heads=2"):
+        check_tensor_parallel(model, 4)
+    with pytest.raises(ValueError, match="tp=3 must divide model n_heads=4"):
+        check_tensor_parallel(model, 3)
