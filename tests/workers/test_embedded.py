@@ -6,13 +6,13 @@ import pytest
 import ray
 
 from trainctl.workers.embedded import start_embedded, topology_labels
-from trainctl.workers.resources import NODE_LABEL, gpu_slot
+from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, gpu_slot
 from trainctl.workers.topology.model import simulated_topology
 
 
 def test_nodes_are_labelled_and_offer_gpu_slots(embedded_ray):
-    alive = [n for n in ray.nodes() if n["Alive"]]
-    by_name = {n["Labels"][NODE_LABEL]: n for n in alive}
+    ours = set(embedded_ray.node_names)  # other tests may add (and remove) spare nodes
+    by_name = {n["Labels"][NODE_LABEL]: n for n in ray.nodes() if n["Alive"] and n["Labels"][NODE_LABEL] in ours}
     assert sorted(by_name) == ["node-0", "node-1", "node-2"]
     for name, info in by_name.items():
         assert info["NodeManagerAddress"] == "127.0.0.1"
@@ -21,6 +21,7 @@ def test_nodes_are_labelled_and_offer_gpu_slots(embedded_ray):
         assert all(info["Resources"].get(gpu_slot(i)) == 1.0 for i in range(4))
         assert gpu_slot(4) not in info["Resources"]
         assert "GPU" not in info["Resources"]  # simulated GPUs are slots only: torch never sees CUDA
+        assert (CONTROL_RESOURCE in info["Resources"]) == (name == "node-0")  # supervisors go to the head
     assert [n.name for n in embedded_ray.topology.nodes] == ["node-0", "node-1", "node-2"]
 
 

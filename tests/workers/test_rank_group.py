@@ -34,6 +34,9 @@ def blocker(embedded_ray):
     ray.get(pg.ready(), timeout=30)
     yield taken
     remove_placement_group(pg)
+    deadline = time.monotonic() + 30  # the next test sees the pool whole again
+    while any(gpu not in _free_slots()[node] for node, gpu in taken) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _free_slots() -> dict[str, list[int]]:

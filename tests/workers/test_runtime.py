@@ -1,6 +1,8 @@
-"""RayRuntime + JobSupervisor end to end on the embedded 3-node cluster: a job trains where the plan
-says and succeeds; cancel leaves nothing; a killed rank is detected and the job resumes from its
-checkpoint with the same losses; max_restarts is enforced; bad placements get clear errors."""
+"""RayRuntime + JobSupervisor end to end on the embedded 3-node cluster: a solver plan on a fragmented
+pool runs exactly where planned and succeeds; cancel leaves nothing; a killed rank, a killed
+supervisor, a hung rank and a lost node are detected, and the job resumes from its checkpoint (with
+the same losses) or fails after max_restarts; a new runtime re-attaches at its cursor; bad placements
+get clear errors. Every fault test proves no actor or placement group of the job is left."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from trainctl.parallelism.grid import RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, JobPhase, JobStatus
 from trainctl.workers.placement import Placement, RankAssignment, place
-from trainctl.workers.rank_group import owned_by, rank_name
-from trainctl.workers.resources import NODE_LABEL, gpu_slot
+from trainctl.workers.rank_group import owned_by
+from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, gpu_slot
 from trainctl.workers.runtime import JobAlreadyStarted, JobNotFound, PlacementError, RayRuntime
 from trainctl.workers.supervisor import supervisor_name
 from trainctl.workers.topology.model import simulated_topology
@@ -65,7 +67,7 @@ def pool_partly_taken(embedded_ray):
     remove_placement_group(pg)
 
 
-def follow(runtime: RayRuntime, job_id: str, until, timeout: float = 90.0, cursor: int = 0):
+def follow(runtime: RayRuntime, job_id: str, until, timeout: float = 240.0, cursor: int = 0):
     """Poll from ``cursor`` until ``until(events_so_far, status)``; returns (events, status)."""
     events = []
     deadline = time.monotonic() + timeout
@@ -119,8 +121,8 @@ def assert_nothing_left(job_id: str) -> None:
 
 
 def test_cluster_nodes_report_labels_and_free_gpus(runtime, pool_partly_taken):
-    nodes = {n.name: n for n in runtime.cluster_nodes() if n.name}
-    assert sorted(nodes) == ["node-0", "node-1", "node-2"]
+    nodes = {n.name: n for n in runtime.cluster_nodes() if n.name in ("node-0", "node-1", "node-2")}
+    assert len(nodes) == 3
     assert all(n.alive and n.gpus == [0, 1, 2, 3] and n.cuda_gpus == 0 for n in nodes.values())
     assert nodes["node-1"].labels[NODE_LABEL] == "node-1"
     assert nodes["node-1"].free_gpus == [2, 3] and nodes["node-2"].free_gpus == [0, 1, 2]
@@ -173,7 +175,7 @@ def test_cancel_leaves_no_actor_or_placement_group(runtime, tmp_path):
 
 def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runtime, tmp_path):
     job_id = "kill-1"
-    runtime.start_job(job_id, tiny_job("kill", steps=30), plan(("node-0", 1), ("node-1", 2)), tmp_path)
+    runtime.start_job(job_id, tiny_job("kill", steps=16), plan(("node-0", 1), ("node-1", 2)), tmp_path)
     events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
     [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
     os.kill(where[1]["pid"], signal.SIGKILL)
@@ -191,7 +193,7 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runtime, tmp
     resumed = min(second) - 1
     assert resumed >= 2 and resumed % 2 == 0, "resumes after a complete checkpoint (every 2 steps)"
     assert any("resumed from checkpoint" in e.message for e in events if e.generation == 1)
-    assert max(second) == 30
+    assert max(second) == 16
     replayed = sorted(set(first) & set(second))
     for step in replayed:  # deterministic resume: the same step gives the same loss
         assert second[step] == pytest.approx(first[step], rel=1e-5)
@@ -201,28 +203,34 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runtime, tmp
     assert_nothing_left(job_id)
 
 
-def test_killed_supervisor_is_restarted_and_resumes_the_job(runtime, tmp_path):
+def test_killed_supervisor_resumes_and_a_restarted_service_reattaches_at_its_cursor(runtime, tmp_path):
     job_id = "sup-1"
-    runtime.start_job(job_id, tiny_job("sup", steps=30), plan(("node-1", 3), ("node-2", 1)), tmp_path)
-    events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
+    runtime.start_job(job_id, tiny_job("sup", steps=16), plan(("node-1", 3), ("node-2", 1)), tmp_path)
+    with pytest.raises(JobAlreadyStarted):
+        runtime.start_job(job_id, tiny_job("sup", steps=16), plan(("node-1", 3), ("node-2", 1)), tmp_path)
+    events, status = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
     [supervisor] = list_actors(
         address=ray.get_runtime_context().gcs_address, filters=[("name", "=", supervisor_name(job_id))]
     )
     os.kill(supervisor.pid, signal.SIGKILL)
-    more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
+    # The service restarts too: a fresh runtime finds the supervisor and continues from its cursor.
+    fresh = RayRuntime(None)
+    assert job_id in fresh.running_jobs()
+    fresh.attach(job_id, tmp_path)
+    more, status = follow(fresh, job_id, finished, cursor=status.cursor)
     events += more
     assert status.state is JobPhase.SUCCEEDED, status.reason
+    assert [e.seq for e in events] == list(range(1, status.last_seq + 1)), "no event lost or repeated"
     restart = next(e for e in events if e.state is JobPhase.RESTARTING)
     assert restart.reason.startswith("job supervisor restarted")
-    assert max(steps_of(events, restart.generation)) == 30
+    assert max(steps_of(events, restart.generation)) == 16
     assert min(steps_of(events, restart.generation)) > 1, "resumed from a checkpoint, not from scratch"
-    assert [e.seq for e in events] == list(range(1, len(events) + 1)), "numbering continues across the restart"
     assert_nothing_left(job_id)
 
 
 def test_hung_rank_is_detected_within_the_step_timeout_and_restarted(runtime, tmp_path):
     job_id = "hang-1"
-    job = tiny_job("hang", steps=20)
+    job = tiny_job("hang", steps=12)
     job.spec.scheduling.step_timeout_seconds = 6
     runtime.start_job(job_id, job, plan(("node-2", 1), ("node-0", 0)), tmp_path)
     events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
@@ -241,34 +249,7 @@ def test_hung_rank_is_detected_within_the_step_timeout_and_restarted(runtime, tm
     # Either the watchdog or the collective timeout (both step_timeout_seconds) catches it.
     assert "no step progress" in restart.reason or restart.reason.startswith("rank 0 failed"), restart.reason
     assert restart.time - stopped_at < 6 + 10
-    assert max(steps_of(events, 1)) == 20
-    assert_nothing_left(job_id)
-
-
-def test_failure_beyond_max_restarts_fails_the_job(runtime, tmp_path):
-    job_id = "fail-1"
-    runtime.start_job(job_id, tiny_job("fail", steps=100_000, max_restarts=0), plan(("node-2", 0), ("node-0", 3)), tmp_path)
-    follow(runtime, job_id, lambda events, status: bool(steps_of(events)))
-    ray.kill(ray.get_actor(rank_name(job_id, 0, 0)))
-    events, status = follow(runtime, job_id, finished)
-    assert status.state is JobPhase.FAILED
-    assert status.reason.startswith("rank 0 died") and "scheduling.max_restarts=0" in status.reason
-    assert_nothing_left(job_id)
-
-
-def test_reattach_from_a_new_runtime_resumes_at_the_cursor(runtime, tmp_path):
-    job_id = "attach-1"
-    runtime.start_job(job_id, tiny_job("attach", steps=8), plan(("node-0", 2), ("node-2", 0)), tmp_path / job_id)
-    with pytest.raises(JobAlreadyStarted):
-        runtime.start_job(job_id, tiny_job("attach", steps=8), plan(("node-0", 2), ("node-2", 0)), tmp_path / job_id)
-    seen, status = follow(runtime, job_id, lambda events, status: len(events) >= 3)
-    # A restarted service: a fresh runtime finds the supervisor and continues from its cursor.
-    fresh = RayRuntime(None)
-    assert job_id in fresh.running_jobs()
-    fresh.attach(job_id, tmp_path / job_id)
-    rest, status = follow(fresh, job_id, finished, cursor=status.cursor)
-    assert status.state is JobPhase.SUCCEEDED
-    assert [e.seq for e in seen + rest] == list(range(1, status.last_seq + 1))
+    assert max(steps_of(events, 1)) == 12
     assert_nothing_left(job_id)
 
 
@@ -279,11 +260,16 @@ def test_lost_node_is_detected_and_reported(embedded_ray, tmp_path):
     try:
         runtime.start_job(job_id, tiny_job("loss", steps=100_000, max_restarts=1), plan(("node-0", 3), ("spare-0", 1)), tmp_path)
         events, _ = follow(runtime, job_id, lambda events, status: bool(steps_of(events)))
+        [supervisor] = list_actors(
+            address=ray.get_runtime_context().gcs_address, filters=[("name", "=", supervisor_name(job_id))]
+        )
+        control = [n["NodeID"] for n in ray.nodes() if n["Alive"] and CONTROL_RESOURCE in n["Resources"]]
+        assert supervisor.node_id in control, "the supervisor runs on the control node, not a GPU node"
     finally:
         embedded_ray.remove_node("spare-0")
-    more, status = follow(runtime, job_id, finished, cursor=events[-1].seq, timeout=120)
+    more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
     events += more
-    assert status.state is JobPhase.FAILED
+    assert status.state is JobPhase.FAILED  # max_restarts=1: one restart, then the job fails
     restart = next(e for e in events if e.state is JobPhase.RESTARTING)
     assert restart.reason.startswith("rank 1 died"), restart.reason  # the root cause, not rank 0's peer error
     assert "rank 1 -> spare-0 GPU 1" in status.reason and "scheduling.max_restarts=1" in status.reason

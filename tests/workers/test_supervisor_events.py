@@ -25,6 +25,8 @@ def test_sequence_numbers_and_cursor_resume(tmp_path):
     assert rest.drained and rest.state is JobPhase.SUCCEEDED and rest.reason == "done"
     empty = status_of(log.all(), cursor=rest.cursor, limit=100)
     assert empty.events == [] and empty.cursor == 7
+    for cursor, limit in [(0, 3), (3, 100), (7, 1)]:  # the live log's running state agrees with a replay
+        assert log.status(cursor, limit) == status_of(log.all(), cursor, limit)
 
 
 def test_reopened_log_continues_numbering(tmp_path):

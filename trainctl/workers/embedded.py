@@ -3,7 +3,8 @@
 Each node is a real Ray node (its own raylet) started with ``ray.cluster_utils.Cluster``, bound to
 127.0.0.1, labelled ``trainctl.io/node: node-<i>`` plus the topology labels of its entry in the
 simulated topology map, and offering one ``trainctl_gpu_<i>`` slot resource per simulated GPU (no
-Ray ``GPU`` resource, so torch never touches CUDA). The first node is the head. ``trainctl serve``
+Ray ``GPU`` resource, so torch never touches CUDA). The first node is the head; it also offers the
+``trainctl_control`` resource job supervisors run on. ``trainctl serve``
 with no configuration uses the single-node form, `start_local`.
 """
 
@@ -19,7 +20,7 @@ from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 
 from trainctl.workers.rank_worker import free_port
-from trainctl.workers.resources import NODE_LABEL, slot_resources
+from trainctl.workers.resources import CONTROL_CAPACITY, CONTROL_RESOURCE, NODE_LABEL, slot_resources
 from trainctl.workers.topology.model import TopologyMap, simulated_topology
 
 LOOPBACK = "127.0.0.1"
@@ -123,16 +124,19 @@ def start_embedded(
     )
     try:
         for index, (name, node_labels) in enumerate(labels.items()):
-            extra: dict[str, Any] = {"num_cpus": 0}
+            extra: dict[str, Any] = {"num_cpus": 0, "resources": slot_resources(gpus_per_node)}
             if index == 0:
-                extra = {"num_cpus": head_cpus, "include_dashboard": dashboard}
+                extra = {
+                    "num_cpus": head_cpus,
+                    "include_dashboard": dashboard,
+                    "resources": {**slot_resources(gpus_per_node), CONTROL_RESOURCE: CONTROL_CAPACITY},
+                }
                 if dashboard:  # never Ray's fixed default port: other clusters may run on this machine
                     extra["dashboard_port"] = free_port(LOOPBACK)
             embedded._nodes[name] = cluster.add_node(
                 node_ip_address=LOOPBACK,
                 dashboard_agent_listen_port=None,  # a free port, not the fixed default
                 num_gpus=0,
-                resources=slot_resources(gpus_per_node),
                 labels=node_labels,
                 object_store_memory=OBJECT_STORE_BYTES,
                 **extra,

@@ -117,6 +117,9 @@ class EventLog:
 
     path: Path | None = None
     _events: list[Event] = field(default_factory=list)
+    _state: JobPhase = JobPhase.SCHEDULED
+    _reason: str = ""
+    _restarts: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -124,7 +127,8 @@ class EventLog:
         """A log backed by ``path``, holding the events already in it (none when it does not exist)."""
         log = cls(path=path)
         if path is not None and path.exists():
-            log._events = read_events(path)
+            for event in read_events(path):
+                log._take(event)
         elif path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         return log
@@ -133,20 +137,31 @@ class EventLog:
         """Record an event with the next sequence number and return it."""
         with self._lock:
             event = Event(seq=len(self._events) + 1, time=time.time(), kind=kind, **fields)
-            self._events.append(event)
             if self.path is not None:
                 with self.path.open("a", encoding="utf-8") as out:
                     out.write(event.to_json() + "\n")
+            self._take(event)
             return event
 
-    def since(self, cursor: int, limit: int) -> list[Event]:
-        """Up to ``limit`` events with a sequence number above ``cursor``."""
-        if cursor < 0:
-            raise ValueError(f"cursor must be >= 0, got {cursor}")
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
+    def status(self, cursor: int, limit: int) -> JobStatus:
+        """Up to ``limit`` events after ``cursor`` and the state so far (cost independent of log length)."""
+        _check_page(cursor, limit)
         with self._lock:
-            return self._events[cursor : cursor + limit]
+            page = self._events[cursor : cursor + limit]
+            return JobStatus(
+                events=page,
+                cursor=page[-1].seq if page else cursor,
+                state=self._state,
+                reason=self._reason,
+                restarts=self._restarts,
+                last_seq=len(self._events),
+            )
+
+    def _take(self, event: Event) -> None:
+        self._events.append(event)
+        if event.kind is EventKind.STATE and event.state is not None:
+            self._state, self._reason = event.state, event.reason
+            self._restarts += event.state is JobPhase.RESTARTING
 
     def all(self) -> list[Event]:
         """Every event so far."""
@@ -180,23 +195,16 @@ def read_events(path: Path) -> list[Event]:
 
 
 def status_of(events: list[Event], cursor: int, limit: int) -> JobStatus:
-    """A JobStatus over a complete log (used by the supervisor and when reading the file)."""
+    """A JobStatus over a complete list of events (a log read back from its file)."""
+    _check_page(cursor, limit)
+    log = EventLog()
+    for event in events:
+        log._take(event)
+    return log.status(cursor, limit)
+
+
+def _check_page(cursor: int, limit: int) -> None:
     if cursor < 0:
         raise ValueError(f"cursor must be >= 0, got {cursor}")
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-    state, reason, restarts = JobPhase.SCHEDULED, "", 0
-    for event in events:
-        if event.kind is EventKind.STATE and event.state is not None:
-            state, reason = event.state, event.reason
-            if event.state is JobPhase.RESTARTING:
-                restarts += 1
-    page = events[cursor : cursor + limit]
-    return JobStatus(
-        events=page,
-        cursor=page[-1].seq if page else cursor,
-        state=state,
-        reason=reason,
-        restarts=restarts,
-        last_seq=len(events),
-    )

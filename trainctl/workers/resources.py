@@ -5,6 +5,7 @@ topology map) and one custom resource per GPU, ``trainctl_gpu_<i>: 1`` for local
 rank's placement-group bundle asks for exactly the slot the plan names and selects the node by label,
 so Ray can only reserve the planned GPU of the planned node; two jobs can never hold the same slot.
 Simulated GPUs (CPU-only machines) are slots without Ray ``GPU`` resources, so torch never sees CUDA.
+The head node also offers ``trainctl_control``, which keeps job supervisors off the GPU nodes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ NODE_LABEL = "trainctl.io/node"
 """Ray node label holding the node's name in the topology map (e.g. node-0)."""
 
 GPU_SLOT_PREFIX = "trainctl_gpu_"
+
+CONTROL_RESOURCE = "trainctl_control"
+"""Custom resource of the node(s) meant for job supervisors (the head); each supervisor takes
+`SUPERVISOR_SHARE` of it, so it never lands on (and dies with) a GPU node when such a node exists."""
+CONTROL_CAPACITY = 1000.0
+"""Amount of `CONTROL_RESOURCE` a control node advertises."""
+SUPERVISOR_SHARE = 0.01
+"""Amount of `CONTROL_RESOURCE` one supervisor takes (100,000 supervisors per control node)."""
 _SLOT_PATTERN = re.compile(rf"^{GPU_SLOT_PREFIX}(\d+)$")
 
 

@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import (
@@ -35,12 +34,10 @@ from trainctl.workers.events import (
 )
 from trainctl.workers.rank_group import check_slots, owned_by
 from trainctl.workers.rank_worker import RankSlot
-from trainctl.workers.resources import NODE_LABEL, slots_of
+from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, SUPERVISOR_SHARE, slots_of
 from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, SupervisorConfig, supervisor_name
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-HEAD_RESOURCE = "node:__internal_head__"
-"""Resource only Ray's head node carries."""
 SUPERVISOR_MAX_RESTARTS = 3
 """Times Ray restarts a supervisor whose process died; each restart resumes from the checkpoint."""
 
@@ -141,8 +138,8 @@ class RayRuntime:
             max_restarts=SUPERVISOR_MAX_RESTARTS,
             max_task_retries=-1,  # poll / cancel are idempotent: retry them across a restart
             num_cpus=0,
-            # On the head node while it lives, so a supervisor does not die with a GPU node it supervises.
-            scheduling_strategy=_prefer_head_node(),
+            # On a control node when the cluster has one, so it does not die with a GPU node it supervises.
+            resources={CONTROL_RESOURCE: SUPERVISOR_SHARE} if self._has_control_node() else {},
         ).remote(config)
         self._run_dirs[job_id] = run_path
 
@@ -217,6 +214,9 @@ class RayRuntime:
         except ValueError:
             return None
 
+    def _has_control_node(self) -> bool:
+        return any(info.get("Alive") and CONTROL_RESOURCE in (info.get("Resources") or {}) for info in ray.nodes())
+
     def _actor_names(self) -> list[str]:
         """Names of the live named actors in this runtime's namespace."""
         entries = ray.util.list_named_actors(all_namespaces=True)
@@ -288,14 +288,6 @@ class RayRuntime:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"job {job_id}: actors or placement groups still alive {timeout:g}s after cancel")
-
-
-def _prefer_head_node() -> NodeAffinitySchedulingStrategy | str:
-    """Soft affinity to the Ray head node (Ray's default strategy when no head is listed)."""
-    for info in ray.nodes():
-        if info.get("Alive") and HEAD_RESOURCE in (info.get("Resources") or {}):
-            return NodeAffinitySchedulingStrategy(node_id=info["NodeID"], soft=True)
-    return "DEFAULT"
 
 
 def _check_job_id(job_id: str) -> None:

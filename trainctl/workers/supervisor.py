@@ -30,7 +30,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobPhase, JobStatus, status_of
+from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobPhase, JobStatus
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
 from trainctl.workers.rank_worker import RankSlot
 from trainctl.workers.resources import NODE_LABEL
@@ -156,7 +156,7 @@ class JobSupervisor:
     @ray.method(concurrency_group="control")
     def poll(self, cursor: int, limit: int) -> JobStatus:
         """Events after ``cursor`` (at most ``limit``) and the job's current state."""
-        return status_of(self._log.all(), cursor, limit)
+        return self._log.status(cursor, limit)
 
     @ray.method(concurrency_group="control")
     def cancel(self, timeout: float) -> JobStatus:
@@ -168,14 +168,6 @@ class JobSupervisor:
         if self._thread is not None:
             self._thread.join(timeout)
         return self.poll(0, 1)
-
-    @ray.method(concurrency_group="control")
-    def rank_pids(self) -> dict[int, int]:
-        """PIDs of the current generation's ranks (from their last placement report)."""
-        placement = [e for e in self._log.all() if e.kind is EventKind.PLACEMENT]
-        if not placement or placement[-1].generation != self._generation:
-            return {}
-        return {loc["rank"]: loc["pid"] for loc in placement[-1].placement or []}
 
     # ---- calls from the ranks --------------------------------------------------------------------
 
