@@ -9,17 +9,20 @@ Layout under the job's checkpoint directory:
 Rank 0 creates the temporary directory, every rank writes its shards with `dcp.save`, rank 0 writes
 `COMPLETE` and renames the directory to its final name, then deletes all but the newest `keep_last`
 complete checkpoints. A crash at any point leaves either the old set or the old set plus a complete new
-one. Loading uses `dcp.load` into a template built by the *current* layout, so a checkpoint written
-under one layout loads into any other (DCP reshards by fully-qualified name).
+one. `COMPLETE` holds a manifest (every file's size), so a checkpoint damaged after it was written (a
+file truncated or gone) is detected; `latest_checkpoint` skips damaged and partial ones and says why.
+Loading uses `dcp.load` into a template built by the *current* layout, so a checkpoint written under one
+layout loads into any other (DCP reshards by fully-qualified name).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 COMPLETE = "COMPLETE"
+METADATA = ".metadata"
+"""DCP's metadata file in every checkpoint directory."""
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
@@ -47,10 +52,42 @@ def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(root: str | Path) -> tuple[int, Path] | None:
-    """The newest complete checkpoint, or None."""
-    found = complete_checkpoints(root)
-    return found[-1] if found else None
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why the checkpoint at `path` cannot be loaded (no marker, a file missing or of the wrong size),
+    or None when it is intact. A marker from before manifests only needs DCP's metadata file."""
+    path = Path(path)
+    if not (path / COMPLETE).is_file():
+        return f"partial: no {COMPLETE} marker"
+    try:
+        files = json.loads((path / COMPLETE).read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        files = {METADATA: None}
+    for name, size in sorted(files.items()):
+        file = path / name
+        if not file.is_file():
+            return f"file {name} is missing"
+        if size is not None and file.stat().st_size != size:
+            return f"file {name} has {file.stat().st_size} bytes, {size} were written"
+    return None
+
+
+def latest_checkpoint(
+    root: str | Path, on_skip: Callable[[Path, str], None] | None = None
+) -> tuple[int, Path] | None:
+    """The newest intact complete checkpoint, or None. Partial saves and damaged checkpoints are
+    skipped; `on_skip(path, why)` hears about each one met on the way."""
+    root = Path(root)
+    skip = on_skip or (lambda _path, _why: None)
+    if root.is_dir():
+        for child in sorted(root.iterdir()):
+            if child.name.startswith(".tmp_step_") or (STEP_DIR.match(child.name) and not (child / COMPLETE).is_file()):
+                skip(child, "partial: the save did not finish")
+    for step, path in reversed(complete_checkpoints(root)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return step, path
+        skip(path, problem)
+    return None
 
 
 @contextlib.contextmanager
@@ -87,7 +124,7 @@ def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], keep_las
         dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     _barrier()
     if _is_coordinator():
-        (tmp / COMPLETE).write_text(f"{step}\n")
+        (tmp / COMPLETE).write_text(json.dumps({"step": step, "files": _manifest(tmp)}, sort_keys=True))
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -95,6 +132,13 @@ def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], keep_las
             shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
+
+
+def _manifest(directory: Path) -> dict[str, int]:
+    """Size of every file under `directory` (every rank has written its shards), by relative path."""
+    return {
+        str(f.relative_to(directory)): f.stat().st_size for f in sorted(directory.rglob("*")) if f.is_file()
+    }
 
 
 def load_checkpoint(path: str | Path, state: dict[str, Any]) -> None:

@@ -361,7 +361,9 @@ class Trainer:
         """Load the newest complete checkpoint if resuming is on; returns its step."""
         if self.checkpoint_dir is None or not self.job.checkpoint.resume:
             return None
-        found = ckpt.latest_checkpoint(self.checkpoint_dir)
+        found = ckpt.latest_checkpoint(
+            self.checkpoint_dir, on_skip=lambda path, why: self._event(f"skipped checkpoint {path}: {why}")
+        )
         if found is None:
             return None
         step, path = found
