@@ -234,3 +234,40 @@ def test_an_unexpected_exception_is_internal_and_the_server_survives(
     assert info.value.code() == grpc.StatusCode.INTERNAL and "disk on fire" not in info.value.details()
     monkeypatch.undo()
     assert client.get_cluster().total_gpus == 8
+
+
+def test_a_restarted_service_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    """Stop the server abruptly with jobs queued and running, start a new one on the same data dir:
+    every job is there in its state, a retried CreateJob returns the first job, the running one is
+    re-attached (not started again) and the queued one starts once GPUs free up."""
+    runtime = ScriptedRuntime()
+    first = start_api_server(tmp_path, runtime, nodes=1, gpus=2)
+    with TrainctlClient(first.target) as c:
+        running = c.create_job(small_job("running"), request_id="r-1")
+        queued = c.create_job(small_job("queued"), request_id="r-2")
+        runtime.wait_started(running.id)
+        runtime.state(running.id, JobPhase.RUNNING, "ranks up")
+        runtime.step(running.id, 1, 3.0)
+        for event in c.watch(running.id):
+            if event.WhichOneof("payload") == "step":
+                break
+    first.server.stop(0).wait()  # no graceful drain, no final writes
+    first.scheduler.stop()
+
+    second = start_api_server(tmp_path, runtime, nodes=1, gpus=2)
+    try:
+        with TrainctlClient(second.target) as c:
+            assert {j.id: j.status.state for j in c.list_jobs()} == {running.id: pb.RUNNING, queued.id: pb.QUEUED}
+            assert c.create_job(small_job("queued"), request_id="r-2").id == queued.id
+            assert len(list(c.list_jobs())) == 2
+            assert running.id in runtime.attached and [j for j, _ in runtime.started] == [running.id]
+            runtime.step(running.id, 2, 2.0)
+            runtime.state(running.id, JobPhase.SUCCEEDED, "done")
+            for _ in c.watch(running.id):
+                pass
+            status = c.get_job(running.id, full=True)
+            assert [m.step for m in status.metrics] == [1, 2] and status.status.state == pb.SUCCEEDED
+            runtime.wait_started(queued.id)
+            assert [j for j, _ in runtime.started] == [running.id, queued.id]
+    finally:
+        second.stop()
