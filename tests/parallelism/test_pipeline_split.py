@@ -101,3 +101,33 @@ def test_stages_chained_reproduce_the_full_forward() -> None:
     for chunk in chunks:
         h = chunk.module(h)
     torch.testing.assert_close(h, want, rtol=0, atol=0)
+
+
+@pytest.fixture
+def single_rank_group(tmp_path):
+    """A one-rank gloo process group in this process (the runner's argument checks need a group)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_runner_rejects_bad_schedules_and_batches(single_rank_group) -> None:
+    from trainctl.parallelism.pipeline import PipelineRunner
+
+    model = build_model(PRESETS["debug"], seed=0)
+    one = split_pipeline_stages(model, pp_rank=0, pp=1)
+    two = split_pipeline_stages(build_model(PRESETS["debug"], seed=0), pp_rank=0, pp=1, virtual_stages=2)
+    cpu = torch.device("cpu")
+    with pytest.raises(PipelineLayoutError, match="unknown pipeline schedule 'zb'"):
+        PipelineRunner(one, schedule="zb", n_microbatches=2, group=single_rank_group, device=cpu)
+    with pytest.raises(PipelineLayoutError, match="'1f1b' runs one stage per rank, got 2"):
+        PipelineRunner(two, schedule="1f1b", n_microbatches=2, group=single_rank_group, device=cpu)
+    with pytest.raises(PipelineLayoutError, match="interleaved_1f1b needs at least 2 virtual stages"):
+        PipelineRunner(one, schedule="interleaved_1f1b", n_microbatches=2, group=single_rank_group, device=cpu)
+    runner = PipelineRunner(one, schedule="1f1b", n_microbatches=2, group=single_rank_group, device=cpu)
+    with pytest.raises(PipelineLayoutError, match="batch of 3 sequences is not divisible into 2 micro-batches"):
+        runner.step(torch.zeros(3, 8, dtype=torch.long), torch.zeros(3, 8, dtype=torch.long))
