@@ -149,8 +149,12 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
         chunks = 2 * par.cp if par.cp_load_balance else par.cp
         if seq % chunks:
             bad("spec.data.seq_len", f"{seq} is not divisible by {chunks} (context-parallel chunks)")
-    if par.sequence_parallel and seq % par.tp:
-        bad("spec.data.seq_len", f"{seq} is not divisible by tp = {par.tp} (sequence parallel)")
+    local_seq = seq // par.cp
+    if par.sequence_parallel and (seq % par.cp or local_seq % par.tp):
+        bad(
+            "spec.data.seq_len",
+            f"the per-CP-rank sequence seq_len / cp = {seq} / {par.cp} must be divisible by tp = {par.tp} (sequence parallel)",
+        )
 
     if model is not None:
         out.extend(_model_violations(model, job))
