@@ -116,6 +116,8 @@ def test_request_field_errors(client: TrainctlClient, api: ApiServer) -> None:
         (lambda: stub.ListJobs(pb.ListJobsRequest(page_size=-1)), grpc.StatusCode.INVALID_ARGUMENT, "page_size"),
         (lambda: stub.ListJobs(pb.ListJobsRequest(page_token="garbage!")), grpc.StatusCode.INVALID_ARGUMENT, "page_token"),
         (lambda: stub.ListJobs(pb.ListJobsRequest(states=[42])), grpc.StatusCode.INVALID_ARGUMENT, "states[0]"),
+        (lambda: stub.ListJobs(pb.ListJobsRequest(labels={str(i): "x" for i in range(100)})),
+         grpc.StatusCode.INVALID_ARGUMENT, "labels"),
         (lambda: list(stub.WatchJob(pb.WatchJobRequest(id="nope"))), grpc.StatusCode.NOT_FOUND, None),
         (lambda: stub.PlanJob(pb.PlanJobRequest()), grpc.StatusCode.INVALID_ARGUMENT, "job"),
     ]
@@ -144,6 +146,7 @@ def test_create_get_list_and_idempotent_retry(client: TrainctlClient) -> None:
     everything = [j.id for j in client.list_jobs(page_size=1)]  # pages of one
     assert everything == [j.id for j in client.list_jobs(page_size=1000)] and len(everything) >= 2
     assert first.id not in [j.id for j in client.list_jobs(states=["SUCCEEDED"])]
+    assert first.id in [j.id for j in client.list_jobs(states=["QUEUED", "SCHEDULED"] * 2000)]  # duplicates are fine
 
 
 def test_watch_resumes_from_a_cursor_and_ends_at_a_terminal_state(client: TrainctlClient, runtime: ScriptedRuntime) -> None:

@@ -34,6 +34,7 @@ from trainctl.v1 import training_pb2_grpc as pb_grpc
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 MAX_ID_LENGTH = 128
+MAX_LABEL_FILTERS = 32
 WATCH_POLL_SECONDS = 0.5
 
 
@@ -121,11 +122,13 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         if request.page_size < 0:
             raise bad_field("page_size", "must not be negative")
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        states = []
+        states = set()
         for i, number in enumerate(request.states):
             if number not in pb.JobState.values() or number == pb.JOB_STATE_UNSPECIFIED:
                 raise bad_field(f"states[{i}]", f"unknown JobState value {number}")
-            states.append(pb.JobState.Name(number))
+            states.add(pb.JobState.Name(number))
+        if len(request.labels) > MAX_LABEL_FILTERS:
+            raise bad_field("labels", f"at most {MAX_LABEL_FILTERS} label filters")
         before = _decode_page_token(request.page_token) if request.page_token else None
         records = self.store.list_jobs(
             tenant=principal.tenant_filter(), states=states, labels=dict(request.labels), limit=size + 1,
