@@ -277,7 +277,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--address", default="127.0.0.1:50051", help="gRPC listen address HOST:PORT")
     serve.add_argument("--data-dir", type=Path, default=Path(".trainctl"), help="store and run directory")
     serve.add_argument("--metrics-port", type=int, default=9464, help="Prometheus port (0: off)")
-    serve.add_argument("--metrics-host", default="127.0.0.1", help="Prometheus listen address (0.0.0.0 in a pod)")
     serve.add_argument("--metrics-host", default="127.0.0.1",
                        help="Prometheus listen address (0.0.0.0 in a pod, so Prometheus can scrape it)")
     serve.add_argument("--ray-address", help="Ray cluster to use (default: start an embedded local Ray)")
