@@ -22,7 +22,7 @@ from trainctl.workers.events import EventKind, JobPhase, JobStatus
 from trainctl.workers.placement import Placement, RankAssignment, place
 from trainctl.workers.rank_group import owned_by
 from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, gpu_slot
-from trainctl.workers.runtime import JobAlreadyStarted, JobNotFound, PlacementError, RayRuntime
+from trainctl.workers.runtime import JobAlreadyStarted, JobNotFound, PlacementError, RayRuntime, uses_cuda
 from trainctl.workers.supervisor import supervisor_name
 from trainctl.workers.topology.model import simulated_topology
 
@@ -289,6 +289,17 @@ def test_bad_placements_are_rejected_before_anything_starts(runtime, tmp_path, p
     with pytest.raises(PlacementError, match=message):
         runtime.start_job("bad-1", tiny_job("bad", steps=2), placement, tmp_path)
     assert "bad-1" not in runtime.running_jobs()
+
+
+def test_backend_choice_follows_the_device_and_the_planned_nodes():
+    assert uses_cuda("auto", {"a": True, "b": True}) is True
+    assert uses_cuda("auto", {"a": False, "b": False}) is False
+    assert uses_cuda("cpu", {"a": True}) is False
+    assert uses_cuda("cuda", {"a": True}) is True
+    with pytest.raises(PlacementError, match="planned node.s. b have no CUDA GPUs"):
+        uses_cuda("cuda", {"a": True, "b": False})
+    with pytest.raises(PlacementError, match="mixes nodes with CUDA GPUs and without .b."):
+        uses_cuda("auto", {"a": True, "b": False})
 
 
 def test_unknown_jobs_and_bad_ids(runtime):

@@ -85,7 +85,13 @@ class ClusterNode:
 
 class RayRuntime:
     """Runs jobs on a Ray cluster. ``address`` None uses the Ray this process is connected to (or
-    starts a local one); otherwise it connects to ``address``."""
+    starts a local one); otherwise it connects to ``address``.
+
+    ``placement_timeout``: seconds a rank group may wait for its planned GPUs; ``call_timeout``:
+    seconds for set-up calls to ranks and for a cancel to finish; ``poll_timeout``: seconds a poll
+    waits for the supervisor before answering from the event log file (a supervisor being created
+    or restarted must not stall the caller's loop).
+    """
 
     def __init__(
         self,
@@ -94,12 +100,14 @@ class RayRuntime:
         *,
         placement_timeout: float = 60.0,
         call_timeout: float = 30.0,
+        poll_timeout: float = 5.0,
     ) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self.namespace = namespace
         self._placement_timeout = placement_timeout
         self._call_timeout = call_timeout
+        self._poll_timeout = poll_timeout
         self._run_dirs: dict[str, Path] = {}
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:
@@ -161,7 +169,7 @@ class RayRuntime:
         if supervisor is None:
             return self._poll_file(job_id, cursor, limit)
         try:
-            status: JobStatus = ray.get(supervisor.poll.remote(cursor, limit), timeout=self._call_timeout)
+            status: JobStatus = ray.get(supervisor.poll.remote(cursor, limit), timeout=self._poll_timeout)
         except (RayActorError, GetTimeoutError):
             # Starting or being restarted by Ray: answer from the log file, without a verdict.
             return self._read_log(job_id, cursor, limit)
@@ -262,15 +270,7 @@ class RayRuntime:
                 raise PlacementError(f"rank {slot.rank}: no live Ray node labelled {NODE_LABEL}={slot.node} (known: {known})")
             if slot.gpu not in node.gpus:
                 raise PlacementError(f"rank {slot.rank}: node {slot.node} has no GPU {slot.gpu} (it has {node.gpus})")
-        planned = {nodes[slot.node].cuda_gpus > 0 for slot in slots}
-        device = job.spec.resources.device
-        if device == "cpu":
-            return False
-        if device == "cuda" and planned != {True}:
-            raise PlacementError("resources.device is cuda but some planned nodes have no CUDA GPUs")
-        if planned == {True, False}:
-            raise PlacementError("the plan mixes nodes with and without CUDA GPUs; one backend must serve all ranks")
-        return planned == {True}
+        return uses_cuda(job.spec.resources.device, {slot.node: nodes[slot.node].cuda_gpus > 0 for slot in slots})
 
     def _wait_gone(self, job_id: str, timeout: float) -> None:
         """Block until no actor or placement group of the job is alive (or ``timeout`` passes)."""
@@ -288,6 +288,21 @@ class RayRuntime:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"job {job_id}: actors or placement groups still alive {timeout:g}s after cancel")
+
+
+def uses_cuda(device: str, node_has_cuda: dict[str, bool]) -> bool:
+    """Whether the ranks use CUDA + NCCL (else CPU + gloo), from ``resources.device`` and whether each
+    planned node has CUDA GPUs; raises PlacementError when no single backend can serve the plan."""
+    if device == "cpu":
+        return False
+    without = sorted(node for node, cuda in node_has_cuda.items() if not cuda)
+    if device == "cuda" and without:
+        raise PlacementError(f"resources.device is cuda but planned node(s) {', '.join(without)} have no CUDA GPUs")
+    if without and len(without) < len(node_has_cuda):
+        raise PlacementError(
+            f"the plan mixes nodes with CUDA GPUs and without ({', '.join(without)}); one backend must serve all ranks"
+        )
+    return not without
 
 
 def _check_job_id(job_id: str) -> None:
