@@ -68,7 +68,7 @@ def _summary(job: pb.Job, data_dir: Path, seconds: float) -> int:
     (data_dir / "job-metrics.json").write_text(json.dumps(
         [{"step": m.step, "loss": m.loss, "tokens_per_second": m.tokens_per_second} for m in metrics], indent=1))
     print()
-    print(f"job {job.id}: {state_name(s.state)}" + (f" ({s.reason})" if s.reason else ""))
+    print(f"job {job.id}: {state_name(s.state)}" + (f" ({s.reason})" if s.state != pb.SUCCEEDED and s.reason else ""))
     if metrics:
         tps = sorted(m.tokens_per_second for m in metrics)[len(metrics) // 2]
         print(f"  loss            {metrics[0].loss:.4f} (step {metrics[0].step}) -> {metrics[-1].loss:.4f} (step {metrics[-1].step})")
