@@ -53,6 +53,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
+from trainctl.parallelism.distributed import teardown
 from trainctl.spec.job import JobSpecBody
 
 DEFAULT_TIMEOUT = 240.0
@@ -84,8 +85,7 @@ def _worker_loop(index: int, tasks: mp.Queue, results: mp.Queue) -> None:
             try:
                 out = (True, fn(rank, world_size, *args))
             finally:
-                if dist.is_initialized():
-                    dist.destroy_process_group()
+                teardown()
         except BaseException:  # noqa: BLE001 - reported to the test process
             out = (False, f"rank {rank}:\n{traceback.format_exc()}")
         results.put((call_id, rank, out))

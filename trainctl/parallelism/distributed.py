@@ -60,9 +60,27 @@ def init_distributed(
 
 
 def teardown() -> None:
-    """Destroy the default process group (and every sub-group) if one exists."""
+    """Destroy the default process group (and every sub-group) if one exists.
+
+    DTensor caches sharding decisions keyed by meshes that compare equal by shape and names alone; a
+    cached entry would hand a later process group's DTensors a mesh whose groups are gone ("Could not
+    resolve the process group"), so a process that joins another group after this starts clean.
+    """
     if dist.is_initialized():
         dist.destroy_process_group()
+    clear_dtensor_caches()
+
+
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's cached sharding propagation and redistribution plans (this thread's)."""
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch fast path's own cache
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    _redistribute._gen_transform_infos.cache_clear()
 
 
 def world_info() -> tuple[int, int]:
