@@ -39,13 +39,6 @@ JOB_SPEC = {
 }
 TERMINAL = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED}
 MFU = "trainctl_job_mfu_ratio"
-# Series nothing feeds yet on the embedded path; each is a gap in another module, named here so the
-# list shrinks as they are fed (docs/observability.md, "Known gaps").
-NOT_FED_YET = {
-    "trainctl_store_operation_duration_seconds": "the store does not time its operations (observe_store)",
-    "trainctl_job_straggler_ratio": "only rank 0 reports steps, so the supervisor never has two ranks' times",
-    "trainctl_job_checkpoint_size_bytes": "no checkpoint event carries the size (record_checkpoint_size)",
-}
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +105,6 @@ def test_every_dashboard_query_returns_data(run) -> None:
         data = prom.api("query_range", query=expr, start=run["start"], end=run["end"], step="1s")
         has_data = any(math.isfinite(float(v)) for series in data["result"] for _, v in series["values"])
         checked += 1
-        if any(metric in expr for metric in NOT_FED_YET):
-            continue
         if MFU in expr and not mfu_known:
             # On CPU the engine reports MFU as None (unknown peak FLOPS), so MFU panels must stay empty.
             assert not has_data, f"{uid} / {title}: MFU data although every step reported mfu=None"

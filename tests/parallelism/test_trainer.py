@@ -8,6 +8,7 @@ import pytest
 import torch
 from harness import tiny_job
 
+from trainctl.parallelism import checkpoint as ckpt
 from trainctl.parallelism.model import build_model
 from trainctl.parallelism.optim import clip_gradients, lr_multiplier
 from trainctl.parallelism.pipeline import split_pipeline_stages
@@ -30,6 +31,25 @@ def test_run_reports_every_step_and_the_loss_falls(corpus, tmp_path):
     assert set(reports[0].breakdown) == {"data", "forward_backward", "optimizer"}
     assert "checkpoint" in reports[-1].breakdown and result.last_checkpoint.endswith("step_00000012")
     assert [r.lr for r in reports[:3]] == pytest.approx([1.5e-3, 3e-3, 3e-3 * lr_multiplier(2, body.training)])
+
+
+def test_checkpoint_steps_are_reported_with_their_size_and_timed_by_every_rank(corpus, tmp_path):
+    body = tiny_job(corpus, steps=6, training={"log_interval": 4})
+    body = body.model_copy(update={"checkpoint": body.checkpoint.model_copy(update={"interval_steps": 3})})
+    reports: list[StepReport] = []
+    times: list[tuple[int, float]] = []
+    events: list[str] = []
+    Trainer(body, device="cpu", checkpoint_dir=tmp_path, on_step=reports.append, on_event=events.append,
+            on_step_time=lambda step, seconds: times.append((step, seconds))).run()
+    # log_interval 4, checkpoints at 3 and 6 (the last step): a save is reported off the interval too
+    assert [r.step for r in reports] == [3, 4, 6]
+    assert times == [(r.step, r.step_time_seconds) for r in reports]
+    assert ["checkpoint" in r.breakdown for r in reports] == [True, False, True]
+    assert reports[1].checkpoint_bytes is None
+    newest = tmp_path / "step_00000006"
+    on_disk = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
+    assert reports[2].checkpoint_bytes == ckpt.checkpoint_size(newest) == on_disk > 0
+    assert f"checkpoint saved at step 6: {newest} ({on_disk} bytes)" in events
 
 
 def test_schedule_warms_up_then_decays_to_the_floor(corpus):

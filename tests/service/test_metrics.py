@@ -6,12 +6,20 @@ import shutil
 import subprocess
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+from control_plane_fakes import ScriptedRuntime
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainctl.service.metrics import JOB_STATES, NodeGpus, ServiceMetrics, start_metrics_server
+from trainctl.service.pool import GpuPool
+from trainctl.service.scheduler import Scheduler
+from trainctl.service.store import JobNotFound, JobStore
+from trainctl.spec.job import TrainingJob
+from trainctl.workers.events import EventKind, JobPhase
+from trainctl.workers.topology import simulated_topology
 
 
 @dataclass
@@ -210,3 +218,63 @@ def test_time_store_observes_failures_too(metrics: ServiceMetrics, registry: Col
     assert value(registry, "trainctl_store_operation_duration_seconds_count", op="get_job") == 2
     with pytest.raises(ValueError, match="op must be a snake_case"), metrics.time_store("Get Job"):
         pass
+
+
+STORE_OPERATIONS = {
+    "create_job", "get_job", "list_jobs", "update_status", "append_event", "record_step", "count_by_state",
+    "step_metrics", "events",
+}
+
+
+def store_ops(registry: CollectorRegistry) -> dict[str, float]:
+    """Observations of trainctl_store_operation_duration_seconds by `op`."""
+    return {dict(labels)["op"]: v for (name, labels), v in samples(registry).items()
+            if name == "trainctl_store_operation_duration_seconds_count"}
+
+
+def test_store_times_each_operation_under_its_name(
+    metrics: ServiceMetrics, registry: CollectorRegistry, tmp_path: Path
+) -> None:
+    store = JobStore(tmp_path, metrics=metrics)
+    record, _ = store.create_job(TrainingJob.model_validate({"metadata": {"name": "timed"}}))
+    store.get_job(record.id)
+    store.list_jobs(states=["QUEUED"])
+    store.update_status(record.id, reason="waiting")
+    store.append_event(record.id, "log", {"message": "hello"})
+    store.record_step(record.id, {"step": 1, "loss": 2.0})
+    store.count_by_state()
+    store.step_metrics(record.id)
+    store.events(record.id)
+    with pytest.raises(JobNotFound):
+        store.get_job("no-such-job")
+    assert store_ops(registry) == {op: 2 if op == "get_job" else 1 for op in STORE_OPERATIONS}  # failures too
+    untimed = JobStore(tmp_path / "untimed")  # a store without metrics works the same
+    untimed.create_job(TrainingJob.model_validate({"metadata": {"name": "plain"}}))
+    assert untimed.count_by_state() == {"QUEUED": 1} and store_ops(registry)["create_job"] == 1
+
+
+def test_scheduler_feeds_straggler_ratio_and_checkpoint_size_and_time(
+    metrics: ServiceMetrics, registry: CollectorRegistry, tmp_path: Path
+) -> None:
+    runtime = ScriptedRuntime()
+    store = JobStore(tmp_path, metrics=metrics)
+    scheduler = Scheduler(store, GpuPool(simulated_topology(1, 2), "simulated"), runtime, tmp_path / "runs",
+                          metrics=metrics)
+    job_id = store.create_job(TrainingJob.model_validate({"metadata": {"name": "fed"}}))[0].id
+    scheduler.tick()
+    runtime.state(job_id, JobPhase.RUNNING, "ranks up")
+    report = {"step": 1, "loss": 3.0, "step_time_seconds": 0.5, "breakdown": {"optimizer": 0.1}, "straggler": None}
+    runtime.logs[job_id].append(EventKind.STEP, step=report)
+    runtime.logs[job_id].append(EventKind.STEP, step={
+        **report, "step": 2, "breakdown": {"optimizer": 0.1, "checkpoint": 2.0}, "checkpoint_bytes": 4096,
+        "straggler": {"step": 1, "rank_step_times": {"0": 0.5, "1": 0.75}, "slowest_rank": 1, "fastest_rank": 0,
+                      "ratio": 1.5},
+    })
+    scheduler.tick()
+    labels = {"job_id": job_id, "tenant": "default"}
+    assert value(registry, "trainctl_job_straggler_ratio", **labels) == 1.5
+    assert value(registry, "trainctl_job_checkpoint_size_bytes", **labels) == 4096
+    assert value(registry, "trainctl_job_checkpoint_duration_seconds_sum", **labels) == 2.0
+    assert value(registry, "trainctl_job_checkpoint_duration_seconds_count", **labels) == 1
+    assert not any("rank" in name for _, key in samples(registry) for name, _ in key)  # the slowest rank is no label
+    assert {"create_job", "get_job", "list_jobs", "record_step"} <= set(store_ops(registry))

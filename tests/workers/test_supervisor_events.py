@@ -90,3 +90,26 @@ def test_straggler_stats_use_the_newest_step_every_rank_timed():
     assert result["slowest_rank"] == 2 and result["fastest_rank"] == 0
     assert result["ratio"] == pytest.approx(3.0)
     assert stats.latest_complete(before=1) is None
+
+
+def test_step_times_from_every_rank_give_the_ratio_and_name_the_slowest_rank_once():
+    stats = _StepStats()
+    for step, times in [(1, (1.0, 1.1)), (2, (1.0, 1.5)), (3, (1.0, 1.6)), (4, (1.7, 1.0)), (5, (1.0, 1.05))]:
+        for rank, seconds in enumerate(times):  # rank 0 via its StepReport, rank 1 via record_step_time
+            stats.add(rank, step, seconds)
+    lines = [stats.straggler_line(stats.latest_complete(before=step)) for step in range(2, 7)]
+    assert lines[0] is None  # step 1: 1.1x is even enough
+    assert lines[1] == "straggler at step 2: rank 1 took 1.500s, 1.50x rank 0 (1.000s)"
+    assert lines[2] is None  # still rank 1: named once
+    assert lines[3] == "straggler at step 4: rank 0 took 1.700s, 1.70x rank 1 (1.000s)"
+    assert lines[4] is None and stats.named is None  # even again; a new straggler will be named
+    assert stats.latest_complete(before=6)["ratio"] == pytest.approx(1.05)
+
+
+def test_no_ratio_until_every_reporting_rank_timed_a_step():
+    stats = _StepStats()
+    stats.add(0, 1, 1.0)
+    assert stats.latest_complete(before=2) is None and stats.straggler_line(None) is None
+    stats.add(1, 1, 0.0)  # a zero time gives no ratio rather than a division by zero
+    assert stats.latest_complete(before=2)["ratio"] is None
+    assert stats.straggler_line(stats.latest_complete(before=2)) is None

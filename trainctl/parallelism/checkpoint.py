@@ -71,6 +71,13 @@ def checkpoint_problem(path: str | Path) -> str | None:
     return None
 
 
+def checkpoint_size(path: str | Path) -> int:
+    """Bytes of the complete checkpoint at `path`: the files its `COMPLETE` manifest lists, plus the marker."""
+    path = Path(path)
+    marker = path / COMPLETE
+    return sum(json.loads(marker.read_text())["files"].values()) + marker.stat().st_size
+
+
 def latest_checkpoint(
     root: str | Path, on_skip: Callable[[Path, str], None] | None = None
 ) -> tuple[int, Path] | None:

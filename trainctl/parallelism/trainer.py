@@ -83,6 +83,8 @@ class StepReport:
     """Seconds per phase: data, forward_backward, optimizer (incl. clipping), checkpoint."""
     peak_memory_bytes: int = 0
     """Peak CUDA memory allocated, or the process's peak RSS on CPU."""
+    checkpoint_bytes: int | None = None
+    """Size of the checkpoint this step saved (its files and marker), None when it saved none."""
 
 
 @dataclass
@@ -135,6 +137,7 @@ class Trainer:
         checkpoint_dir: str | Path | None = None,
         on_step: Callable[[StepReport], Any] | None = None,
         on_event: Callable[[str], Any] | None = None,
+        on_step_time: Callable[[int, float], Any] | None = None,
     ):
         par = job.parallelism
         if par.world_size != world_size:
@@ -150,6 +153,7 @@ class Trainer:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.on_step = on_step
         self.on_event = on_event
+        self.on_step_time = on_step_time
         self.grid = RankGrid.from_spec(par)
         self.config = resolve_model(job.model)
         micro_auto = job.training.micro_batch_size == "auto"
@@ -338,7 +342,8 @@ class Trainer:
         path = ckpt.save_checkpoint(
             self.checkpoint_dir, self.step, self._app_state(self._state_templates()), self.job.checkpoint.keep_last
         )
-        self._event(f"checkpoint saved at step {self.step}: {path}")
+        if self.rank == 0:  # the rank that wrote the COMPLETE manifest
+            self._event(f"checkpoint saved at step {self.step}: {path} ({ckpt.checkpoint_size(path)} bytes)")
         return path
 
     def load_checkpoint(self, path: str | Path) -> None:
@@ -394,17 +399,21 @@ class Trainer:
             allocator = efficiency.after_step(self.step, train.empty_cache_steps, self.device)
             if allocator is not None:
                 breakdown.update(allocator.as_breakdown())
+            saved: Path | None = None
             if self.checkpoint_dir is not None and (
                 (interval and self.step % interval == 0) or self.step == train.steps
             ):
                 t_ck = time.perf_counter()
-                last_path = self.save_checkpoint()
+                saved = last_path = self.save_checkpoint()
                 breakdown["checkpoint"] = time.perf_counter() - t_ck
             elapsed = time.perf_counter() - t0
             losses.append(loss)
-            if self.on_step is not None and self.rank == 0 and (
-                self.step % train.log_interval == 0 or self.step == train.steps
-            ):
+            # Reported steps: every log_interval-th, the last, and every step that saved a checkpoint.
+            if not (self.step % train.log_interval == 0 or self.step == train.steps or saved is not None):
+                continue
+            if self.on_step_time is not None:
+                self.on_step_time(self.step, elapsed)
+            if self.on_step is not None and self.rank == 0:
                 tps = tokens_per_step / elapsed
                 self.on_step(
                     StepReport(
@@ -418,6 +427,7 @@ class Trainer:
                         step_time_seconds=elapsed,
                         breakdown=breakdown,
                         peak_memory_bytes=_peak_memory(self.device),
+                        checkpoint_bytes=None if saved is None else ckpt.checkpoint_size(saved),
                     )
                 )
         return TrainResult(

@@ -203,6 +203,8 @@ class Scheduler:
                 ratio = (event.step.get("straggler") or {}).get("ratio")
                 if ratio is not None and ratio >= 1.0:
                     self.metrics.set_straggler_ratio(record.id, record.tenant, float(ratio))
+                if event.step.get("checkpoint_bytes") is not None:  # the step saved a checkpoint
+                    self.metrics.record_checkpoint_size(record.id, record.tenant, int(event.step["checkpoint_bytes"]))
             return self.store.get_job(record.id)
         if event.kind is EventKind.LOG:
             payload: dict[str, Any] = {"message": event.message, "level": "INFO"}

@@ -134,9 +134,9 @@ class Service:
         self._runtime = RayRuntime(ray_address)
         topology, source = self._load_topology()
 
-        self.store = JobStore(config.data_dir)
         registry = CollectorRegistry()
         self.metrics = ServiceMetrics(registry)
+        self.store = JobStore(config.data_dir, metrics=self.metrics)
         if config.metrics_port:
             self._metrics_server = start_metrics_server(registry, config.metrics_host, config.metrics_port)
             self.metrics_port = self._metrics_server.port

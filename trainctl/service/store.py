@@ -3,22 +3,26 @@
 Every write is one transaction committed (synchronous=FULL) before the method returns, so a job the
 API has acknowledged survives a crash of the service. `events.sequence` is the global, strictly
 increasing cursor WatchJob resumes from. The schema carries a version; `MIGRATIONS[i]` upgrades a
-version-i database to i+1, and opening a store applies whatever is missing.
+version-i database to i+1, and opening a store applies whatever is missing. Given the service's
+metrics, every public operation is timed under its method's name (`trainctl_store_operation_duration_seconds`,
+label `op`: a fixed set, the methods marked `@_timed`), lock waits included.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from trainctl.service.metrics import ServiceMetrics
 from trainctl.spec.job import TrainingJob
 
 DB_NAME = "trainctl.db"
@@ -159,10 +163,32 @@ _METRIC_COLUMNS = (
 )
 
 
-class JobStore:
-    """Thread-safe access to one SQLite database; every method is one committed transaction."""
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
-    def __init__(self, data_dir: str | Path):
+
+def _timed(method: Callable[Concatenate[JobStore, _P], _R]) -> Callable[Concatenate[JobStore, _P], _R]:
+    """Observe a store operation's latency under the method's name, when the store has metrics."""
+    op = method.__name__
+
+    @functools.wraps(method)
+    def timed(self: JobStore, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if self._metrics is None:
+            return method(self, *args, **kwargs)
+        with self._metrics.time_store(op):
+            return method(self, *args, **kwargs)
+
+    return timed
+
+
+class JobStore:
+    """Thread-safe access to one SQLite database; every method is one committed transaction.
+
+    `metrics` (the service's) times each public operation; a store without it works the same, untimed.
+    """
+
+    def __init__(self, data_dir: str | Path, *, metrics: ServiceMetrics | None = None):
+        self._metrics = metrics
         self.path = Path(data_dir) / DB_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
@@ -213,6 +239,7 @@ class JobStore:
             self._db.close()
 
     # ---- jobs ---------------------------------------------------------------------------------------
+    @_timed
     def create_job(
         self, job: TrainingJob, *, tenant: str = "default", request_id: str | None = None, now: float | None = None
     ) -> tuple[JobRecord, bool]:
@@ -243,6 +270,7 @@ class JobStore:
             self._append(db, job_id, EVENT_STATE, {"from": "", "to": QUEUED, "reason": "accepted"}, now)
             return self._get(job_id), True
 
+    @_timed
     def get_job(self, job_id: str) -> JobRecord:
         with self._lock:
             return self._get(job_id)
@@ -264,6 +292,7 @@ class JobStore:
             job = self._specs[row["id"]] = TrainingJob.model_validate_json(spec)
         return JobRecord(job=job, labels=labels, **data)
 
+    @_timed
     def list_jobs(
         self,
         *,
@@ -307,6 +336,7 @@ class JobStore:
                     labels.setdefault(job_id, {})[key] = value
             return [self._record(row, labels.get(row["id"], {})) for row in rows]
 
+    @_timed
     def update_status(
         self, job_id: str, *, expect: Iterable[str] | None = None, now: float | None = None, **changes: Any
     ) -> JobRecord | None:
@@ -340,11 +370,13 @@ class JobStore:
             return self._get(job_id)
 
     # ---- events and metrics -------------------------------------------------------------------------
+    @_timed
     def append_event(self, job_id: str, type_: str, payload: dict[str, Any], *, now: float | None = None) -> int:
         """Append one event; return its sequence."""
         with self._tx() as db:
             return self._append(db, job_id, type_, payload, time.time() if now is None else now)
 
+    @_timed
     def record_step(self, job_id: str, metrics: dict[str, Any], *, now: float | None = None) -> int:
         """Store a step's metrics (a re-run step after a restart replaces the old row), append a step
         event and update the job's progress columns; return the event's sequence."""
@@ -367,12 +399,14 @@ class JobStore:
             )
             return self._append(db, job_id, EVENT_STEP, {**metrics, "time": metrics.get("time", now)}, now)
 
+    @_timed
     def count_by_state(self, tenant: str | None = None) -> dict[str, int]:
         """How many jobs are in each state (of one tenant, or of all)."""
         sql = "SELECT state, COUNT(*) FROM jobs" + (" WHERE tenant = ?" if tenant is not None else "") + " GROUP BY state"
         with self._lock:
             return dict(self._db.execute(sql, (tenant,) if tenant is not None else ()).fetchall())
 
+    @_timed
     def step_metrics(self, job_id: str) -> list[dict[str, Any]]:
         """Every recorded step of a job, in step order."""
         with self._lock:
@@ -386,6 +420,7 @@ class JobStore:
             out.append(item)
         return out
 
+    @_timed
     def events(self, job_id: str, after_sequence: int = 0, limit: int = 1000) -> list[Event]:
         """A job's events with sequence > after_sequence, oldest first."""
         with self._lock:

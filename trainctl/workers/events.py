@@ -72,7 +72,8 @@ class Event:
     generation: int = 0
     """Rank-group generation it belongs to (0 for the first group, +1 per restart)."""
     step: dict[str, Any] | None = None
-    """StepReport fields (STEP events), plus ``rank_step_times`` and ``straggler_ratio``."""
+    """StepReport fields (STEP events), plus ``straggler``: the newest earlier step every rank timed
+    (``step``, ``rank_step_times``, ``slowest_rank``, ``fastest_rank``, ``ratio``), or None."""
     placement: list[dict[str, Any]] | None = None
     """Per-rank locations (PLACEMENT events)."""
 

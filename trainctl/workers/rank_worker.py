@@ -3,7 +3,8 @@
 A RankWorker is told its rank, its planned node and its local GPU index explicitly; nothing is
 inferred from Ray's bundle order. It reports where it actually runs (the node label and the GPU
 slot Ray reserved for it), offers rank 0's rendezvous endpoint, and runs
-`trainctl.parallelism.trainer.Trainer`, forwarding step reports and log lines to the supervisor.
+`trainctl.parallelism.trainer.Trainer`, forwarding step reports (rank 0), step times (the other
+ranks) and log lines to the supervisor.
 """
 
 from __future__ import annotations
@@ -108,8 +109,9 @@ class RankWorker:
     ) -> dict[str, Any]:
         """Join the process group and run the training loop; returns the TrainResult as a dict.
 
-        ``reporter`` is the supervisor's actor handle: step reports go to its ``record_step`` and
-        log lines to its ``record_log``, tagged with this rank and the group ``generation``.
+        ``reporter`` is the supervisor's actor handle: rank 0's step reports go to its ``record_step``,
+        the other ranks' step times (at the same steps) to ``record_step_time``, and log lines to
+        ``record_log``, tagged with this rank and the group ``generation``.
         """
         from trainctl.parallelism.distributed import init_distributed, teardown
         from trainctl.parallelism.trainer import Trainer
@@ -136,6 +138,10 @@ class RankWorker:
                 checkpoint_dir=checkpoint_dir,
                 on_step=lambda report: reporter.record_step.remote(generation, rank, _as_dict(report)),
                 on_event=lambda message: reporter.record_log.remote(generation, rank, str(message)),
+                # Rank 0's step time comes with its StepReport.
+                on_step_time=None if rank == 0 else (
+                    lambda step, seconds: reporter.record_step_time.remote(generation, rank, step, seconds)
+                ),
             )
             return _as_dict(trainer.run())
         finally:

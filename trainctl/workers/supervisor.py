@@ -45,6 +45,9 @@ REASON_CHARS = 300
 """Longest cause quoted from an error in a reason."""
 STEP_HISTORY = 16
 """Steps of per-rank step times kept for straggler statistics."""
+STRAGGLER_LOG_RATIO = 1.3
+"""Slowest over fastest rank step time from which a log line names the slowest rank (the
+TrainctlJobStraggler alert's threshold); only the ratio is a metric."""
 
 
 def supervisor_name(job_id: str) -> str:
@@ -89,6 +92,8 @@ class _StepStats:
     times: dict[int, dict[int, float]] = field(default_factory=dict)
     reporters: set[int] = field(default_factory=set)
     last_emitted: int = -1
+    named: int | None = None
+    """The slowest rank the last straggler log line named (None while the ranks are even)."""
 
     def add(self, rank: int, step: int, seconds: float | None) -> None:
         self.reporters.add(rank)
@@ -112,6 +117,23 @@ class _StepStats:
                     "ratio": per_rank[slowest] / per_rank[fastest] if per_rank[fastest] > 0 else None,
                 }
         return None
+
+    def straggler_line(self, stats: dict[str, Any] | None) -> str | None:
+        """A log line naming the slowest rank when the ranks start straggling or the slowest one changes."""
+        if stats is None or stats["ratio"] is None:
+            return None
+        if stats["ratio"] < STRAGGLER_LOG_RATIO:
+            self.named = None
+            return None
+        slowest, fastest = stats["slowest_rank"], stats["fastest_rank"]
+        if slowest == self.named:
+            return None
+        self.named = slowest
+        times = stats["rank_step_times"]
+        return (
+            f"straggler at step {stats['step']}: rank {slowest} took {times[str(slowest)]:.3f}s, "
+            f"{stats['ratio']:.2f}x rank {fastest} ({times[str(fastest)]:.3f}s)"
+        )
 
 
 class JobSupervisor:
@@ -184,8 +206,17 @@ class JobSupervisor:
             return
         self._stats.last_emitted = step
         payload = dict(report)
-        payload["straggler"] = self._stats.latest_complete(before=step)
+        payload["straggler"] = stats = self._stats.latest_complete(before=step)
         self._log.append(EventKind.STEP, rank=rank, generation=generation, step=payload)
+        line = self._stats.straggler_line(stats)
+        if line is not None:
+            self._log.append(EventKind.LOG, generation=generation, message=line)
+
+    @ray.method(concurrency_group="reports")
+    def record_step_time(self, generation: int, rank: int, step: int, seconds: float) -> None:
+        """Another rank's wall time of a reported step (rank 0's comes with its StepReport)."""
+        if generation == self._generation:
+            self._stats.add(rank, step, seconds)
 
     @ray.method(concurrency_group="reports")
     def record_log(self, generation: int, rank: int, message: str) -> None:
