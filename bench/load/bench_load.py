@@ -1,0 +1,285 @@
+"""Load benchmark: N concurrent authenticated clients issuing a realistic RPC mix against one service.
+
+The service (bench/load/serve.py) is `trainctl serve`'s own `Service` in a separate process on
+127.0.0.1, with authentication (an access file with three user tenants and an admin), a data root,
+the embedded single-node Ray and the Prometheus endpoint; its GPU pool is held, so jobs stay QUEUED.
+The clients (bench/load/load_clients.py) are asyncio gRPC clients, each on its own channel and TCP
+connection, spread over `--processes` processes, each issuing one call at a time: CreateJob (valid;
+invalid ones must get INVALID_ARGUMENT naming the broken field), GetJob, ListJobs with state and label
+filters walked page by page, WatchJob (reads from a cursor, a few one-second follows), CancelJob,
+PlanJob (valid and invalid), GetCluster, reads / watches / cancels of other tenants' jobs (must get
+NOT_FOUND) and calls with an unknown token (UNAUTHENTICATED). Every call whose status or answer is not
+what its kind must get counts as unexpected.
+
+Reported: calls, unexpected calls and p50 / p99 latency per kind and per method, throughput, the
+server process's peak RSS (VmHWM) and CPU time, the clients' CPU time, how many calls were in flight,
+and the server's own per-method, per-code RPC counters (from its /metrics) next to the clients'.
+
+    .venv/bin/python bench/load/bench_load.py --clients 200 --seconds 60 --out bench/load/results-load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+from load_clients import run_clients
+
+from trainctl.service.auth import generate_token, hash_token
+
+HERE = Path(__file__).resolve().parent
+TENANTS = ("vision", "nlp", "speech")
+START_TIMEOUT = 300.0
+"""Seconds the service may take to come up (it starts an embedded Ray), and the clients to connect."""
+SETTLE_SECONDS = 2.0
+"""Wait before reading the server's counters: a follow's handler notices its client's deadline within 0.5 s."""
+METRIC_LINE = re.compile(r"^trainctl_grpc_requests_total\{(.*)\} (\S+)$")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_access_file(path: Path) -> dict[str, str]:
+    """One user token per tenant and an admin token ("ops"); returns tenant -> token."""
+    tokens = {tenant: generate_token() for tenant in (*TENANTS, "ops")}
+    entries = [
+        {"name": f"{tenant}-user", "tenant": tenant, "role": "admin" if tenant == "ops" else "user", "sha256": hash_token(token)}
+        for tenant, token in tokens.items()
+    ]
+    path.write_text(yaml.safe_dump({"tokens": entries}))
+    return tokens
+
+
+def proc_status(pid: int) -> dict[str, float]:
+    """The server process's memory (MiB) and CPU seconds so far, from /proc."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    ticks = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return {
+        "vm_hwm_mib": int(fields["VmHWM"].split()[0]) / 1024,
+        "vm_rss_mib": int(fields["VmRSS"].split()[0]) / 1024,
+        "threads": int(fields["Threads"]),
+        "cpu_seconds": (int(ticks[11]) + int(ticks[12])) / os.sysconf("SC_CLK_TCK"),
+    }
+
+
+def server_rpc_counts(metrics_port: int) -> dict[str, dict[str, int]]:
+    """trainctl_grpc_requests_total from the service's Prometheus endpoint: method -> code -> count."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).read().decode()
+    counts: dict[str, dict[str, int]] = {}
+    for line in text.splitlines():
+        match = METRIC_LINE.match(line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match[1]))
+            counts.setdefault(labels["method"], {})[labels["code"]] = int(float(match[2]))
+    return counts
+
+
+def compare_counts(clients: dict[str, dict[str, int]], server: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Whether the server counted the calls the clients saw, by method and code, allowing for three known
+    differences: calls the auth interceptor refuses (UNAUTHENTICATED) never reach the metrics
+    interceptor; a following WatchJob that reaches its client's deadline (DEADLINE_EXCEEDED) ends OK or
+    CANCELLED on the server, depending on where its handler notices; and one whose deadline passes
+    while it waits for a handler thread is never counted (`follows_not_counted_by_server`)."""
+    def normalised(counts: dict[str, dict[str, int]]) -> dict[str, Counter[str]]:
+        out: dict[str, Counter[str]] = {}
+        for method, codes in counts.items():
+            for code, n in codes.items():
+                if code != "UNAUTHENTICATED":
+                    ended = method == "WatchJob" and code in ("DEADLINE_EXCEEDED", "CANCELLED")
+                    out.setdefault(method, Counter())["OK" if ended else code] += n
+        return out
+
+    ours, theirs = normalised(clients), normalised(server)
+    missing = ours.get("WatchJob", Counter())["OK"] - theirs.get("WatchJob", Counter())["OK"]
+    if missing:
+        theirs.setdefault("WatchJob", Counter())["OK"] += missing
+    expired = clients.get("WatchJob", {}).get("DEADLINE_EXCEEDED", 0)
+    return {"agree": ours == theirs and 0 <= missing <= expired, "follows_not_counted_by_server": missing}
+
+
+def start_server(work: Path, tokens_file: Path, data_root: Path, metrics_port: int) -> tuple[subprocess.Popen, str]:
+    """serve.py in its own session, logging to `work`/serve.log; the process and its address once it serves."""
+    log = (work / "serve.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "serve.py"), f"--data-dir={work / 'data'}", f"--tokens-file={tokens_file}",
+         f"--data-root={data_root}", f"--metrics-port={metrics_port}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    deadline = time.monotonic() + START_TIMEOUT
+    while (match := re.search(r"serving on (127\.0\.0\.1:\d+)", (work / "serve.log").read_text())) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_server(proc)
+            raise RuntimeError(f"the service did not start:\n{(work / 'serve.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    return proc, match[1]
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    """SIGTERM (graceful stop, which also stops its embedded Ray); SIGKILL of its group after 60 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait()
+
+
+def client_process(numbers: list[int], settings: dict[str, Any], barrier: Any, results: Any) -> None:
+    """Entry point of one client process: run its clients, put the outcome (or the traceback) on `results`."""
+    try:
+        results.put(asyncio.run(run_clients(numbers, ready=lambda: barrier.wait(START_TIMEOUT), **settings)))
+    except BaseException:  # noqa: BLE001 - reported by the driver
+        barrier.abort()
+        results.put({"error": traceback.format_exc()})
+
+
+def percentiles_ms(values: list[float]) -> dict[str, float]:
+    """p50 and p99 of latencies in seconds, as milliseconds."""
+    q = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
+    return {"p50_ms": round(1e3 * statistics.median(values), 2), "p99_ms": round(1e3 * q[98], 2)}
+
+
+def summarise(parts: list[dict[str, Any]], server: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The client processes' outcomes merged: per kind and per method, totals, rate, concurrency."""
+    latencies: dict[str, list[float]] = {}
+    codes: dict[str, Counter[str]] = {}
+    methods: dict[str, str] = {}
+    unexpected: Counter[str] = Counter()
+    samples: dict[str, list[str]] = {}
+    for part in parts:
+        methods.update(part["methods"])
+        unexpected.update(part["unexpected"])
+        for kind, values in part["latencies"].items():
+            latencies.setdefault(kind, []).extend(values)
+            codes.setdefault(kind, Counter()).update(part["codes"][kind])
+        for kind, kept in part["samples"].items():
+            samples.setdefault(kind, []).extend(kept)
+    window = max(p["finished"] for p in parts) - min(p["started"] for p in parts)
+    by_kind = {
+        kind: {"method": methods[kind], "calls": len(values), "unexpected": unexpected[kind], "codes": dict(codes[kind]),
+               **percentiles_ms(values)}
+        for kind, values in sorted(latencies.items(), key=lambda kv: (methods[kv[0]], kv[0]))
+    }
+    by_method: dict[str, list[float]] = {}
+    client_counts: dict[str, Counter[str]] = {}
+    for kind, values in latencies.items():
+        by_method.setdefault(methods[kind], []).extend(values)
+        client_counts.setdefault(methods[kind], Counter()).update(codes[kind])
+    total = sum(len(v) for v in latencies.values())
+    in_flight = [sum(values) for values in zip(*(p["in_flight_samples"] for p in parts), strict=False)]
+    return {
+        "date": time.strftime("%Y-%m-%d"), "clients": args.clients, "processes": args.processes,
+        "seconds": args.seconds, "max_requests_per_client": args.max_requests, "seed": args.seed,
+        "window_seconds": round(window, 2), "calls": total, "unexpected": sum(unexpected.values()),
+        "calls_per_second": round(total / window, 1),
+        "in_flight": {"mean": round(statistics.mean(in_flight), 1), "min": min(in_flight), "max": max(in_flight)},
+        "client_cpu_seconds": [round(p["cpu_seconds"], 1) for p in parts],
+        "by_method": {
+            m: {"calls": len(v), "unexpected": sum(unexpected[k] for k in methods if methods[k] == m), **percentiles_ms(v)}
+            for m, v in sorted(by_method.items())
+        },
+        "by_kind": by_kind, "unexpected_samples": samples, "server": server,
+        "rpc_counts": {"clients": {m: dict(c) for m, c in sorted(client_counts.items())}},
+    }
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Start the service in `work`, run the client processes against it, stop it; the summary."""
+    data_root = work / "datasets"
+    (data_root / "corpus").mkdir(parents=True)
+    (data_root / "corpus" / "a.txt").write_text(__doc__ * 50)
+    tokens = write_access_file(work / "access.yaml")
+    metrics_port = free_port()
+    proc, target = start_server(work, work / "access.yaml", data_root, metrics_port)
+    try:
+        idle = proc_status(proc.pid)
+        ctx = multiprocessing.get_context("spawn")
+        barrier, results = ctx.Barrier(args.processes + 1), ctx.Queue()
+        settings = {
+            "tokens": {t: tokens[t] for t in TENANTS}, "target": target, "data_root": str(data_root),
+            "seconds": args.seconds, "max_requests": args.max_requests, "seed": args.seed, "processes": args.processes,
+        }
+        workers = [
+            ctx.Process(target=client_process, args=(list(range(i, args.clients, args.processes)), settings, barrier, results))
+            for i in range(args.processes)
+        ]
+        for w in workers:
+            w.start()
+        barrier.wait(START_TIMEOUT)
+        before = proc_status(proc.pid)
+        parts = [results.get(timeout=args.seconds + START_TIMEOUT) for _ in workers]
+        after = proc_status(proc.pid)
+        for w in workers:
+            w.join(30)
+        failed = [p["error"] for p in parts if "error" in p]
+        if failed:
+            raise RuntimeError("a client process failed:\n" + "\n".join(failed))
+        server = {
+            "pid_rss_idle_mib": round(idle["vm_rss_mib"], 1), "peak_rss_mib": round(after["vm_hwm_mib"], 1),
+            "rss_after_mib": round(after["vm_rss_mib"], 1), "threads_after": after["threads"],
+            "cpu_seconds_under_load": round(after["cpu_seconds"] - before["cpu_seconds"], 1),
+        }
+        summary = summarise(parts, server, args)
+        time.sleep(SETTLE_SECONDS)
+        summary["rpc_counts"]["server"] = server_rpc_counts(metrics_port)
+        summary["rpc_counts"].update(compare_counts(summary["rpc_counts"]["clients"], summary["rpc_counts"]["server"]))
+    finally:
+        code = stop_server(proc)
+    summary["server"]["exit_code"] = code
+    return summary
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The per-method, per-kind table."""
+    rows = ["| method | request kind | calls | unexpected | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
+    for method, m in summary["by_method"].items():
+        rows.append(f"| **{method}** | all | {m['calls']} | {m['unexpected']} | {m['p50_ms']} | {m['p99_ms']} |")
+        for kind, k in summary["by_kind"].items():
+            if k["method"] == method:
+                codes = ", ".join(f"{c} {n}" for c, n in sorted(k["codes"].items()))
+                rows.append(f"| | {kind} ({codes}) | {k['calls']} | {k['unexpected']} | {k['p50_ms']} | {k['p99_ms']} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=200, help="concurrent clients")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long the clients issue requests")
+    parser.add_argument("--processes", type=int, default=2, help="client processes the clients are spread over")
+    parser.add_argument("--max-requests", type=int, default=100_000, help="cap on each client's requests")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="trainctl-bench-load-") as work:
+        summary = run(args, Path(work))
+    print(markdown(summary))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("by_kind", "by_method", "rpc_counts")}, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    return 1 if summary["unexpected"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
