@@ -38,6 +38,10 @@ class ScriptedRuntime:
     attached: list[str] = field(default_factory=list)
     alive: set[str] = field(default_factory=set)
     fail_start: bool = False
+    nodes: set[str] = field(default_factory=lambda: {f"node-{i}" for i in range(8)})
+    """Names of the Ray nodes alive (a test removes one to play a node loss)."""
+    plans: list[tuple[str, Any]] = field(default_factory=list)
+    """(job id, placement) of every plan handed over by replace_plan."""
 
     def start_job(self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path) -> None:
         if self.fail_start:
@@ -55,6 +59,19 @@ class ScriptedRuntime:
 
     def poll(self, job_id: str, cursor: int) -> JobStatus:
         return status_of(self.logs[job_id].all(), cursor, 1000)
+
+    def replace_plan(self, job_id: str, job: TrainingJob, placement: Any) -> bool:
+        """Adopt the plan (a PLAN event) when the job's log has a pending REPLAN, as the supervisor does."""
+        lost = status_of(self.logs[job_id].all(), 0, 1).replan
+        if not lost:
+            return False
+        self.plans.append((job_id, placement))
+        rows = [{"rank": a.rank, "node": a.node, "gpu": a.gpu} for a in placement.assignments]
+        self.logs[job_id].append(EventKind.PLAN, lost_nodes=list(lost), placement=rows, message="re-placed")
+        return True
+
+    def live_nodes(self) -> set[str]:
+        return set(self.nodes)
 
     def cancel(self, job_id: str) -> JobStatus:
         self.cancelled.append(job_id)
@@ -74,6 +91,12 @@ class ScriptedRuntime:
         self.logs[job_id].append(EventKind.STATE, state=state, reason=reason)
         if state.terminal:
             self.alive.discard(job_id)
+
+    def lose_node(self, job_id: str, node: str) -> None:
+        """The node leaves the cluster; the job's supervisor restarts and asks for a plan without it."""
+        self.nodes.discard(node)
+        self.state(job_id, JobPhase.RESTARTING, f"rank died on {node}")
+        self.logs[job_id].append(EventKind.REPLAN, lost_nodes=[node], message=f"node(s) {node} left the Ray cluster")
 
     def step(self, job_id: str, step: int, loss: float) -> None:
         self.logs[job_id].append(

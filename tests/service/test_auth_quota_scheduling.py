@@ -40,6 +40,9 @@ class FakeRuntime:
     def cancel(self, job_id: str) -> JobStatus:
         raise AssertionError("no cancel in this test")
 
+    def live_nodes(self) -> set[str]:
+        return {f"node-{i}" for i in range(POOL_NODES)}
+
 
 def job(name: str, gpus: int):
     return parse_object({

@@ -1,5 +1,6 @@
 """Scheduler unit tests over a scripted runtime: priority then age, gang admission, reasons, cancel,
-release, recovery. The same behaviour over real Ray is in test_e2e.py."""
+release, recovery, re-placement after a node loss. The same behaviour over real Ray is in test_e2e.py
+and tests/reliability/test_node_loss.py."""
 
 from __future__ import annotations
 
@@ -166,3 +167,66 @@ def test_restart_reattaches_without_duplicates(tmp_path: Path) -> None:
     assert [e.payload["step"] for e in again.store.events(j) if e.type == "step"] == [1, 2]  # no replay
     assert state(again, queued).state == st.SCHEDULED
     assert len(again.store.list_jobs()) == 2
+
+
+def nodes_of(placement) -> set[str]:
+    return {a.node for a in placement.assignments}
+
+
+def test_a_job_that_lost_a_node_is_re_placed_off_it_and_dead_nodes_take_no_job(tmp_path: Path) -> None:
+    runtime = ScriptedRuntime(nodes={"node-0", "node-1", "node-2"})
+    s = make_scheduler(tmp_path, runtime, nodes=3, gpus=2)  # 6 GPUs
+    a, b = submit(s, "a", 2), submit(s, "b", 2)
+    s.tick()
+    placed = dict(runtime.started)
+    [lost] = nodes_of(placed[a])
+    runtime.state(a, JobPhase.RUNNING)
+    runtime.lose_node(a, lost)
+    s.tick()
+    [(job_id, new)] = runtime.plans
+    assert job_id == a and lost not in nodes_of(new) and not nodes_of(new) & nodes_of(placed[b])
+    assert {slot: holder for slot, holder in s.pool.holders().items() if holder == a} == dict.fromkeys(new.slots, a)
+    record = state(s, a)
+    assert record.placement == new.records(), "GetJob shows where the ranks run now"
+    assert record.state == st.RESTARTING and record.reason.startswith(f"node(s) {lost} lost; re-placed 2 ranks on ")
+    s.tick()
+    assert len(runtime.plans) == 1, "the plan is handed over once"
+    messages = [e.payload.get("message") for e in s.store.events(a) if e.type == st.EVENT_LOG]
+    assert messages == [f"node(s) {lost} left the Ray cluster", "re-placed"]
+    # The lost node's GPUs are free in the pool, but a dead node takes no job.
+    c = submit(s, "c", 2)
+    s.tick()
+    assert state(s, c).state == st.QUEUED and state(s, c).reason == "waiting for 2 GPUs: 0 of 6 free"
+    runtime.nodes.add(lost)
+    s.tick()
+    assert state(s, c).state == st.SCHEDULED and nodes_of(dict(runtime.started)[c]) == {lost}
+
+
+def test_a_job_that_lost_a_node_waits_for_gpus_then_is_re_placed(tmp_path: Path) -> None:
+    runtime = ScriptedRuntime(nodes={"node-0", "node-1"})
+    s = make_scheduler(tmp_path, runtime, nodes=2, gpus=2)  # 4 GPUs
+    a, b = submit(s, "a", 2), submit(s, "b", 2)
+    s.tick()
+    [lost] = nodes_of(dict(runtime.started)[a])
+    runtime.lose_node(a, lost)
+    s.tick()
+    s.tick()
+    assert runtime.plans == []
+    waiting = f"node(s) {lost} lost; waiting for 2 GPUs to re-place the job: 0 of 4 free"
+    assert state(s, a).reason == waiting
+    warnings = [e.payload["message"] for e in s.store.events(a) if e.payload.get("level") == "WARNING"]
+    assert warnings == [f"node(s) {lost} left the Ray cluster", waiting], "the wait is an event, once"
+    queued = submit(s, "queued", 1)
+    s.tick()
+    assert state(s, queued).reason == f"waiting behind {a}, which waits for GPUs to re-place it after a node loss"
+
+    runtime.run(b, [1.0])  # b ends: its GPUs go to a before anything queued
+    s.tick()
+    s.tick()
+    [(job_id, new)] = runtime.plans
+    assert job_id == a and lost not in nodes_of(new)
+    assert state(s, a).placement == new.records()
+    assert state(s, queued).state == st.QUEUED and state(s, queued).reason == "waiting for 1 GPUs: 0 of 4 free"
+    runtime.run(a, [1.0])
+    s.tick()
+    assert state(s, a).state == st.SUCCEEDED and set(s.pool.holders().values()) == {queued}

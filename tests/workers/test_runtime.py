@@ -1,8 +1,10 @@
 """RayRuntime + JobSupervisor end to end on the embedded 3-node cluster: a solver plan on a fragmented
 pool runs exactly where planned and succeeds; cancel leaves nothing; a killed rank, a killed
 supervisor, a hung rank and a lost node are detected, and the job resumes from its checkpoint (with
-the same losses) or fails after max_restarts; a new runtime re-attaches at its cursor; bad placements
-get clear errors. Every fault test proves no actor or placement group of the job is left."""
+the same losses) or fails after max_restarts; a job that lost a node is re-placed off it (by the
+supervisor's own solver, or with a plan handed to `replace_plan`) or fails when none comes in time; a
+new runtime re-attaches at its cursor; bad placements get clear errors. Every fault test proves no
+actor or placement group of the job is left."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 import ray
+import yaml
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.state import list_actors, list_placement_groups
 
@@ -24,7 +28,7 @@ from trainctl.workers.rank_group import owned_by
 from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, gpu_slot
 from trainctl.workers.runtime import JobAlreadyStarted, JobNotFound, PlacementError, RayRuntime, uses_cuda
 from trainctl.workers.supervisor import supervisor_name
-from trainctl.workers.topology.model import simulated_topology
+from trainctl.workers.topology.model import TopologyMap, parse_topology, simulated_topology
 
 
 def tiny_job(name: str, steps: int, *, max_restarts: int = 2, interval: int = 2) -> TrainingJob:
@@ -253,26 +257,111 @@ def test_hung_rank_is_detected_within_the_step_timeout_and_restarted(runtime, tm
     assert_nothing_left(job_id)
 
 
-def test_lost_node_is_detected_and_reported(embedded_ray, tmp_path):
-    runtime = RayRuntime(None, placement_timeout=3)
-    embedded_ray.add_node("spare-0", gpus=2)
-    job_id = "node-loss-1"
+def named_topology(*names: str, gpus: int = 2) -> TopologyMap:
+    """A simulated map whose nodes are ``names`` (fewer than 10), e.g. spare nodes a test adds."""
+    text = simulated_topology(len(names), gpus).to_yaml()
+    for index, name in enumerate(names):
+        text = text.replace(f"node-{index}", name)
+    return parse_topology(yaml.safe_load(text))
+
+
+@contextlib.contextmanager
+def extra_nodes(cluster, *names: str, gpus: int = 2) -> Iterator[None]:
+    """Add nodes to the embedded cluster; remove those a test has not removed itself at the end."""
+    for name in names:
+        cluster.add_node(name, gpus=gpus)
     try:
-        runtime.start_job(job_id, tiny_job("loss", steps=100_000, max_restarts=1), plan(("node-0", 3), ("spare-0", 1)), tmp_path)
-        events, _ = follow(runtime, job_id, lambda events, status: bool(steps_of(events)))
+        yield
+    finally:
+        for name in names:
+            if name in cluster.node_names:
+                cluster.remove_node(name)
+
+
+def kinds_of(events, kind: EventKind) -> list:
+    return [e for e in events if e.kind is kind]
+
+
+def test_lost_node_restarts_on_a_spare_node_from_its_checkpoint(embedded_ray, runtime, tmp_path):
+    job_id = "node-loss-1"
+    with extra_nodes(embedded_ray, "spare-a", "spare-b"):
+        runtime.start_job(
+            job_id, tiny_job("loss", steps=12), plan(("spare-a", 0), ("spare-a", 1)), tmp_path,
+            topology=named_topology("spare-a", "spare-b"),  # the supervisor re-places the ranks itself
+        )
+        events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
         [supervisor] = list_actors(
             address=ray.get_runtime_context().gcs_address, filters=[("name", "=", supervisor_name(job_id))]
         )
         control = [n["NodeID"] for n in ray.nodes() if n["Alive"] and CONTROL_RESOURCE in n["Resources"]]
         assert supervisor.node_id in control, "the supervisor runs on the control node, not a GPU node"
-    finally:
-        embedded_ray.remove_node("spare-0")
-    more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
+        embedded_ray.remove_node("spare-a")
+        removed_at = time.time()
+        more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
     events += more
-    assert status.state is JobPhase.FAILED  # max_restarts=1: one restart, then the job fails
+    assert status.state is JobPhase.SUCCEEDED, status.reason
+    assert states_of(events) == [
+        JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.RESTARTING, JobPhase.RUNNING, JobPhase.SUCCEEDED
+    ]
     restart = next(e for e in events if e.state is JobPhase.RESTARTING)
-    assert restart.reason.startswith("rank 1 died"), restart.reason  # the root cause, not rank 0's peer error
-    assert "rank 1 -> spare-0 GPU 1" in status.reason and "scheduling.max_restarts=1" in status.reason
+    assert " died" in restart.reason and restart.time - removed_at < 10, restart.reason  # a rank death, at once
+    [replan] = kinds_of(events, EventKind.REPLAN)
+    assert replan.lost_nodes == ["spare-a"] and "waiting for a new placement of rank(s) 0,1" in replan.message
+    [new_plan] = kinds_of(events, EventKind.PLAN)
+    assert new_plan.message.startswith("node spare-a lost; re-placed ranks 0,1 on spare-b"), new_plan.message
+    assert {p["node"] for p in new_plan.placement} == {"spare-b"}
+    first, second = (e.placement for e in kinds_of(events, EventKind.PLACEMENT))
+    assert {p["node"] for p in first} == {"spare-a"}
+    assert [(p["node"], p["gpu"]) for p in second] == [(p["node"], p["gpu"]) for p in new_plan.placement]
+    resumed = steps_of(events, 1)
+    assert min(resumed) > 1 and max(resumed) == 12, "resumed from a checkpoint, not from scratch"
+    assert any("resumed from checkpoint" in e.message for e in events if e.generation == 1)
+    assert_nothing_left(job_id)
+
+
+def test_lost_node_waits_for_a_plan_from_replace_plan(embedded_ray, runtime, tmp_path):
+    job_id = "node-loss-2"
+    job = tiny_job("handover", steps=6)
+    with extra_nodes(embedded_ray, "spare-c"):
+        runtime.start_job(job_id, job, plan(("spare-c", 0), ("spare-c", 1)), tmp_path)  # no map: the caller re-places
+        events, _ = follow(runtime, job_id, lambda events, status: bool(steps_of(events)))
+        embedded_ray.remove_node("spare-c")
+        more, status = follow(runtime, job_id, lambda events, status: bool(status.replan), cursor=events[-1].seq)
+        events += more
+        assert status.replan == ("spare-c",) and status.state is JobPhase.RESTARTING
+        [replan] = kinds_of(events, EventKind.REPLAN)
+        assert replan.message.endswith("waiting for a new placement of rank(s) 0,1 from the scheduler")
+        with pytest.raises(PlacementError, match="no live Ray node labelled trainctl.io/node=spare-c"):
+            runtime.replace_plan(job_id, job, plan(("spare-c", 0), ("spare-c", 1)))
+        with extra_nodes(embedded_ray, "spare-d"):  # GPUs come back
+            assert runtime.replace_plan(job_id, job, plan(("spare-d", 1), ("spare-d", 0)))
+            assert not runtime.replace_plan(job_id, job, plan(("spare-d", 0), ("spare-d", 1))), "it waits for none now"
+            more, status = follow(runtime, job_id, finished, cursor=status.cursor)
+    events += more
+    assert status.state is JobPhase.SUCCEEDED, status.reason
+    [new_plan] = kinds_of(events, EventKind.PLAN)
+    assert new_plan.message.startswith("node spare-c lost; re-placed ranks 0,1 on spare-d"), new_plan.message
+    second = kinds_of(events, EventKind.PLACEMENT)[-1].placement
+    assert [(p["node"], p["gpu"]) for p in second] == [("spare-d", 1), ("spare-d", 0)]
+    assert_nothing_left(job_id)
+
+
+def test_lost_node_without_room_fails_at_the_replan_timeout(embedded_ray, tmp_path):
+    runtime = RayRuntime(None, placement_timeout=30, replan_timeout=2)
+    job_id = "node-loss-3"
+    with extra_nodes(embedded_ray, "spare-e"):
+        runtime.start_job(
+            job_id, tiny_job("noroom", steps=100_000, max_restarts=1), plan(("spare-e", 0), ("spare-e", 1)), tmp_path,
+            topology=named_topology("spare-e"),
+        )
+        events, _ = follow(runtime, job_id, lambda events, status: status.state is JobPhase.RUNNING)
+        embedded_ray.remove_node("spare-e")
+        more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
+    events += more
+    assert status.state is JobPhase.FAILED and status.restarts == 1
+    assert status.reason == "no new placement without node(s) spare-e within 2s (replan_timeout)", status.reason
+    assert any(e.message == "no room for 2 ranks off node(s) spare-e; waiting for free GPUs" for e in events)
+    assert kinds_of(events, EventKind.PLAN) == []
     assert_nothing_left(job_id)
 
 

@@ -8,6 +8,7 @@ plus the free GPUs into rank -> (node, GPU); the pool reserves those GPUs until 
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,22 +86,27 @@ class GpuPool:
         with self._lock:
             return self.total - sum(len(s) for s in self._held.values())
 
-    def free_slots(self) -> set[Slot]:
+    def free_slots(self, *, holder: str | None = None, down: Collection[str] = ()) -> set[Slot]:
+        """GPUs no job holds (those of ``holder`` count as free: it is being re-placed), off the
+        ``down`` nodes."""
         with self._lock:
-            used = {slot for slots in self._held.values() for slot in slots}
-        return {slot for slot in self._slots if slot not in used}
+            used = {slot for job_id, slots in self._held.items() if job_id != holder for slot in slots}
+        return {slot for slot in self._slots if slot not in used and slot[0] not in down}
 
     def holders(self) -> dict[Slot, str]:
         """Which job holds each used GPU."""
         with self._lock:
             return {slot: job_id for job_id, slots in self._held.items() for slot in slots}
 
-    def place(self, job: TrainingJob, *, empty: bool = False) -> PlannedPlacement | None:
-        """Where every rank of `job` would run on the free GPUs (or on the whole pool with `empty`);
-        None when they do not all fit (gang scheduling: all or nothing)."""
+    def place(
+        self, job: TrainingJob, *, empty: bool = False, holder: str | None = None, down: Collection[str] = ()
+    ) -> PlannedPlacement | None:
+        """Where every rank of `job` would run on the free GPUs (or on the whole pool with `empty`) off
+        the `down` nodes, counting `holder`'s GPUs as free (re-placing that job); None when they do not
+        all fit (gang scheduling: all or nothing)."""
         grid = RankGrid.from_spec(job.spec.parallelism)
         free: dict[str, set[int]] = {}
-        for node, gpu in set(self._slots) if empty else self.free_slots():
+        for node, gpu in set(self._slots) if empty else self.free_slots(holder=holder, down=down):
             free.setdefault(node, set()).add(gpu)
         solved = place(grid, self.topology, free, model=resolve_model(job.spec.model), job_spec=job.spec, index=self._index)
         return None if solved is None else PlannedPlacement.from_solver(solved, grid)

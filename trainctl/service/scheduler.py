@@ -3,13 +3,17 @@
 One background thread owns every transition after QUEUED except the API's cancel request:
 
 1. follow active jobs: poll the runtime from each job's cursor, append what happened to the store
-   (state changes, step metrics, log lines), release the GPUs of jobs that ended;
+   (state changes, step metrics, log lines), release the GPUs of jobs that ended, and re-place a job
+   whose supervisor lost a node (its status names the lost nodes): on the free GPUs plus its own, off
+   the nodes Ray does not have alive; the new plan goes to the supervisor and replaces the job's
+   reservation, or the job waits (reason and event say so) until GPUs free up or a node returns;
 2. hand cancels of jobs the API moved to CANCELLING to a worker thread (a cancel waits until the
    job's actors and placement group are gone, and must not stall the loop);
 3. admit queued jobs in order (priority descending, then submission order): a job starts only when
    placement finds a GPU for every rank (gang scheduling). The queue is strict: a job that does not
-   fit blocks lower ones, so a large job is never starved by a stream of small ones. A waiting job's
-   reason says what it waits for.
+   fit blocks lower ones, so a large job is never starved by a stream of small ones; a running job
+   waiting to be re-placed blocks them all. Nodes Ray does not have alive are left out. A waiting
+   job's reason says what it waits for.
 
 State changes use the store's compare-and-set, so a cancel racing with admission is never lost.
 The service never runs torch collectives: the runtime (trainctl.workers.runtime) does the Ray work.
@@ -54,12 +58,18 @@ class Runtime(Protocol):
 
     def cancel(self, job_id: str) -> RuntimeStatus: ...
 
+    def replace_plan(self, job_id: str, job: TrainingJob, placement: Any) -> bool: ...
+
+    def live_nodes(self) -> set[str]: ...
+
 
 @dataclass
 class _Active:
     cursor: int = 0
     cancel_sent: bool = False
     failing_since: float | None = None
+    replan_waiting: tuple[str, ...] = ()
+    """The lost nodes while the job waits for GPUs to be re-placed on (empty otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,8 @@ class Scheduler:
         if status.cursor != active.cursor:
             active.cursor = status.cursor
             self.store.update_status(job_id, runtime_cursor=str(status.cursor), restarts=status.restarts)
+        if status.replan and not status.state.terminal and record.state != st.CANCELLING:
+            self._replace(record, status.replan)
         if status.drained and status.state.terminal:
             record = self.store.get_job(job_id)
             reason = record.reason if record.state == st.CANCELLING and status.state.value == st.CANCELLED else status.reason
@@ -206,8 +218,9 @@ class Scheduler:
                 if event.step.get("checkpoint_bytes") is not None:  # the step saved a checkpoint
                     self.metrics.record_checkpoint_size(record.id, record.tenant, int(event.step["checkpoint_bytes"]))
             return self.store.get_job(record.id)
-        if event.kind is EventKind.LOG:
-            payload: dict[str, Any] = {"message": event.message, "level": "INFO"}
+        if event.kind in (EventKind.LOG, EventKind.REPLAN, EventKind.PLAN):
+            level = "WARNING" if event.kind is EventKind.REPLAN else "INFO"
+            payload: dict[str, Any] = {"message": event.message, "level": level}
             if event.rank is not None:
                 payload["rank"] = event.rank
             self.store.append_event(record.id, st.EVENT_LOG, payload, now=event.time)
@@ -224,6 +237,46 @@ class Scheduler:
             if event.state.value == st.RESTARTING and self.metrics is not None:
                 self.metrics.record_restart(record.id, record.tenant)
         return record
+
+    def _replace(self, record: JobRecord, lost: tuple[str, ...]) -> None:
+        """Re-place a job whose supervisor lost `lost`: a plan on the free GPUs plus the job's own, off
+        every node that is not alive, handed to the supervisor; or a reason saying what it waits for."""
+        active = self._active[record.id]
+        down = set(lost) | self._down_nodes()
+        placement = self.pool.place(record.job, holder=record.id, down=down)
+        running = [st.SCHEDULED, st.RUNNING, st.RESTARTING]
+        if placement is None:
+            free = len(self.pool.free_slots(holder=record.id, down=down))
+            reason = (
+                f"node(s) {', '.join(lost)} lost; waiting for {record.job.spec.resources.gpus} GPUs to re-place "
+                f"the job: {free} of {self.pool.total} free"
+            )
+            if active.replan_waiting != lost:
+                active.replan_waiting = lost
+                self.store.append_event(record.id, st.EVENT_LOG, {"level": "WARNING", "message": reason})
+            if record.reason != reason:
+                self.store.update_status(record.id, expect=running, reason=reason)
+            return
+        try:
+            adopted = self.runtime.replace_plan(record.id, record.job, placement)
+        except Exception:
+            log.exception("job %s: handing over the new plan failed; retrying", record.id)
+            return
+        active.replan_waiting = ()
+        if not adopted:  # the supervisor no longer waits (cancelled, failed or restarted meanwhile)
+            return
+        self.pool.reserve(record.id, placement)
+        nodes = sorted({a.node for a in placement.assignments})
+        updated = self.store.update_status(
+            record.id, expect=running, placement=placement.records(),
+            reason=f"node(s) {', '.join(lost)} lost; re-placed {len(placement.assignments)} ranks on {', '.join(nodes)}",
+        )
+        if updated is not None and self.metrics is not None:
+            self.metrics.set_job_placement(updated.id, updated.tenant, self._by_domain(placement))
+
+    def _down_nodes(self) -> set[str]:
+        """Nodes of the pool that Ray does not have alive."""
+        return {name for name, _ in self.pool.nodes()} - self.runtime.live_nodes()
 
     def _set_state(self, record: JobRecord, state: str, reason: str, **extra: Any) -> JobRecord:
         if record.state == state:
@@ -243,8 +296,13 @@ class Scheduler:
 
     def _admit(self) -> None:
         queued = sorted(self.store.list_jobs(states=[st.QUEUED]), key=lambda r: (-r.priority, r.seq))
+        replacing = next((job_id for job_id, active in self._active.items() if active.replan_waiting), None)
+        down = self._down_nodes() if queued and replacing is None else set()
         blocked_by: JobRecord | None = None
         for record in queued:
+            if replacing is not None:
+                self._wait(record, f"waiting behind {replacing}, which waits for GPUs to re-place it after a node loss")
+                continue
             if blocked_by is not None:
                 self._wait(record, f"waiting behind {blocked_by.id} (priority {blocked_by.priority}), first in the queue")
                 continue
@@ -255,10 +313,11 @@ class Scheduler:
                 self._decision("quota")
                 continue  # a tenant over quota does not block other tenants
             started = time.perf_counter()
-            placement = self.pool.place(record.job)
+            placement = self.pool.place(record.job, down=down)
             solver_seconds = time.perf_counter() - started
             if placement is None:
-                self._wait(record, f"waiting for {gpus} GPUs: {self.pool.free_count} of {self.pool.total} free")
+                free = len(self.pool.free_slots(down=down))
+                self._wait(record, f"waiting for {gpus} GPUs: {free} of {self.pool.total} free")
                 self._decision("no_capacity", solver_seconds)
                 blocked_by = record
                 continue

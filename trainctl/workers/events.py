@@ -49,6 +49,12 @@ class EventKind(StrEnum):
     """A log line: ``message`` (and ``rank`` when it came from one)."""
     PLACEMENT = "placement"
     """Where the ranks actually run: ``placement`` lists one RankLocation dict per rank."""
+    REPLAN = "replan"
+    """The supervisor needs a plan that avoids ``lost_nodes`` (gone from the Ray cluster); ``message`` says
+    so. Pending until a PLAN or STATE event follows."""
+    PLAN = "plan"
+    """The plan the next rank group uses: ``placement`` lists ``{rank, node, gpu}`` per rank; ``message``
+    says which ranks moved where off ``lost_nodes``."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,9 @@ class Event:
     """StepReport fields (STEP events), plus ``straggler``: the newest earlier step every rank timed
     (``step``, ``rank_step_times``, ``slowest_rank``, ``fastest_rank``, ``ratio``), or None."""
     placement: list[dict[str, Any]] | None = None
-    """Per-rank locations (PLACEMENT events)."""
+    """Per-rank locations (PLACEMENT events) or planned slots (PLAN events)."""
+    lost_nodes: list[str] | None = None
+    """Nodes gone from the Ray cluster that the plan must avoid (REPLAN and PLAN events)."""
 
     def to_json(self) -> str:
         """One line of JSON."""
@@ -105,6 +113,8 @@ class JobStatus:
     """Group restarts so far."""
     last_seq: int = 0
     """Sequence number of the newest event in the log; ``cursor == last_seq`` means drained."""
+    replan: tuple[str, ...] = ()
+    """While the supervisor waits for a new plan: the lost nodes it must avoid (empty otherwise)."""
 
     @property
     def drained(self) -> bool:
@@ -121,6 +131,7 @@ class EventLog:
     _state: JobPhase = JobPhase.SCHEDULED
     _reason: str = ""
     _restarts: int = 0
+    _replan: tuple[str, ...] = ()
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -156,6 +167,7 @@ class EventLog:
                 reason=self._reason,
                 restarts=self._restarts,
                 last_seq=len(self._events),
+                replan=self._replan,
             )
 
     def _take(self, event: Event) -> None:
@@ -163,6 +175,10 @@ class EventLog:
         if event.kind is EventKind.STATE and event.state is not None:
             self._state, self._reason = event.state, event.reason
             self._restarts += event.state is JobPhase.RESTARTING
+        if event.kind is EventKind.REPLAN:
+            self._replan = tuple(event.lost_nodes or ())
+        elif event.kind in (EventKind.PLAN, EventKind.STATE):
+            self._replan = ()
 
     def all(self) -> list[Event]:
         """Every event so far."""

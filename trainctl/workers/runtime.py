@@ -1,9 +1,10 @@
 """RayRuntime: what the service calls to run jobs on Ray.
 
 ``start_job`` creates the job's detached, named `JobSupervisor`; ``poll`` reads its event log from a
-cursor; ``cancel`` stops it and leaves no actor or placement group behind; ``running_jobs`` and
-``attach`` let a restarted service find and re-attach the supervisors that kept running;
-``cluster_nodes`` describes the Ray nodes trainctl can place ranks on.
+cursor; ``replace_plan`` hands a supervisor that lost a node its new plan; ``cancel`` stops it and
+leaves no actor or placement group behind; ``running_jobs`` and ``attach`` let a restarted service
+find and re-attach the supervisors that kept running; ``cluster_nodes`` and ``live_nodes`` describe
+the Ray nodes trainctl can place ranks on.
 
 Once a job is terminal and a poll has returned its last event, the runtime kills the supervisor;
 later polls read the same log from ``<run_dir>/events.jsonl``.
@@ -34,8 +35,10 @@ from trainctl.workers.events import (
 )
 from trainctl.workers.rank_group import check_slots, owned_by
 from trainctl.workers.rank_worker import RankSlot
+from trainctl.workers.replan import live_nodes
 from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, SUPERVISOR_SHARE, slots_of
 from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, SupervisorConfig, supervisor_name
+from trainctl.workers.topology.model import TopologyMap
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SUPERVISOR_MAX_RESTARTS = 3
@@ -90,7 +93,8 @@ class RayRuntime:
     ``placement_timeout``: seconds a rank group may wait for its planned GPUs; ``call_timeout``:
     seconds for set-up calls to ranks and for a cancel to finish; ``poll_timeout``: seconds a poll
     waits for the supervisor before answering from the event log file (a supervisor being created
-    or restarted must not stall the caller's loop).
+    or restarted must not stall the caller's loop); ``replan_timeout``: seconds a job that lost a node
+    waits for a new plan before it fails (None: until one comes or the job is cancelled).
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class RayRuntime:
         placement_timeout: float = 60.0,
         call_timeout: float = 30.0,
         poll_timeout: float = 5.0,
+        replan_timeout: float | None = None,
     ) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -108,6 +113,7 @@ class RayRuntime:
         self._placement_timeout = placement_timeout
         self._call_timeout = call_timeout
         self._poll_timeout = poll_timeout
+        self._replan_timeout = replan_timeout
         self._run_dirs: dict[str, Path] = {}
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:
@@ -120,8 +126,20 @@ class RayRuntime:
 
     # ---- jobs --------------------------------------------------------------------------------
 
-    def start_job(self, job_id: str, job: TrainingJob, placement: _Placement, run_dir: str | Path) -> None:
-        """Create the job's supervisor, which reserves the planned GPUs and starts training."""
+    def start_job(
+        self,
+        job_id: str,
+        job: TrainingJob,
+        placement: _Placement,
+        run_dir: str | Path,
+        *,
+        topology: TopologyMap | None = None,
+    ) -> None:
+        """Create the job's supervisor, which reserves the planned GPUs and starts training.
+
+        After a node loss the supervisor re-places the ranks itself on ``topology`` over the GPU slots
+        free in Ray when one is given (a caller that keeps no GPU accounting); without it, it waits
+        for `replace_plan` from the caller (the service's scheduler, which owns the accounting)."""
         _check_job_id(job_id)
         if self._supervisor(job_id) is not None:
             raise JobAlreadyStarted(f"job {job_id} already has a supervisor ({supervisor_name(job_id)})")
@@ -137,6 +155,8 @@ class RayRuntime:
             use_gpu=use_gpu,
             placement_timeout=self._placement_timeout,
             call_timeout=self._call_timeout,
+            topology_yaml=None if topology is None else topology.to_yaml(),
+            replan_timeout=self._replan_timeout,
         )
         actor_cls = ray.remote(concurrency_groups={"control": 4, "reports": 1})(JobSupervisor)
         actor_cls.options(
@@ -177,6 +197,20 @@ class RayRuntime:
             ray.kill(supervisor, no_restart=True)
         return status
 
+    def replace_plan(self, job_id: str, job: TrainingJob, placement: _Placement) -> bool:
+        """Hand a new plan to a supervisor that waits for one after a node loss (its status's ``replan``
+        names the lost nodes). True once adopted; False when the job waits for none (or has no
+        supervisor); PlacementError when the plan does not fit the job or the live cluster."""
+        slots = [RankSlot(rank=a.rank, node=a.node, gpu=a.gpu) for a in placement.assignments]
+        use_gpu = self._check_placement(job, slots)
+        supervisor = self._supervisor(job_id)
+        if supervisor is None:
+            return False
+        try:
+            return bool(ray.get(supervisor.replace_plan.remote(slots, use_gpu), timeout=self._call_timeout))
+        except ValueError as exc:  # the supervisor refused it (Ray's error is also the ValueError raised)
+            raise PlacementError(str(getattr(exc, "cause", exc))) from None
+
     def cancel(self, job_id: str, timeout: float = 60.0) -> JobStatus:
         """Cancel the job and wait until none of its actors or placement groups is left; returns its
         final state (a job already finished keeps its state)."""
@@ -213,6 +247,10 @@ class RayRuntime:
                 )
             )
         return sorted(nodes, key=lambda n: (n.name is None, n.name or "", n.node_id))
+
+    def live_nodes(self) -> set[str]:
+        """Names (``trainctl.io/node``) of the Ray nodes that are alive."""
+        return live_nodes()
 
     # ---- internals ---------------------------------------------------------------------------
 

@@ -8,6 +8,11 @@ Either tears the group down and starts a new generation, which resumes from the 
 checkpoint in ``<run_dir>/checkpoints``, up to ``scheduling.max_restarts`` times; after that the job
 FAILS with the reason. A cancel tears the group down and ends in CANCELLED.
 
+When a planned node is gone from the Ray cluster, the next generation needs a new plan: the supervisor
+records a REPLAN event naming the lost nodes and waits. The plan comes from `replace_plan` (the
+service's scheduler, which owns the GPU accounting) or, when the supervisor was given a topology map,
+from the placement solver over the GPU slots free in Ray; it is recorded as a PLAN event.
+
 The actor is threaded: a driver thread runs the generations while the ``control`` concurrency group
 serves poll/cancel and the single-threaded ``reports`` group takes rank reports in order. If the
 actor itself is restarted by Ray, it reloads its event log from ``<run_dir>/events.jsonl``, removes
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import yaml
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
@@ -33,7 +39,8 @@ from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobPhase, JobStatus
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
 from trainctl.workers.rank_worker import RankSlot
-from trainctl.workers.resources import NODE_LABEL
+from trainctl.workers.replan import describe_move, free_slots, missing_nodes, replacement
+from trainctl.workers.topology.model import TopologyMap, parse_topology
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +50,8 @@ ROOT_CAUSE_WAIT = 2.0
 """Seconds to wait for the other ranks' outcomes when one fails, to name the rank that died."""
 REASON_CHARS = 300
 """Longest cause quoted from an error in a reason."""
+REPLAN_INTERVAL = 1.0
+"""Seconds between looks for a new plan while waiting for one after a node loss."""
 STEP_HISTORY = 16
 """Steps of per-rank step times kept for straggler statistics."""
 STRAGGLER_LOG_RATIO = 1.3
@@ -77,12 +86,20 @@ class SupervisorConfig:
     startup_grace: float = 300.0
     """Seconds a new generation may take to its first step report (imports, data, model build, resume)
     before it counts as hung; ``scheduling.step_timeout_seconds`` applies once steps are reported."""
+    topology_yaml: str | None = None
+    """The topology map (YAML) the supervisor re-places ranks on by itself after a node loss, over the
+    GPU slots free in Ray; None: it waits for `JobSupervisor.replace_plan` (the service's scheduler)."""
+    replan_timeout: float | None = None
+    """Seconds to wait for a new plan after a node loss before the job fails; None: until one comes
+    or the job is cancelled."""
 
 
 class _Outcome(Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    UNPLACED = "unplaced"
+    """No new plan came in time after a node loss: the job fails without another restart."""
 
 
 @dataclass
@@ -148,6 +165,13 @@ class JobSupervisor:
         self._cancel = threading.Event()
         self._group: RankGroup | None = None
         self._generation = 1 + max((e.generation for e in self._log.all()), default=-1)
+        self._slots = _latest_plan(self._log) or list(config.slots)
+        self._topology: TopologyMap | None = (
+            parse_topology(yaml.safe_load(config.topology_yaml), "supervisor config") if config.topology_yaml else None
+        )
+        self._awaiting: list[str] | None = None
+        """Lost nodes while the driver waits for a new plan (None when it waits for none)."""
+        self._plan_ready = threading.Event()
         self._progress_at = time.monotonic()
         self._stepping = False
         self._stats = _StepStats()
@@ -190,6 +214,14 @@ class JobSupervisor:
         if self._thread is not None:
             self._thread.join(timeout)
         return self.poll(0, 1)
+
+    @ray.method(concurrency_group="control")
+    def replace_plan(self, slots: list[RankSlot], use_gpu: bool) -> bool:
+        """A new plan while the supervisor waits for one after a node loss: True once adopted, False when
+        it waits for none. ValueError when the plan uses a lost node or another backend (CUDA or CPU)."""
+        if use_gpu != self._cfg.use_gpu:
+            raise ValueError(f"the new plan needs {'CUDA' if use_gpu else 'CPU'} ranks; this job's ranks use the other")
+        return self._adopt(list(slots))
 
     # ---- calls from the ranks --------------------------------------------------------------------
 
@@ -244,6 +276,9 @@ class JobSupervisor:
             if outcome is _Outcome.SUCCEEDED:
                 self._state(JobPhase.SUCCEEDED, detail)
                 return
+            if outcome is _Outcome.UNPLACED:
+                self._state(JobPhase.FAILED, detail)
+                return
             if restarts >= max_restarts:
                 self._state(
                     JobPhase.FAILED,
@@ -259,26 +294,9 @@ class JobSupervisor:
 
     def _run_generation(self) -> tuple[_Outcome, str]:
         cfg = self._cfg
-        missing = _missing_nodes({slot.node for slot in cfg.slots})
-        if missing:
-            self._log.append(
-                EventKind.LOG,
-                generation=self._generation,
-                message=f"planned node(s) {', '.join(missing)} not in the Ray cluster; "
-                f"waiting up to {cfg.placement_timeout:g}s for them",
-            )
-        try:
-            group = RankGroup.create(
-                cfg.job_id,
-                self._generation,
-                cfg.slots,
-                use_gpu=cfg.use_gpu,
-                ready_timeout=cfg.placement_timeout,
-                stop=self._cancel.is_set,
-            )
-        except PlacementUnavailable as exc:
-            gone = _missing_nodes({slot.node for slot in cfg.slots})
-            return _Outcome.FAILED, str(exc) + (f" (not in the Ray cluster: {', '.join(gone)})" if gone else "")
+        group = self._create_group()
+        if not isinstance(group, RankGroup):
+            return group
         with self._lock:
             self._group = group
         if self._cancel.is_set():
@@ -314,6 +332,91 @@ class JobSupervisor:
             return _Outcome.FAILED, f"rank group set-up failed: {_first_line(exc)}"
         finally:
             self._shutdown_group()
+
+    def _create_group(self) -> RankGroup | tuple[_Outcome, str]:
+        """Reserve the plan's GPUs and create the ranks, or the outcome when that fails. A planned node
+        that is gone (before, or while waiting for the reservation) is replaced by a new plan first."""
+        cfg = self._cfg
+        while True:
+            lost = missing_nodes(self._slots)
+            if lost:
+                why = self._await_plan(lost)
+                if why is not None:
+                    return _Outcome.UNPLACED, why
+                continue  # check the new plan's nodes too
+            try:
+                return RankGroup.create(
+                    cfg.job_id,
+                    self._generation,
+                    self._slots,
+                    use_gpu=cfg.use_gpu,
+                    ready_timeout=cfg.placement_timeout,
+                    stop=lambda: self._cancel.is_set() or bool(missing_nodes(self._slots)),
+                )
+            except PlacementUnavailable as exc:
+                if self._cancel.is_set() or not missing_nodes(self._slots):
+                    return _Outcome.FAILED, str(exc)
+
+    def _await_plan(self, lost: list[str]) -> str | None:
+        """Record a REPLAN event and wait for a plan off the ``lost`` nodes: from `replace_plan`, or from
+        the solver when the supervisor has a topology map. None once one is adopted, else why not."""
+        cfg = self._cfg
+        ranks = ",".join(str(slot.rank) for slot in self._slots if slot.node in lost)
+        source = "on the GPUs free in Ray" if self._topology is not None else "from the scheduler"
+        with self._lock:
+            self._awaiting = lost
+            self._plan_ready.clear()
+        self._log.append(
+            EventKind.REPLAN,
+            generation=self._generation,
+            lost_nodes=lost,
+            message=f"node(s) {', '.join(lost)} left the Ray cluster; waiting for a new placement of rank(s) {ranks} {source}",
+        )
+        deadline = None if cfg.replan_timeout is None else time.monotonic() + cfg.replan_timeout
+        waiting_logged = False
+        while not self._plan_ready.wait(REPLAN_INTERVAL):
+            if self._cancel.is_set():
+                return "cancelled"
+            if self._topology is not None:
+                slots = replacement(self._job, self._topology, free_slots(cuda=cfg.use_gpu), lost)
+                if slots is not None:
+                    self._adopt(slots)
+                    continue
+                if not waiting_logged:
+                    waiting_logged = True
+                    self._log.append(
+                        EventKind.LOG,
+                        generation=self._generation,
+                        message=f"no room for {len(self._slots)} ranks off node(s) {', '.join(lost)}; waiting for free GPUs",
+                    )
+            if deadline is not None and time.monotonic() > deadline:
+                with self._lock:
+                    if self._plan_ready.is_set():
+                        return None
+                    self._awaiting = None
+                return f"no new placement without node(s) {', '.join(lost)} within {cfg.replan_timeout:g}s (replan_timeout)"
+        return None
+
+    def _adopt(self, slots: list[RankSlot]) -> bool:
+        """Make ``slots`` the plan when one is awaited (a PLAN event says what moved); False otherwise."""
+        with self._lock:
+            lost = self._awaiting
+            if lost is None:
+                return False
+            on_lost = sorted({slot.node for slot in slots} & set(lost))
+            if on_lost:
+                raise ValueError(f"the new plan uses lost node(s) {', '.join(on_lost)}")
+            ordered = sorted(slots, key=lambda slot: slot.rank)
+            self._log.append(
+                EventKind.PLAN,
+                generation=self._generation,
+                lost_nodes=lost,
+                message=describe_move(self._slots, ordered, lost),
+                placement=[{"rank": s.rank, "node": s.node, "gpu": s.gpu} for s in ordered],
+            )
+            self._slots, self._awaiting = ordered, None
+            self._plan_ready.set()
+        return True
 
     def _watch(self, refs: list[ray.ObjectRef]) -> tuple[_Outcome, str]:
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
@@ -379,10 +482,10 @@ class JobSupervisor:
                 remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
 
 
-def _missing_nodes(planned: set[str]) -> list[str]:
-    """Planned node names no live Ray node carries as its ``trainctl.io/node`` label."""
-    alive = {(info.get("Labels") or {}).get(NODE_LABEL) for info in ray.nodes() if info.get("Alive")}
-    return sorted(planned - alive)
+def _latest_plan(log: EventLog) -> list[RankSlot] | None:
+    """The plan of the newest PLAN event (a restarted supervisor continues with it), or None."""
+    plans = [event.placement for event in log.all() if event.kind is EventKind.PLAN and event.placement]
+    return [RankSlot(**slot) for slot in plans[-1]] if plans else None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,72 @@
+"""Re-placing a job after a node is lost: which nodes Ray has alive, which GPU slots are free on them,
+and a new plan from the placement solver that avoids the lost nodes.
+
+A node counts as lost once Ray declares it dead (its raylet failed the GCS health checks: about 15 s
+after it vanished, with Ray's defaults); until then its slots look merely taken. The supervisor uses
+`replacement` itself only when it was given a topology map (no GPU accounting above it); under the
+service the scheduler computes the new plan from its pool, so two jobs are never promised one GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+import ray
+
+from trainctl.parallelism.grid import RankGrid
+from trainctl.spec.job import TrainingJob
+from trainctl.spec.presets import resolve_model
+from trainctl.workers.placement import place
+from trainctl.workers.rank_worker import RankSlot
+from trainctl.workers.resources import NODE_LABEL, slots_of
+from trainctl.workers.topology.model import TopologyMap
+
+
+def live_nodes() -> set[str]:
+    """``trainctl.io/node`` names of the Ray nodes that are alive."""
+    return {name for info in ray.nodes() if info.get("Alive") and (name := (info.get("Labels") or {}).get(NODE_LABEL))}
+
+
+def missing_nodes(slots: Sequence[RankSlot]) -> list[str]:
+    """Nodes of a plan that no live Ray node carries as its name, sorted."""
+    return sorted({slot.node for slot in slots} - live_nodes())
+
+
+def free_slots(*, cuda: bool) -> dict[str, set[int]]:
+    """Unreserved GPU slots of the live named Ray nodes with (``cuda``) or without real CUDA GPUs."""
+    available = ray._private.state.available_resources_per_node()  # no public per-node API
+    free: dict[str, set[int]] = {}
+    for info in ray.nodes():
+        name = (info.get("Labels") or {}).get(NODE_LABEL)
+        has_cuda = (info.get("Resources") or {}).get("GPU", 0) > 0
+        if name and info.get("Alive") and has_cuda == cuda:
+            free[name] = set(slots_of(available.get(info["NodeID"], {})))
+    return free
+
+
+def replacement(
+    job: TrainingJob, topology: TopologyMap, free: Mapping[str, set[int]], lost: Collection[str]
+) -> list[RankSlot] | None:
+    """A plan for every rank of ``job`` on the ``free`` GPUs of ``topology`` off the ``lost`` nodes
+    (the solver's best), or None when they do not all fit now."""
+    known = {node.name: set(node.gpus) for node in topology.nodes}
+    usable = {node: gpus & known[node] for node, gpus in free.items() if node in known and node not in lost}
+    grid = RankGrid.from_spec(job.spec.parallelism)
+    solved = place(grid, topology, usable, model=resolve_model(job.spec.model), job_spec=job.spec)
+    if solved is None:
+        return None
+    return [RankSlot(rank=a.rank, node=a.node, gpu=a.gpu) for a in sorted(solved.assignments, key=lambda a: a.rank)]
+
+
+def describe_move(old: Sequence[RankSlot], new: Sequence[RankSlot], lost: Collection[str]) -> str:
+    """One line for the event log: which node was lost and where its ranks went, e.g.
+    ``node node-1 lost; re-placed ranks 2,3 on node-2 (rank 2 -> node-2 GPU 0, ...)``."""
+    moved = [slot.rank for slot in old if slot.node in lost]
+    where = sorted({slot.node for slot in new if slot.rank in moved})
+    plan = ", ".join(f"rank {slot.rank} -> {slot.node} GPU {slot.gpu}" for slot in sorted(new, key=lambda s: s.rank))
+    nodes = "node" + ("s" if len(lost) > 1 else "")
+    ranks = "rank" + ("s" if len(moved) > 1 else "")
+    return (
+        f"{nodes} {', '.join(sorted(lost))} lost; re-placed {ranks} {','.join(map(str, moved))} "
+        f"on {', '.join(where)} (new plan: {plan})"
+    )
