@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import WorkerPool
+from harness import WorkerPool, tiny_job
+
+from trainctl.parallelism.trainer import Trainer
 
 WORDS = ["the", "model", "trains", "on", "text", "and", "every", "rank", "must", "agree", "on", "the", "loss", "while", "gradients", "flow", "through", "shards", "stages", "and", "rings", "of", "attention", "so", "that", "one", "process", "and", "many", "compute", "the", "same", "numbers"]
 
@@ -42,3 +44,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
         lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) for _ in range(150)]
         (root / f"doc{i}.txt").write_text("\n".join(lines) + "\n")
     return str(root / "*.txt")
+
+
+@pytest.fixture(scope="session")
+def base_run(corpus: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A debug model (4 query, 2 kv heads) trained for 3 steps on `corpus`; its run's checkpoint root."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("base") / "checkpoints"
+    Trainer(tiny_job(corpus, steps=3, training={"micro_batch_size": 4}), device="cpu", checkpoint_dir=root).run()
+    return root

@@ -61,6 +61,19 @@ def test_param_grad_optimizer_bytes_are_exact(pool, corpus, layout, model, train
         assert (est.params_bytes, est.grads_bytes, est.optimizer_bytes) == (got["params"], got["grads"], got["optimizer"]), rank
 
 
+@pytest.mark.parametrize("layout", [{}, {"dp_shard": 2, "zero_stage": 1}, {"dp_shard": 2, "zero_stage": 3}], ids=["single", "zero1", "fsdp"])
+def test_lora_state_is_exact(pool, corpus, layout):
+    """Under LoRA only the adapters have gradients and optimizer state; frozen weights count as parameters."""
+    body = tiny_job(corpus, steps=1, **layout)
+    body = JobSpecBody.model_validate({**body.model_dump(), "lora": {"rank": 4, "target_modules": ["wq", "wv", "w2"]}})
+    measured = pool.run(measure, body.parallelism.world_size, body.model_dump_json())
+    config = resolve_model(body.model)
+    for rank, got in enumerate(measured):
+        est = estimate_memory(config, body, rank)
+        assert (est.params_bytes, est.grads_bytes, est.optimizer_bytes) == (got["params"], got["grads"], got["optimizer"]), rank
+    assert est.grads_bytes < est.params_bytes / 10
+
+
 def test_sharding_divides_the_state_and_padding_is_counted(corpus):
     config = resolve_model(tiny_job(corpus).model)
     single = estimate_memory(config, tiny_job(corpus), 0)

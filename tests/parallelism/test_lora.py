@@ -28,15 +28,6 @@ LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["wq", "wv", 
 
 
 @pytest.fixture(scope="module")
-def base_run(corpus: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A base model trained for 3 steps on the shared corpus; its run's checkpoint root."""
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("base") / "checkpoints"
-    Trainer(tiny_job(corpus, steps=3, training={"micro_batch_size": 4}), device="cpu", checkpoint_dir=root).run()
-    return root
-
-
-@pytest.fixture(scope="module")
 def new_corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Different text (digits and punctuation) than the base corpus."""
     root = tmp_path_factory.mktemp("new")

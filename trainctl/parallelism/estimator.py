@@ -16,6 +16,8 @@ on the rank, following what the engine does (formulas in docs/engine.md):
 6. Optimizer state per local parameter: AdamW 2 fp32 moments + a 4-byte step; SGD one momentum
    buffer; Adafactor row and column factors (or a full variance for vectors) + a 4-byte step.
    ZeRO-1 keeps state only for the parameters its rank owns (data_parallel.partition_sizes).
+7. LoRA: each adapted projection gains `lora_a` [r, in] and `lora_b` [out, r] (lora.target_names);
+   only adapters have gradients and optimizer state, the frozen weights are parameters only.
 
 Master weights, gradients and optimizer state are float32 whatever the compute dtype. Activations
 are an estimate (see `activation_bytes`), not exact.
@@ -31,9 +33,10 @@ import torch
 from trainctl.parallelism.data_parallel import effective_mode, partition_sizes
 from trainctl.parallelism.flops import training_flops_per_token
 from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.lora import is_adapter, target_names
 from trainctl.parallelism.model import Transformer
 from trainctl.parallelism.pipeline import balanced_split, local_stage_indices
-from trainctl.spec.job import JobSpecBody
+from trainctl.spec.job import JobSpecBody, LoRASpec
 from trainctl.spec.presets import ModelConfig
 
 FP32 = 4
@@ -67,13 +70,25 @@ class LocalParam:
     """Shape of the rank's local values (what optimizer state is shaped like)."""
     dense: bool
     """Data-parallel parameter (False for expert-parallel experts)."""
+    trainable: bool = True
+    """Has a gradient and optimizer state (False for weights LoRA freezes)."""
 
 
-def full_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter's full shape, by name, from the model on the meta device."""
+def full_shapes(config: ModelConfig, lora: LoRASpec | None = None) -> dict[str, tuple[int, ...]]:
+    """Every parameter's full shape, by name, from the model on the meta device (in the model's
+    order, LoRA adapters right after the weight they adapt)."""
     with torch.device("meta"):
         model = Transformer(config)
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    adapted = set(target_names(model, lora)) if lora is not None else set()
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, p in model.named_parameters():
+        shapes[name] = tuple(p.shape)
+        module = name.removesuffix(".weight")
+        if module in adapted:
+            out_features, in_features = p.shape
+            shapes[f"{module}.lora_a"] = (lora.rank, in_features)
+            shapes[f"{module}.lora_b"] = (out_features, lora.rank)
+    return shapes
 
 
 def _module_of(name: str) -> str:
@@ -117,7 +132,7 @@ def local_params(config: ModelConfig, job: JobSpecBody, rank: int) -> list[list[
     par = job.parallelism
     grid = RankGrid.from_spec(par)
     coords = grid.coords(rank)
-    shapes = full_shapes(config)
+    shapes = full_shapes(config, job.lora)
     mode = effective_mode(par, dtensor_params=par.tp > 1)
     fsdp = mode in ("zero2", "fsdp", "hsdp") or (mode == "ddp" and par.tp > 1)
     shard_group = grid.group(("dp_shard", "cp"), rank)
@@ -144,7 +159,8 @@ def local_params(config: ModelConfig, job: JobSpecBody, rank: int) -> list[list[
                 storage = (rows, *shape[1:])
                 mine = max(0, min(rows, shape[0] - shard_index * rows))
                 shape = (mine, *shape[1:])
-            part.append(LocalParam(name=name, storage_shape=storage, shape=shape, dense=dense))
+            trainable = job.lora is None or is_adapter(name)
+            part.append(LocalParam(name=name, storage_shape=storage, shape=shape, dense=dense, trainable=trainable))
         parts.append(part)
     return parts
 
@@ -171,9 +187,11 @@ def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int) -> int:
     activation and product), with d and f divided by tp inside attention and the MLP (norm-side
     values too under sequence parallel); the output layer saves the logits and their float32
     softmax (2 V / tp per token). Tokens per micro-batch are micro_batch_size x seq_len / cp.
-    Activation checkpointing keeps only the block input (d per token) for checkpointed blocks.
-    With PP, stage i of a 1F1B-type schedule holds up to pp - i micro-batches in flight
-    (GPipe: all of them).
+    Activation checkpointing keeps only the block input (d per token) for checkpointed blocks, and
+    backward recomputes one of them at a time: the peak is the larger of the end of forward (all
+    saved values plus the output layer's) and each recompute (the saved values of the blocks below
+    it plus one full block). With PP, stage i of a 1F1B-type schedule holds up to pp - i
+    micro-batches in flight (GPipe: all of them), the earlier ones with everything they saved.
     """
     par = job.parallelism
     train = job.training
@@ -187,15 +205,15 @@ def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int) -> int:
     checkpointed = tokens * elem * d
     names = [n for part in _stage_names(list(full_shapes(config)), config, job, pp_rank) for n in part]
     layers = sorted({int(n.split(".")[1]) for n in names if n.startswith("layers.")})
-    total = 0.0
-    for layer in layers:
-        ac = train.activation_checkpointing
-        total += checkpointed if ac == "full" or (ac == "selective" and layer % 2 == 0) else full_block
-    if any(n.startswith("output.") for n in names):
-        total += tokens * (elem + FP32) * config.vocab_size / par.tp
+    ac = train.activation_checkpointing
+    recomputed = [ac == "full" or (ac == "selective" and layer % 2 == 0) for layer in layers]
+    saved = [checkpointed if r else full_block for r in recomputed]
+    output = tokens * (elem + FP32) * config.vocab_size / par.tp if any(n.startswith("output.") for n in names) else 0.0
+    forward_end = sum(saved) + output
+    recompute = max((sum(saved[:i]) + full_block for i, r in enumerate(recomputed) if r), default=0.0)
     n_micro = train.global_batch_size // (grid.dp * train.micro_batch_size)
     in_flight = 1 if par.pp == 1 else (n_micro if par.pp_schedule == "gpipe" else min(n_micro, par.pp - pp_rank))
-    return int(total * in_flight)
+    return int((in_flight - 1) * forward_end + max(forward_end, recompute))
 
 
 def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int) -> MemoryEstimate:
@@ -208,14 +226,14 @@ def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int) -> MemoryE
     shard_index = grid.group(("dp_shard", "cp"), rank).index(rank)
     params = grads = optim = 0
     for part in local_params(config, job, rank):
-        stored = [prod(p.storage_shape) * FP32 for p in part]
-        params += sum(stored)
-        grads += sum(stored)
-        owned = part
+        params += sum(prod(p.storage_shape) * FP32 for p in part)
+        trained = [p for p in part if p.trainable]
+        grads += sum(prod(p.storage_shape) * FP32 for p in trained)
+        owned = trained
         if mode == "zero1":
-            dense = [p for p in part if p.dense]
+            dense = [p for p in trained if p.dense]
             owner = partition_sizes([prod(p.shape) for p in dense], n_shard)
-            owned = [p for p, o in zip(dense, owner, strict=True) if o == shard_index] + [p for p in part if not p.dense]
+            owned = [p for p, o in zip(dense, owner, strict=True) if o == shard_index] + [p for p in trained if not p.dense]
         optim += sum(optimizer_state_bytes(p.shape, train.optimizer, train.beta1) for p in owned)
     return MemoryEstimate(
         rank=rank,
