@@ -14,6 +14,7 @@ import yaml
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator, generate_token, hash_token
 from trainctl.service.hardening import MessageLimits
+from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.paths import DataPathPolicy
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
@@ -81,6 +82,7 @@ def start_service(
     data_roots: list[Path] | None = None,
     tls: TlsConfig | None = None,
     limits: MessageLimits | None = None,
+    metrics: ServiceMetrics | None = None,
 ) -> SecureService:
     authenticator = Authenticator.from_file(access_file)
     store = JobStore(data_dir)
@@ -89,7 +91,7 @@ def start_service(
     servicer = TrainingServicer(
         store, scheduler, pool, authenticator, data_policy=DataPathPolicy(data_roots) if data_roots else None
     )
-    server, _health = build_grpc_server(servicer, authenticator, None, workers=8, limits=limits)
+    server, _health = build_grpc_server(servicer, authenticator, metrics, workers=8, limits=limits)
     port = bind(server, "127.0.0.1:0", tls)
     server.start()
     return SecureService(store, server, port, data_dir)

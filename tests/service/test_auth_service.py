@@ -10,10 +10,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import CollectorRegistry
 from secure_service import SecureService, Tokens, bearer, job_message, start_service, stub, write_access_file
 from throwaway_pki import Authority
 
 from trainctl.service.errors import field_violations
+from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.tls import TlsConfig, channel_credentials
 from trainctl.v1 import training_pb2 as pb
 
@@ -73,6 +75,32 @@ def test_every_rpc_needs_a_valid_token(service: SecureService, channel: grpc.Cha
             assert code_of(call, request, metadata=metadata) == grpc.StatusCode.UNAUTHENTICATED, (name, metadata)
     assert service.store.list_jobs() == []  # nothing refused reached the store
     assert code_of(client.ListJobs, pb.ListJobsRequest(), metadata=bearer(tokens.alice)) == grpc.StatusCode.OK
+
+
+def test_refused_and_undecodable_calls_are_counted_with_their_codes(tmp_path: Path, tokens: Tokens) -> None:
+    registry = CollectorRegistry()
+    svc = start_service(tmp_path, tokens.path, metrics=ServiceMetrics(registry))
+
+    def count(method: str, code: str) -> float:
+        return registry.get_sample_value("trainctl_grpc_requests_total", {"method": method, "code": code}) or 0.0
+
+    try:
+        with svc.channel() as ch:
+            client = stub(ch)
+            assert code_of(client.GetJob, pb.GetJobRequest(id="job-x")) == grpc.StatusCode.UNAUTHENTICATED
+            assert code_of(client.WatchJob, pb.WatchJobRequest(id="job-x")) == grpc.StatusCode.UNAUTHENTICATED
+            assert code_of(client.GetJob, pb.GetJobRequest(id="job-x"), metadata=bearer(tokens.alice)) == grpc.StatusCode.NOT_FOUND
+            assert code_of(client.ListJobs, pb.ListJobsRequest(), metadata=bearer(tokens.alice)) == grpc.StatusCode.OK
+            undecodable = ch.unary_unary("/trainctl.v1.TrainingService/GetJob")
+            with pytest.raises(grpc.RpcError) as bad:
+                undecodable(b"\x0a\xff", timeout=10, metadata=bearer(tokens.alice))
+            assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        svc.stop()
+    assert count("GetJob", "UNAUTHENTICATED") == 1 and count("WatchJob", "UNAUTHENTICATED") == 1
+    assert count("GetJob", "NOT_FOUND") == 1 and count("ListJobs", "OK") == 1
+    assert count("GetJob", "INVALID_ARGUMENT") == 1
+    assert registry.get_sample_value("trainctl_grpc_request_duration_seconds_count", {"method": "GetJob"}) == 3
 
 
 def test_health_and_reflection_need_no_token(channel: grpc.Channel) -> None:

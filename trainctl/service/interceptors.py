@@ -1,10 +1,11 @@
-"""The innermost server interceptor: error mapping and per-RPC metrics.
+"""Server interceptors for the TrainingService: per-RPC metrics (outermost) and error mapping (innermost).
 
-An `ApiError` raised by the servicer becomes its google.rpc.Status; any other exception is logged
-with its traceback and answered INTERNAL without internals, so no request can take the server down.
-Every finished call is counted by method and status code, with its duration (streams: until closed).
-Authentication (trainctl.service.auth.AuthInterceptor) and undecodable requests
-(trainctl.service.hardening) are handled by interceptors that run before this one.
+`RpcMetricsInterceptor` sees the final handler of the whole chain, so every call is counted by method
+and status code with its duration (streams: until closed), including calls that authentication
+(trainctl.service.auth.AuthInterceptor), the stream limit or undecodable-request handling
+(trainctl.service.hardening) answer before the servicer runs. `ErrorInterceptor` turns an `ApiError`
+raised by the servicer into its google.rpc.Status; any other exception is logged with its traceback
+and answered INTERNAL without internals, so no request can take the server down.
 """
 
 from __future__ import annotations
@@ -29,49 +30,83 @@ class RpcObserver(Protocol):
     def observe_rpc(self, method: str, code: str, seconds: float) -> None: ...
 
 
-class ErrorInterceptor(grpc.ServerInterceptor):
-    """Maps exceptions to statuses and records each TrainingService call (see the module docstring)."""
+def _wrap(handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails,
+          unary: Callable[[Callable, str], Callable], stream: Callable[[Callable, str], Callable]) -> grpc.RpcMethodHandler | None:
+    """`handler` with its unary-request behaviour wrapped, for TrainingService methods only."""
+    method = details.method
+    if handler is None or not method.startswith(SERVICE_PREFIX) or handler.request_streaming:
+        return handler  # the API has no client-streaming methods
+    name = method.removeprefix(SERVICE_PREFIX)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(
+            stream(handler.unary_stream, name),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return grpc.unary_unary_rpc_method_handler(
+        unary(handler.unary_unary, name),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
-    def __init__(self, observer: RpcObserver | None = None):
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    """Maps the servicer's exceptions to statuses (see the module docstring)."""
+
+    def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
+        return _wrap(continuation(handler_call_details), handler_call_details, self._unary, self._stream)
+
+    @staticmethod
+    def _unary(behavior: Callable, name: str) -> Callable:
+        def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                return behavior(request, context)
+            except ApiError as exc:
+                context.abort_with_status(exc.to_status())
+            except Exception:
+                log.exception("%s failed", name)
+                context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}; see the server log")
+
+        return wrapped
+
+    @staticmethod
+    def _stream(behavior: Callable, name: str) -> Callable:
+        def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                yield from behavior(request, context)
+            except ApiError as exc:
+                context.abort_with_status(exc.to_status())
+            except GeneratorExit:  # the client went away
+                raise
+            except Exception:
+                log.exception("%s failed", name)
+                context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}; see the server log")
+
+        return wrapped
+
+
+class RpcMetricsInterceptor(grpc.ServerInterceptor):
+    """Records every TrainingService call's method, final status code and duration (see the module docstring)."""
+
+    def __init__(self, observer: RpcObserver):
         self._observer = observer
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails):
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not method.startswith(SERVICE_PREFIX):
-            return handler
-        name = method.removeprefix(SERVICE_PREFIX)
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(handler.unary_unary, name),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream(handler.unary_stream, name),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler  # the API has no client-streaming methods
+        return _wrap(continuation(handler_call_details), handler_call_details, self._unary, self._stream)
 
-    def _observe(self, name: str, code: grpc.StatusCode, started: float) -> None:
-        if self._observer is not None:
-            self._observer.observe_rpc(name, code.name, time.perf_counter() - started)
+    def _observe(self, name: str, context: grpc.ServicerContext, started: float, failed: bool) -> None:
+        code = context.code() or (grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK)
+        self._observer.observe_rpc(name, code.name, time.perf_counter() - started)
 
     def _unary(self, behavior: Callable, name: str) -> Callable:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
             started = time.perf_counter()
             try:
                 response = behavior(request, context)
-            except ApiError as exc:
-                self._observe(name, exc.code, started)
-                context.abort_with_status(exc.to_status())
-            except Exception:
-                log.exception("%s failed", name)
-                self._observe(name, grpc.StatusCode.INTERNAL, started)
-                context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}; see the server log")
-            self._observe(name, grpc.StatusCode.OK, started)
+            except BaseException:
+                self._observe(name, context, started, failed=True)
+                raise
+            self._observe(name, context, started, failed=False)
             return response
 
         return wrapped
@@ -81,16 +116,12 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             started = time.perf_counter()
             try:
                 yield from behavior(request, context)
-            except ApiError as exc:
-                self._observe(name, exc.code, started)
-                context.abort_with_status(exc.to_status())
             except GeneratorExit:  # the client went away
-                self._observe(name, grpc.StatusCode.CANCELLED, started)
+                self._observer.observe_rpc(name, grpc.StatusCode.CANCELLED.name, time.perf_counter() - started)
                 raise
-            except Exception:
-                log.exception("%s failed", name)
-                self._observe(name, grpc.StatusCode.INTERNAL, started)
-                context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}; see the server log")
-            self._observe(name, grpc.StatusCode.OK, started)
+            except BaseException:
+                self._observe(name, context, started, failed=True)
+                raise
+            self._observe(name, context, started, failed=False)
 
         return wrapped

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator, AuthInterceptor, check_exposure
 from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
-from trainctl.service.interceptors import ErrorInterceptor
+from trainctl.service.interceptors import ErrorInterceptor, RpcMetricsInterceptor
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 from trainctl.service.paths import DataPathPolicy
 from trainctl.service.pool import GpuPool
@@ -77,15 +77,17 @@ def build_grpc_server(
     workers: int,
     limits: MessageLimits | None = None,
 ) -> tuple[grpc.Server, health.HealthServicer]:
-    """The unbound gRPC server: interceptors in order (auth, undecodable requests, errors), message
-    limits, the TrainingService, health checking and reflection. Tests build the same server."""
+    """The unbound gRPC server: interceptors in order (RPC metrics, auth, undecodable requests, errors),
+    message limits, the TrainingService, health checking and reflection. Tests build the same server."""
+    interceptors: list[grpc.ServerInterceptor] = [RpcMetricsInterceptor(observer)] if observer is not None else []
+    interceptors += [
+        AuthInterceptor(authenticator, StreamLimiter(max(1, workers // STREAM_SHARE))),
+        MalformedRequestInterceptor(),
+        ErrorInterceptor(),
+    ]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainctl-rpc"),
-        interceptors=[
-            AuthInterceptor(authenticator, StreamLimiter(max(1, workers // STREAM_SHARE))),
-            MalformedRequestInterceptor(),
-            ErrorInterceptor(observer),
-        ],
+        interceptors=interceptors,
         options=(limits or MessageLimits()).server_options(),
     )
     pb_grpc.add_TrainingServiceServicer_to_server(servicer, server)
