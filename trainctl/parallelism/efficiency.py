@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainctl.parallelism.estimator import estimate_memory
+from trainctl.parallelism.estimator import estimate_all
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig
 
@@ -67,7 +67,7 @@ def memory_budget(device: torch.device) -> int:
 
 def peak_estimate(config: ModelConfig, job: JobSpecBody) -> int:
     """The largest per-rank estimated memory of `job` (bytes)."""
-    return max(estimate_memory(config, job, rank).total_bytes for rank in range(job.parallelism.world_size))
+    return max(m.total_bytes for m in estimate_all(config, job))
 
 
 def choose_micro_batch_size(config: ModelConfig, job: JobSpecBody, budget: int) -> int:

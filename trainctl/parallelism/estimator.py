@@ -25,6 +25,7 @@ are an estimate (see `activation_bytes`), not exact.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from math import ceil, prod
 
@@ -96,13 +97,31 @@ def _module_of(name: str) -> str:
     return parts[-2] if len(parts) >= 2 else parts[0]
 
 
-def _stage_names(names: list[str], config: ModelConfig, job: JobSpecBody, pp_rank: int) -> list[list[str]]:
+@dataclass(frozen=True)
+class ModelPlan:
+    """What the estimates of every rank share: each parameter's full shape by name (`full_shapes`, with
+    the job's LoRA adapters) and the layers of each pipeline stage. Estimating many ranks, compute it
+    once (`model_plan`) and pass it on."""
+
+    shapes: Mapping[str, tuple[int, ...]]
+    stage_layers: tuple[range, ...]
+
+
+def model_plan(config: ModelConfig, job: JobSpecBody) -> ModelPlan:
+    """The `ModelPlan` of a model under a job's LoRA and pipeline settings."""
+    par = job.parallelism
+    stages = balanced_split(config.n_layers, par.pp * par.pp_virtual_stages) if par.pp > 1 else [range(config.n_layers)]
+    return ModelPlan(shapes=full_shapes(config, job.lora), stage_layers=tuple(stages))
+
+
+def _stage_names(plan: ModelPlan, job: JobSpecBody, pp_rank: int) -> list[list[str]]:
     """The parameter names of each model part (pipeline chunk) this pipeline rank holds."""
     par = job.parallelism
+    names = list(plan.shapes)
     if par.pp == 1:
         return [names]
     num_stages = par.pp * par.pp_virtual_stages
-    ranges = balanced_split(config.n_layers, num_stages)
+    ranges = plan.stage_layers
     out = []
     for s in local_stage_indices(pp_rank, par.pp, par.pp_virtual_stages):
         layers = {str(i) for i in ranges[s]}
@@ -127,18 +146,19 @@ def _split(shape: tuple[int, ...], dim: int, ways: int) -> tuple[int, ...]:
     return (*shape[:dim], shape[dim] // ways, *shape[dim + 1 :])
 
 
-def local_params(config: ModelConfig, job: JobSpecBody, rank: int) -> list[list[LocalParam]]:
+def local_params(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None) -> list[list[LocalParam]]:
     """Per model part on `rank`, every parameter's local shape under the job's layout."""
     par = job.parallelism
     grid = RankGrid.from_spec(par)
     coords = grid.coords(rank)
-    shapes = full_shapes(config, job.lora)
+    plan = plan or model_plan(config, job)
+    shapes = plan.shapes
     mode = effective_mode(par, dtensor_params=par.tp > 1)
     fsdp = mode in ("zero2", "fsdp", "hsdp") or (mode == "ddp" and par.tp > 1)
     shard_group = grid.group(("dp_shard", "cp"), rank)
     n_shard, shard_index = len(shard_group), shard_group.index(rank)
     parts = []
-    for names in _stage_names(list(shapes), config, job, coords["pp"]):
+    for names in _stage_names(plan, job, coords["pp"]):
         part = []
         for name in names:
             shape = shapes[name]
@@ -179,7 +199,7 @@ def optimizer_state_bytes(shape: tuple[int, ...], optimizer: str, momentum: floa
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 
-def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int) -> int:
+def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None) -> int:
     """Estimated bytes of activations saved for backward at the peak of a step on `rank`.
 
     Per token and layer a block saves about 10 d + 4 f values (norm inputs and outputs, q, k, v
@@ -203,7 +223,7 @@ def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int) -> int:
     norm_side = 4 * d / (par.tp if par.sequence_parallel else 1)
     full_block = tokens * elem * (norm_side + (6 * d + 4 * f) / par.tp)
     checkpointed = tokens * elem * d
-    names = [n for part in _stage_names(list(full_shapes(config)), config, job, pp_rank) for n in part]
+    names = [n for part in _stage_names(plan or model_plan(config, job), job, pp_rank) for n in part]
     layers = sorted({int(n.split(".")[1]) for n in names if n.startswith("layers.")})
     ac = train.activation_checkpointing
     recomputed = [ac == "full" or (ac == "selective" and layer % 2 == 0) for layer in layers]
@@ -216,8 +236,10 @@ def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int) -> int:
     return int((in_flight - 1) * forward_end + max(forward_end, recompute))
 
 
-def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int) -> MemoryEstimate:
-    """Bytes of parameters, gradients, optimizer state and activations on `rank`."""
+def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None) -> MemoryEstimate:
+    """Bytes of parameters, gradients, optimizer state and activations on `rank` (`plan` computed
+    here when not given)."""
+    plan = plan or model_plan(config, job)
     par = job.parallelism
     train = job.training
     mode = effective_mode(par, dtensor_params=par.tp > 1)
@@ -225,7 +247,7 @@ def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int) -> MemoryE
     grid = RankGrid.from_spec(par)
     shard_index = grid.group(("dp_shard", "cp"), rank).index(rank)
     params = grads = optim = 0
-    for part in local_params(config, job, rank):
+    for part in local_params(config, job, rank, plan):
         params += sum(prod(p.storage_shape) * FP32 for p in part)
         trained = [p for p in part if p.trainable]
         grads += sum(prod(p.storage_shape) * FP32 for p in trained)
@@ -240,13 +262,15 @@ def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int) -> MemoryE
         params_bytes=params,
         grads_bytes=grads,
         optimizer_bytes=optim,
-        activations_bytes=activation_bytes(config, job, rank),
+        activations_bytes=activation_bytes(config, job, rank, plan),
     )
 
 
-def estimate_all(config: ModelConfig, job: JobSpecBody) -> list[MemoryEstimate]:
-    """`estimate_memory` of every rank, in rank order."""
-    return [estimate_memory(config, job, r) for r in range(job.parallelism.world_size)]
+def estimate_all(config: ModelConfig, job: JobSpecBody, ranks: Iterable[int] | None = None) -> list[MemoryEstimate]:
+    """`estimate_memory` of `ranks` (default every rank), in that order, sharing one `ModelPlan`."""
+    plan = model_plan(config, job)
+    chosen = range(job.parallelism.world_size) if ranks is None else ranks
+    return [estimate_memory(config, job, r, plan) for r in chosen]
 
 
 def flops_per_step(config: ModelConfig, job: JobSpecBody) -> int:

@@ -10,7 +10,7 @@ peak (CPUs) get no compute time, and the plan says so.
 
 from __future__ import annotations
 
-from trainctl.parallelism.estimator import estimate_memory, flops_per_step
+from trainctl.parallelism.estimator import estimate_all, flops_per_step
 from trainctl.parallelism.flops import peak_flops
 from trainctl.parallelism.grid import DIMS, RankGrid
 from trainctl.service.pool import GpuPool
@@ -52,9 +52,8 @@ def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None)
     if grid.world_size > MAX_MEMORY_RANKS:
         ranks = sorted({grid.rank_of(pp=p, dp_replicate=0, dp_shard=0, cp=0, tp=t) for p in range(grid.pp) for t in range(grid.tp)})
         plan.notes.append(f"memory shown for the {len(ranks)} ranks of data-parallel replica 0 (the others match them)")
-    for rank in ranks:
-        m = estimate_memory(config, job.spec, rank)
-        plan.memory.add(rank=rank, bytes={
+    for m in estimate_all(config, job.spec, ranks):
+        plan.memory.add(rank=m.rank, bytes={
             "parameters": m.params_bytes, "gradients": m.grads_bytes, "optimizer": m.optimizer_bytes,
             "activations": m.activations_bytes, "total": m.total_bytes,
         })
