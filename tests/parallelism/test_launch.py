@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,12 +29,15 @@ def test_torchrun_trains_and_checkpoints(tmp_path, corpus):
     done = subprocess.run(
         [str(VENV_BIN / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
          "--master-port", str(free_port()), "-m", "trainctl.parallelism.launch", str(job),
-         "--checkpoint-dir", str(tmp_path / "ckpt")],
+         "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-jsonl", str(tmp_path / "steps.jsonl")],
         capture_output=True, text=True, timeout=240, env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 2/2 loss" in done.stdout and "done: 2 steps" in done.stdout
     assert (tmp_path / "ckpt" / "step_00000002" / "COMPLETE").is_file()
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]  # rank 0 only, one line per report
+    assert steps[0]["time"] <= steps[1]["time"] and steps[1]["step_time_seconds"] > 0
 
 
 def test_world_size_mismatch_is_reported(tmp_path, corpus):

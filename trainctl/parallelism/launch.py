@@ -2,6 +2,10 @@
 
     torchrun --nproc-per-node 8 -m trainctl.parallelism.launch examples/demo.yaml --checkpoint-dir ckpt
 
+`--metrics-jsonl PATH` also writes every step report of global rank 0 to PATH, one JSON object per line
+(the StepReport fields plus `time`, the Unix time the report was made), flushed as it is written: the
+same record the service keeps for a step, for scripts and benchmarks (bench/engine/service_overhead.py).
+
 Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environment (torchrun sets them; a plain
 `python -m ...` without them runs a single process). The same Trainer runs inside a RankWorker.
 """
@@ -9,10 +13,15 @@ Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environ
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
 
 from trainctl.parallelism.distributed import init_distributed, resolve_device, teardown
 from trainctl.parallelism.trainer import StepReport, Trainer
@@ -29,8 +38,13 @@ def _env_int(name: str, default: int) -> int:
         raise SystemExit(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def _progress(total: int):
+def _progress(total: int, metrics: TextIO | None = None) -> Callable[[StepReport], None]:
+    """The on_step callback: a progress line on stdout and, with `metrics`, one JSON line per report."""
+
     def report(r: StepReport) -> None:
+        if metrics is not None:
+            metrics.write(json.dumps({**dataclasses.asdict(r), "time": time.time()}) + "\n")
+            metrics.flush()
         mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "n/a"
         print(
             f"step {r.step}/{total} loss {r.loss:.4f} grad_norm {r.grad_norm:.3f} lr {r.lr:.2e} "
@@ -45,6 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainctl.parallelism.launch", description=__doc__.splitlines()[0])
     parser.add_argument("job", help="TrainingJob YAML file")
     parser.add_argument("--checkpoint-dir", default=None, help="checkpoint directory (resumes from it)")
+    parser.add_argument(
+        "--metrics-jsonl",
+        type=Path,
+        default=None,
+        help="append rank 0's step reports to this file, one JSON object per line (StepReport fields + time)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -73,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             device=device,
             timeout_seconds=body.scheduling.step_timeout_seconds,
         )
+    metrics = args.metrics_jsonl.open("a", encoding="utf-8") if args.metrics_jsonl and rank == 0 else None
     try:
         trainer = Trainer(
             body,
@@ -80,11 +101,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             world_size=world_size,
             device=device,
             checkpoint_dir=args.checkpoint_dir,
-            on_step=_progress(body.training.steps),
+            on_step=_progress(body.training.steps, metrics),
         )
         result = trainer.run()
     finally:
         teardown()
+        if metrics is not None:
+            metrics.close()
     if rank == 0:
         first = result.losses[0] if result.losses else None
         print(f"done: {result.steps_completed} steps, loss {first} -> {result.final_loss}", flush=True)
