@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from fault_support import assert_nothing_left, kind, read_until, states_of, steps_of, wait_for
 from serve_process import ServeProcess
-from test_service_faults import assert_nothing_left, kind, read_until, states_of, steps_of, wait_for
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.spec.job import TrainingJob
