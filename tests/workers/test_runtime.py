@@ -1,10 +1,10 @@
 """RayRuntime + JobSupervisor end to end on the embedded 3-node cluster: a solver plan on a fragmented
-pool runs exactly where planned and succeeds; cancel leaves nothing; a killed rank, a killed
-supervisor, a hung rank and a lost node are detected, and the job resumes from its checkpoint (with
-the same losses) or fails after max_restarts; a job that lost a node is re-placed off it (by the
-supervisor's own solver, or with a plan handed to `replace_plan`) or fails when none comes in time; a
-new runtime re-attaches at its cursor; bad placements get clear errors. Every fault test proves no
-actor or placement group of the job is left."""
+pool runs exactly where planned and succeeds; cancel leaves nothing; a killed rank (also one killed in
+the middle of a checkpoint save), a killed supervisor, a hung rank and a lost node are detected, and
+the job resumes from its checkpoint (with the same losses) or fails after max_restarts; a job that
+lost a node is re-placed off it (by the supervisor's own solver, or with a plan handed to
+`replace_plan`) or fails when none comes in time; a new runtime re-attaches at its cursor; bad
+placements get clear errors. Every fault test proves no actor or placement group of the job is left."""
 
 from __future__ import annotations
 
@@ -204,6 +204,53 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runtime, tmp
     placements = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
     assert [(p["node"], p["gpu"]) for p in placements[1]] == [("node-0", 1), ("node-1", 2)]
     assert placements[1][1]["pid"] != where[1]["pid"]
+    assert_nothing_left(job_id)
+
+
+def _freeze_mid_save(checkpoints, pids: list[int], deadline: float) -> int:
+    """Wait for a checkpoint save in progress (its temporary directory there, its final one not yet) and
+    stop every rank inside it with SIGSTOP; returns the step being saved. A save that completes before
+    the ranks are stopped is let go, and the next one is tried."""
+    missed: set[str] = set()
+    while time.monotonic() < deadline:
+        pending = [p.name for p in checkpoints.glob(".tmp_step_*") if p.name not in missed] if checkpoints.is_dir() else []
+        if not pending:
+            time.sleep(0.002)
+            continue
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        step_dir = pending[0].removeprefix(".tmp_")
+        if (checkpoints / pending[0]).is_dir() and not (checkpoints / step_dir).exists():
+            return int(step_dir.removeprefix("step_"))
+        missed.add(pending[0])
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    raise AssertionError("no checkpoint save was caught in progress")
+
+
+def test_rank_killed_mid_checkpoint_resumes_from_the_previous_checkpoint(runtime, tmp_path):
+    job_id = "midsave-1"
+    runtime.start_job(job_id, tiny_job("midsave", steps=40), plan(("node-1", 2), ("node-2", 0)), tmp_path)
+    events, _ = follow(runtime, job_id, lambda events, status: bool(steps_of(events)))
+    [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
+    pids = [p["pid"] for p in where]
+    saving = _freeze_mid_save(tmp_path / "checkpoints", pids, time.monotonic() + 120)
+    os.kill(pids[1], signal.SIGKILL)  # rank 1 dies inside the save; rank 0 goes on and finds it gone
+    os.kill(pids[0], signal.SIGCONT)
+    more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
+    events += more
+    assert status.state is JobPhase.SUCCEEDED, status.reason
+    assert states_of(events) == [
+        JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.RESTARTING, JobPhase.RUNNING, JobPhase.SUCCEEDED
+    ]
+    restart = next(e for e in events if e.state is JobPhase.RESTARTING)
+    assert restart.reason.startswith("rank 1 died"), restart.reason
+    first, second = steps_of(events, 0), steps_of(events, 1)
+    assert min(second) - 1 == saving - 2, f"resumes from the checkpoint before the interrupted step-{saving} save"
+    for step in sorted(set(first) & set(second)):  # the resumed run equals the uninterrupted one
+        assert second[step] == pytest.approx(first[step], rel=1e-5)
+    assert max(second) == 40
+    assert not list((tmp_path / "checkpoints").glob(".tmp_step_*")), "the partial save is cleaned up by the next save"
     assert_nothing_left(job_id)
 
 
