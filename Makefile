@@ -29,7 +29,7 @@ promtool:
 
 test: install promtool
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider --durations=25 tests
 
 lint: install
 	$(VENV)/bin/ruff check .
