@@ -3,15 +3,18 @@
 Both run the same engine loop (`trainctl.parallelism.trainer.Trainer`, same spec: the debug model,
 2 data-parallel ranks on CPU with gloo) on the same embedded 2-node Ray on loopback:
 
-- trainctl: `TrainctlClient.create_job` -> the first STEP event on `WatchJob`, as the client sees it
-  (the path includes admission, placement, the supervisor actor, the rank group, rendezvous and the
-  first step, and the event's way back through the supervisor, the service's poll and the store),
-  split into phases from the job's recorded times;
+- trainctl, twice: a service without the warm pool (every rank a fresh process) and one with it
+  (`ServiceConfig(warm_pool=True)`, as `trainctl serve --warm-pool`): `TrainctlClient.create_job` ->
+  the first STEP event on `WatchJob`, as the client sees it (the path includes admission, placement,
+  the supervisor actor, the rank group, rendezvous and the first step, and the event's way back
+  through the supervisor, the service's poll and the store), split into phases from the job's
+  recorded times;
 - Ray Train: `TorchTrainer.fit()` called -> rank 0's first `on_step` callback (written to a file
   with its wall time), with `ScalingConfig(num_workers=2)` pinned one worker per node by the
   same GPU-slot resources.
 
-Trials alternate between the two; the median of each is reported with the ratio.
+Trials alternate between the three; every trial starts once the pool has a loaded worker on every
+slot, so no process loads in the background during any trial. Medians are reported with the ratios.
 
     .venv/bin/python bench/api/bench_first_step.py --trials 3 --out bench/api/results-first-step.json
 """
@@ -35,6 +38,10 @@ from trainctl.cli.client import TrainctlClient  # noqa: E402
 from trainctl.service.server import Service, ServiceConfig  # noqa: E402
 from trainctl.spec.job import TrainingJob  # noqa: E402
 from trainctl.workers.embedded import start_embedded  # noqa: E402
+from trainctl.workers.warm_pool import WarmPool  # noqa: E402
+
+SLOTS = 4
+"""GPU slots of the benchmark's cluster (2 nodes x 2)."""
 
 JOB = {
     "metadata": {"name": "first-step"},
@@ -116,6 +123,14 @@ def ray_train_trial(workdir: Path) -> float:
     return float(marker.read_text()) - started
 
 
+def wait_quiet(pool: WarmPool) -> None:
+    """Wait until the pool has a loaded worker on every slot, so no process loads during a trial."""
+    deadline = time.monotonic() + 180
+    while len(pool.idle_slots()) < SLOTS and time.monotonic() < deadline:
+        time.sleep(0.25)
+    pool.wait_loaded(timeout=max(1.0, deadline - time.monotonic()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=3)
@@ -123,28 +138,46 @@ def main() -> int:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="trainctl-bench-first-step-"))
     cluster = start_embedded(2, 2, head_cpus=2)
-    ours: list[float] = []
-    phases: list[dict[str, float]] = []
-    theirs: list[float] = []
+    seconds: dict[str, list[float]] = {"cold": [], "warm": [], "ray_train": []}
+    phases: dict[str, list[dict[str, float]]] = {"cold": [], "warm": []}
     try:
-        config = ServiceConfig(address="127.0.0.1:0", data_dir=workdir / "service", metrics_port=0, ray_address=cluster.address)
-        with Service(config, topology=cluster.topology) as service, TrainctlClient(service.target) as client:
+        def config(name: str, warm: bool) -> ServiceConfig:
+            return ServiceConfig(
+                address="127.0.0.1:0", data_dir=workdir / name, metrics_port=0, ray_address=cluster.address, warm_pool=warm
+            )
+
+        with (
+            Service(config("cold", False), topology=cluster.topology) as cold,
+            Service(config("warm", True), topology=cluster.topology) as warm,
+            TrainctlClient(cold.target) as cold_client,
+            TrainctlClient(warm.target) as warm_client,
+        ):
+            assert warm.warm_pool is not None
             for trial in range(args.trials):
-                seconds, where = trainctl_trial(client)
-                ours.append(seconds)
-                phases.append(where)
-                theirs.append(ray_train_trial(workdir))
-                print(f"trial {trial}: trainctl {ours[-1]:.2f} s, Ray Train {theirs[-1]:.2f} s", flush=True)
+                for name, client in (("cold", cold_client), ("warm", warm_client)):
+                    wait_quiet(warm.warm_pool)
+                    first, where = trainctl_trial(client)
+                    seconds[name].append(first)
+                    phases[name].append(where)
+                wait_quiet(warm.warm_pool)
+                seconds["ray_train"].append(ray_train_trial(workdir))
+                print(
+                    f"trial {trial}: trainctl {seconds['cold'][-1]:.2f} s, with the warm pool "
+                    f"{seconds['warm'][-1]:.2f} s, Ray Train {seconds['ray_train'][-1]:.2f} s",
+                    flush=True,
+                )
     finally:
         cluster.shutdown()
+    median = {name: statistics.median(values) for name, values in seconds.items()}
     result = {
         "trials": args.trials,
-        "trainctl_seconds": ours,
-        "ray_train_seconds": theirs,
-        "trainctl_median_seconds": statistics.median(ours),
-        "ray_train_median_seconds": statistics.median(theirs),
-        "speedup": statistics.median(theirs) / statistics.median(ours),
-        "trainctl_phase_median_seconds": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
+        "seconds": seconds,
+        "median_seconds": median,
+        "speedup_cold": median["ray_train"] / median["cold"],
+        "speedup_warm": median["ray_train"] / median["warm"],
+        "phase_median_seconds": {
+            name: {k: statistics.median(p[k] for p in runs) for k in runs[0]} for name, runs in phases.items()
+        },
     }
     print(json.dumps(result, indent=1))
     if args.out:

@@ -43,11 +43,8 @@ TERMINAL = (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED)
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[EmbeddedRay]:
-    embedded = start_embedded(2, 1, dashboard=True)  # ray.util.state needs the dashboard
-    try:
+    with start_embedded(2, 1, dashboard=True) as embedded:  # ray.util.state needs the dashboard
         yield embedded
-    finally:
-        embedded.shutdown()
 
 
 @pytest.fixture(scope="module")

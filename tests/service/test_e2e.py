@@ -22,20 +22,11 @@ from trainctl.cli.main import main  # noqa: E402
 from trainctl.service.server import Service, ServiceConfig  # noqa: E402
 from trainctl.spec.job import TrainingJob  # noqa: E402
 from trainctl.v1 import training_pb2 as pb  # noqa: E402
-from trainctl.workers.embedded import EmbeddedRay, start_embedded  # noqa: E402
+from trainctl.workers.embedded import EmbeddedRay  # noqa: E402
 from trainctl.workers.rank_group import owned_by  # noqa: E402
 from trainctl.workers.supervisor import supervisor_name  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedRay]:
-    embedded = start_embedded(2, 1, dashboard=True)  # ray.util.state needs the dashboard
-    try:
-        yield embedded
-    finally:
-        embedded.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +36,6 @@ def service(cluster: EmbeddedRay, tmp_path_factory: pytest.TempPathFactory) -> I
     )
     with Service(config, topology=cluster.topology) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def client(service: Service) -> Iterator[TrainctlClient]:
-    with TrainctlClient(service.target) as c:
-        yield c
 
 
 def job(name: str, gpus: int, steps: int, priority: int = 0) -> TrainingJob:

@@ -34,11 +34,8 @@ STEPS = 6
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[EmbeddedRay]:
-    embedded = start_embedded(2, 4, dashboard=True)  # ray.util.state needs the dashboard
-    try:
+    with start_embedded(2, 4, dashboard=True) as embedded:  # ray.util.state needs the dashboard
         yield embedded
-    finally:
-        embedded.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,11 @@ requires ``trainctl.io/node == <planned node>``. Ray can therefore only reserve 
 Each RankWorker is created in its rank's bundle and told its rank; it reports the node label and the
 slot Ray actually reserved, and the group refuses to train when either differs from the plan.
 
+Warm workers: a rank whose planned slot comes with an idle pooled worker (`trainctl.workers.warm_pool`)
+binds that worker instead of creating one. The bundle still reserves the slot; the group checks the
+worker runs on the node Ray reserved the bundle on. Handed-over workers the group does not use are
+killed; a rank whose worker cannot be bound gets a fresh one in its bundle.
+
 Rendezvous: rank 0 picks its node IP and a free port; every rank joins ``init_distributed`` with it
 (NCCL on GPUs, gloo on CPU).
 """
@@ -20,10 +25,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.exceptions import RayError
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from trainctl.workers.rank_worker import RankLocation, RankSlot, RankWorker
+from trainctl.workers.rank_worker import RankBinding, RankLocation, RankSlot, RankWorker
 from trainctl.workers.resources import NODE_LABEL, gpu_slot
 
 log = logging.getLogger(__name__)
@@ -96,28 +107,29 @@ class RankGroup:
         use_gpu: bool,
         ready_timeout: float,
         stop: Callable[[], bool] = lambda: False,
+        warm: dict[int, Any] | None = None,
+        bind_timeout: float = 30.0,
     ) -> RankGroup:
         """Reserve the planned slots and start one RankWorker per rank (ordered by rank).
 
-        Waiting for the reservation gives up early (PlacementUnavailable) once ``stop()`` is true."""
-        check_slots(slots)
-        ordered = sorted(slots, key=lambda slot: slot.rank)
-        bundles = [_bundle(slot, use_gpu) for slot in ordered]
-        selectors = [{NODE_LABEL: slot.node} for slot in ordered]
-        pg = placement_group(
-            bundles, strategy="PACK", name=group_name(job_id, generation), bundle_label_selector=selectors
-        )
-        ready = pg.ready()
-        deadline = time.monotonic() + ready_timeout
-        while not ray.wait([ready], timeout=min(0.5, ready_timeout))[0]:
-            if stop() or time.monotonic() >= deadline:
-                remove_placement_group(pg)
-                wanted = ", ".join(f"rank {s.rank} -> {s.node} GPU {s.gpu}" for s in ordered)
-                why = "stopped" if stop() else f"not within {ready_timeout:g}s; a GPU is taken or a node is missing"
-                raise PlacementUnavailable(f"could not reserve the planned GPUs ({wanted}): {why}")
+        ``warm`` maps ranks to idle pooled workers of their planned slots; the group takes ownership
+        (each is bound or killed). Waiting for the reservation gives up early (PlacementUnavailable)
+        once ``stop()`` is true."""
+        warm = dict(warm or {})
+        try:
+            check_slots(slots)
+            ordered = sorted(slots, key=lambda slot: slot.rank)
+            pg = _reserve(job_id, generation, ordered, use_gpu, ready_timeout, stop)
+            pooled = _bind_warm(warm, job_id, generation, ordered, pg, bind_timeout)
+        finally:
+            for handle in warm.values():  # not bound: nobody else will use them
+                ray.kill(handle, no_restart=True)
         actor_cls = ray.remote(RankWorker)
         workers = []
         for slot in ordered:
+            if slot.rank in pooled:
+                workers.append(pooled[slot.rank])
+                continue
             options: dict[str, Any] = {
                 "num_cpus": 0,
                 "resources": {gpu_slot(slot.gpu): 1},
@@ -128,19 +140,26 @@ class RankGroup:
             if use_gpu:
                 options["num_gpus"] = 1
                 options["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
-            workers.append(actor_cls.options(**options).remote(job_id, slot, len(ordered), use_gpu))
+            binding = RankBinding(job_id, generation, slot.rank, len(ordered), pg.id.hex())
+            workers.append(actor_cls.options(**options).remote(slot.node, slot.gpu, use_gpu, binding))
         return cls(job_id, generation, list(ordered), use_gpu, pg, workers)
 
     def locations(self, timeout: float) -> list[RankLocation]:
         """Each rank's actual location, in rank order; raises PlacementMismatch if any is off-plan."""
         found: list[RankLocation] = ray.get([w.location.remote() for w in self.workers], timeout=timeout)
-        wrong = [loc for loc in found if not loc.matches_plan]
+        wrong = [
+            f"rank {loc.rank} planned {loc.planned_node} GPU {loc.planned_gpu}, runs on {loc.node} GPU {loc.gpu}"
+            for loc in found
+            if not loc.matches_plan
+        ]
+        bundle_nodes = placement_group_table(self.pg).get("bundles_to_node_id", {})
+        wrong += [
+            f"pooled rank {loc.rank} runs on Ray node {loc.node_id}, its slot is reserved on {bundle_nodes.get(loc.rank)}"
+            for loc in found
+            if loc.pooled and bundle_nodes.get(loc.rank) != loc.node_id
+        ]
         if wrong:
-            detail = "; ".join(
-                f"rank {loc.rank} planned {loc.planned_node} GPU {loc.planned_gpu}, runs on {loc.node} GPU {loc.gpu}"
-                for loc in wrong
-            )
-            raise PlacementMismatch(detail)
+            raise PlacementMismatch("; ".join(wrong))
         return found
 
     def start(self, job_json: str, checkpoint_dir: str, reporter: Any, timeout: float) -> list[ray.ObjectRef]:
@@ -156,6 +175,62 @@ class RankGroup:
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         remove_placement_group(self.pg)
+
+
+def _reserve(
+    job_id: str,
+    generation: int,
+    ordered: list[RankSlot],
+    use_gpu: bool,
+    ready_timeout: float,
+    stop: Callable[[], bool],
+) -> PlacementGroup:
+    """The group's placement group, ready: bundle i reserves rank i's slot on its node."""
+    bundles = [_bundle(slot, use_gpu) for slot in ordered]
+    selectors = [{NODE_LABEL: slot.node} for slot in ordered]
+    pg = placement_group(
+        bundles, strategy="PACK", name=group_name(job_id, generation), bundle_label_selector=selectors
+    )
+    ready = pg.ready()
+    deadline = time.monotonic() + ready_timeout
+    while not ray.wait([ready], timeout=min(0.5, ready_timeout))[0]:
+        if stop() or time.monotonic() >= deadline:
+            remove_placement_group(pg)
+            wanted = ", ".join(f"rank {s.rank} -> {s.node} GPU {s.gpu}" for s in ordered)
+            why = "stopped" if stop() else f"not within {ready_timeout:g}s; a GPU is taken or a node is missing"
+            raise PlacementUnavailable(f"could not reserve the planned GPUs ({wanted}): {why}")
+    return pg
+
+
+def _bind_warm(
+    warm: dict[int, Any],
+    job_id: str,
+    generation: int,
+    ordered: list[RankSlot],
+    pg: PlacementGroup,
+    timeout: float,
+) -> dict[int, Any]:
+    """Bind the handed-over pooled workers to their ranks; returns those that took their rank (and
+    removes them from ``warm``). A worker that is gone, slow, already bound or started for another
+    slot (the plan changed since it was handed over) is left in ``warm``."""
+    calls = {
+        slot.rank: warm[slot.rank].bind.remote(
+            RankBinding(job_id, generation, slot.rank, len(ordered), pg.id.hex()), slot
+        )
+        for slot in ordered
+        if slot.rank in warm
+    }
+    bound: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    for rank, ref in calls.items():
+        try:
+            taken = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except RayError as exc:  # gone, or still busy past the timeout
+            log.warning("job %s rank %d: pooled worker not bound (%s); starting a fresh one", job_id, rank, exc)
+            continue
+        if taken:
+            bound[rank] = warm.pop(rank)
+    return bound
 
 
 def _bundle(slot: RankSlot, use_gpu: bool) -> dict[str, float]:

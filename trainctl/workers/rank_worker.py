@@ -5,17 +5,27 @@ inferred from Ray's bundle order. It reports where it actually runs (the node la
 slot Ray reserved for it), offers rank 0's rendezvous endpoint, and runs
 `trainctl.parallelism.trainer.Trainer`, forwarding step reports (rank 0), step times (the other
 ranks) and log lines to the supervisor.
+
+A worker is either created for its rank inside the job's placement group (``binding`` given), or
+pooled: created ahead of any job for one GPU slot of one node, it imports the engine while idle and
+is bound to a rank later (`bind`, see `trainctl.workers.warm_pool`). A pooled worker sits outside
+the job's placement group, so once bound it watches that group and exits when it is removed, as a
+worker inside it would be killed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group_table
 
 from trainctl.workers.resources import NODE_LABEL, slots_of
 
@@ -30,6 +40,18 @@ class RankSlot:
 
 
 @dataclass(frozen=True)
+class RankBinding:
+    """The rank a worker runs: its job, the group generation, its rank in the world, and the
+    placement group holding its slot (by id, hex)."""
+
+    job_id: str
+    generation: int
+    rank: int
+    world_size: int
+    placement_group_id: str
+
+
+@dataclass(frozen=True)
 class RankLocation:
     """Where a rank actually runs, as the RankWorker itself observes it."""
 
@@ -39,11 +61,16 @@ class RankLocation:
     node: str | None
     """Value of the ``trainctl.io/node`` label of the Ray node the worker runs on."""
     gpu: int | None
-    """Local GPU index of the slot resource Ray reserved for the worker."""
+    """Local GPU index of the slot resource Ray reserved for the worker (a pooled worker: the slot it
+    was started for, whose reservation is its group's bundle; `RankGroup.locations` checks the node)."""
     node_id: str
     ip: str
     pid: int
     cuda_visible_devices: str
+    actor: str = ""
+    """The worker's Ray actor name."""
+    pooled: bool = False
+    """The worker came from the warm pool (engine imported before the job started)."""
 
     @property
     def matches_plan(self) -> bool:
@@ -62,39 +89,83 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-class RankWorker:
-    """One rank of one job. Created by `RankGroup` inside the job's placement group."""
+PLACEMENT_GROUP_CHECK_SECONDS = 2.0
+"""How often a bound pooled worker checks that its group's placement group still exists."""
 
-    def __init__(self, job_id: str, slot: RankSlot, world_size: int, use_gpu: bool) -> None:
-        if not 0 <= slot.rank < world_size:
-            raise ValueError(f"rank {slot.rank} is outside the world of {world_size} ranks")
-        self._job_id = job_id
-        self._slot = slot
-        self._world_size = world_size
+log = logging.getLogger(__name__)
+
+
+def preload_engine() -> None:
+    """Import the training engine (torch, torch.distributed and the layouts): the seconds a fresh
+    rank spends before its first step, paid by a pooled worker while it waits for a job."""
+    import trainctl.parallelism.distributed  # noqa: F401
+    import trainctl.parallelism.trainer  # noqa: F401
+
+
+class RankWorker:
+    """One GPU slot's process: runs one rank of one job. `RankGroup` creates it bound, inside the
+    job's placement group; `WarmPool` creates it unbound (``binding`` None) and preloads the engine."""
+
+    def __init__(self, node: str, gpu: int, use_gpu: bool, binding: RankBinding | None = None) -> None:
+        self._node = node
+        self._gpu = gpu
         self._use_gpu = use_gpu
+        self._pooled = binding is None
+        self._binding: RankBinding | None = None
         # Before torch is imported: the planned GPU only, or no CUDA at all on simulated GPUs.
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(slot.gpu) if use_gpu else ""
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu) if use_gpu else ""
+        if binding is None:
+            preload_engine()
+        else:
+            self._bind(binding)
+
+    def bind(self, binding: RankBinding, slot: RankSlot) -> bool:
+        """Take ``binding``'s rank, planned on ``slot`` (pooled workers only); False when this worker
+        has a rank already or was started for another slot."""
+        if self._binding is not None or (slot.node, slot.gpu) != (self._node, self._gpu):
+            return False
+        self._bind(binding)
+        threading.Thread(target=_exit_with_group, args=(binding,), name="placement-group-watch", daemon=True).start()
+        return True
+
+    def binding(self) -> RankBinding | None:
+        """The rank this worker runs, or None while it waits in the pool."""
+        return self._binding
+
+    def _bind(self, binding: RankBinding) -> None:
+        if not 0 <= binding.rank < binding.world_size:
+            raise ValueError(f"rank {binding.rank} is outside the world of {binding.world_size} ranks")
+        self._binding = binding
+
+    def _bound(self) -> RankBinding:
+        if self._binding is None:
+            raise RuntimeError(f"the pooled worker for {self._node} GPU {self._gpu} has no rank yet")
+        return self._binding
 
     def location(self) -> RankLocation:
         """Where this worker runs, read from Ray's runtime context and the node's labels."""
         context = ray.get_runtime_context()
         slots = slots_of(context.get_assigned_resources())
+        reserved = self._gpu if self._pooled else (slots[0] if len(slots) == 1 else None)
         return RankLocation(
-            rank=self._slot.rank,
-            planned_node=self._slot.node,
-            planned_gpu=self._slot.gpu,
+            rank=self._bound().rank,
+            planned_node=self._node,
+            planned_gpu=self._gpu,
             node=context.get_node_labels().get(NODE_LABEL),
-            gpu=slots[0] if len(slots) == 1 else None,
+            gpu=reserved,
             node_id=context.get_node_id(),
             ip=ray.util.get_node_ip_address(),
             pid=os.getpid(),
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            actor=context.get_actor_name() or "",
+            pooled=self._pooled,
         )
 
     def endpoint(self) -> tuple[str, int]:
         """Rendezvous address for the group: this node's IP and a port free on it (rank 0 only)."""
-        if self._slot.rank != 0:
-            raise RuntimeError(f"rank {self._slot.rank} asked for the rendezvous endpoint; only rank 0 hosts it")
+        rank = self._bound().rank
+        if rank != 0:
+            raise RuntimeError(f"rank {rank} asked for the rendezvous endpoint; only rank 0 hosts it")
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
 
@@ -117,11 +188,12 @@ class RankWorker:
         from trainctl.parallelism.trainer import Trainer
         from trainctl.spec.job import JobSpecBody
 
-        rank = self._slot.rank
+        binding = self._bound()
+        rank, world_size = binding.rank, binding.world_size
         body = JobSpecBody.model_validate_json(job_json)
         device = init_distributed(
             rank,
-            self._world_size,
+            world_size,
             master_addr,
             master_port,
             "nccl" if self._use_gpu else "gloo",
@@ -133,7 +205,7 @@ class RankWorker:
             trainer = Trainer(
                 body,
                 rank=rank,
-                world_size=self._world_size,
+                world_size=world_size,
                 device=device,
                 checkpoint_dir=checkpoint_dir,
                 on_step=lambda report: reporter.record_step.remote(generation, rank, _as_dict(report)),
@@ -146,6 +218,22 @@ class RankWorker:
             return _as_dict(trainer.run())
         finally:
             teardown()
+
+
+def _exit_with_group(binding: RankBinding) -> None:
+    """Exit this process once the binding's placement group is removed (a pooled worker is not in
+    it, so Ray would not kill it with the group)."""
+    group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(binding.placement_group_id)))
+    while True:
+        time.sleep(PLACEMENT_GROUP_CHECK_SECONDS)
+        try:
+            state = placement_group_table(group).get("state")
+        except Exception:  # GCS briefly unreachable: check again later
+            log.warning("could not read placement group %s", binding.placement_group_id, exc_info=True)
+            continue
+        if state == "REMOVED":
+            log.info("job %s: placement group removed; this pooled rank exits", binding.job_id)
+            os._exit(1)
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

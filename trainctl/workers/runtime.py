@@ -39,6 +39,7 @@ from trainctl.workers.replan import live_nodes
 from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, SUPERVISOR_SHARE, slots_of
 from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, SupervisorConfig, supervisor_name
 from trainctl.workers.topology.model import TopologyMap
+from trainctl.workers.warm_pool import WarmPool
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SUPERVISOR_MAX_RESTARTS = 3
@@ -94,7 +95,9 @@ class RayRuntime:
     seconds for set-up calls to ranks and for a cancel to finish; ``poll_timeout``: seconds a poll
     waits for the supervisor before answering from the event log file (a supervisor being created
     or restarted must not stall the caller's loop); ``replan_timeout``: seconds a job that lost a node
-    waits for a new plan before it fails (None: until one comes or the job is cancelled).
+    waits for a new plan before it fails (None: until one comes or the job is cancelled);
+    ``warm_pool``: keep an engine-loaded worker on every free GPU slot (`WarmPool`) and start jobs'
+    ranks on them.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class RayRuntime:
         call_timeout: float = 30.0,
         poll_timeout: float = 5.0,
         replan_timeout: float | None = None,
+        warm_pool: bool = False,
     ) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -118,9 +122,13 @@ class RayRuntime:
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:
             ray.init(address=address, namespace=namespace, log_to_driver=False, include_dashboard=False)
+        self.warm_pool = WarmPool(namespace).start() if warm_pool else None
 
     def close(self) -> None:
-        """Disconnect from Ray if this runtime connected (supervisors keep running: they are detached)."""
+        """Stop the warm pool (its idle workers) and disconnect from Ray if this runtime connected
+        (supervisors and their ranks keep running: they are detached)."""
+        if self.warm_pool is not None:
+            self.warm_pool.stop()
         if self._owns_connection and ray.is_initialized():
             ray.shutdown()
 
@@ -157,6 +165,7 @@ class RayRuntime:
             call_timeout=self._call_timeout,
             topology_yaml=None if topology is None else topology.to_yaml(),
             replan_timeout=self._replan_timeout,
+            warm_workers=self.warm_pool.take(slots, use_gpu) if self.warm_pool is not None else {},
         )
         actor_cls = ray.remote(concurrency_groups={"control": 4, "reports": 1})(JobSupervisor)
         actor_cls.options(

@@ -92,6 +92,9 @@ class SupervisorConfig:
     replan_timeout: float | None = None
     """Seconds to wait for a new plan after a node loss before the job fails; None: until one comes
     or the job is cancelled."""
+    warm_workers: dict[int, Any] = field(default_factory=dict)
+    """Rank -> idle pooled RankWorker of its planned slot (`trainctl.workers.warm_pool`), for the first
+    rank group; a restarted supervisor ignores them (they were bound or killed)."""
 
 
 class _Outcome(Enum):
@@ -165,6 +168,7 @@ class JobSupervisor:
         self._cancel = threading.Event()
         self._group: RankGroup | None = None
         self._generation = 1 + max((e.generation for e in self._log.all()), default=-1)
+        self._warm = dict(config.warm_workers) if self._log.last_seq == 0 else {}
         self._slots = _latest_plan(self._log) or list(config.slots)
         self._topology: TopologyMap | None = (
             parse_topology(yaml.safe_load(config.topology_yaml), "supervisor config") if config.topology_yaml else None
@@ -345,6 +349,7 @@ class JobSupervisor:
                     return _Outcome.UNPLACED, why
                 continue  # check the new plan's nodes too
             try:
+                warm, self._warm = self._warm, {}  # the group binds or kills them
                 return RankGroup.create(
                     cfg.job_id,
                     self._generation,
@@ -352,6 +357,8 @@ class JobSupervisor:
                     use_gpu=cfg.use_gpu,
                     ready_timeout=cfg.placement_timeout,
                     stop=lambda: self._cancel.is_set() or bool(missing_nodes(self._slots)),
+                    warm=warm,
+                    bind_timeout=cfg.call_timeout,
                 )
             except PlacementUnavailable as exc:
                 if self._cancel.is_set() or not missing_nodes(self._slots):
