@@ -3,7 +3,8 @@ simulated GPU per node: the pool loads one rank process per free slot; a job's r
 processes (PLACEMENT says pooled, the actors are the pool's), leave with the job (finished or
 cancelled) and the pool refills the freed slots with new processes. A pooled worker exits when the
 placement group of its rank group is removed behind its back, and one handed over for another slot
-is not bound: the rank gets a fresh worker in its bundle and the pooled one is killed."""
+is not bound: the rank gets a fresh worker in its bundle and the pooled one is killed. One handed to
+a job that never binds it (its supervisor died first) is killed by the keeper after the grace."""
 
 from __future__ import annotations
 
@@ -144,3 +145,16 @@ def test_a_worker_handed_over_for_another_slot_is_not_bound(service: Service, cl
         wait_for(lambda: warm_actors(cluster).get(handed) == "DEAD", "the unused pooled worker is killed", timeout=30)
     finally:
         group.shutdown()
+
+
+def test_a_handed_out_worker_never_bound_is_reaped(service: Service, cluster: EmbeddedRay) -> None:
+    pool = pool_of(service)
+    loaded_pool(service, cluster, slots=[("node-0", 0)])
+    (handed,) = [n for n, state in warm_actors(cluster).items() if state == "ALIVE" and parse_warm_name(n) == ("node-0", 0)]
+    grace = pool.handed_out_grace
+    pool.handed_out_grace = 1.0
+    try:
+        assert pool.take([RankSlot(rank=0, node="node-0", gpu=0)], use_gpu=False)  # and nobody binds it
+        wait_for(lambda: warm_actors(cluster).get(handed) == "DEAD", "the keeper kills the unbound worker", timeout=30)
+    finally:
+        pool.handed_out_grace = grace

@@ -36,10 +36,6 @@ from trainctl.workers.resources import NODE_LABEL, slots_of
 log = logging.getLogger(__name__)
 
 WARM_PREFIX = "trainctl-warm-"
-HANDED_OUT_GRACE_SECONDS = 120.0
-"""A handed-out worker still unbound this long after `take` is killed (its job's supervisor is gone)."""
-TAKEN_GRACE_SECONDS = 30.0
-"""A slot handed to a job is not refilled until its placement group holds it, or for this long."""
 
 
 def warm_name(node: str, gpu: int) -> str:
@@ -68,17 +64,22 @@ class _SlotState:
 
 @dataclass
 class WarmPool:
-    """The pool of one Ray namespace. ``interval``: seconds between keeper passes."""
+    """The pool of one Ray namespace."""
 
     namespace: str
     interval: float = 1.0
+    """Seconds between keeper passes."""
+    handed_out_grace: float = 120.0
+    """A handed-out worker still unbound this long after `take` is killed (its job's supervisor is gone)."""
+    taken_grace: float = 30.0
+    """A slot handed to a job is not refilled until its placement group holds it, or for this long."""
     _idle: dict[tuple[str, int], tuple[Any, bool]] = field(default_factory=dict)
     """(node, gpu) -> (worker handle, whether it uses CUDA)."""
     _handed_out: list[tuple[float, Any]] = field(default_factory=list)
     """(time of `take`, worker) for workers handed to a job and not yet seen bound."""
     _taken: dict[tuple[str, int], float] = field(default_factory=dict)
     """Slots handed to a job whose placement group has not been seen holding them: not refilled for
-    `TAKEN_GRACE_SECONDS` (a job that ends sooner gets its slots refilled after that)."""
+    ``taken_grace`` (a job that ends sooner gets its slots refilled after that)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -141,7 +142,7 @@ class WarmPool:
             self._taken = {
                 key: at
                 for key, at in self._taken.items()
-                if key in slots and slots[key].free and now - at < TAKEN_GRACE_SECONDS
+                if key in slots and slots[key].free and now - at < self.taken_grace
             }
             missing = [s for key, s in slots.items() if s.free and key not in self._idle and key not in self._taken]
             for slot in missing:
@@ -202,8 +203,8 @@ class WarmPool:
     def _reap_handed_out(self) -> None:
         now = time.monotonic()
         with self._lock:
-            due = [handle for at, handle in self._handed_out if now - at >= HANDED_OUT_GRACE_SECONDS]
-            self._handed_out = [(at, h) for at, h in self._handed_out if now - at < HANDED_OUT_GRACE_SECONDS]
+            due = [handle for at, handle in self._handed_out if now - at >= self.handed_out_grace]
+            self._handed_out = [(at, h) for at, h in self._handed_out if now - at < self.handed_out_grace]
         refs = {handle.binding.remote(): handle for handle in due}
         answered, _ = ray.wait(list(refs), num_returns=len(refs), timeout=2.0) if refs else ([], [])
         for ref in answered:  # the others are busy in their job's training loop: bound
