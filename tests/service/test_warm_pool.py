@@ -4,7 +4,8 @@ processes (PLACEMENT says pooled, the actors are the pool's), leave with the job
 cancelled) and the pool refills the freed slots with new processes. A pooled worker exits when the
 placement group of its rank group is removed behind its back, and one handed over for another slot
 is not bound: the rank gets a fresh worker in its bundle and the pooled one is killed. One handed to
-a job that never binds it (its supervisor died first) is killed by the keeper after the grace."""
+a job that never binds it (its supervisor died first) is killed by the keeper after the grace, and an
+idle one that dies is replaced."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+import ray  # noqa: E402
 from ray.util.placement_group import remove_placement_group  # noqa: E402
 from ray.util.state import list_actors  # noqa: E402
 from test_e2e import job, leftovers, states_of  # noqa: E402
@@ -158,3 +160,22 @@ def test_a_handed_out_worker_never_bound_is_reaped(service: Service, cluster: Em
         wait_for(lambda: warm_actors(cluster).get(handed) == "DEAD", "the keeper kills the unbound worker", timeout=30)
     finally:
         pool.handed_out_grace = grace
+
+
+def test_an_idle_worker_that_dies_is_replaced(service: Service, cluster: EmbeddedRay) -> None:
+    pool = pool_of(service)
+    interval, grace = pool.check_interval, pool.taken_grace
+    pool.check_interval = pool.taken_grace = 1.0  # the previous tests' hand-outs need not hold node-1 for 30 s
+    try:
+        loaded_pool(service, cluster, slots=[("node-1", 0)])
+        (idle,) = [n for n, s in warm_actors(cluster).items() if s == "ALIVE" and parse_warm_name(n) == ("node-1", 0)]
+        ray.kill(ray.get_actor(idle, namespace="trainctl"), no_restart=True)
+        wait_for(
+            lambda: any(
+                state == "ALIVE" and name != idle and parse_warm_name(name) == ("node-1", 0)
+                for name, state in warm_actors(cluster).items()
+            ),
+            "a new worker loads on the dead one's slot",
+        )
+    finally:
+        pool.check_interval, pool.taken_grace = interval, grace

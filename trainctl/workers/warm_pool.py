@@ -10,7 +10,8 @@ worker exits when its group's placement group is removed, so it lives exactly as
 created inside the group.
 
 The keeper thread (`start`) refills a slot once it is free again, drops workers whose node is gone,
-and kills a handed-out worker that was never bound (its supervisor died first). On `start` the
+replaces idle workers that died, and kills a handed-out worker that was never bound (its supervisor
+died first). On `start` the
 pool adopts idle workers a previous service left; `stop` kills the idle ones (bound ones belong to
 their jobs, which outlive the service).
 """
@@ -73,6 +74,8 @@ class WarmPool:
     """A handed-out worker still unbound this long after `take` is killed (its job's supervisor is gone)."""
     taken_grace: float = 30.0
     """A slot handed to a job is not refilled until its placement group holds it, or for this long."""
+    check_interval: float = 10.0
+    """Seconds between checks that an idle worker is still alive (a dead one is replaced)."""
     _idle: dict[tuple[str, int], tuple[Any, bool]] = field(default_factory=dict)
     """(node, gpu) -> (worker handle, whether it uses CUDA)."""
     _handed_out: list[tuple[float, Any]] = field(default_factory=list)
@@ -80,6 +83,9 @@ class WarmPool:
     _taken: dict[tuple[str, int], float] = field(default_factory=dict)
     """Slots handed to a job whose placement group has not been seen holding them: not refilled for
     ``taken_grace`` (a job that ends sooner gets its slots refilled after that)."""
+    _checks: dict[Any, Any] = field(default_factory=dict)
+    """Worker -> reply of its pending liveness check."""
+    _checked_at: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -132,10 +138,11 @@ class WarmPool:
             raise TimeoutError(f"{len(pending)} of {len(refs)} pooled workers not loaded within {timeout:g}s")
 
     def refill(self) -> None:
-        """One keeper pass: a worker for each free live slot without one; forget workers whose slot
-        is gone; kill handed-out workers their job never bound."""
+        """One keeper pass: forget idle workers that died or whose slot is gone; a worker for each free
+        live slot without one; kill handed-out workers their job never bound."""
         slots = {(s.node, s.gpu): s for s in _live_slots()}
         now = time.monotonic()
+        self._drop_dead(now)
         with self._lock:
             for key in [key for key in self._idle if key not in slots]:
                 _kill(self._idle.pop(key)[0])  # node gone (the worker with it) or relabelled
@@ -159,6 +166,29 @@ class WarmPool:
                 self.refill()
             except Exception:  # the keeper must outlive a bad pass (GCS restart, node churn)
                 log.exception("warm pool: keeper pass failed")
+
+    def _drop_dead(self, now: float) -> None:
+        """Every ``check_interval``, send each idle worker a liveness check; drop the idle workers whose
+        check failed (died loading the engine, killed from outside), so the pass replaces them."""
+        with self._lock:
+            checks = list(self._checks.items())
+        refs = [ref for _, ref in checks]
+        answered, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
+        with self._lock:
+            for handle, ref in checks:
+                if ref not in answered:
+                    continue
+                del self._checks[handle]
+                try:
+                    ray.get(ref)
+                except RayError:
+                    for slot in [slot for slot, (idle, _) in self._idle.items() if idle is handle]:
+                        log.warning("warm pool: the idle worker of %s/%d is gone; replacing it", *slot)
+                        del self._idle[slot]
+            if now - self._checked_at >= self.check_interval:
+                self._checked_at = now
+                for handle, _ in self._idle.values():
+                    self._checks.setdefault(handle, handle.binding.remote())
 
     def _create(self, slot: _SlotState) -> Any:
         options: dict[str, Any] = {
