@@ -10,6 +10,7 @@ with no configuration uses the single-node form, `start_local`.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -28,11 +29,16 @@ from trainctl.workers.topology.model import TopologyMap, simulated_topology
 LOOPBACK = "127.0.0.1"
 LABEL_PREFIX = "trainctl.io/"
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
+START_ATTEMPTS = 2
+"""Times `start_embedded` starts the cluster before giving up (a node rarely fails to register in time)."""
 
 
 def node_name(index: int) -> str:
     """Name of the ``index``-th simulated node (node-0, node-1, ...)."""
     return f"node-{index}"
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -132,37 +138,60 @@ def start_embedded(
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     topology = simulated_topology(nodes, gpus_per_node)
     labels = {node_name(i): topology_labels(topology, node_name(i)) for i in range(nodes)}
-    cluster = Cluster(shutdown_at_exit=True)
-    embedded = EmbeddedRay(
-        address="", gpus_per_node=gpus_per_node, topology=topology, labels=labels, _cluster=cluster
+    for attempt in range(1, START_ATTEMPTS + 1):
+        cluster = Cluster(shutdown_at_exit=True)
+        try:
+            nodes_by_name = _add_nodes(cluster, labels, gpus_per_node, head_cpus, dashboard, system_config)
+            break
+        except BaseException as exc:
+            cluster.shutdown()
+            # Ray's "node timed out during startup" (a raylet that never registered) is seen rarely on a
+            # loaded machine: start the whole cluster again once.
+            if attempt == START_ATTEMPTS or not isinstance(exc, Exception):
+                raise
+            log.warning("embedded Ray did not start (%s); starting it again", exc)
+    return EmbeddedRay(
+        address=cluster.address,
+        gpus_per_node=gpus_per_node,
+        topology=topology,
+        labels=labels,
+        _cluster=cluster,
+        _nodes=nodes_by_name,
     )
-    try:
-        for index, (name, node_labels) in enumerate(labels.items()):
-            extra: dict[str, Any] = {"num_cpus": 0, "resources": slot_resources(gpus_per_node)}
-            if index == 0:
-                extra = {
-                    "num_cpus": head_cpus,
-                    "include_dashboard": dashboard,
-                    "resources": {**slot_resources(gpus_per_node), CONTROL_RESOURCE: CONTROL_CAPACITY},
-                }
-                if system_config:
-                    extra["_system_config"] = dict(system_config)
-                if dashboard:  # never Ray's fixed default port: other clusters may run on this machine
-                    extra["dashboard_port"] = free_port(LOOPBACK)
-            embedded._nodes[name] = cluster.add_node(
-                node_ip_address=LOOPBACK,
-                dashboard_agent_listen_port=None,  # a free port, not the fixed default
-                num_gpus=0,
-                labels=node_labels,
-                object_store_memory=OBJECT_STORE_BYTES,
-                **extra,
-            )
-        cluster.wait_for_nodes()
-    except BaseException:
-        cluster.shutdown()
-        raise
-    embedded.address = cluster.address
-    return embedded
+
+
+def _add_nodes(
+    cluster: Cluster,
+    labels: dict[str, dict[str, str]],
+    gpus_per_node: int,
+    head_cpus: int,
+    dashboard: bool,
+    system_config: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """Start the head and the other nodes on loopback; the Ray node of each name."""
+    started = {}
+    for index, (name, node_labels) in enumerate(labels.items()):
+        extra: dict[str, Any] = {"num_cpus": 0, "resources": slot_resources(gpus_per_node)}
+        if index == 0:
+            extra = {
+                "num_cpus": head_cpus,
+                "include_dashboard": dashboard,
+                "resources": {**slot_resources(gpus_per_node), CONTROL_RESOURCE: CONTROL_CAPACITY},
+            }
+            if system_config:
+                extra["_system_config"] = dict(system_config)
+            if dashboard:  # never Ray's fixed default port: other clusters may run on this machine
+                extra["dashboard_port"] = free_port(LOOPBACK)
+        started[name] = cluster.add_node(
+            node_ip_address=LOOPBACK,
+            dashboard_agent_listen_port=None,  # a free port, not the fixed default
+            num_gpus=0,
+            labels=node_labels,
+            object_store_memory=OBJECT_STORE_BYTES,
+            **extra,
+        )
+    cluster.wait_for_nodes()
+    return started
 
 
 def topology_labels(topology: TopologyMap, name: str) -> dict[str, str]:

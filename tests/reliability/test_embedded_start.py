@@ -1,0 +1,51 @@
+"""The embedded cluster's start survives Ray's rare "node timed out during startup": the failed
+attempt is shut down and the whole cluster is started again, once."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: bind 127.0.0.1 only
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from trainctl.workers import embedded  # noqa: E402
+
+TIMED_OUT = "The current node timed out during startup."
+
+
+def flaky_add_nodes(failures: int, started: list[Cluster]) -> Any:
+    """`_add_nodes` that starts the nodes, then times out on its first ``failures`` calls."""
+    real = embedded._add_nodes
+
+    def add_nodes(cluster: Cluster, *args: Any) -> dict[str, Any]:
+        started.append(cluster)
+        nodes = real(cluster, *args)
+        if len(started) <= failures:
+            raise Exception(TIMED_OUT)  # what ray._private.node.Node raises
+        return nodes
+
+    return add_nodes
+
+
+def test_a_start_that_times_out_is_retried_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[Cluster] = []
+    monkeypatch.setattr(embedded, "_add_nodes", flaky_add_nodes(1, started))
+    with embedded.start_embedded(1, 1) as cluster:
+        assert len(started) == 2
+        assert started[0].head_node is None, "the failed attempt was shut down"
+        assert cluster.address == started[1].address
+        assert cluster.node_names == ["node-0"]
+
+
+def test_a_second_time_out_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[Cluster] = []
+    monkeypatch.setattr(embedded, "_add_nodes", flaky_add_nodes(2, started))
+    with pytest.raises(Exception, match=TIMED_OUT):
+        embedded.start_embedded(1, 1)
+    assert len(started) == embedded.START_ATTEMPTS
+    assert all(cluster.head_node is None for cluster in started)
