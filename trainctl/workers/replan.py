@@ -16,9 +16,10 @@ import ray
 from trainctl.parallelism.grid import RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
+from trainctl.workers.nodes import cluster_nodes
 from trainctl.workers.placement import place
 from trainctl.workers.rank_worker import RankSlot
-from trainctl.workers.resources import NODE_LABEL, slots_of
+from trainctl.workers.resources import NODE_LABEL
 from trainctl.workers.topology.model import TopologyMap
 
 
@@ -34,14 +35,7 @@ def missing_nodes(slots: Sequence[RankSlot]) -> list[str]:
 
 def free_slots(*, cuda: bool) -> dict[str, set[int]]:
     """Unreserved GPU slots of the live named Ray nodes with (``cuda``) or without real CUDA GPUs."""
-    available = ray._private.state.available_resources_per_node()  # no public per-node API
-    free: dict[str, set[int]] = {}
-    for info in ray.nodes():
-        name = (info.get("Labels") or {}).get(NODE_LABEL)
-        has_cuda = (info.get("Resources") or {}).get("GPU", 0) > 0
-        if name and info.get("Alive") and has_cuda == cuda:
-            free[name] = set(slots_of(available.get(info["NodeID"], {})))
-    return free
+    return {n.name: set(n.free_gpus) for n in cluster_nodes() if n.alive and n.name and (n.cuda_gpus > 0) == cuda}
 
 
 def replacement(

@@ -16,7 +16,6 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,10 +32,11 @@ from trainctl.workers.events import (
     read_events,
     status_of,
 )
+from trainctl.workers.nodes import ClusterNode, cluster_nodes
 from trainctl.workers.rank_group import check_slots, owned_by
 from trainctl.workers.rank_worker import RankSlot
 from trainctl.workers.replan import live_nodes
-from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, SUPERVISOR_SHARE, slots_of
+from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, SUPERVISOR_SHARE
 from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, SupervisorConfig, supervisor_name
 from trainctl.workers.topology.model import TopologyMap
 from trainctl.workers.warm_pool import WarmPool
@@ -67,24 +67,6 @@ class _Assignment(Protocol):
 class _Placement(Protocol):
     @property
     def assignments(self) -> Sequence[_Assignment]: ...
-
-
-@dataclass(frozen=True)
-class ClusterNode:
-    """A Ray node as trainctl sees it."""
-
-    name: str | None
-    """The node's ``trainctl.io/node`` label (None when the node has none: trainctl does not use it)."""
-    node_id: str
-    address: str
-    alive: bool
-    labels: dict[str, str]
-    gpus: list[int]
-    """Local GPU indices the node offers (its ``trainctl_gpu_<i>`` slots)."""
-    free_gpus: list[int]
-    """Those not reserved right now."""
-    cuda_gpus: int
-    """Real CUDA GPUs Ray sees on the node (0 where the GPUs are simulated)."""
 
 
 class RayRuntime:
@@ -237,25 +219,7 @@ class RayRuntime:
 
     def cluster_nodes(self) -> list[ClusterNode]:
         """The Ray nodes, with their trainctl name, labels and GPU slots (free ones included)."""
-        available = ray._private.state.available_resources_per_node()  # no public per-node API
-        nodes = []
-        for info in ray.nodes():
-            labels = dict(info.get("Labels") or {})
-            node_id = info["NodeID"]
-            total = info.get("Resources") or {}
-            nodes.append(
-                ClusterNode(
-                    name=labels.get(NODE_LABEL),
-                    node_id=node_id,
-                    address=info.get("NodeManagerAddress", ""),
-                    alive=bool(info.get("Alive")),
-                    labels=labels,
-                    gpus=slots_of(total),
-                    free_gpus=slots_of(available.get(node_id, {})) if info.get("Alive") else [],
-                    cuda_gpus=int(total.get("GPU", 0)),
-                )
-            )
-        return sorted(nodes, key=lambda n: (n.name is None, n.name or "", n.node_id))
+        return cluster_nodes()
 
     def live_nodes(self) -> set[str]:
         """Names (``trainctl.io/node``) of the Ray nodes that are alive."""

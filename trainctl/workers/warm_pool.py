@@ -11,9 +11,8 @@ created inside the group.
 
 The keeper thread (`start`) refills a slot once it is free again, drops workers whose node is gone,
 replaces idle workers that died, and kills a handed-out worker that was never bound (its supervisor
-died first). On `start` the
-pool adopts idle workers a previous service left; `stop` kills the idle ones (bound ones belong to
-their jobs, which outlive the service).
+died first). On `start` the pool adopts idle workers a previous service left; `stop` kills the idle
+ones (bound ones belong to their jobs, which outlive the service).
 """
 
 from __future__ import annotations
@@ -30,9 +29,10 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
+from trainctl.workers.nodes import cluster_nodes
 from trainctl.workers.rank_group import NOSET_CUDA_ENV
 from trainctl.workers.rank_worker import RankSlot, RankWorker
-from trainctl.workers.resources import NODE_LABEL, slots_of
+from trainctl.workers.resources import NODE_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -248,19 +248,14 @@ class WarmPool:
 
 
 def _live_slots() -> list[_SlotState]:
-    """Every GPU slot of every live labelled node, whether a placement group holds it, and whether
-    the node has CUDA GPUs."""
-    available = ray._private.state.available_resources_per_node()  # no public per-node API
-    slots = []
-    for info in ray.nodes():
-        name = (info.get("Labels") or {}).get(NODE_LABEL)
-        if not info.get("Alive") or name is None:
-            continue
-        total = info.get("Resources") or {}
-        free = set(slots_of(available.get(info["NodeID"], {})))
-        use_gpu = total.get("GPU", 0) > 0
-        slots += [_SlotState(name, gpu, gpu in free, use_gpu) for gpu in slots_of(total)]
-    return slots
+    """Every GPU slot of every live named node, whether a placement group holds it, and whether the
+    node has CUDA GPUs."""
+    return [
+        _SlotState(node.name, gpu, gpu in node.free_gpus, node.cuda_gpus > 0)
+        for node in cluster_nodes()
+        if node.alive and node.name is not None
+        for gpu in node.gpus
+    ]
 
 
 def _kill(handle: Any) -> None:
