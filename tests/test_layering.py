@@ -51,3 +51,36 @@ def test_checker_catches_an_upward_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nfrom trainctl.service.store import JobStore\nimport ray.util\n")
     assert [m for _, m in imported_modules(bad)] == ["os", "trainctl.service.store", "ray.util"]
+
+
+DYNAMIC_IMPORTS = ("import_module", "__import__")
+"""Calls that load a module by name, out of sight of the checker above (and of every other tool)."""
+
+
+def dynamic_imports(path: Path) -> list[tuple[int, str]]:
+    """Every call of importlib.import_module / __import__ in a file, with its line number."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in DYNAMIC_IMPORTS:
+                found.append((node.lineno, name))
+    return found
+
+
+@pytest.mark.parametrize("layer", ["spec", "parallelism", "workers", "service"])
+def test_layer_imports_are_static(layer: str) -> None:
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} calls {name}"
+        for path in _layer_files(layer)
+        for line, name in dynamic_imports(path)
+    ]
+    assert not offences, "modules loaded by name (import them statically):\n" + "\n".join(offences)
+
+
+def test_checker_catches_a_dynamic_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import importlib\nmod = importlib.import_module('trainctl.parallelism.pipeline')\nx = __import__('os')\n")
+    assert dynamic_imports(bad) == [(2, "import_module"), (3, "__import__")]

@@ -3,7 +3,8 @@
 The corpus is the sorted list of files matched by `spec.data.paths` (at most `max_files`), each
 tokenized and concatenated, then cut into non-overlapping samples of `seq_len + 1` tokens (inputs are
 the first `seq_len`, targets the last `seq_len`). Epoch `e` visits samples in the order
-`randperm(n_samples)` drawn from a generator seeded by (seed, e).
+`randperm(n_samples)` drawn from a generator seeded by (seed, e) (`SampleOrder`, which the token-shard
+format shares).
 
 The loader's position is a GLOBAL SAMPLE OFFSET: global batch `t` is global samples
 `[t * global_batch_size, (t + 1) * global_batch_size)`, and data-parallel rank `r` of `dp` takes the
@@ -29,9 +30,38 @@ class DataError(ValueError):
     """The data the spec names cannot be used (names the spec field)."""
 
 
+def token_dtype(vocab_size: int) -> np.dtype:
+    """How token ids are stored (packed samples in memory, token shards on disk): uint16 when the
+    vocabulary fits, else int32."""
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
 def _epoch_seed(seed: int, epoch: int) -> int:
     digest = hashlib.sha256(f"data:{seed}:{epoch}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class SampleOrder:
+    """The seeded order of the sample stream, shared by every dataset format.
+
+    Epoch `e` visits the `n_samples` packed samples in the order `randperm(n_samples)` of a generator
+    seeded by a hash of (seed, e); `sample_id(i)` is the packed sample the i-th global sample is.
+    """
+
+    def __init__(self, seed: int, n_samples: int):
+        self.seed = seed
+        self.n_samples = n_samples
+        self._perm_epoch = -1
+        self._perm = torch.empty(0, dtype=torch.long)
+
+    def sample_id(self, global_index: int) -> int:
+        """Which packed sample the `global_index`-th sample of the seeded stream is."""
+        epoch, within = divmod(global_index, self.n_samples)
+        if epoch != self._perm_epoch:
+            generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+            self._perm = torch.randperm(self.n_samples, generator=generator)
+            self._perm_epoch = epoch
+        return int(self._perm[within])
 
 
 class PackedDataset:
@@ -62,21 +92,15 @@ class PackedDataset:
                 f"spec.data.paths: the {len(files)} files hold {len(tokens)} tokens, fewer than one sample of "
                 f"seq_len + 1 = {self.sample_len}"
             )
-        dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-        self.tokens = tokens[: self.n_samples * self.sample_len].astype(dtype).reshape(self.n_samples, self.sample_len)
-        self.seed = spec.seed
+        self.tokens = tokens[: self.n_samples * self.sample_len].astype(token_dtype(vocab_size)).reshape(
+            self.n_samples, self.sample_len
+        )
         self.n_files = len(files)
-        self._perm_epoch = -1
-        self._perm = torch.empty(0, dtype=torch.long)
+        self.order = SampleOrder(spec.seed, self.n_samples)
 
     def sample_id(self, global_index: int) -> int:
         """Which packed sample the `global_index`-th sample of the seeded stream is."""
-        epoch, within = divmod(global_index, self.n_samples)
-        if epoch != self._perm_epoch:
-            generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
-            self._perm = torch.randperm(self.n_samples, generator=generator)
-            self._perm_epoch = epoch
-        return int(self._perm[within])
+        return self.order.sample_id(global_index)
 
     def samples(self, start: int, count: int) -> torch.Tensor:
         """Global samples [start, start + count) as an int64 tensor [count, seq_len + 1]."""

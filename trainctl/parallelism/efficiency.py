@@ -7,7 +7,8 @@ Gradient accumulation then keeps the global batch. On CUDA the choice is confirm
 (`probe_micro_batch`): one forward/backward of a micro-batch of that size without gradient
 synchronisation; an out-of-memory error halves it (to the next smaller divisor) until one fits,
 and ranks agree on the smallest. With FSDP/ZeRO-2/3 the forward itself communicates, so there the
-estimator's choice is used without a probe (a rank that ran out of memory alone would stall its peers).
+estimator's choice is used without a probe (a rank that ran out of memory alone would stall its peers),
+and so it is under pipeline parallelism (a stage's forward needs its neighbours').
 
 `empty_cache_steps: N` releases the CUDA caching allocator's unused blocks every N steps
 (`torch.cuda.empty_cache`) and `allocator_report` reads its retry and fragmentation counters; on CPU
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainctl.parallelism.estimator import estimate_all
+from trainctl.parallelism.parallelize import ParallelModel
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig
 
@@ -162,24 +165,31 @@ PROBE_MODES = ("none", "ddp", "zero1")
 """Data-parallel modes whose forward/backward can run without communication (the probe's requirement)."""
 
 
-def confirm_micro_batch(trainer: Any, requested_auto: bool) -> JobSpecBody:
-    """The Trainer's job after the CUDA probe of an `auto` micro-batch (the job unchanged when the
-    size was given, on CPU, or under FSDP/ZeRO-2/3). Runs before the loader is built."""
-    job: JobSpecBody = trainer.job
-    if not requested_auto or trainer.device.type != "cuda" or trainer.model.dp_mode not in PROBE_MODES:
+def confirm_micro_batch(
+    job: JobSpecBody,
+    model: ParallelModel,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager[Any]],
+    *,
+    requested_auto: bool,
+) -> JobSpecBody:
+    """`job` after the CUDA probe of an `auto` micro-batch on `model`, each forward inside
+    `autocast()`; unchanged when the size was given, on CPU, under FSDP/ZeRO-2/3 or under pipeline
+    parallelism (whose forward communicates between stages). Runs before the loader is built."""
+    if not requested_auto or device.type != "cuda" or model.dp_mode not in PROBE_MODES or model.chunks:
         return job
-    (part,) = trainer.model.parts
+    (part,) = model.parts
     seq_len = job.data.seq_len
 
     def try_step(micro: int) -> None:
-        tokens = torch.zeros(micro, seq_len, dtype=torch.long, device=trainer.device)
+        tokens = torch.zeros(micro, seq_len, dtype=torch.long, device=device)
         sync = part.no_sync() if isinstance(part, DistributedDataParallel) else contextlib.nullcontext()
         try:
-            with sync, trainer._autocast():
+            with sync, autocast():
                 part(tokens).float().logsumexp(-1).mean().backward()
         finally:
             part.zero_grad(set_to_none=True)
 
     micro = probe_micro_batch(try_step, micro_batch_candidates(job), job.training.micro_batch_size)
-    torch.cuda.reset_peak_memory_stats(trainer.device)
+    torch.cuda.reset_peak_memory_stats(device)
     return job if micro == job.training.micro_batch_size else with_micro_batch_size(job, micro)

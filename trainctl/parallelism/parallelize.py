@@ -3,7 +3,9 @@
     1. split pipeline stages    (pipeline.split_pipeline_stages)  -> this rank's model chunks
     2. tensor + sequence parallel (tensor_parallel.apply_tensor_parallel)
     3. expert parallel          (expert_parallel.apply_expert_parallel, MoE models)
-    4. context parallel         (context_parallel.apply_context_parallel: ring attention cores)
+    4. context parallel         (context_parallel.apply_context_parallel: ring attention cores, and
+                                 each stage's default positions are its CP shard's, so pipeline
+                                 stages that receive only hidden states still apply RoPE correctly)
     5. activation checkpointing (none / selective = every other block / full = every block)
     6. torch.compile            (each decoder block, in place: names do not change)
     7. FSDP / ZeRO / DDP        (data_parallel.apply_data_parallel; EP experts are left out of it)
@@ -14,17 +16,18 @@ from bit-identical weights (see model.init_weights).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+from trainctl.parallelism.context_parallel import apply_context_parallel
 from trainctl.parallelism.data_parallel import DPMode, ZeroOneSharding, apply_data_parallel
+from trainctl.parallelism.expert_parallel import apply_expert_parallel, expert_parameters
 from trainctl.parallelism.mesh import ParallelMesh
+from trainctl.parallelism.pipeline import PipelineChunk, split_pipeline_stages
+from trainctl.parallelism.tensor_parallel import apply_tensor_parallel
 from trainctl.spec.job import JobSpecBody
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -40,17 +43,6 @@ def canonical_name(fqn: str) -> str:
     return fqn
 
 
-class LayoutNotSupportedError(NotImplementedError):
-    """The layout needs a parallelism module that this build does not have."""
-
-
-def require_module(module: str, layout: str) -> ModuleType:
-    try:
-        return importlib.import_module(f"trainctl.parallelism.{module}")
-    except ImportError as exc:
-        raise LayoutNotSupportedError(f"{layout} needs trainctl.parallelism.{module}, which is not available") from exc
-
-
 @dataclass
 class ParallelModel:
     """What a rank trains: its model chunks and how they are parallelized."""
@@ -61,8 +53,8 @@ class ParallelModel:
     """Data-parallel implementation in use."""
     zero1: list[ZeroOneSharding] = field(default_factory=list)
     """Per part, the ZeRO-1 ownership (empty unless dp_mode is zero1)."""
-    chunks: list[Any] = field(default_factory=list)
-    """With PP: this rank's `pipeline.PipelineChunk`s, whose `.module` is the final (wrapped) part."""
+    chunks: list[PipelineChunk] = field(default_factory=list)
+    """With PP: this rank's `PipelineChunk`s, whose `.module` is the final (wrapped) part."""
     expert_parallel: bool = False
     """Experts are sharded over EP groups; their gradients need `expert_parallel.reduce_expert_gradients`."""
 
@@ -107,10 +99,9 @@ def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, 
     if pmesh is None and par.world_size != 1:
         raise ValueError(f"the layout needs {par.world_size} ranks but no device mesh was given")
 
-    chunks: list[Any] = []
+    chunks: list[PipelineChunk] = []
     if par.pp > 1:
-        pipeline = require_module("pipeline", f"pipeline parallelism (pp={par.pp})")
-        chunks = pipeline.split_pipeline_stages(
+        chunks = split_pipeline_stages(
             model, pp_rank=pmesh["pp"].get_local_rank(), pp=par.pp, virtual_stages=par.pp_virtual_stages
         )
         parts = [c.module for c in chunks]
@@ -119,19 +110,16 @@ def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, 
     parts = [p.to(device) for p in parts]
 
     if par.tp > 1:
-        tp = require_module("tensor_parallel", f"tensor parallelism (tp={par.tp})")
         for part in parts:
-            tp.apply_tensor_parallel(part, pmesh["tp"], par.sequence_parallel)
+            apply_tensor_parallel(part, pmesh["tp"], par.sequence_parallel)
     experts: list[list[nn.Parameter]] = [[] for _ in parts]
     if par.ep > 1:
-        ep = require_module("expert_parallel", f"expert parallelism (ep={par.ep})")
         for part in parts:
-            ep.apply_expert_parallel(part, pmesh, job)
-        experts = [ep.expert_parameters(part) for part in parts]
+            apply_expert_parallel(part, pmesh, job)
+        experts = [expert_parameters(part) for part in parts]
     if par.cp > 1:
-        cp = require_module("context_parallel", f"context parallelism (cp={par.cp})")
         for part in parts:
-            cp.apply_context_parallel(part, pmesh["cp"], par.cp_load_balance)
+            apply_context_parallel(part, pmesh["cp"], par.cp_load_balance)
 
     for part in parts:
         apply_activation_checkpointing(part, train.activation_checkpointing)

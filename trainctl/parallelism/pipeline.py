@@ -30,7 +30,6 @@ from functools import cache
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -40,6 +39,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
+from trainctl.parallelism.loss import cross_entropy
 from trainctl.parallelism.moe import MoEFeedForward, pop_aux_loss
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
@@ -187,11 +187,6 @@ class AuxCarrier:
             total = torch.zeros((), device=output.device, dtype=torch.float32)
         local = pop_aux_loss(module)
         return output, total if local is None else total + local
-
-
-def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean token cross-entropy in float32 (the single-process loss of one micro-batch)."""
-    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
 
 
 class PipelineRunner:

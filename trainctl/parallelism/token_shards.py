@@ -19,7 +19,6 @@ next batch the trainer will take, and setting it (resume) drops the prepared bat
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections import deque
@@ -32,7 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainctl.parallelism.data import DataError, MicroBatch, PackedDataset, ShardedLoader
+from trainctl.parallelism.data import (
+    DataError,
+    MicroBatch,
+    PackedDataset,
+    SampleOrder,
+    ShardedLoader,
+    token_dtype,
+)
 from trainctl.parallelism.tokenizer import load_tokenizer
 from trainctl.spec.job import DataSpec
 from trainctl.spec.validate import resolve_data_paths
@@ -59,10 +65,6 @@ def _encode_file(args: tuple[str, str]) -> np.ndarray:
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror}") from exc
     return load_tokenizer(tokenizer_name).encode(data)
-
-
-def _token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
 
 
 def _encoded(files: list[Path], tokenizer: str, workers: int) -> Iterator[np.ndarray]:
@@ -94,7 +96,7 @@ def prepare_shards(
     if not files:
         raise DataError(f"data paths {patterns} match no files")
     vocab_size = load_tokenizer(tokenizer).vocab_size
-    dtype = _token_dtype(vocab_size)
+    dtype = token_dtype(vocab_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if (out / INDEX).exists():
@@ -129,12 +131,6 @@ def prepare_shards(
     return PrepareResult(out_dir=out, files=len(files), tokens=sum(s["tokens"] for s in shards), shards=len(shards))
 
 
-def _epoch_seed(seed: int, epoch: int) -> int:
-    """The same per-epoch seed as data.PackedDataset, so both formats visit samples in one order."""
-    digest = hashlib.sha256(f"data:{seed}:{epoch}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
 class TokenShardDataset:
     """The packed samples of prepared shard directories (`spec.data.paths`, in order), memory-mapped."""
 
@@ -166,18 +162,11 @@ class TokenShardDataset:
         self.n_samples = total // self.sample_len
         if self.n_samples == 0:
             raise DataError(f"spec.data.paths: the shards hold {total} tokens, fewer than one sample of {self.sample_len}")
-        self.seed = spec.seed
-        self._perm_epoch = -1
-        self._perm = torch.empty(0, dtype=torch.long)
+        self.order = SampleOrder(spec.seed, self.n_samples)
 
     def sample_id(self, global_index: int) -> int:
-        """Which packed sample the `global_index`-th sample of the seeded stream is."""
-        epoch, within = divmod(global_index, self.n_samples)
-        if epoch != self._perm_epoch:
-            generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
-            self._perm = torch.randperm(self.n_samples, generator=generator)
-            self._perm_epoch = epoch
-        return int(self._perm[within])
+        """Which packed sample the `global_index`-th sample of the seeded stream is (as `PackedDataset`)."""
+        return self.order.sample_id(global_index)
 
     def tokens(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start + length) of the concatenated stream (int64)."""

@@ -20,7 +20,6 @@ The process group (world_size > 1) must be initialised before constructing a Tra
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import resource
 import time
@@ -31,28 +30,29 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
 
 from trainctl.parallelism import checkpoint as ckpt
-from trainctl.parallelism import efficiency, pretrained, token_shards
-from trainctl.parallelism.data import MicroBatch
+from trainctl.parallelism import efficiency, pretrained
+from trainctl.parallelism.context_parallel import shard_batch_for_cp
+from trainctl.parallelism.data import MicroBatch, ShardedLoader
 from trainctl.parallelism.distributed import resolve_device
+from trainctl.parallelism.expert_parallel import reduce_expert_gradients
 from trainctl.parallelism.flops import mfu, peak_flops, training_flops_per_token
 from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.loss import cross_entropy
 from trainctl.parallelism.mesh import ParallelMesh, build_mesh
 from trainctl.parallelism.model import build_model
 from trainctl.parallelism.moe import pop_aux_loss
 from trainctl.parallelism.optim import build_optimizer, build_scheduler, clip_gradients
-from trainctl.parallelism.parallelize import (
-    LayoutNotSupportedError,
-    ParallelModel,
-    parallelize,
-    require_module,
-)
+from trainctl.parallelism.parallelize import ParallelModel, parallelize
+from trainctl.parallelism.pipeline import PipelineRunner
+from trainctl.parallelism.tensor_parallel import loss_context
+from trainctl.parallelism.token_shards import PrefetchLoader, build_dataset, build_loader
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import resolve_model
 
@@ -107,15 +107,14 @@ class TrainResult:
     """Path of the newest complete checkpoint written, None if none."""
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over all local tokens, in float32, as a plain tensor.
-
-    Vocabulary-sharded DTensor logits (TP) need `tensor_parallel.loss_context`; the replicated
-    DTensor loss is then turned into a plain tensor (differentiably).
-    """
-    targets = targets.flatten()
-    loss = F.cross_entropy(logits.flatten(0, -2).float(), targets)
-    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+def check_world(job: JobSpecBody, world_size: int) -> None:
+    """The layout's rank count is `world_size`, and a process group of that size exists when it is > 1."""
+    if job.parallelism.world_size != world_size:
+        raise ValueError(
+            f"spec.parallelism: the layout needs {job.parallelism.world_size} ranks but world_size is {world_size}"
+        )
+    if world_size > 1 and not (dist.is_initialized() and dist.get_world_size() == world_size):
+        raise RuntimeError(f"world_size {world_size} needs an initialised process group of that size")
 
 
 def _peak_memory(device: torch.device) -> int:
@@ -125,7 +124,12 @@ def _peak_memory(device: torch.device) -> int:
 
 
 class Trainer:
-    """Builds the model, layout, optimizer and data for one rank, and runs the loop."""
+    """Builds the model, layout, optimizer and data for one rank, and runs the loop.
+
+    Setup, in order (each a method): check the world, resolve the micro-batch size, build the device
+    mesh, build the model and parallelize it, build the optimizers, confirm the micro-batch size, write
+    the run spec, build the data loader, build the pipeline runner. Resuming happens in `run`.
+    """
 
     def __init__(
         self,
@@ -139,14 +143,7 @@ class Trainer:
         on_event: Callable[[str], Any] | None = None,
         on_step_time: Callable[[int, float], Any] | None = None,
     ):
-        par = job.parallelism
-        if par.world_size != world_size:
-            raise ValueError(
-                f"spec.parallelism: the layout needs {par.world_size} ranks but world_size is {world_size}"
-            )
-        if world_size > 1 and not (dist.is_initialized() and dist.get_world_size() == world_size):
-            raise RuntimeError(f"world_size {world_size} needs an initialised process group of that size")
-        self.job = job
+        check_world(job, world_size)
         self.rank = rank
         self.world_size = world_size
         self.device = resolve_device(device, rank)
@@ -154,71 +151,83 @@ class Trainer:
         self.on_step = on_step
         self.on_event = on_event
         self.on_step_time = on_step_time
-        self.grid = RankGrid.from_spec(par)
+        self.grid = RankGrid.from_spec(job.parallelism)
         self.config = resolve_model(job.model)
-        micro_auto = job.training.micro_batch_size == "auto"
-        self.job = job = efficiency.resolve_micro_batch_size(self.config, job, self.device)
-        self.pmesh: ParallelMesh | None = build_mesh(self.grid, self.device.type) if world_size > 1 else None
+        self.job = efficiency.resolve_micro_batch_size(self.config, job, self.device)
         self.autocast_dtype = torch.bfloat16 if job.training.dtype == "bfloat16" else None
+        self.pmesh: ParallelMesh | None = build_mesh(self.grid, self.device.type) if world_size > 1 else None
+        self.model = self._build_parallel_model()
+        self.optimizers, self.schedulers = self._build_optimizers()
+        self.state_options = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=job.lora is not None)
+        self.job = efficiency.confirm_micro_batch(
+            self.job, self.model, self.device, self.autocast, requested_auto=job.training.micro_batch_size == "auto"
+        )
+        self._write_run_spec()
+        self.loader = self._build_loader()
+        self.pipeline = self._build_pipeline()
+        self.step = 0
+        self.flops_per_token = training_flops_per_token(self.config, self.job.data.seq_len)
+        self.peak_flops = peak_flops(
+            torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None, self.job.training.dtype
+        )
 
-        torch.manual_seed(job.training.seed)
-        model = build_model(self.config, job.training.seed)
-        pretrained.prepare_model(model, job)  # init_from weights, LoRA adapters
-        self.model: ParallelModel = parallelize(model, self.pmesh, job, self.device)
-        self.optimizers = []
+    # ---- setup steps --------------------------------------------------------------------------------
+    def _build_parallel_model(self) -> ParallelModel:
+        """The model built whole from the training seed (pretrained weights, LoRA), then cut and wrapped."""
+        torch.manual_seed(self.job.training.seed)
+        model = build_model(self.config, self.job.training.seed)
+        pretrained.prepare_model(model, self.job)
+        return parallelize(model, self.pmesh, self.job, self.device)
+
+    def _build_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[LambdaLR]]:
+        """One optimizer and LR schedule per model part (ZeRO-1: over the parameters this rank owns)."""
+        optimizers = []
         for i, part in enumerate(self.model.parts):
             params = self.model.zero1[i].owned() if self.model.zero1 else part.parameters()
-            self.optimizers.append(build_optimizer(params, job.training))
-        self.schedulers = [build_scheduler(opt, job.training) for opt in self.optimizers]
-        self.state_options = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=job.lora is not None)
-        self.job = job = efficiency.confirm_micro_batch(self, micro_auto)
-        if self.checkpoint_dir is not None and rank == 0:
-            pretrained.write_run_spec(self.checkpoint_dir, job)
+            optimizers.append(build_optimizer(params, self.job.training))
+        return optimizers, [build_scheduler(opt, self.job.training) for opt in optimizers]
 
-        dataset = token_shards.build_dataset(job.data, self.config.vocab_size)
-        dp_group = self.grid.group(("dp_replicate", "dp_shard"), rank)
-        self.loader = token_shards.build_loader(
+    def _write_run_spec(self) -> None:
+        if self.checkpoint_dir is not None and self.rank == 0:
+            pretrained.write_run_spec(self.checkpoint_dir, self.job)
+
+    def _build_loader(self) -> ShardedLoader | PrefetchLoader:
+        """This data-parallel rank's loader (CP, TP and PP peers read the same samples)."""
+        job = self.job
+        dataset = build_dataset(job.data, self.config.vocab_size)
+        dp_group = self.grid.group(("dp_replicate", "dp_shard"), self.rank)
+        return build_loader(
             dataset,
             job.data,
             self.device,
             global_batch_size=job.training.global_batch_size,
             micro_batch_size=job.training.micro_batch_size,
-            dp_rank=dp_group.index(rank),
+            dp_rank=dp_group.index(self.rank),
             dp_size=self.grid.dp,
         )
-        self.step = 0
-        self.pipeline = None
-        if par.pp > 1:
-            pipeline = require_module("pipeline", "pipeline parallelism")
-            self.pipeline = pipeline.PipelineRunner(
-                self.model.chunks,
-                schedule=par.pp_schedule,
-                n_microbatches=self.loader.n_micro,
-                group=self.pmesh.group("pp"),
-                device=self.device,
-                loss_fn=cross_entropy,
-            )
-        self._cp = require_module("context_parallel", "context parallelism") if par.cp > 1 else None
-        pipeline_takes_positions = self.pipeline is not None and "positions" in inspect.signature(self.pipeline.step).parameters
-        if self._cp is not None and self.pipeline is not None and not pipeline_takes_positions:
-            raise LayoutNotSupportedError(
-                "spec.parallelism: context parallel inside pipeline stages needs a pipeline runner that "
-                "passes CP positions to every stage; this build's does not (use cp or pp, not both)"
-            )
-        self._tp = require_module("tensor_parallel", "tensor parallelism") if par.tp > 1 else None
-        self.flops_per_token = training_flops_per_token(self.config, job.data.seq_len)
-        self.peak_flops = peak_flops(
-            torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None, job.training.dtype
+
+    def _build_pipeline(self) -> PipelineRunner | None:
+        """The schedule over this rank's stages (None without PP)."""
+        if self.grid.pp == 1:
+            return None
+        return PipelineRunner(
+            self.model.chunks,
+            schedule=self.job.parallelism.pp_schedule,
+            n_microbatches=self.loader.n_micro,
+            group=self.pmesh.group("pp"),
+            device=self.device,
+            loss_fn=cross_entropy,
         )
 
     # ---- one step, in pieces (tests call these directly) -------------------------------------------
-    def _autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast around a forward, unless FSDP casts the parameters itself (or dtype is fp32)."""
         if self.autocast_dtype is None or self.model.dp_mode in ("fsdp", "hsdp", "zero2"):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _loss_context(self) -> contextlib.AbstractContextManager:
-        return self._tp.loss_context(True) if self._tp is not None else contextlib.nullcontext()
+        return loss_context(self.grid.tp > 1)
 
     def _grad_sync(self, part: nn.Module, last: bool) -> contextlib.AbstractContextManager:
         """Skip DDP's all-reduce on all but the last micro-batch of a step."""
@@ -227,12 +236,12 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _local_inputs(self, micro: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(tokens, targets, positions) of this rank: the CP shard under CP, else the whole micro-batch."""
         inputs = micro.inputs.to(self.device)
         targets = micro.targets.to(self.device)
-        if self._cp is None:
+        if self.grid.cp == 1:
             return inputs, targets, None
-        par = self.job.parallelism
-        return self._cp.shard_batch_for_cp(inputs, targets, self.pmesh["cp"], par.cp_load_balance)
+        return shard_batch_for_cp(inputs, targets, self.pmesh["cp"], self.job.parallelism.cp_load_balance)
 
     def forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         """Forward and backward of one step's micro-batches; gradients end reduced over dp x cp.
@@ -241,7 +250,7 @@ class Trainer:
         """
         loss = self._forward_backward(micro_batches)
         if self.model.expert_parallel:
-            require_module("expert_parallel", "expert parallelism").reduce_expert_gradients(self.model.parts)
+            reduce_expert_gradients(self.model.parts)
         self._align_grad_placements()
         return loss
 
@@ -256,19 +265,20 @@ class Trainer:
 
     def _forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         if self.pipeline is not None:
+            # Under CP the stages exchange [batch, seq / cp, dim] shards; each stage takes its shard's
+            # positions from the pre-hook context_parallel installs, so only tokens and labels go in.
             local = [self._local_inputs(m) for m in micro_batches]
             inputs = torch.cat([x for x, _, _ in local])
             targets = torch.cat([y for _, y, _ in local])
-            positions = {} if self._cp is None else {"positions": local[0][2]}
-            with self._loss_context(), self._autocast():
-                return self.pipeline.step(inputs, targets, **positions)
+            with self._loss_context(), self.autocast():
+                return self.pipeline.step(inputs, targets)
         (part,) = self.model.parts
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
         for i, micro in enumerate(micro_batches):
             inputs, targets, positions = self._local_inputs(micro)
             with self._grad_sync(part, last=i == n - 1), self._loss_context():
-                with self._autocast():
+                with self.autocast():
                     logits = part(inputs, positions)
                 loss = cross_entropy(logits, targets)
                 aux = pop_aux_loss(part)
