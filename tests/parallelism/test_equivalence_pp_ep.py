@@ -41,6 +41,8 @@ def test_layout_matches_single_process(pool, corpus, case):
 RESUMES = {
     # Dense: FSDP dp4 -> tp2 x pp2 (the pipeline stages reload their layers' shards by name).
     "dp4-to-tp2-pp2": ({}, {"dp_shard": 4}, {"tp": 2, "pp": 2, "pp_schedule": "1f1b"}),
+    # Dense: FSDP dp4 -> cp2 x pp2 (stages run ring attention on their CP shards).
+    "dp4-to-cp2-pp2": ({}, {"dp_shard": 4}, {"cp": 2, "cp_load_balance": True, "pp": 2, "pp_schedule": "1f1b"}),
     # MoE: experts over ep4 -> pp2 x ep2 (DCP reshards the expert-dim DTensors).
     "moe-ep4-to-pp2-ep2": (MOE8, {"dp_shard": 4, "ep": 4}, {"pp": 2, "dp_shard": 2, "ep": 2}),
 }
