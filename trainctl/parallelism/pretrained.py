@@ -113,6 +113,8 @@ def init_from_problem(path: str, job: JobSpecBody) -> str | None:
         source = open_checkpoint(path)
     except CheckpointNotFoundError as exc:
         return str(exc)
+    except OSError as exc:  # a name too long, a directory without permission
+        return f"{path}: {exc.strerror or exc}"
     theirs, ours = _weight_shape(source.config), _weight_shape(resolve_model(job.model))
     differ = [f"{name} {theirs[name]} (this job: {ours[name]})" for name in ours if theirs[name] != ours[name]]
     if differ:
