@@ -471,18 +471,7 @@ class JobSupervisor:
                 ray.get(ref)
             except (RayActorError, RayTaskError) as exc:
                 failures.append((rank_of[ref], exc))
-        dead = [(rank, exc) for rank, exc in failures if isinstance(exc, RayActorError)]
-        if dead:
-            rank, exc = min(dead, key=lambda item: item[0])
-            return _Outcome.FAILED, f"rank {rank} died: {_first_line(exc)}"
-        misconfigured = [(rank, cause) for rank, exc in failures if (cause := _configuration_error(exc)) is not None]
-        if misconfigured:
-            rank, cause = min(misconfigured, key=lambda item: item[0])
-            return _Outcome.MISCONFIGURED, (
-                f"configuration error on rank {rank}: {str(cause)[:REASON_CHARS]}; not restarted (a restart cannot fix it)"
-            )
-        rank, exc = min(failures, key=lambda item: item[0])
-        return _Outcome.FAILED, f"rank {rank} failed: {_first_line(exc)}"
+        return _failure_class(failures)
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -507,6 +496,24 @@ def _latest_plan(log: EventLog) -> list[RankSlot] | None:
     """The plan of the newest PLAN event (a restarted supervisor continues with it), or None."""
     plans = [event.placement for event in log.all() if event.kind is EventKind.PLAN and event.placement]
     return [RankSlot(**slot) for slot in plans[-1]] if plans else None
+
+
+def _failure_class(failures: list[tuple[int, BaseException]]) -> tuple[_Outcome, str]:
+    """The outcome and reason of a generation whose ranks failed with `failures` (rank, error): a dead
+    rank first (restart), then a rank's configuration error (fail at once), then any other error (restart);
+    the lowest rank of the class is named."""
+    dead = [(rank, exc) for rank, exc in failures if isinstance(exc, RayActorError)]
+    if dead:
+        rank, exc = min(dead, key=lambda item: item[0])
+        return _Outcome.FAILED, f"rank {rank} died: {_first_line(exc)}"
+    misconfigured = [(rank, cause) for rank, exc in failures if (cause := _configuration_error(exc)) is not None]
+    if misconfigured:
+        rank, cause = min(misconfigured, key=lambda item: item[0])
+        return _Outcome.MISCONFIGURED, (
+            f"configuration error on rank {rank}: {str(cause)[:REASON_CHARS]}; not restarted (a restart cannot fix it)"
+        )
+    rank, exc = min(failures, key=lambda item: item[0])
+    return _Outcome.FAILED, f"rank {rank} failed: {_first_line(exc)}"
 
 
 def _configuration_error(exc: BaseException) -> ConfigurationError | None:
