@@ -2,7 +2,7 @@
 
 Raised for problems of the spec or of what it names: a sequence longer than the data can fill, data
 that is missing or unreadable, a tokenizer that cannot be loaded, an `init_from` that names no complete
-checkpoint or one of another model shape. A lost node, a killed process or a failed collective is not
+checkpoint or one of another model shape, a layout this build cannot run. A lost node, a killed process or a failed collective is not
 one. The supervisor (trainctl.workers.supervisor) fails a job whose rank raised it at once, without
 spending restarts: a restart cannot fix a configuration error.
 """

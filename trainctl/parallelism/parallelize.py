@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from trainctl.parallelism.data_parallel import DPMode, ZeroOneSharding, apply_data_parallel
+from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.mesh import ParallelMesh
 from trainctl.spec.job import JobSpecBody
 
@@ -40,8 +41,8 @@ def canonical_name(fqn: str) -> str:
     return fqn
 
 
-class LayoutNotSupportedError(NotImplementedError):
-    """The layout needs a parallelism module that this build does not have."""
+class LayoutNotSupportedError(ConfigurationError, NotImplementedError):
+    """The layout needs a parallelism module that this build does not have (no restart can fix it)."""
 
 
 def require_module(module: str, layout: str) -> ModuleType:
