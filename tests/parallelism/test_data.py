@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trainctl.parallelism.data import DataError, PackedDataset, ShardedLoader
+from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.tokenizer import ByteTokenizer, load_tokenizer
 from trainctl.spec.job import DataSpec
 
@@ -24,11 +25,11 @@ def test_byte_tokenizer_is_lossless():
 
 
 def test_tokenizer_file_errors_name_the_field(tmp_path: Path):
-    with pytest.raises(FileNotFoundError, match="spec.data.tokenizer"):
+    with pytest.raises(ConfigurationError, match="spec.data.tokenizer"):
         load_tokenizer(str(tmp_path / "missing.json"))
     if importlib.util.find_spec("tokenizers") is None:
         (tmp_path / "tokenizer.json").write_text("{}")
-        with pytest.raises(RuntimeError, match="needs the 'tokenizers' package"):
+        with pytest.raises(ConfigurationError, match="needs the 'tokenizers' package"):
             load_tokenizer(str(tmp_path / "tokenizer.json"))
 
 

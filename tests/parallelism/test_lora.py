@@ -11,17 +11,21 @@ import torch
 import torch.distributed.checkpoint as dcp
 from harness import run_training, tiny_job
 
+from trainctl.parallelism.checkpoint import save_checkpoint
 from trainctl.parallelism.data import PackedDataset
 from trainctl.parallelism.lora import LoRALinear, is_adapter
 from trainctl.parallelism.model import build_model
 from trainctl.parallelism.pretrained import (
     CheckpointNotFoundError,
+    init_from_problem,
     load_weights,
     open_checkpoint,
     read_model_state,
+    write_run_spec,
 )
 from trainctl.parallelism.trainer import Trainer
 from trainctl.spec.job import JobSpecBody, TrainingJob
+from trainctl.spec.presets import resolve_model
 from trainctl.spec.validate import semantic_violations
 
 LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["wq", "wv", "w2"]}
@@ -119,3 +123,20 @@ def test_lora_and_init_from_errors(tmp_path: Path, corpus: str) -> None:
     assert "spec.parallelism.tp" in [v.field for v in semantic_violations(job, check_data=False)]
     with pytest.raises(ValueError, match="target_modules"):
         TrainingJob.model_validate({"metadata": {"name": "x"}, "spec": {"lora": {"target_modules": ["wz"]}}})
+
+
+def test_init_from_problem_checks_markers_manifest_and_shape_without_the_weights(tmp_path: Path) -> None:
+    body = JobSpecBody()
+    checkpoints = tmp_path / "run" / "checkpoints"
+    step = save_checkpoint(checkpoints, 4, {"model": {"output.weight": torch.ones(8)}}, keep_last=1)
+    write_run_spec(checkpoints, body)
+    for path in (tmp_path / "run", checkpoints, step):
+        assert init_from_problem(str(path), body) is None
+    other = JobSpecBody.model_validate({"model": {"dim": resolve_model(body.model).dim * 2}})
+    assert "another shape: dim" in init_from_problem(str(step), other)
+    assert "no complete checkpoint" in init_from_problem(str(tmp_path), body)
+    shard = next(p for p in step.iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:-1])
+    assert "damaged" in init_from_problem(str(step), body) and shard.name in init_from_problem(str(step), body)
+    with pytest.raises(CheckpointNotFoundError, match="damaged"):
+        Trainer(JobSpecBody.model_validate({**body.model_dump(), "init_from": str(step)}), device="cpu")

@@ -87,3 +87,18 @@ def test_data_prepare_command_and_errors(corpus: str, tmp_path: Path, capsys: py
     assert [v.field for v in semantic_violations(job)] == ["spec.data.paths[0]"]
     with pytest.raises(DataError, match="spec.model.vocab_size"):
         TokenShardDataset(DataSpec(paths=[str(out)], format="tokens"), 128)
+
+
+def test_a_damaged_or_hostile_index_is_a_data_error(corpus: str, tmp_path: Path) -> None:
+    out = tmp_path / "prepared"
+    prepare_shards([corpus], out, max_files=1)
+    index = (out / "index.json").read_text()
+    spec = DataSpec(paths=[str(out)], format="tokens")
+    for damaged, message in (
+        (index.replace("shard_00000.bin", "../../etc/passwd"), "not a file in the directory"),
+        (index.replace("shard_00000.bin", "shard_99999.bin"), "cannot map a shard"),
+        (index.replace('"dtype"', '"no_dtype"'), "malformed index.json"),
+    ):
+        (out / "index.json").write_text(damaged)
+        with pytest.raises(DataError, match=message):
+            TokenShardDataset(spec, 256)

@@ -15,7 +15,7 @@ from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator, generate_token, hash_token
 from trainctl.service.hardening import MessageLimits
 from trainctl.service.metrics import ServiceMetrics
-from trainctl.service.paths import DataPathPolicy
+from trainctl.service.paths import JobPathPolicy
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.server import build_grpc_server
@@ -89,7 +89,7 @@ def start_service(
     pool = GpuPool(simulated_topology(POOL_NODES, POOL_GPUS_PER_NODE), "simulated")
     scheduler = Scheduler(store, pool, NoRuntime(), data_dir / "runs", quota_of=authenticator.quota)
     servicer = TrainingServicer(
-        store, scheduler, pool, authenticator, data_policy=DataPathPolicy(data_roots) if data_roots else None
+        store, scheduler, pool, authenticator, paths=JobPathPolicy(data_roots or [], scheduler.runs_dir)
     )
     server, _health = build_grpc_server(servicer, authenticator, metrics, workers=8, limits=limits)
     port = bind(server, "127.0.0.1:0", tls)

@@ -1,7 +1,8 @@
 """RayRuntime + JobSupervisor end to end on the embedded 3-node cluster: a solver plan on a fragmented
 pool runs exactly where planned and succeeds; cancel leaves nothing; a killed rank (also one killed in
 the middle of a checkpoint save), a killed supervisor, a hung rank and a lost node are detected, and
-the job resumes from its checkpoint (with the same losses) or fails after max_restarts; a job that
+the job resumes from its checkpoint (with the same losses) or fails after max_restarts; a rank's
+configuration error fails the job at once, with no restart; a job that
 lost a node is re-placed off it (by the supervisor's own solver, or with a plan handed to
 `replace_plan`) or fails when none comes in time; a new runtime re-attaches at its cursor; bad
 placements get clear errors. Every fault test proves no actor or placement group of the job is left."""
@@ -204,6 +205,21 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runtime, tmp
     placements = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
     assert [(p["node"], p["gpu"]) for p in placements[1]] == [("node-0", 1), ("node-1", 2)]
     assert placements[1][1]["pid"] != where[1]["pid"]
+    assert_nothing_left(job_id)
+
+
+def test_a_configuration_error_on_the_ranks_fails_the_job_at_once_without_restarts(runtime, tmp_path):
+    job_id = "misconfigured-1"
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("ten bytes!")  # fewer than one sample of seq_len + 1 = 33 tokens: only the ranks find out
+    job = tiny_job("misconfigured", steps=4)
+    job.spec.data.paths = [str(corpus)]
+    runtime.start_job(job_id, job, plan(("node-0", 0), ("node-1", 0)), tmp_path / "run")
+    events, status = follow(runtime, job_id, finished)
+    assert status.state is JobPhase.FAILED and status.restarts == 0
+    assert status.reason.startswith("configuration error on rank 0: spec.data.paths: the 1 files hold 10 tokens"), status.reason
+    assert "not restarted" in status.reason
+    assert states_of(events) == [JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.FAILED]
     assert_nothing_left(job_id)
 
 

@@ -1,13 +1,16 @@
-"""The event log (sequence numbers, cursors, the JSONL mirror) and the supervisor's straggler stats."""
+"""The event log (sequence numbers, cursors, the JSONL mirror), the supervisor's straggler stats and its
+failure classes."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from ray.exceptions import RayActorError, RayTaskError
 
+from trainctl.parallelism.data import DataError
 from trainctl.workers.events import EventKind, EventLog, JobPhase, read_events, status_of
-from trainctl.workers.supervisor import _StepStats
+from trainctl.workers.supervisor import _failure_class, _Outcome, _StepStats
 
 
 def test_sequence_numbers_and_cursor_resume(tmp_path):
@@ -113,3 +116,24 @@ def test_no_ratio_until_every_reporting_rank_timed_a_step():
     stats.add(1, 1, 0.0)  # a zero time gives no ratio rather than a division by zero
     assert stats.latest_complete(before=2)["ratio"] is None
     assert stats.straggler_line(stats.latest_complete(before=2)) is None
+
+
+def _task_error(cause: Exception) -> RayTaskError:
+    """What `ray.get` raises for a rank whose `train` call raised `cause`."""
+    return RayTaskError("RankWorker.train", f"Traceback ...\n{type(cause).__name__}: {cause}", cause).as_instanceof_cause()
+
+
+def test_failure_classes_a_death_outranks_a_configuration_error_which_outranks_other_errors():
+    misconfigured = (1, _task_error(DataError("spec.data.paths: the 1 files hold 10 tokens, fewer than one sample of 33")))
+    broken = (0, _task_error(RuntimeError("Connection closed by peer")))
+    died = (2, RayActorError())
+    outcome, reason = _failure_class([broken, misconfigured])
+    assert outcome is _Outcome.MISCONFIGURED
+    assert reason == (
+        "configuration error on rank 1: spec.data.paths: the 1 files hold 10 tokens, fewer than one sample of 33; "
+        "not restarted (a restart cannot fix it)"
+    )
+    outcome, reason = _failure_class([broken, misconfigured, died])
+    assert outcome is _Outcome.FAILED and reason.startswith("rank 2 died")
+    outcome, reason = _failure_class([broken, (3, _task_error(ValueError("not a configuration error")))])
+    assert outcome is _Outcome.FAILED and reason == "rank 0 failed: RuntimeError: Connection closed by peer"

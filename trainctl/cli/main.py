@@ -120,7 +120,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         address=args.address, data_dir=args.data_dir, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         ray_address=args.ray_address,
         topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
-        warm_pool=args.warm_pool,
+        allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool,
     )
     service = Service(config).start()
     print(f"trainctl serving on {service.target}; data in {config.data_dir}"
@@ -286,7 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", type=Path)
     serve.add_argument("--tls-key", type=Path)
     serve.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA")
-    serve.add_argument("--data-root", type=Path, action="append", help="confine job data paths to this directory (repeatable)")
+    serve.add_argument("--data-root", type=Path, action="append",
+                       help="confine every path a job names to this directory (repeatable; required with --tokens-file)")
+    serve.add_argument("--allow-any-data-path", action="store_true",
+                       help="with --tokens-file, serve without --data-root: every tenant's jobs may read any file the service can")
     serve.add_argument("--warm-pool", action="store_true",
                        help="keep an engine-loaded rank process on every free GPU slot, so jobs start without the "
                             "imports (about 300 MB of host memory per slot)")

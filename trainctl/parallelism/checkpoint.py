@@ -62,6 +62,8 @@ def checkpoint_problem(path: str | Path) -> str | None:
         files = json.loads((path / COMPLETE).read_text())["files"]
     except (ValueError, KeyError, TypeError):
         files = {METADATA: None}
+    if not isinstance(files, dict):
+        return f"its {COMPLETE} manifest is malformed"
     for name, size in sorted(files.items()):
         file = path / name
         if not file.is_file():

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.tokenizer import Tokenizer, load_tokenizer
 from trainctl.spec.job import DataSpec
 from trainctl.spec.validate import resolve_data_paths
 
 
-class DataError(ValueError):
+class DataError(ConfigurationError):
     """The data the spec names cannot be used (names the spec field)."""
 
 

@@ -20,20 +20,22 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from pydantic import ValidationError
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from trainctl.parallelism import checkpoint as ckpt
+from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.lora import apply_lora, merge_lora_state
 from trainctl.parallelism.model import build_model
 from trainctl.spec.job import JobSpecBody
-from trainctl.spec.presets import ModelConfig, resolve_model
+from trainctl.spec.presets import ModelConfig, UnknownPresetError, resolve_model
 
 RUN_SPEC = "job.json"
 CHECKPOINT_SUBDIR = "checkpoints"
 MAX_CHAIN = 16
 
 
-class CheckpointNotFoundError(FileNotFoundError):
+class CheckpointNotFoundError(ConfigurationError, FileNotFoundError):
     """The path names no usable checkpoint (the message says what was looked for)."""
 
 
@@ -59,6 +61,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """The complete `step_*` checkpoint `path` names (itself, a root's newest, or a run dir's newest)."""
     path = Path(path).expanduser()
     if (path / ckpt.COMPLETE).is_file():
+        problem = ckpt.checkpoint_problem(path)
+        if problem is not None:
+            raise CheckpointNotFoundError(f"{path}: the checkpoint is damaged: {problem}")
         return path
     for root in (path, path / CHECKPOINT_SUBDIR):
         found = ckpt.latest_checkpoint(root)
@@ -79,8 +84,42 @@ def open_checkpoint(path: str | Path, job: JobSpecBody | None = None) -> Pretrai
             raise CheckpointNotFoundError(
                 f"{step_dir}: the run recorded no {RUN_SPEC} beside its checkpoints; pass the job spec explicitly"
             )
-        job = JobSpecBody.model_validate_json(spec_file.read_text())
-    return Pretrained(path=step_dir, job=job, config=resolve_model(job.model))
+        try:
+            job = JobSpecBody.model_validate_json(spec_file.read_text())
+        except (OSError, ValidationError) as exc:
+            raise CheckpointNotFoundError(f"{spec_file}: not a readable job record: {exc}") from exc
+    try:
+        config = resolve_model(job.model)
+    except UnknownPresetError as exc:
+        raise CheckpointNotFoundError(f"{step_dir}: the model it was written for is unknown: {exc}") from exc
+    return Pretrained(path=step_dir, job=job, config=config)
+
+
+def _weight_shape(config: ModelConfig) -> dict[str, object]:
+    """The fields of a model shape that decide its parameters' names and shapes."""
+    moe = config.moe
+    return {
+        "vocab_size": config.vocab_size, "dim": config.dim, "n_layers": config.n_layers, "n_heads": config.n_heads,
+        "n_kv_heads": config.n_kv_heads, "ffn_dim": config.ffn_dim,
+        "moe": None if moe is None else (moe.num_experts, moe.shared_expert, moe.interval),
+    }
+
+
+def init_from_problem(path: str, job: JobSpecBody) -> str | None:
+    """Why `path` cannot be `job`'s init_from, or None: it names no intact complete checkpoint, its run
+    recorded no job, or its model's parameters differ from `job`'s. Reads markers, manifests and the
+    recorded job only, never the weights (the submit-time check; loading catches the rest)."""
+    try:
+        source = open_checkpoint(path)
+    except CheckpointNotFoundError as exc:
+        return str(exc)
+    except OSError as exc:  # a name too long, a directory without permission
+        return f"{path}: {exc.strerror or exc}"
+    theirs, ours = _weight_shape(source.config), _weight_shape(resolve_model(job.model))
+    differ = [f"{name} {theirs[name]} (this job: {ours[name]})" for name in ours if theirs[name] != ours[name]]
+    if differ:
+        return f"{source.path} holds a model of another shape: {', '.join(differ)}"
+    return None
 
 
 @contextlib.contextmanager
@@ -131,12 +170,12 @@ def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: 
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
     if missing or unexpected:
-        raise ValueError(
+        raise ConfigurationError(
             f"spec.init_from: {source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
     for name, tensor in weights.items():
         if tuple(tensor.shape) != tuple(own[name].shape):
-            raise ValueError(
+            raise ConfigurationError(
                 f"spec.init_from: {source}: {name} has shape {tuple(tensor.shape)}, the model needs {tuple(own[name].shape)}"
             )
     model.load_state_dict(weights)

@@ -146,16 +146,14 @@ class TokenShardDataset:
                 ) from exc
             if index.get("version") != FORMAT_VERSION:
                 raise DataError(f"spec.data.paths[{i}]: {raw!r} has index version {index.get('version')}, expected {FORMAT_VERSION}")
+            if not isinstance(index, dict) or not isinstance(index.get("vocab_size"), int):
+                raise DataError(f"spec.data.paths[{i}]: {raw!r} has a malformed {INDEX} (no integer vocab_size)")
             if index["vocab_size"] > vocab_size:
                 raise DataError(
                     f"spec.model.vocab_size: {vocab_size} is smaller than the vocabulary the shards in {raw!r} were "
                     f"tokenized with ({index['vocab_size']})"
                 )
-            for shard in index["shards"]:
-                mapped = np.memmap(root / shard["file"], dtype=np.dtype(index["dtype"]), mode="r")
-                if len(mapped) != shard["tokens"]:
-                    raise DataError(f"spec.data.paths[{i}]: {shard['file']} holds {len(mapped)} tokens, index says {shard['tokens']}")
-                self.maps.append(mapped)
+            self.maps.extend(_mapped_shards(root, index, f"spec.data.paths[{i}]"))
         self.starts = np.cumsum([0] + [len(m) for m in self.maps])
         total = int(self.starts[-1])
         self.sample_len = spec.seq_len + 1
@@ -185,6 +183,28 @@ class TokenShardDataset:
         """Global samples [start, start + count) as an int64 tensor [count, seq_len + 1]."""
         rows = [self.tokens(self.sample_id(i) * self.sample_len, self.sample_len) for i in range(start, start + count)]
         return torch.from_numpy(np.stack(rows))
+
+
+def _mapped_shards(root: Path, index: dict[str, Any], field: str) -> list[np.memmap]:
+    """The shards `index` lists, memory-mapped, each checked against its recorded token count."""
+    maps = []
+    try:
+        dtype = np.dtype(index["dtype"])
+        for shard in index["shards"]:
+            name = shard["file"]
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise DataError(f"{field}: {str(root)!r} has an {INDEX} naming shard {name!r}, not a file in the directory")
+            mapped = np.memmap(root / name, dtype=dtype, mode="r")
+            if len(mapped) != shard["tokens"]:
+                raise DataError(f"{field}: {shard['file']} holds {len(mapped)} tokens, index says {shard['tokens']}")
+            maps.append(mapped)
+    except DataError:
+        raise
+    except (KeyError, TypeError) as exc:
+        raise DataError(f"{field}: {str(root)!r} has a malformed {INDEX}: {exc!r}") from exc
+    except (OSError, ValueError) as exc:  # a shard missing, unreadable or empty
+        raise DataError(f"{field}: cannot map a shard of {str(root)!r}: {exc}") from exc
+    return maps
 
 
 def build_dataset(spec: DataSpec, vocab_size: int) -> PackedDataset | TokenShardDataset:

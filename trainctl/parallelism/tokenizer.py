@@ -8,6 +8,8 @@ from typing import Protocol
 
 import numpy as np
 
+from trainctl.parallelism.errors import ConfigurationError
+
 
 class Tokenizer(Protocol):
     """What the data pipeline needs: a vocabulary size and text -> token ids."""
@@ -34,7 +36,10 @@ class HFTokenizer:
     def __init__(self, path: Path):
         from tokenizers import Tokenizer as _Tokenizer
 
-        self._tok = _Tokenizer.from_file(str(path))
+        try:
+            self._tok = _Tokenizer.from_file(str(path))
+        except Exception as exc:  # the tokenizers package raises its own untyped errors for a bad file
+            raise ConfigurationError(f"spec.data.tokenizer: {str(path)!r} is not a loadable tokenizer.json: {exc}") from exc
         self.vocab_size = self._tok.get_vocab_size()
 
     def encode(self, text: bytes) -> np.ndarray:
@@ -48,9 +53,9 @@ def load_tokenizer(name: str) -> Tokenizer:
         return ByteTokenizer()
     path = Path(name)
     if not path.is_file():
-        raise FileNotFoundError(f"spec.data.tokenizer: tokenizer file {name!r} does not exist")
+        raise ConfigurationError(f"spec.data.tokenizer: tokenizer file {name!r} does not exist")
     if importlib.util.find_spec("tokenizers") is None:
-        raise RuntimeError(
+        raise ConfigurationError(
             f"spec.data.tokenizer: {name!r} needs the 'tokenizers' package, which is not installed; "
             "install it or use tokenizer: byte"
         )

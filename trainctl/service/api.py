@@ -16,18 +16,19 @@ from typing import Any
 
 import grpc
 
+from trainctl.parallelism.pretrained import init_from_problem
 from trainctl.service import store as st
 from trainctl.service.auth import Authenticator
 from trainctl.service.convert import job_from_proto, job_to_proto
 from trainctl.service.errors import ApiError, bad_field, failed_precondition, invalid_argument, not_found
-from trainctl.service.paths import DataPathPolicy
+from trainctl.service.paths import JobPathPolicy, job_reference
 from trainctl.service.planning import plan_job
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobRecord, JobStore
 from trainctl.service.tenancy import Principal, TenantUsage, admission_violation
 from trainctl.spec.job import TrainingJob
-from trainctl.spec.validate import FieldViolation, SpecError, semantic_violations
+from trainctl.spec.validate import FieldViolation, SpecError, data_violations, semantic_violations
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
 
@@ -48,7 +49,7 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         pool: GpuPool,
         authenticator: Authenticator,
         *,
-        data_policy: DataPathPolicy | None = None,
+        paths: JobPathPolicy | None = None,
         stopping: threading.Event | None = None,
         ray_nodes: Callable[[], dict[str, bool]] | None = None,
     ):
@@ -56,7 +57,8 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         self.scheduler = scheduler
         self.pool = pool
         self.auth = authenticator
-        self.data_policy = data_policy
+        self.paths = paths or JobPathPolicy((), scheduler.runs_dir)
+        """The confinement rule for every path a job names (no data roots unless the service has some)."""
         self.stopping = stopping or threading.Event()
         self.ray_nodes = ray_nodes
 
@@ -77,18 +79,42 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             raise not_found(f"job {job_id!r}")
         return record
 
-    def _validated(self, message: pb.Job) -> TrainingJob:
+    def _validated(self, message: pb.Job, principal: Principal) -> TrainingJob:
         """The request's job, schema- and semantically valid, or INVALID_ARGUMENT naming each field."""
         try:
             job = job_from_proto(message)
         except SpecError as exc:
             raise invalid_argument(exc.violations) from None
-        violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=self.data_policy is None)
-        if self.data_policy is not None:
-            violations += self.data_policy.violations(job.spec.data)
+        job, violations = self._checked(job, principal)
         if violations:
             raise invalid_argument(violations)
         return job
+
+    def _checked(self, job: TrainingJob, principal: Principal) -> tuple[TrainingJob, list[FieldViolation]]:
+        """`job` with its `init_from: job:<id>` resolved, and every rule it breaks: the spec's semantics,
+        the path rule (paths.JobPathPolicy) and then, only for paths it let through, the data and the
+        init_from checkpoint they name (exist, are readable, hold one sample, fit the model)."""
+        violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=False)
+        confinement = self.paths.violations(job.spec, principal, self._tenant_of)
+        if confinement:
+            return job, violations + confinement
+        reference = job_reference(job.spec.init_from)
+        job = job.model_copy(update={"spec": self.paths.resolve(job.spec)})
+        violations += data_violations(job.spec.data)
+        if job.spec.init_from is not None and job.spec.init_from.strip():
+            problem = init_from_problem(job.spec.init_from, job.spec)
+            if problem is not None:
+                named = f"job {reference!r}" if reference is not None else repr(job.spec.init_from)
+                violations.append(FieldViolation("spec.init_from", f"{named} names no usable checkpoint: {problem}"))
+        return job, violations
+
+    def _tenant_of(self, job_id: str) -> str | None:
+        if len(job_id) > MAX_ID_LENGTH:
+            return None
+        try:
+            return self.store.get_job(job_id).tenant
+        except JobNotFound:
+            return None
 
     # ---- RPCs ---------------------------------------------------------------------------------------
     def CreateJob(self, request: pb.CreateJobRequest, context: grpc.ServicerContext) -> pb.Job:  # noqa: N802
@@ -97,7 +123,7 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             raise bad_field("job", "the job to create is required")
         if len(request.request_id) > MAX_ID_LENGTH:
             raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
-        job = self._validated(request.job)
+        job = self._validated(request.job, principal)
         counts = self.store.count_by_state(principal.tenant)
         held = sum(r.job.spec.resources.gpus for r in self.store.list_jobs(tenant=principal.tenant, states=st.ACTIVE))
         refusal = admission_violation(
@@ -171,16 +197,14 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             self.store.wait_for_change(WATCH_POLL_SECONDS)
 
     def PlanJob(self, request: pb.PlanJobRequest, context: grpc.ServicerContext) -> pb.PlanJobResponse:  # noqa: N802
-        self._principal(context)
+        principal = self._principal(context)
         if not request.HasField("job"):
             raise bad_field("job", "the job to plan is required")
         try:
             job = job_from_proto(request.job)
         except SpecError as exc:
             return _invalid_plan(exc.violations, self.pool)
-        violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=self.data_policy is None)
-        if self.data_policy is not None:
-            violations += self.data_policy.violations(job.spec.data)
+        job, violations = self._checked(job, principal)
         if violations:
             return _invalid_plan(violations, self.pool)
         return plan_job(job, self.pool)
@@ -205,10 +229,8 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         return cluster
 
     def _owns(self, principal: Principal, job_id: str) -> bool:
-        try:
-            return principal.can_access(self.store.get_job(job_id).tenant)
-        except JobNotFound:
-            return False
+        tenant = self._tenant_of(job_id)
+        return tenant is not None and principal.can_access(tenant)
 
 
 # ---- conversions ------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from trainctl.service.auth import Authenticator, AuthInterceptor, check_exposure
 from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
 from trainctl.service.interceptors import ErrorInterceptor, RpcMetricsInterceptor
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
-from trainctl.service.paths import DataPathPolicy
+from trainctl.service.paths import JobPathPolicy, check_confinement
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
@@ -67,7 +67,10 @@ class ServiceConfig:
     """Access file (tokens, tenants, quotas); None turns authentication off (loopback only)."""
     tls: TlsConfig | None = None
     data_roots: list[Path] = field(default_factory=list)
-    """Directories job data may come from; empty: no confinement (single-user, embedded use)."""
+    """Directories every path a job names must lie in; empty: no confinement to roots (single-user,
+    embedded use; with authentication on only with `allow_any_data_path`)."""
+    allow_any_data_path: bool = False
+    """Serve with authentication on and no data roots (logged as a WARNING at start)."""
     workers: int = 64
     """gRPC handler threads (each open WatchJob stream holds one)."""
     warm_pool: bool = False
@@ -138,7 +141,9 @@ class Service:
         config = self.config
         authenticator = Authenticator.from_file(config.tokens_file)
         check_exposure(config.address, authenticator)
-        policy = DataPathPolicy(config.data_roots) if config.data_roots else None
+        check_confinement(authenticator.enabled, config.data_roots, config.allow_any_data_path)
+        runs_dir = Path(config.data_dir).resolve() / "runs"
+        paths = JobPathPolicy(config.data_roots, runs_dir)
         ray_address = config.ray_address
         if ray_address is None:
             self._embedded = start_local(EMBEDDED_GPUS)
@@ -155,11 +160,11 @@ class Service:
             self.metrics_port = self._metrics_server.port
         self.pool = GpuPool(topology, source)
         self.scheduler = Scheduler(
-            self.store, self.pool, self._runtime, Path(config.data_dir).resolve() / "runs",
+            self.store, self.pool, self._runtime, runs_dir,
             metrics=self.metrics, quota_of=authenticator.quota,
         )
         servicer = TrainingServicer(
-            self.store, self.scheduler, self.pool, authenticator, data_policy=policy, stopping=self._stopping,
+            self.store, self.scheduler, self.pool, authenticator, paths=paths, stopping=self._stopping,
             ray_nodes=self._ray_nodes,
         )
 

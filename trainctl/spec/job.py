@@ -240,8 +240,9 @@ class JobSpecBody(StrictModel):
     """Queueing and fault handling."""
     init_from: str | None = None
     """Start from the model weights of a checkpoint instead of a fresh initialisation: a `step_*`
-    checkpoint directory, a checkpoint root (its newest complete checkpoint), or a previous job's run
-    directory (its `checkpoints/`). Optimizer state and data position start fresh."""
+    checkpoint directory, a checkpoint root (its newest complete checkpoint), a previous job's run
+    directory (its `checkpoints/`), or `job:<id>`, an earlier job of the caller's tenant by id (the
+    service resolves it to that job's run directory). Optimizer state and data position start fresh."""
     lora: LoRASpec | None = None
     """Low-rank adapters: freeze the model and train only adapters on `target_modules` (usually with
     init_from); checkpoints then hold only the adapters. None: train every parameter."""

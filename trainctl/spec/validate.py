@@ -7,6 +7,7 @@ the gRPC API (google.rpc.BadRequest) and the engine all report the same thing.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import sysconfig
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from trainctl.spec.job import TrainingJob
+from trainctl.spec.job import DataSpec, TrainingJob
 from trainctl.spec.presets import ModelConfig, UnknownPresetError, resolve_model
 
 STDLIB_CORPUS = "@stdlib"
@@ -159,10 +160,8 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
     if model is not None:
         out.extend(_model_violations(model, job))
 
-    if spec.data.tokenizer != "byte" and not Path(spec.data.tokenizer).is_file():
-        bad("spec.data.tokenizer", f"tokenizer file {spec.data.tokenizer!r} does not exist")
     if check_data:
-        out.extend(_data_violations(spec.data.paths) if spec.data.format == "text" else _shard_violations(spec.data.paths))
+        out.extend(data_violations(spec.data))
     out.extend(_efficiency_violations(job))
     return out
 
@@ -266,3 +265,56 @@ def load_job_file(path: str | os.PathLike[str]) -> TrainingJob:
     except OSError as exc:
         raise SpecError([FieldViolation("<file>", f"cannot read {path}: {exc.strerror}")]) from exc
     return parse_yaml(text)
+
+
+# ---- the files the data spec names, and what they can give (submit-time, cheap) ------------------------
+
+
+def data_violations(data: DataSpec) -> list[FieldViolation]:
+    """The files `data` names exist and are readable (text files, or token-shard directories with an
+    index; the tokenizer file), and hold at least one sample (`corpus_capacity_violations`). A service
+    with confinement calls it only for paths its rule let through (trainctl.service.paths)."""
+    out = _data_violations(data.paths) if data.format == "text" else _shard_violations(data.paths)
+    if data.tokenizer != "byte" and not Path(data.tokenizer).is_file():
+        out.append(FieldViolation("spec.data.tokenizer", f"tokenizer file {data.tokenizer!r} does not exist"))
+    return out or corpus_capacity_violations(data)
+
+
+MAX_TOKENS_PER_BYTE = 3
+"""Most tokens a tokenizer.json emits per byte of text: a byte-level BPE emits at most one per byte of
+the decoded text, and an invalid byte decodes to U+FFFD, three bytes. Used only to bound a corpus's
+tokens from its size without tokenizing it."""
+
+
+def corpus_capacity_violations(data: DataSpec) -> list[FieldViolation]:
+    """`spec.data.seq_len` against what the data can give: the corpus must hold one sample of seq_len + 1
+    tokens. Counted exactly from file sizes (byte tokenizer) or the shards' index (format tokens); for a
+    tokenizer file, bounded from file sizes (MAX_TOKENS_PER_BYTE), so only a corpus too small under any
+    tokenization is refused here and the ranks catch the rest. Call it once the paths are known valid."""
+    need = data.seq_len + 1
+    try:
+        tokens, what = _corpus_tokens(data)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [FieldViolation("spec.data.paths", f"cannot size the corpus: {exc!r}")]
+    if tokens >= need:
+        return []
+    return [FieldViolation("spec.data.seq_len", f"a sample needs seq_len + 1 = {need} tokens but {what}")]
+
+
+def _corpus_tokens(data: DataSpec) -> tuple[int, str]:
+    """Tokens the corpus holds (exact, or an upper bound for a tokenizer file) and how that was counted."""
+    if data.format == "tokens":
+        tokens = sum(_indexed_tokens(Path(os.path.expanduser(path))) for path in data.paths)
+        return tokens, f"the shards hold {tokens} tokens"
+    files = resolve_data_paths(data.paths)[: data.max_files]
+    size = sum(path.stat().st_size for path in files)
+    if data.tokenizer == "byte":
+        return size, f"the {len(files)} files hold {size} bytes, one token each"
+    bound = size * MAX_TOKENS_PER_BYTE
+    return bound, f"the {len(files)} files hold {size} bytes, at most {bound} tokens under any tokenizer"
+
+
+def _indexed_tokens(directory: Path) -> int:
+    """Tokens a prepared token-shard directory holds, from its index.json."""
+    index = json.loads((directory / "index.json").read_text())
+    return sum(int(shard["tokens"]) for shard in index["shards"])

@@ -6,7 +6,9 @@ collects step reports and log lines into the job's event log. It watches the ran
 and a group that makes no step progress for ``scheduling.step_timeout_seconds`` counts as hung.
 Either tears the group down and starts a new generation, which resumes from the newest complete
 checkpoint in ``<run_dir>/checkpoints``, up to ``scheduling.max_restarts`` times; after that the job
-FAILS with the reason. A cancel tears the group down and ends in CANCELLED.
+FAILS with the reason. A rank that raised the engine's `ConfigurationError` (bad data, checkpoint or
+tokenizer for this spec), while no rank died, FAILS the job at once: a restart cannot fix it. A cancel
+tears the group down and ends in CANCELLED.
 
 When a planned node is gone from the Ray cluster, the next generation needs a new plan: the supervisor
 records a REPLAN event naming the lost nodes and waits. The plan comes from `replace_plan` (the
@@ -35,6 +37,7 @@ import yaml
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
+from trainctl.parallelism.errors import ConfigurationError
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobPhase, JobStatus
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
@@ -103,6 +106,8 @@ class _Outcome(Enum):
     CANCELLED = "cancelled"
     UNPLACED = "unplaced"
     """No new plan came in time after a node loss: the job fails without another restart."""
+    MISCONFIGURED = "misconfigured"
+    """A rank raised a configuration error: the job fails without another restart."""
 
 
 @dataclass
@@ -280,7 +285,7 @@ class JobSupervisor:
             if outcome is _Outcome.SUCCEEDED:
                 self._state(JobPhase.SUCCEEDED, detail)
                 return
-            if outcome is _Outcome.UNPLACED:
+            if outcome in (_Outcome.UNPLACED, _Outcome.MISCONFIGURED):
                 self._state(JobPhase.FAILED, detail)
                 return
             if restarts >= max_restarts:
@@ -441,7 +446,7 @@ class JobSupervisor:
                 except (RayActorError, RayTaskError) as exc:
                     failures.append((rank_of[ref], exc))
             if failures:
-                return _Outcome.FAILED, self._root_cause(failures, pending, rank_of)
+                return self._root_cause(failures, pending, rank_of)
             idle = time.monotonic() - self._progress_at
             if pending and self._stepping and idle > step_timeout:
                 return _Outcome.FAILED, (
@@ -456,19 +461,17 @@ class JobSupervisor:
         failures: list[tuple[int, BaseException]],
         pending: list[ray.ObjectRef],
         rank_of: dict[ray.ObjectRef, int],
-    ) -> str:
-        """Why the group failed. A dead rank makes its peers' collectives fail too, often first; wait
-        briefly for the others and name a dead rank before a rank that merely raised."""
+    ) -> tuple[_Outcome, str]:
+        """Why the group failed, and whether restarting can help. A dead rank makes its peers'
+        collectives fail too, often first; wait briefly for the others and name a dead rank (restart)
+        before a rank that raised a configuration error (fail at once), before any other error (restart)."""
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=ROOT_CAUSE_WAIT) if pending else ([], [])
         for ref in done:
             try:
                 ray.get(ref)
             except (RayActorError, RayTaskError) as exc:
                 failures.append((rank_of[ref], exc))
-        dead = [(rank, exc) for rank, exc in failures if isinstance(exc, RayActorError)]
-        rank, exc = min(dead or failures, key=lambda item: item[0])
-        verb = "died" if dead else "failed"
-        return f"rank {rank} {verb}: {_first_line(exc)}"
+        return _failure_class(failures)
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -493,6 +496,30 @@ def _latest_plan(log: EventLog) -> list[RankSlot] | None:
     """The plan of the newest PLAN event (a restarted supervisor continues with it), or None."""
     plans = [event.placement for event in log.all() if event.kind is EventKind.PLAN and event.placement]
     return [RankSlot(**slot) for slot in plans[-1]] if plans else None
+
+
+def _failure_class(failures: list[tuple[int, BaseException]]) -> tuple[_Outcome, str]:
+    """The outcome and reason of a generation whose ranks failed with `failures` (rank, error): a dead
+    rank first (restart), then a rank's configuration error (fail at once), then any other error (restart);
+    the lowest rank of the class is named."""
+    dead = [(rank, exc) for rank, exc in failures if isinstance(exc, RayActorError)]
+    if dead:
+        rank, exc = min(dead, key=lambda item: item[0])
+        return _Outcome.FAILED, f"rank {rank} died: {_first_line(exc)}"
+    misconfigured = [(rank, cause) for rank, exc in failures if (cause := _configuration_error(exc)) is not None]
+    if misconfigured:
+        rank, cause = min(misconfigured, key=lambda item: item[0])
+        return _Outcome.MISCONFIGURED, (
+            f"configuration error on rank {rank}: {str(cause)[:REASON_CHARS]}; not restarted (a restart cannot fix it)"
+        )
+    rank, exc = min(failures, key=lambda item: item[0])
+    return _Outcome.FAILED, f"rank {rank} failed: {_first_line(exc)}"
+
+
+def _configuration_error(exc: BaseException) -> ConfigurationError | None:
+    """The engine's ConfigurationError a rank raised (the cause Ray's task error carries), or None."""
+    cause = getattr(exc, "cause", exc)
+    return cause if isinstance(cause, ConfigurationError) else None
 
 
 def _first_line(exc: BaseException) -> str:
