@@ -21,7 +21,7 @@ from trainctl.service.auth import Authenticator
 from trainctl.service.convert import job_from_proto, job_to_proto
 from trainctl.service.errors import ApiError, bad_field, failed_precondition, invalid_argument, not_found
 from trainctl.service.paths import DataPathPolicy
-from trainctl.service.planning import plan_job
+from trainctl.service.planning import fit_violations, plan_job
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobRecord, JobStore
@@ -77,16 +77,24 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             raise not_found(f"job {job_id!r}")
         return record
 
-    def _validated(self, message: pb.Job) -> TrainingJob:
-        """The request's job, schema- and semantically valid, or INVALID_ARGUMENT naming each field."""
+    def _violations(self, message: pb.Job) -> tuple[TrainingJob | None, list[FieldViolation]]:
+        """The request's job and everything wrong with it: schema, semantics, data, and whether its
+        ranks fit the pool's largest GPU (checked last: it is the only estimate, and needs a sane job)."""
         try:
             job = job_from_proto(message)
         except SpecError as exc:
-            raise invalid_argument(exc.violations) from None
+            return None, exc.violations
         violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=self.data_policy is None)
         if self.data_policy is not None:
             violations += self.data_policy.violations(job.spec.data)
-        if violations:
+        if not violations:
+            violations = fit_violations(job, self.pool)
+        return job, violations
+
+    def _validated(self, message: pb.Job) -> TrainingJob:
+        """The request's job, schema- and semantically valid, or INVALID_ARGUMENT naming each field."""
+        job, violations = self._violations(message)
+        if violations or job is None:
             raise invalid_argument(violations)
         return job
 
@@ -174,14 +182,8 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         self._principal(context)
         if not request.HasField("job"):
             raise bad_field("job", "the job to plan is required")
-        try:
-            job = job_from_proto(request.job)
-        except SpecError as exc:
-            return _invalid_plan(exc.violations, self.pool)
-        violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=self.data_policy is None)
-        if self.data_policy is not None:
-            violations += self.data_policy.violations(job.spec.data)
-        if violations:
+        job, violations = self._violations(request.job)
+        if violations or job is None:
             return _invalid_plan(violations, self.pool)
         return plan_job(job, self.pool)
 
