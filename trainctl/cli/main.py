@@ -24,7 +24,6 @@ import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
@@ -112,6 +111,7 @@ def _load(path: str) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from trainctl.service.server import Service, ServiceConfig
+    from trainctl.service.shutdown import install_stop_signals
     from trainctl.service.tls import TlsConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -126,9 +126,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"trainctl serving on {service.target}; data in {config.data_dir}"
           + (f"; metrics on http://{config.metrics_host}:{service.metrics_port}/metrics" if service.metrics_port else ""),
           flush=True)
-    stop = lambda *_: service.stop()  # noqa: E731 - a signal handler
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    install_stop_signals(service.stop)
     service.wait()
     return EXIT_OK
 
