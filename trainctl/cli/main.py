@@ -20,6 +20,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -364,6 +365,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for violation in exc.violations:
             print(f"  {violation}", file=sys.stderr)
         return exc.status
+    except SpecError as exc:  # a spec refused past _load (one with no proto form, say)
+        print("error: not a valid job spec", file=sys.stderr)
+        for violation in exc.violations:
+            print(f"  {violation}", file=sys.stderr)
+        return EXIT_INVALID
+    except BrokenPipeError:  # the reader went away (`trainctl logs JOB | head`): stop quietly
+        with contextlib.suppress(OSError, ValueError):  # so the flush at exit has nowhere to fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except grpc.RpcError as exc:
         violations = field_violations(exc)
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr) if not violations else print(

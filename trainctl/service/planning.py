@@ -19,11 +19,12 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from trainctl.parallelism.device_memory import gpu_memory_bytes
+from trainctl.parallelism.efficiency import with_micro_batch_size
 from trainctl.parallelism.estimator import MemoryEstimate, estimate_memory, flops_per_step, model_plan
 from trainctl.parallelism.flops import peak_flops
 from trainctl.parallelism.grid import DIMS, RankGrid
 from trainctl.service.pool import GpuPool
-from trainctl.spec.job import INT64_MAX, TrainingJob
+from trainctl.spec.job import INT64_MAX, JobSpecBody, TrainingJob
 from trainctl.spec.presets import ModelConfig, resolve_model
 from trainctl.spec.validate import FieldViolation
 from trainctl.v1 import training_pb2 as pb
@@ -65,11 +66,17 @@ def rank_class(grid: RankGrid, rank: int) -> tuple[int, int]:
     return coords["pp"], coords["dp_shard"] * grid.cp + coords["cp"]
 
 
-def estimate_ranks(config: ModelConfig, job: TrainingJob, ranks: Iterable[int]) -> tuple[dict[int, MemoryEstimate], bool]:
+def estimable(job: TrainingJob) -> JobSpecBody:
+    """The job's spec as the estimator takes it: micro_batch_size `auto` as 1, the smallest the engine
+    may pick (so the estimate is a lower bound of what `auto` will use)."""
+    return with_micro_batch_size(job.spec, 1) if job.spec.training.micro_batch_size == "auto" else job.spec
+
+
+def estimate_ranks(config: ModelConfig, body: JobSpecBody, ranks: Iterable[int]) -> tuple[dict[int, MemoryEstimate], bool]:
     """The memory estimate of each of `ranks` (one computation per `rank_class`) within the
     `MAX_ESTIMATED_PARAMS` budget, and whether the budget dropped some (then only ranks of shard 0 are in)."""
-    grid = RankGrid.from_spec(job.spec.parallelism)
-    plan = model_plan(config, job.spec)
+    grid = RankGrid.from_spec(body.parallelism)
+    plan = model_plan(config, body)
     classes: dict[tuple[int, int], list[int]] = {}
     for rank in ranks:
         classes.setdefault(rank_class(grid, rank), []).append(rank)
@@ -79,7 +86,7 @@ def estimate_ranks(config: ModelConfig, job: TrainingJob, ranks: Iterable[int]) 
         classes = {key: members for key, members in classes.items() if key[1] == 0}
     out: dict[int, MemoryEstimate] = {}
     for members in classes.values():
-        first = estimate_memory(config, job.spec, members[0], plan)
+        first = estimate_memory(config, body, members[0], plan)
         for rank in members:
             out[rank] = replace(first, rank=rank)
     return dict(sorted(out.items())), dropped
@@ -94,7 +101,7 @@ def fit_violations(job: TrainingJob, pool: GpuPool) -> list[FieldViolation]:
     config = resolve_model(job.spec.model)
     grid = RankGrid.from_spec(job.spec.parallelism)
     first_shards = [grid.rank_of(pp=p) for p in range(grid.pp)]
-    estimates, _ = estimate_ranks(config, job, first_shards)
+    estimates, _ = estimate_ranks(config, estimable(job), first_shards)
     worst = max(estimates.values(), key=lambda m: m.total_bytes)
     if worst.total_bytes <= capacity:
         return []
@@ -114,7 +121,9 @@ def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None)
     if grid.world_size > MAX_MEMORY_RANKS:
         ranks = sorted({grid.rank_of(pp=p, dp_replicate=0, dp_shard=0, cp=0, tp=t) for p in range(grid.pp) for t in range(grid.tp)})
         plan.notes.append(f"memory shown for the {len(ranks)} ranks of data-parallel replica 0 (the others match them)")
-    estimates, dropped = estimate_ranks(config, job, ranks)
+    estimates, dropped = estimate_ranks(config, estimable(job), ranks)
+    if job.spec.training.micro_batch_size == "auto":
+        plan.notes.append("micro_batch_size auto: activations shown for micro-batch 1 (the engine picks the largest that fits)")
     if dropped:
         plan.notes.append("memory shown for the first dp_shard x cp rank of each stage (the largest under FSDP padding); the model is too "
                           "large to estimate every shard")
