@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from harness import tiny_job
 from torch.distributed.tensor import DTensor
 
-from trainctl.parallelism.estimator import estimate_all, estimate_memory, flops_per_step, local_params
-from trainctl.parallelism.flops import training_flops_per_token
-from trainctl.spec.job import JobSpecBody
-from trainctl.spec.presets import resolve_model
+from trainctl.parallelism.estimator import (
+    estimate_all,
+    estimate_memory,
+    flops_per_step,
+    full_shapes,
+    local_params,
+)
+from trainctl.parallelism.flops import active_matmul_params, training_flops_per_token
+from trainctl.spec.job import JobSpecBody, LoRASpec
+from trainctl.spec.presets import PRESETS, MoEConfig, resolve_model
 
 
 def storage_bytes(tensors) -> int:
@@ -100,6 +108,36 @@ def test_flops_per_step_follows_the_documented_formula(corpus):
     n_active = layers * (2 * d * d + 2 * d * kv + 3 * d * f) + d * v
     assert training_flops_per_token(config, s) == 6 * n_active + 6 * layers * s * d
     assert flops_per_step(config, body) == training_flops_per_token(config, s) * 8 * s
+
+
+@pytest.mark.parametrize(
+    ("overrides", "lora"),
+    [
+        ({}, None),
+        ({"n_layers": 5, "moe": MoEConfig(num_experts=4, top_k=2, shared_expert=True, interval=2)}, LoRASpec(target_modules=["wq", "w2", "wo"])),
+        ({"n_heads": 8, "n_kv_heads": 2, "moe": MoEConfig(num_experts=2, top_k=1)}, LoRASpec(rank=3, target_modules=["w1", "wv"])),
+    ],
+)
+def test_full_shapes_from_the_configuration_match_the_model(overrides, lora):
+    """The estimator's shape table (never a built module) equals the model's named_parameters, order included."""
+    from trainctl.parallelism.lora import apply_lora
+    from trainctl.parallelism.model import Transformer
+
+    config = replace(PRESETS["debug"], **overrides)
+    with torch.device("meta"):
+        model = Transformer(config)
+    if lora is not None:
+        apply_lora(model, lora, seed=0)
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert full_shapes(config, lora) == expected
+    assert list(full_shapes(config, lora)) == list(expected)
+
+
+def test_flops_of_moe_models_count_the_moe_layers():
+    config = replace(PRESETS["debug"], n_layers=5, moe=MoEConfig(num_experts=4, top_k=2, shared_expert=True, interval=2))
+    d, f, v, kv = 64, 128, 256, 2 * 16
+    attention, dense = 2 * d * d + 2 * d * kv, 3 * d * f
+    assert active_matmul_params(config) == d * v + 5 * attention + 3 * dense + 2 * (d * 4 + 2 * dense + dense)
 
 
 def test_peak_flops_table_and_unknown_devices():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +45,29 @@ def test_submit_of_an_invalid_file_never_calls_the_server(capsys: pytest.Capture
     bad = next(c for c in CASES if c.name == "malformed-yaml")
     assert main(["--server", "127.0.0.1:9", "submit", str(bad.path)]) == EXIT_INVALID
     assert "<document>: malformed YAML" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"\xff\xfe\x00\x01 not text", "is not UTF-8 text"),
+        (b"metadata: {name: x}\nspec: {training: {steps: 99999999999999999999999, seed: -99999999999999999999}}\n",
+         "spec.training.steps: Input should be less than or equal to 1000000000"),
+        (b"a: " + b"[" * 5000, "nested deeper than 32 levels"),
+        (b"a: &a [1, 1]\nb: [*a, *a]\n", "aliases (*name) are not allowed"),
+        (b"- just\n- a list\n", "expected a mapping"),
+        (b"x: " + b"7" * 5000 + b"\n", "malformed YAML value"),
+    ],
+    ids=["binary", "huge-ints", "deep", "alias", "list", "long-int"],
+)
+def test_hostile_files_get_error_lines_not_tracebacks(tmp_path: Path, content: bytes, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "hostile.yaml"
+    path.write_bytes(content)
+    for command in (["validate", str(path)], ["--server", "127.0.0.1:9", "submit", str(path)], ["--server", "127.0.0.1:9", "plan", str(path)]):
+        assert main(command) == EXIT_INVALID, command
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err, err
+        assert all(line.startswith(("error: ", "  ")) for line in err.splitlines()), err
 
 
 @pytest.fixture
@@ -160,3 +185,19 @@ def test_progress_without_a_terminal_is_plain_lines() -> None:
     assert lines[5] == "[6] RUNNING -> SUCCEEDED"
     assert "\x1b" not in out.getvalue()  # no terminal control codes
     assert tracker.state == pb.SUCCEEDED and tracker.first_loss == 5.0 and tracker.loss == 4.5
+
+
+def test_logs_into_a_pipe_closed_early_ends_quietly(tmp_path: Path, api: ApiServer, runtime: ScriptedRuntime, capsys: pytest.CaptureFixture[str]) -> None:
+    """`trainctl logs JOB | head -1`: the reader leaves after one line; no BrokenPipeError traceback."""
+    assert main(["submit", str(_spec(tmp_path, "chatty", steps=2000))]) == 0
+    job_id = _submitted_id(capsys.readouterr().out)
+    runtime.wait_started(job_id)
+    runtime.run(job_id, [1.0] * 2000)
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "trainctl.cli.main", "--server", api.target, "logs", job_id],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert reader.stdout is not None and reader.stdout.readline()
+    reader.stdout.close()
+    _, err = reader.communicate(timeout=60)
+    assert reader.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()

@@ -6,7 +6,7 @@ import pytest
 
 from trainctl.service.convert import job_from_proto, job_to_proto
 from trainctl.spec.job import TrainingJob
-from trainctl.spec.validate import SpecError
+from trainctl.spec.validate import SpecError, parse_object
 from trainctl.v1 import training_pb2 as pb
 
 RICH = {
@@ -104,8 +104,14 @@ def test_bad_proto_names_the_field(message: pb.Job, field: str) -> None:
     assert field in [v.field for v in info.value.violations]
 
 
-def test_integer_beyond_int64_is_a_field_error() -> None:
-    job = TrainingJob.model_validate({"metadata": {"name": "x"}, "spec": {"data": {"seed": 2**70}}})
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**70])
+def test_integer_beyond_int64_is_a_field_error(seed: int) -> None:
     with pytest.raises(SpecError) as info:
-        job_to_proto(job)
-    assert info.value.violations[0].field == "spec.data.seed"
+        parse_object({"metadata": {"name": "x"}, "spec": {"data": {"seed": seed}}})
+    assert [v.field for v in info.value.violations] == ["spec.data.seed"]
+
+
+@pytest.mark.parametrize("seed", [2**63 - 1, -(2**63)])
+def test_int64_extremes_round_trip(seed: int) -> None:
+    job = parse_object({"metadata": {"name": "x"}, "spec": {"data": {"seed": seed}, "training": {"seed": seed}}})
+    assert job_from_proto(job_to_proto(job)) == job

@@ -20,11 +20,11 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
@@ -112,6 +112,7 @@ def _load(path: str) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from trainctl.service.server import Service, ServiceConfig
+    from trainctl.service.shutdown import install_stop_signals
     from trainctl.service.tls import TlsConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -126,9 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"trainctl serving on {service.target}; data in {config.data_dir}"
           + (f"; metrics on http://{config.metrics_host}:{service.metrics_port}/metrics" if service.metrics_port else ""),
           flush=True)
-    stop = lambda *_: service.stop()  # noqa: E731 - a signal handler
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    install_stop_signals(service.stop)
     service.wait()
     return EXIT_OK
 
@@ -369,6 +368,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for violation in exc.violations:
             print(f"  {violation}", file=sys.stderr)
         return exc.status
+    except SpecError as exc:  # a spec refused past _load (one with no proto form, say)
+        print("error: not a valid job spec", file=sys.stderr)
+        for violation in exc.violations:
+            print(f"  {violation}", file=sys.stderr)
+        return EXIT_INVALID
+    except BrokenPipeError:  # the reader went away (`trainctl logs JOB | head`): stop quietly
+        with contextlib.suppress(OSError, ValueError):  # so the flush at exit has nowhere to fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except grpc.RpcError as exc:
         violations = field_violations(exc)
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr) if not violations else print(

@@ -3,7 +3,7 @@
 Parameters, gradients and optimizer state are computed from the exact local shape of every parameter
 on the rank, following what the engine does (formulas in docs/engine.md):
 
-1. Full shapes from the model built on the meta device (no memory).
+1. Full shapes from the configuration (`full_shapes`; no module is built).
 2. Pipeline: the rank keeps the layers of its stages (pipeline.balanced_split), the embedding on the
    first stage, the final norm and output on the last.
 3. Tensor parallel (tensor_parallel's plan): wq, wk, wv, w1, w3, tok_embeddings and output are split
@@ -29,13 +29,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from math import ceil, prod
 
-import torch
-
 from trainctl.parallelism.data_parallel import effective_mode, partition_sizes
 from trainctl.parallelism.flops import training_flops_per_token
 from trainctl.parallelism.grid import RankGrid
-from trainctl.parallelism.lora import is_adapter, target_names
-from trainctl.parallelism.model import Transformer
+from trainctl.parallelism.lora import PARENTS, is_adapter
 from trainctl.parallelism.pipeline import balanced_split, local_stage_indices
 from trainctl.spec.job import JobSpecBody, LoRASpec
 from trainctl.spec.presets import ModelConfig
@@ -75,20 +72,49 @@ class LocalParam:
     """Has a gradient and optimizer state (False for weights LoRA freezes)."""
 
 
+def _block_shapes(config: ModelConfig, layer: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(name within the block, full shape) of decoder layer `layer`'s parameters, in module order."""
+    d, f, hd = config.dim, config.ffn_dim, config.head_dim
+    shapes = [
+        ("attention_norm.weight", (d,)),
+        ("attention.wq.weight", (config.n_heads * hd, d)),
+        ("attention.wk.weight", (config.n_kv_heads * hd, d)),
+        ("attention.wv.weight", (config.n_kv_heads * hd, d)),
+        ("attention.wo.weight", (d, config.n_heads * hd)),
+        ("ffn_norm.weight", (d,)),
+    ]
+    moe = config.moe
+    if moe is None or not config.is_moe_layer(layer):
+        return [*shapes, ("feed_forward.w1.weight", (f, d)), ("feed_forward.w2.weight", (d, f)), ("feed_forward.w3.weight", (f, d))]
+    shapes += [
+        ("moe.router.weight", (moe.num_experts, d)),
+        ("moe.experts.w1", (moe.num_experts, d, f)),
+        ("moe.experts.w2", (moe.num_experts, f, d)),
+        ("moe.experts.w3", (moe.num_experts, d, f)),
+    ]
+    if moe.shared_expert:
+        shapes += [("moe.shared_expert.w1.weight", (f, d)), ("moe.shared_expert.w2.weight", (d, f)), ("moe.shared_expert.w3.weight", (f, d))]
+    return shapes
+
+
 def full_shapes(config: ModelConfig, lora: LoRASpec | None = None) -> dict[str, tuple[int, ...]]:
-    """Every parameter's full shape, by name, from the model on the meta device (in the model's
-    order, LoRA adapters right after the weight they adapt)."""
-    with torch.device("meta"):
-        model = Transformer(config)
-    adapted = set(target_names(model, lora)) if lora is not None else set()
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, p in model.named_parameters():
-        shapes[name] = tuple(p.shape)
-        module = name.removesuffix(".weight")
-        if module in adapted:
-            out_features, in_features = p.shape
-            shapes[f"{module}.lora_a"] = (lora.rank, in_features)
-            shapes[f"{module}.lora_b"] = (out_features, lora.rank)
+    """Every parameter's full shape, by name, in the order of `Transformer(config).named_parameters()`,
+    LoRA adapters right after the weight they adapt.
+
+    Computed from the configuration (the model is never built): cost is linear in n_layers, whatever
+    the sizes (tests/parallelism/test_estimator.py checks it against the model on the meta device)."""
+    adapted = {f"{PARENTS[t]}.{t}" for t in lora.target_modules} if lora is not None else set()
+    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (config.vocab_size, config.dim)}
+    for layer in range(config.n_layers):
+        for name, shape in _block_shapes(config, layer):
+            shapes[f"layers.{layer}.{name}"] = shape
+            module = name.removesuffix(".weight")
+            if module in adapted:
+                out_features, in_features = shape
+                shapes[f"layers.{layer}.{module}.lora_a"] = (lora.rank, in_features)
+                shapes[f"layers.{layer}.{module}.lora_b"] = (out_features, lora.rank)
+    shapes["norm.weight"] = (config.dim,)
+    shapes["output.weight"] = (config.vocab_size, config.dim)
     return shapes
 
 

@@ -44,19 +44,21 @@ def peak_flops(device_name: str | None, dtype: str) -> float | None:
     return None
 
 
+def moe_layer_count(config: ModelConfig) -> int:
+    """Decoder layers with an MoE feed-forward (`ModelConfig.is_moe_layer`: every `interval`-th)."""
+    return 0 if config.moe is None else config.n_layers // config.moe.interval
+
+
 def active_matmul_params(config: ModelConfig) -> int:
-    """Matrix-multiply parameters one token passes through (N_active above)."""
+    """Matrix-multiply parameters one token passes through (N_active above), in closed form."""
     head_dim = config.head_dim
     attention = 2 * config.dim * config.n_heads * head_dim + 2 * config.dim * config.n_kv_heads * head_dim
     dense_ffn = 3 * config.dim * config.ffn_dim
-    total = config.dim * config.vocab_size
-    for layer in range(config.n_layers):
-        total += attention
-        if config.is_moe_layer(layer):
-            moe = config.moe
-            total += config.dim * moe.num_experts + moe.top_k * dense_ffn + (dense_ffn if moe.shared_expert else 0)
-        else:
-            total += dense_ffn
+    moe_layers = moe_layer_count(config)
+    total = config.dim * config.vocab_size + config.n_layers * attention + (config.n_layers - moe_layers) * dense_ffn
+    if config.moe is not None:
+        moe = config.moe
+        total += moe_layers * (config.dim * moe.num_experts + moe.top_k * dense_ffn + (dense_ffn if moe.shared_expert else 0))
     return total
 
 

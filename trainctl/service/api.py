@@ -22,7 +22,7 @@ from trainctl.service.auth import Authenticator
 from trainctl.service.convert import job_from_proto, job_to_proto
 from trainctl.service.errors import ApiError, bad_field, failed_precondition, invalid_argument, not_found
 from trainctl.service.paths import JobPathPolicy, job_reference
-from trainctl.service.planning import plan_job
+from trainctl.service.planning import fit_violations, plan_job
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobRecord, JobStore
@@ -79,14 +79,23 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             raise not_found(f"job {job_id!r}")
         return record
 
-    def _validated(self, message: pb.Job, principal: Principal) -> TrainingJob:
-        """The request's job, schema- and semantically valid, or INVALID_ARGUMENT naming each field."""
+    def _violations(self, message: pb.Job, principal: Principal) -> tuple[TrainingJob | None, list[FieldViolation]]:
+        """The request's job (its `init_from: job:<id>` resolved) and everything wrong with it: schema,
+        semantics, paths, data, and whether its ranks fit the pool's largest GPU (checked last: it is the
+        only estimate, and needs a sane job)."""
         try:
             job = job_from_proto(message)
         except SpecError as exc:
-            raise invalid_argument(exc.violations) from None
+            return None, exc.violations
         job, violations = self._checked(job, principal)
-        if violations:
+        if not violations:
+            violations = fit_violations(job, self.pool)
+        return job, violations
+
+    def _validated(self, message: pb.Job, principal: Principal) -> TrainingJob:
+        """The request's job, valid in every respect `_violations` checks, or INVALID_ARGUMENT naming each field."""
+        job, violations = self._violations(message, principal)
+        if violations or job is None:
             raise invalid_argument(violations)
         return job
 
@@ -200,12 +209,8 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         principal = self._principal(context)
         if not request.HasField("job"):
             raise bad_field("job", "the job to plan is required")
-        try:
-            job = job_from_proto(request.job)
-        except SpecError as exc:
-            return _invalid_plan(exc.violations, self.pool)
-        job, violations = self._checked(job, principal)
-        if violations:
+        job, violations = self._violations(request.job, principal)
+        if violations or job is None:
             return _invalid_plan(violations, self.pool)
         return plan_job(job, self.pool)
 

@@ -1,25 +1,39 @@
-"""PlanJob: what a valid job would look like on this pool, without recording anything.
+"""PlanJob: what a valid job would look like on this pool, without recording anything; and the
+submit-time check that a job's ranks fit the largest GPU of the pool.
 
 Placement comes from the pool (the placement solver on the whole pool, as if it were empty, and
 whether it fits on the GPUs free now); memory per rank and the modelled step time come from the
-engine's estimator (trainctl.parallelism.estimator: exact local shapes from a meta-device model).
-The modelled step time is compute at the device's peak FLOP rate plus the placement's modelled
-communication, not overlapped: a lower bound on what the job will see. Devices without a known
-peak (CPUs) get no compute time, and the plan says so.
+engine's estimator (trainctl.parallelism.estimator: exact local shapes computed from the model's
+configuration, never by building it). The modelled step time is compute at the device's peak FLOP
+rate plus the placement's modelled communication, not overlapped: a lower bound on what the job will
+see. Devices without a known peak (CPUs) get no compute time, and the plan says so.
+
+Cost is bounded whatever the request: the spec's field bounds (trainctl.spec.job) cap the parameter
+count per rank, ranks with the same estimate are estimated once (`rank_classes`), and at most
+`MAX_ESTIMATED_PARAMS` parameter shapes are visited per plan.
 """
 
 from __future__ import annotations
 
-from trainctl.parallelism.estimator import estimate_all, flops_per_step
+from collections.abc import Iterable
+from dataclasses import replace
+
+from trainctl.parallelism.device_memory import gpu_memory_bytes
+from trainctl.parallelism.efficiency import with_micro_batch_size
+from trainctl.parallelism.estimator import MemoryEstimate, estimate_memory, flops_per_step, model_plan
 from trainctl.parallelism.flops import peak_flops
 from trainctl.parallelism.grid import DIMS, RankGrid
 from trainctl.service.pool import GpuPool
-from trainctl.spec.job import TrainingJob
-from trainctl.spec.presets import resolve_model
+from trainctl.spec.job import INT64_MAX, JobSpecBody, TrainingJob
+from trainctl.spec.presets import ModelConfig, resolve_model
+from trainctl.spec.validate import FieldViolation
 from trainctl.v1 import training_pb2 as pb
 
 MAX_MEMORY_RANKS = 64
 """Above this many ranks, memory is estimated for one data-parallel replica."""
+MAX_ESTIMATED_PARAMS = 200_000
+"""Parameter shapes one plan's memory estimate may visit (distinct ranks x parameters per rank);
+beyond it only the first shard of each pipeline stage (the largest under FSDP padding) is estimated."""
 
 
 def plan_job(job: TrainingJob, pool: GpuPool) -> pb.PlanJobResponse:
@@ -45,6 +59,61 @@ def plan_job(job: TrainingJob, pool: GpuPool) -> pb.PlanJobResponse:
     return plan
 
 
+def rank_class(grid: RankGrid, rank: int) -> tuple[int, int]:
+    """(pipeline stage, index in the dp_shard x cp group): ranks with the same class hold the same
+    bytes (tensor, expert and replica splits are even, which validation guarantees)."""
+    coords = grid.coords(rank)
+    return coords["pp"], coords["dp_shard"] * grid.cp + coords["cp"]
+
+
+def estimable(job: TrainingJob) -> JobSpecBody:
+    """The job's spec as the estimator takes it: micro_batch_size `auto` as 1, the smallest the engine
+    may pick (so the estimate is a lower bound of what `auto` will use)."""
+    return with_micro_batch_size(job.spec, 1) if job.spec.training.micro_batch_size == "auto" else job.spec
+
+
+def estimate_ranks(config: ModelConfig, body: JobSpecBody, ranks: Iterable[int]) -> tuple[dict[int, MemoryEstimate], bool]:
+    """The memory estimate of each of `ranks` (one computation per `rank_class`) within the
+    `MAX_ESTIMATED_PARAMS` budget, and whether the budget dropped some (then only ranks of shard 0 are in)."""
+    grid = RankGrid.from_spec(body.parallelism)
+    plan = model_plan(config, body)
+    classes: dict[tuple[int, int], list[int]] = {}
+    for rank in ranks:
+        classes.setdefault(rank_class(grid, rank), []).append(rank)
+    per_rank = len(plan.shapes) // grid.pp + 1
+    dropped = len(classes) * per_rank > MAX_ESTIMATED_PARAMS
+    if dropped:
+        classes = {key: members for key, members in classes.items() if key[1] == 0}
+    out: dict[int, MemoryEstimate] = {}
+    for members in classes.values():
+        first = estimate_memory(config, body, members[0], plan)
+        for rank in members:
+            out[rank] = replace(first, rank=rank)
+    return dict(sorted(out.items())), dropped
+
+
+def fit_violations(job: TrainingJob, pool: GpuPool) -> list[FieldViolation]:
+    """The job's largest per-rank estimate against the largest GPU memory of the pool (known GPU models
+    only): a job that cannot fit on its own layout is refused with both numbers."""
+    capacity = max((gpu_memory_bytes(pool.gpu_model(node)) or 0 for node, _ in pool.nodes()), default=0)
+    if not capacity or job.spec.resources.device == "cpu":
+        return []
+    config = resolve_model(job.spec.model)
+    grid = RankGrid.from_spec(job.spec.parallelism)
+    first_shards = [grid.rank_of(pp=p) for p in range(grid.pp)]
+    estimates, _ = estimate_ranks(config, estimable(job), first_shards)
+    worst = max(estimates.values(), key=lambda m: m.total_bytes)
+    if worst.total_bytes <= capacity:
+        return []
+    return [FieldViolation(
+        "spec.resources.gpus",
+        f"rank {worst.rank} needs an estimated {worst.total_bytes / 2**30:.1f} GiB (parameters "
+        f"{worst.params_bytes / 2**30:.1f}, gradients {worst.grads_bytes / 2**30:.1f}, optimizer "
+        f"{worst.optimizer_bytes / 2**30:.1f}, activations {worst.activations_bytes / 2**30:.1f}) but the pool's "
+        f"largest GPU has {capacity / 2**30:.1f} GiB: shard the model further (dp_shard, tp, pp) or shrink it",
+    )]
+
+
 def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None) -> None:
     config = resolve_model(job.spec.model)
     grid = RankGrid.from_spec(job.spec.parallelism)
@@ -52,10 +121,18 @@ def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None)
     if grid.world_size > MAX_MEMORY_RANKS:
         ranks = sorted({grid.rank_of(pp=p, dp_replicate=0, dp_shard=0, cp=0, tp=t) for p in range(grid.pp) for t in range(grid.tp)})
         plan.notes.append(f"memory shown for the {len(ranks)} ranks of data-parallel replica 0 (the others match them)")
-    for m in estimate_all(config, job.spec, ranks):
-        plan.memory.add(rank=m.rank, bytes={
-            "parameters": m.params_bytes, "gradients": m.grads_bytes, "optimizer": m.optimizer_bytes,
-            "activations": m.activations_bytes, "total": m.total_bytes,
+    estimates, dropped = estimate_ranks(config, estimable(job), ranks)
+    if job.spec.training.micro_batch_size == "auto":
+        plan.notes.append("micro_batch_size auto: activations shown for micro-batch 1 (the engine picks the largest that fits)")
+    if dropped:
+        plan.notes.append("memory shown for the first dp_shard x cp rank of each stage (the largest under FSDP padding); the model is too "
+                          "large to estimate every shard")
+    for m in estimates.values():
+        plan.memory.add(rank=m.rank, bytes={  # RankMemory.bytes is int64: clamp (such a job is refused anyway)
+            name: min(value, INT64_MAX) for name, value in (
+                ("parameters", m.params_bytes), ("gradients", m.grads_bytes), ("optimizer", m.optimizer_bytes),
+                ("activations", m.activations_bytes), ("total", m.total_bytes),
+            )
         })
     communication = plan.placement_cost_seconds if plan.HasField("placement_cost_seconds") else 0.0
     device = None if job.spec.resources.device == "cpu" else gpu_model

@@ -16,8 +16,42 @@ API_VERSION = "trainctl/v1"
 KIND = "TrainingJob"
 NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The proto carries every integer as int64: a spec value outside this range has no wire form."""
+
+# Upper bounds of every count (docs/security.md, "Request bounds"): far above any real job, low enough
+# that no server-side computation on a spec (validation, planning, estimation) can run away.
+MAX_VOCAB = 4_194_304
+MAX_DIM = 65_536
+MAX_FFN_DIM = 262_144
+MAX_LAYERS = 1_024
+MAX_HEADS = 1_024
+MAX_EXPERTS = 1_024
+MAX_SEQ_LEN = 2_097_152
+MAX_BATCH = 1_048_576
+MAX_STEPS = 1_000_000_000
+MAX_DEGREE = 65_536
+MAX_VIRTUAL_STAGES = 64
+MAX_FILES = 10_000_000
+MAX_PREFETCH = 64
+MAX_KEEP_LAST = 1_000
+MAX_RESTARTS = 1_000
+MAX_STEP_TIMEOUT_SECONDS = 7 * 24 * 3600.0
+MAX_LORA_RANK = 4_096
+MAX_DATA_PATHS = 1_024
+MAX_PATH_LENGTH = 4_096
+MAX_LABELS = 64
+MAX_LABEL_KEY = 63
+MAX_LABEL_VALUE = 256
+MAX_LABELS_BYTES = 16_384
+
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+PathText = Annotated[str, Field(max_length=MAX_PATH_LENGTH)]
+
+
+def count(upper: int, lower: int = 1) -> type[int]:
+    """An integer field in [lower, upper]."""
+    return Annotated[int, Field(ge=lower, le=upper)]  # type: ignore[return-value]
 
 
 class StrictModel(BaseModel):
@@ -32,8 +66,11 @@ class StrictModel(BaseModel):
 class Metadata(StrictModel):
     name: str = Field(min_length=1, max_length=63)
     """Job name: a DNS-1123 label (lower-case letters, digits and '-', at most 63 characters)."""
-    labels: dict[str, str] = Field(default_factory=dict)
-    """Free-form key/value labels; `trainctl list --label k=v` filters on them."""
+    labels: dict[
+        Annotated[str, Field(min_length=1, max_length=MAX_LABEL_KEY)], Annotated[str, Field(max_length=MAX_LABEL_VALUE)]
+    ] = Field(default_factory=dict, max_length=MAX_LABELS)
+    """Free-form key/value labels; `trainctl list --label k=v` filters on them. At most 64 labels, keys
+    of 1 to 63 characters, values of at most 256, 16 KiB of keys and values in all."""
 
     @field_validator("name")
     @classmethod
@@ -42,35 +79,43 @@ class Metadata(StrictModel):
             raise ValueError("must be a DNS-1123 label: lower-case letters, digits and '-', starting and ending alphanumeric")
         return value
 
+    @field_validator("labels")
+    @classmethod
+    def _labels_size(cls, value: dict[str, str]) -> dict[str, str]:
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
+        if size > MAX_LABELS_BYTES:
+            raise ValueError(f"labels hold {size} bytes of keys and values; at most {MAX_LABELS_BYTES}")
+        return value
+
 
 class MoESpec(StrictModel):
-    num_experts: PositiveInt = 8
-    """Routed experts per MoE layer."""
-    top_k: PositiveInt = 2
+    num_experts: count(MAX_EXPERTS) = 8
+    """Routed experts per MoE layer (at most 1024)."""
+    top_k: count(MAX_EXPERTS) = 2
     """Experts each token is sent to."""
     shared_expert: bool = False
     """Add one always-on expert beside the routed ones (DeepSeek-style)."""
     aux_loss_coef: float = Field(default=0.01, ge=0.0)
     """Weight of the Switch-style load-balancing loss added to the language-model loss."""
-    interval: PositiveInt = 1
+    interval: count(MAX_LAYERS) = 1
     """Every `interval`-th decoder layer is an MoE layer (1 = all of them)."""
 
 
 class ModelSpec(StrictModel):
-    preset: str = "debug"
+    preset: str = Field(default="debug", max_length=64)
     """Named model shape (see `trainctl.spec.presets.PRESETS`); fields below override it."""
-    vocab_size: PositiveInt | None = None
-    """Vocabulary size; the byte tokenizer needs at least 256."""
-    dim: PositiveInt | None = None
-    """Hidden size."""
-    n_layers: PositiveInt | None = None
-    """Decoder layers."""
-    n_heads: PositiveInt | None = None
-    """Query heads."""
-    n_kv_heads: PositiveInt | None = None
+    vocab_size: count(MAX_VOCAB) | None = None
+    """Vocabulary size (at most 4,194,304); the byte tokenizer needs at least 256."""
+    dim: count(MAX_DIM) | None = None
+    """Hidden size (at most 65,536)."""
+    n_layers: count(MAX_LAYERS) | None = None
+    """Decoder layers (at most 1024)."""
+    n_heads: count(MAX_HEADS) | None = None
+    """Query heads (at most 1024)."""
+    n_kv_heads: count(MAX_HEADS) | None = None
     """Key/value heads (grouped-query attention); must divide n_heads."""
-    ffn_dim: PositiveInt | None = None
-    """SwiGLU hidden size."""
+    ffn_dim: count(MAX_FFN_DIM) | None = None
+    """SwiGLU hidden size (at most 262,144)."""
     rope_theta: float | None = Field(default=None, gt=0)
     """RoPE base frequency."""
     norm_eps: float | None = Field(default=None, gt=0)
@@ -80,22 +125,22 @@ class ModelSpec(StrictModel):
 
 
 class DataSpec(StrictModel):
-    paths: list[str] = Field(default_factory=lambda: ["@stdlib"])
+    paths: list[PathText] = Field(default_factory=lambda: ["@stdlib"], max_length=MAX_DATA_PATHS)
     """Glob patterns of text files. `@stdlib` means the Python standard library's .py files, a corpus
     present on every machine."""
-    tokenizer: str = "byte"
+    tokenizer: PathText = "byte"
     """`byte` (a 256-symbol byte-level tokenizer) or the path of a local tokenizer.json."""
-    seq_len: PositiveInt = 128
-    """Tokens per training sample."""
-    seed: int = 0
+    seq_len: count(MAX_SEQ_LEN) = 128
+    """Tokens per training sample (at most 2,097,152)."""
+    seed: Int64 = 0
     """Seed of the sample order; the same seed gives the same order on any layout."""
-    max_files: PositiveInt | None = 2000
+    max_files: count(MAX_FILES) | None = 2000
     """Read at most this many files (sorted by path) of the matched set; None reads all."""
     format: Literal["text", "tokens"] = "text"
     """`text`: tokenize the files at start-up. `tokens`: `paths` name directories of pre-tokenized,
     memory-mapped token shards written by `trainctl data prepare` (tokenizer and max_files are then
     those recorded at preparation)."""
-    prefetch: NonNegativeInt = 2
+    prefetch: count(MAX_PREFETCH, 0) = 2
     """Batches a background thread prepares ahead of the training step (pinned memory on CUDA); 0
     loads each batch when it is needed."""
 
@@ -104,17 +149,17 @@ PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
 
 
 class ParallelismSpec(StrictModel):
-    dp_replicate: PositiveInt = 1
+    dp_replicate: count(MAX_DEGREE) = 1
     """Data-parallel replicas (DDP, or the outer dimension of HSDP)."""
-    dp_shard: PositiveInt = 1
+    dp_shard: count(MAX_DEGREE) = 1
     """Data-parallel ranks that shard state among themselves (ZeRO / FSDP)."""
-    cp: PositiveInt = 1
+    cp: count(MAX_DEGREE) = 1
     """Context parallel: ranks that split each sequence (ring attention)."""
-    tp: PositiveInt = 1
+    tp: count(MAX_DEGREE) = 1
     """Tensor parallel: ranks that split each layer's matrices."""
-    pp: PositiveInt = 1
+    pp: count(MAX_DEGREE) = 1
     """Pipeline parallel: stages."""
-    ep: PositiveInt = 1
+    ep: count(MAX_DEGREE) = 1
     """Expert parallel (MoE models): ranks that split the experts; carved from dp_shard x cp."""
     sequence_parallel: bool = False
     """With tp > 1, also shard norms and dropout activations along the sequence (Megatron SP)."""
@@ -123,7 +168,7 @@ class ParallelismSpec(StrictModel):
     Ignored when dp_shard is 1; 0 is only valid then."""
     pp_schedule: PipelineSchedule = "1f1b"
     """Pipeline schedule: gpipe, 1f1b, interleaved_1f1b or zero_bubble."""
-    pp_virtual_stages: PositiveInt = 1
+    pp_virtual_stages: count(MAX_VIRTUAL_STAGES) = 1
     """Model chunks per pipeline rank (interleaved_1f1b needs 2 or more)."""
     cp_load_balance: bool = True
     """Zigzag (head-tail) sequence sharding so causal attention work is equal across CP ranks."""
@@ -140,11 +185,11 @@ class ParallelismSpec(StrictModel):
 
 
 class TrainingSpec(StrictModel):
-    steps: PositiveInt = 100
-    """Optimizer steps to run."""
-    global_batch_size: PositiveInt = 8
-    """Sequences per optimizer step, over all data-parallel ranks."""
-    micro_batch_size: PositiveInt | Literal["auto"] = 1
+    steps: count(MAX_STEPS) = 100
+    """Optimizer steps to run (at most 10^9)."""
+    global_batch_size: count(MAX_BATCH) = 8
+    """Sequences per optimizer step, over all data-parallel ranks (at most 1,048,576)."""
+    micro_batch_size: count(MAX_BATCH) | Literal["auto"] = 1
     """Sequences per forward/backward on one rank (one pipeline micro-batch under PP); the rest of
     the global batch is gradient accumulation. `auto`: the largest divisor of the per-rank batch whose
     estimated memory fits the device (confirmed by a probe step on CUDA)."""
@@ -157,7 +202,7 @@ class TrainingSpec(StrictModel):
     """Peak learning rate."""
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
     """Cosine decay floor, as a fraction of lr."""
-    warmup_steps: NonNegativeInt = 10
+    warmup_steps: count(MAX_STEPS, 0) = 10
     """Linear warm-up steps."""
     weight_decay: float = Field(default=0.1, ge=0)
     """Decoupled weight decay."""
@@ -175,26 +220,26 @@ class TrainingSpec(StrictModel):
     """Recompute activations in backward: none, selective (every other block) or full."""
     compile: bool = False
     """torch.compile each decoder block."""
-    seed: int = 0
+    seed: Int64 = 0
     """Seed of weight initialisation (identical on every layout)."""
-    log_interval: PositiveInt = 1
+    log_interval: count(MAX_STEPS) = 1
     """Report step metrics every this many steps."""
-    empty_cache_steps: NonNegativeInt = 0
+    empty_cache_steps: count(MAX_STEPS, 0) = 0
     """On CUDA, release the caching allocator's unused blocks every this many steps and report
     allocator retries and fragmentation (0: never). No effect on CPU."""
 
 
 class CheckpointSpec(StrictModel):
-    interval_steps: NonNegativeInt = 50
+    interval_steps: count(MAX_STEPS, 0) = 50
     """Save every this many steps (0: only at the end)."""
-    keep_last: PositiveInt = 3
+    keep_last: count(MAX_KEEP_LAST) = 3
     """Complete checkpoints to keep."""
     resume: bool = True
     """Resume from the newest complete checkpoint when the job (re)starts."""
 
 
 class ResourcesSpec(StrictModel):
-    gpus: PositiveInt = 1
+    gpus: count(MAX_DEGREE) = 1
     """Ranks (one GPU each); must equal the parallel layout's world size."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """auto: CUDA where the node has GPUs, else CPU (gloo)."""
@@ -203,9 +248,9 @@ class ResourcesSpec(StrictModel):
 class SchedulingSpec(StrictModel):
     priority: int = Field(default=0, ge=-1000, le=1000)
     """Higher runs first; equal priorities run in submission order."""
-    max_restarts: NonNegativeInt = 3
-    """Group restarts after a rank failure before the job fails."""
-    step_timeout_seconds: float = Field(default=600.0, gt=0)
+    max_restarts: count(MAX_RESTARTS, 0) = 3
+    """Group restarts after a rank failure before the job fails (at most 1000)."""
+    step_timeout_seconds: float = Field(default=600.0, gt=0, le=MAX_STEP_TIMEOUT_SECONDS)
     """A rank that makes no step progress for this long counts as hung."""
 
 
@@ -213,13 +258,13 @@ LoRATarget = Literal["wq", "wk", "wv", "wo", "w1", "w2", "w3"]
 
 
 class LoRASpec(StrictModel):
-    rank: PositiveInt = 8
-    """Rank r of each adapter: W x + (alpha / r) B A x with A [r, in], B [out, r]."""
+    rank: count(MAX_LORA_RANK) = 8
+    """Rank r of each adapter: W x + (alpha / r) B A x with A [r, in], B [out, r] (at most 4096)."""
     alpha: float = Field(default=16.0, gt=0)
     """Adapter scale numerator (the update is scaled by alpha / rank)."""
     dropout: float = Field(default=0.0, ge=0, lt=1)
     """Dropout on the adapter's input during training."""
-    target_modules: list[LoRATarget] = Field(default_factory=lambda: ["wq", "wv"], min_length=1)
+    target_modules: list[LoRATarget] = Field(default_factory=lambda: ["wq", "wv"], min_length=1, max_length=7)
     """Projections that get adapters, by module name (wq, wk, wv, wo, w1, w2, w3) in every dense block."""
 
 
@@ -238,7 +283,7 @@ class JobSpecBody(StrictModel):
     """What the job needs from the pool."""
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     """Queueing and fault handling."""
-    init_from: str | None = None
+    init_from: PathText | None = None
     """Start from the model weights of a checkpoint instead of a fresh initialisation: a `step_*`
     checkpoint directory, a checkpoint root (its newest complete checkpoint), a previous job's run
     directory (its `checkpoints/`), or `job:<id>`, an earlier job of the caller's tenant by id (the

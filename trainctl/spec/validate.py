@@ -43,15 +43,7 @@ class SpecError(ValueError):
 
 def parse_yaml(text: str) -> TrainingJob:
     """Parse YAML text into a TrainingJob, raising SpecError that names each bad field."""
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError([FieldViolation("<document>", f"malformed YAML{where}: {getattr(exc, 'problem', exc)}")]) from exc
-    if not isinstance(document, dict):
-        raise SpecError([FieldViolation("<document>", "expected a mapping with apiVersion, kind, metadata and spec")])
-    return parse_object(document)
+    return parse_object(_bounded_yaml_document(text))
 
 
 def parse_object(document: dict) -> TrainingJob:
@@ -63,10 +55,10 @@ def parse_object(document: dict) -> TrainingJob:
 
 
 def violations_from_pydantic(exc: ValidationError) -> list[FieldViolation]:
-    """Convert pydantic's errors to FieldViolations with dotted paths."""
+    """Convert pydantic's errors to FieldViolations with dotted paths (long keys shortened)."""
     out = []
     for error in exc.errors():
-        path = ".".join(str(part) for part in error["loc"]) or "<document>"
+        path = ".".join(_path_part(part) for part in error["loc"]) or "<document>"
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown field"
@@ -260,11 +252,81 @@ def validate_job(job: TrainingJob, *, pool_gpus: int | None = None, check_data: 
 
 def load_job_file(path: str | os.PathLike[str]) -> TrainingJob:
     """Read and schema-validate a spec file."""
+    return parse_yaml(_bounded_spec_text(path))
+
+
+# ---- bounded parsing of untrusted spec text (issue 20: no input may crash or stall the parser) ----------
+
+MAX_SPEC_BYTES = 1 << 20
+"""Largest spec file or text accepted (1 MiB; a real spec is a few KiB)."""
+MAX_YAML_DEPTH = 32
+"""Deepest nesting of YAML collections accepted (a spec is 4 levels deep)."""
+MAX_PATH_PART = 64
+"""Characters of one key shown in a violation's field path (a hostile key can be megabytes long, or
+hold control characters, which are escaped)."""
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases (an alias bomb expands exponentially when validated) and
+    nesting deeper than MAX_YAML_DEPTH (which would exhaust the recursion limit)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a job spec", mark)
+        if self._depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _bounded_yaml_document(text: str) -> dict:
+    """The mapping a spec's YAML text holds, or SpecError('<document>') saying why there is none."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError([FieldViolation("<document>", f"{len(text)} characters; a spec may hold at most {MAX_SPEC_BYTES}")])
     try:
-        text = Path(path).read_text()
+        document = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line, whatever the error's layout
+        raise SpecError([FieldViolation("<document>", f"malformed YAML{where}: {problem}")]) from None
+    except (ValueError, OverflowError) as exc:  # a scalar no Python value can hold: an impossible date, a 5000-digit int
+        raise SpecError([FieldViolation("<document>", f"malformed YAML value: {str(exc)[:200]}")]) from None
+    if not isinstance(document, dict):
+        raise SpecError([FieldViolation("<document>", "expected a mapping with apiVersion, kind, metadata and spec")])
+    return document
+
+
+def _bounded_spec_text(path: str | os.PathLike[str]) -> str:
+    """A spec file's text: at most MAX_SPEC_BYTES of UTF-8, else SpecError('<file>')."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
-        raise SpecError([FieldViolation("<file>", f"cannot read {path}: {exc.strerror}")]) from exc
-    return parse_yaml(text)
+        raise SpecError([FieldViolation("<file>", f"cannot read {path}: {exc.strerror}")]) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError([FieldViolation("<file>", f"{path} is larger than {MAX_SPEC_BYTES} bytes; a job spec is a few KiB")])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([FieldViolation("<file>", f"{path} is not UTF-8 text (byte {exc.start})")]) from None
+
+
+def _path_part(part: object) -> str:
+    """One key of a field path as printable text on one line, shortened to MAX_PATH_PART characters."""
+    text = str(part)
+    if not text.isprintable():
+        text = text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= MAX_PATH_PART else text[:MAX_PATH_PART] + "..."
+
 
 
 # ---- the files the data spec names, and what they can give (submit-time, cheap) ------------------------

@@ -59,14 +59,16 @@ class Workload:
 
     @classmethod
     def from_job(cls, job: object, grid: RankGrid) -> Workload:
-        """From a `JobSpecBody` or `TrainingJob` (anything with .data/.training/.parallelism)."""
+        """From a `JobSpecBody` or `TrainingJob` (anything with .data/.training/.parallelism);
+        micro_batch_size `auto` counts as 1 (the engine picks it at start-up)."""
         body = getattr(job, "spec", job)
         training, data, par = body.training, body.data, body.parallelism  # type: ignore[attr-defined]
-        per_step = training.global_batch_size // max(1, grid.dp * training.micro_batch_size)
+        micro = 1 if training.micro_batch_size == "auto" else training.micro_batch_size
+        per_step = training.global_batch_size // max(1, grid.dp * micro)
         elem = 2 if training.dtype == "bfloat16" else 4
         return cls(
             seq_len=data.seq_len,
-            micro_batch_size=training.micro_batch_size,
+            micro_batch_size=micro,
             micro_batches=max(1, per_step),
             activation_bytes=elem,
             gradient_bytes=4,
