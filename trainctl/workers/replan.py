@@ -11,21 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-import ray
-
 from trainctl.parallelism.grid import RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.workers.nodes import cluster_nodes
 from trainctl.workers.placement import place
 from trainctl.workers.rank_worker import RankSlot
-from trainctl.workers.resources import NODE_LABEL
 from trainctl.workers.topology.model import TopologyMap
 
 
 def live_nodes() -> set[str]:
     """``trainctl.io/node`` names of the Ray nodes that are alive."""
-    return {name for info in ray.nodes() if info.get("Alive") and (name := (info.get("Labels") or {}).get(NODE_LABEL))}
+    return {n.name for n in cluster_nodes() if n.alive and n.name}
 
 
 def missing_nodes(slots: Sequence[RankSlot]) -> list[str]:

@@ -234,7 +234,7 @@ class RayRuntime:
             return None
 
     def _has_control_node(self) -> bool:
-        return any(info.get("Alive") and CONTROL_RESOURCE in (info.get("Resources") or {}) for info in ray.nodes())
+        return any(n.alive and n.control for n in cluster_nodes())
 
     def _actor_names(self) -> list[str]:
         """Names of the live named actors in this runtime's namespace."""

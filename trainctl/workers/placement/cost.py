@@ -26,7 +26,7 @@ from typing import Literal
 
 from trainctl.parallelism.grid import RankGrid
 from trainctl.spec.presets import ModelConfig
-from trainctl.workers.placement.fabric import FabricIndex, Slot
+from trainctl.workers.placement.fabric import LEVELS, FabricIndex, Slot
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
 Pattern = Literal["ring", "all_to_all", "pairwise"]
@@ -236,9 +236,6 @@ class CostBreakdown:
         return (*(len(self.split_groups.get(d, [])) for d in SPLIT_DIMS), self.total_seconds)
 
 
-_LEVEL_ORDER = {"nvlink": 0, "host": 1, "leaf": 2, "spine": 3, "core": 4}
-
-
 @dataclass(frozen=True)
 class _Span:
     """What the cost model needs to know about one group's slots (memoised by slot tuple)."""
@@ -289,14 +286,14 @@ def evaluate(
                 result.uplink_bytes += volume * sum(_flows(entry.pattern, n, len(span)) for _, n in info.leaves)
             bw = index.level_bw[info.level] / factor
             worst = max(worst, entry.seconds(bw, index.level_latency[info.level]))
-            if _LEVEL_ORDER[info.level] > _LEVEL_ORDER[level_max]:
+            if LEVELS.index(info.level) > LEVELS.index(level_max):
                 level_max = info.level
             if entry.dim in SPLIT_DIMS and info.units > 1:
                 result.split_groups.setdefault(entry.dim, []).append(list(span))
         result.seconds_by_dim[entry.dim] = result.seconds_by_dim.get(entry.dim, 0.0) + worst
         result.bytes_by_dim[entry.dim] = result.bytes_by_dim.get(entry.dim, 0.0) + volume
         prev = result.level_by_dim.get(entry.dim, "nvlink")
-        result.level_by_dim[entry.dim] = max(prev, level_max, key=_LEVEL_ORDER.__getitem__)
+        result.level_by_dim[entry.dim] = max(prev, level_max, key=LEVELS.index)
     return result
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from trainctl.workers.topology.model import TIERS, LinkLevel, TopologyMap
 
-LEVELS: tuple[str, ...] = ("nvlink", "host", "leaf", "spine", "core")
-"""Fabric levels, inner to outer."""
+LEVELS: tuple[str, ...] = ("nvlink", "host", *TIERS)
+"""Fabric levels, inner to outer: within a node, then the switch tiers."""
 
 Slot = tuple[int, int]
 """(node id, local GPU index)."""

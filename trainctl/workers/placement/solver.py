@@ -34,7 +34,7 @@ from trainctl.workers.placement.cost import (
     evaluate,
     lower_bound,
 )
-from trainctl.workers.placement.fabric import FabricIndex, Slot
+from trainctl.workers.placement.fabric import LEVELS, FabricIndex, Slot
 from trainctl.workers.placement.plan import Placement, RankAssignment, SplitGroup
 from trainctl.workers.topology.model import TopologyMap
 
@@ -396,7 +396,7 @@ class _Solver:
                     continue
                 ranked = sorted(
                     entry.groups,
-                    key=lambda g: (-_LEVELS.index(self.index.level([slots[r] for r in g])), g[0]),
+                    key=lambda g: (-LEVELS.index(self.index.level([slots[r] for r in g])), g[0]),
                 )
                 for group in ranked[:4]:
                     if (dim, tuple(group)) not in tried and len({self._container(slots[r]) for r in group}) > 1:
@@ -457,7 +457,6 @@ class _Solver:
         return out
 
 
-_LEVELS = ("nvlink", "host", "leaf", "spine", "core")
 _MAX_FAILED_GROUPS = 3
 TIE_TOLERANCE = 0.02
 """Candidates whose modelled times are within this fraction count as tied; the tie goes to the one
