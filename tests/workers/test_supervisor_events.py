@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from trainctl.workers.events import EventKind, EventLog, JobPhase, read_events, status_of
+from trainctl.parallelism.step_report import StepReport
+from trainctl.workers.events import EventKind, EventLog, JobPhase, StragglerStats, read_events, status_of
 from trainctl.workers.supervisor import _StepStats
 
 
@@ -86,9 +87,11 @@ def test_straggler_stats_use_the_newest_step_every_rank_timed():
     stats.add(0, 2, 1.0)  # ranks 1 and 2 have not reported step 2 yet
     result = stats.latest_complete(before=3)
     assert result is not None
-    assert result["step"] == 1
-    assert result["slowest_rank"] == 2 and result["fastest_rank"] == 0
-    assert result["ratio"] == pytest.approx(3.0)
+    assert result.step == 1
+    assert result.slowest_rank == 2 and result.fastest_rank == 0
+    assert result.ratio == pytest.approx(3.0)
+    assert StragglerStats.from_dict(result.to_dict()) == result
+    assert result.to_dict()["rank_step_times"] == {"0": 1.0, "1": 1.5, "2": 3.0}
     assert stats.latest_complete(before=1) is None
 
 
@@ -103,7 +106,7 @@ def test_step_times_from_every_rank_give_the_ratio_and_name_the_slowest_rank_onc
     assert lines[2] is None  # still rank 1: named once
     assert lines[3] == "straggler at step 4: rank 0 took 1.700s, 1.70x rank 1 (1.000s)"
     assert lines[4] is None and stats.named is None  # even again; a new straggler will be named
-    assert stats.latest_complete(before=6)["ratio"] == pytest.approx(1.05)
+    assert stats.latest_complete(before=6).ratio == pytest.approx(1.05)
 
 
 def test_no_ratio_until_every_reporting_rank_timed_a_step():
@@ -111,5 +114,17 @@ def test_no_ratio_until_every_reporting_rank_timed_a_step():
     stats.add(0, 1, 1.0)
     assert stats.latest_complete(before=2) is None and stats.straggler_line(None) is None
     stats.add(1, 1, 0.0)  # a zero time gives no ratio rather than a division by zero
-    assert stats.latest_complete(before=2)["ratio"] is None
+    assert stats.latest_complete(before=2).ratio is None
     assert stats.straggler_line(stats.latest_complete(before=2)) is None
+
+
+def test_a_step_event_reads_back_its_report_and_straggler_stats(tmp_path):
+    report = StepReport(step=4, loss=2.0, grad_norm=0.5, lr=1e-3, tokens=64, tokens_per_second=32.0, mfu=None,
+                        step_time_seconds=2.0, breakdown={"checkpoint": 0.5}, peak_memory_bytes=10, checkpoint_bytes=99)
+    stats = StragglerStats(step=3, rank_step_times={0: 1.0, 1: 2.0}, slowest_rank=1, fastest_rank=0, ratio=2.0)
+    log = EventLog.open(tmp_path / "events.jsonl")
+    log.append(EventKind.STEP, rank=0, step={**report.to_dict(), "straggler": stats.to_dict()})
+    log.append(EventKind.STEP, rank=0, step={**report.to_dict(), "straggler": None})
+    first, second = read_events(tmp_path / "events.jsonl")
+    assert first.step_report() == report and first.straggler() == stats
+    assert second.straggler() is None

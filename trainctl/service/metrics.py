@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from trainctl.parallelism.step_report import StepReport
 
 JOB_STATES = ("QUEUED", "SCHEDULED", "RUNNING", "RESTARTING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED")
 """Every job state (DESIGN.md); `trainctl_jobs` always exports all of them, zero included."""
@@ -56,21 +57,6 @@ SOLVER_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30
 _JOB = ("job_id", "tenant")
 CHECKPOINT_PHASE = "checkpoint"
 """The step-time breakdown key under which the engine reports a checkpoint save."""
-
-
-class StepReportLike(Protocol):
-    """What `record_step` reads from the engine's StepReport (see docs/architecture.md)."""
-
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    tokens: int
-    tokens_per_second: float
-    mfu: float | None
-    step_time_seconds: float
-    breakdown: Mapping[str, float]
-    peak_memory_bytes: int
 
 
 @dataclass(frozen=True)
@@ -328,7 +314,7 @@ class ServiceMetrics:
                 self.job_gpus.labels(job_id, tenant, _non_empty(node, "node"), _non_empty(domain, "nvlink_domain")).set(
                     count)
 
-    def record_step(self, job_id: str, tenant: str, report: StepReportLike) -> None:
+    def record_step(self, job_id: str, tenant: str, report: StepReport) -> None:
         """One step report from the job's supervisor (rank 0 of the reporting group)."""
         for key in report.breakdown:
             _identifier(key, "breakdown key")

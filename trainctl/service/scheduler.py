@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,32 +70,6 @@ class _Active:
     failing_since: float | None = None
     replan_waiting: tuple[str, ...] = ()
     """The lost nodes while the job waits for GPUs to be re-placed on (empty otherwise)."""
-
-
-@dataclass(frozen=True)
-class _Report:
-    """A step event's payload in the shape ServiceMetrics.record_step reads."""
-
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    tokens: int
-    tokens_per_second: float
-    mfu: float | None
-    step_time_seconds: float
-    breakdown: Mapping[str, float]
-    peak_memory_bytes: int
-
-    @classmethod
-    def of(cls, m: Mapping[str, Any]) -> _Report:
-        return cls(
-            step=int(m["step"]), loss=float(m["loss"]), grad_norm=float(m.get("grad_norm") or 0.0),
-            lr=float(m.get("lr") or 0.0), tokens=int(m.get("tokens") or 0),
-            tokens_per_second=float(m.get("tokens_per_second") or 0.0), mfu=m.get("mfu"),
-            step_time_seconds=float(m.get("step_time_seconds") or 0.0), breakdown=dict(m.get("breakdown") or {}),
-            peak_memory_bytes=int(m.get("peak_memory_bytes") or 0),
-        )
 
 
 @dataclass
@@ -208,15 +182,15 @@ class Scheduler:
 
     def _apply(self, record: JobRecord, event: RuntimeEvent) -> JobRecord:
         if event.kind is EventKind.STEP and event.step is not None:
-            metrics = {**event.step, "time": event.time}
-            self.store.record_step(record.id, metrics, now=event.time)
+            self.store.record_step(record.id, {**event.step, "time": event.time}, now=event.time)
             if self.metrics is not None:
-                self.metrics.record_step(record.id, record.tenant, _Report.of(metrics))
-                ratio = (event.step.get("straggler") or {}).get("ratio")
-                if ratio is not None and ratio >= 1.0:
-                    self.metrics.set_straggler_ratio(record.id, record.tenant, float(ratio))
-                if event.step.get("checkpoint_bytes") is not None:  # the step saved a checkpoint
-                    self.metrics.record_checkpoint_size(record.id, record.tenant, int(event.step["checkpoint_bytes"]))
+                report = event.step_report()
+                self.metrics.record_step(record.id, record.tenant, report)
+                straggler = event.straggler()
+                if straggler is not None and straggler.ratio is not None and straggler.ratio >= 1.0:
+                    self.metrics.set_straggler_ratio(record.id, record.tenant, straggler.ratio)
+                if report.checkpoint_bytes is not None:  # the step saved a checkpoint
+                    self.metrics.record_checkpoint_size(record.id, record.tenant, report.checkpoint_bytes)
             return self.store.get_job(record.id)
         if event.kind in (EventKind.LOG, EventKind.REPLAN, EventKind.PLAN):
             level = "WARNING" if event.kind is EventKind.REPLAN else "INFO"

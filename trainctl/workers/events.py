@@ -18,6 +18,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from trainctl.parallelism.step_report import StepReport
+
 EVENTS_FILE = "events.jsonl"
 
 
@@ -58,6 +60,34 @@ class EventKind(StrEnum):
 
 
 @dataclass(frozen=True)
+class StragglerStats:
+    """Per-rank wall times of the newest step every reporting rank has timed (sent with a later STEP event)."""
+
+    step: int
+    rank_step_times: dict[int, float]
+    """Rank -> wall seconds of the step."""
+    slowest_rank: int
+    fastest_rank: int
+    ratio: float | None
+    """Slowest over fastest time (None when the fastest took no time)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form, ranks as string keys (JSON)."""
+        return {**asdict(self), "rank_step_times": {str(r): t for r, t in sorted(self.rank_step_times.items())}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StragglerStats:
+        """Inverse of `to_dict`."""
+        return cls(
+            step=int(data["step"]),
+            rank_step_times={int(r): float(t) for r, t in data["rank_step_times"].items()},
+            slowest_rank=int(data["slowest_rank"]),
+            fastest_rank=int(data["fastest_rank"]),
+            ratio=None if data.get("ratio") is None else float(data["ratio"]),
+        )
+
+
+@dataclass(frozen=True)
 class Event:
     """One entry of a job's event log."""
 
@@ -78,12 +108,23 @@ class Event:
     generation: int = 0
     """Rank-group generation it belongs to (0 for the first group, +1 per restart)."""
     step: dict[str, Any] | None = None
-    """StepReport fields (STEP events), plus ``straggler``: the newest earlier step every rank timed
-    (``step``, ``rank_step_times``, ``slowest_rank``, ``fastest_rank``, ``ratio``), or None."""
+    """`StepReport.to_dict` (STEP events), plus ``straggler``: `StragglerStats.to_dict` of the newest
+    earlier step every rank timed, or None; read them with `step_report` and `straggler`."""
     placement: list[dict[str, Any]] | None = None
     """Per-rank locations (PLACEMENT events) or planned slots (PLAN events)."""
     lost_nodes: list[str] | None = None
     """Nodes gone from the Ray cluster that the plan must avoid (REPLAN and PLAN events)."""
+
+    def step_report(self) -> StepReport:
+        """The step report of a STEP event."""
+        if self.step is None:
+            raise ValueError(f"event {self.seq} ({self.kind}) carries no step report")
+        return StepReport.from_dict(self.step)
+
+    def straggler(self) -> StragglerStats | None:
+        """The straggler statistics a STEP event carries (None when no earlier step was timed by every rank)."""
+        stats = (self.step or {}).get("straggler")
+        return None if stats is None else StragglerStats.from_dict(stats)
 
     def to_json(self) -> str:
         """One line of JSON."""

@@ -36,7 +36,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobPhase, JobStatus
+from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobPhase, JobStatus, StragglerStats
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
 from trainctl.workers.rank_worker import RankSlot
 from trainctl.workers.replan import describe_move, free_slots, missing_nodes, replacement
@@ -122,37 +122,37 @@ class _StepStats:
         for old in sorted(self.times)[:-STEP_HISTORY]:
             del self.times[old]
 
-    def latest_complete(self, before: int) -> dict[str, Any] | None:
+    def latest_complete(self, before: int) -> StragglerStats | None:
         """Straggler stats of the newest step before ``before`` that every reporting rank has timed."""
         for step in sorted(self.times, reverse=True):
             per_rank = self.times[step]
             if step < before and len(per_rank) >= 2 and self.reporters <= set(per_rank):
                 slowest = max(per_rank, key=per_rank.__getitem__)
                 fastest = min(per_rank, key=per_rank.__getitem__)
-                return {
-                    "step": step,
-                    "rank_step_times": {str(r): t for r, t in sorted(per_rank.items())},
-                    "slowest_rank": slowest,
-                    "fastest_rank": fastest,
-                    "ratio": per_rank[slowest] / per_rank[fastest] if per_rank[fastest] > 0 else None,
-                }
+                return StragglerStats(
+                    step=step,
+                    rank_step_times=dict(sorted(per_rank.items())),
+                    slowest_rank=slowest,
+                    fastest_rank=fastest,
+                    ratio=per_rank[slowest] / per_rank[fastest] if per_rank[fastest] > 0 else None,
+                )
         return None
 
-    def straggler_line(self, stats: dict[str, Any] | None) -> str | None:
+    def straggler_line(self, stats: StragglerStats | None) -> str | None:
         """A log line naming the slowest rank when the ranks start straggling or the slowest one changes."""
-        if stats is None or stats["ratio"] is None:
+        if stats is None or stats.ratio is None:
             return None
-        if stats["ratio"] < STRAGGLER_LOG_RATIO:
+        if stats.ratio < STRAGGLER_LOG_RATIO:
             self.named = None
             return None
-        slowest, fastest = stats["slowest_rank"], stats["fastest_rank"]
+        slowest, fastest = stats.slowest_rank, stats.fastest_rank
         if slowest == self.named:
             return None
         self.named = slowest
-        times = stats["rank_step_times"]
+        times = stats.rank_step_times
         return (
-            f"straggler at step {stats['step']}: rank {slowest} took {times[str(slowest)]:.3f}s, "
-            f"{stats['ratio']:.2f}x rank {fastest} ({times[str(fastest)]:.3f}s)"
+            f"straggler at step {stats.step}: rank {slowest} took {times[slowest]:.3f}s, "
+            f"{stats.ratio:.2f}x rank {fastest} ({times[fastest]:.3f}s)"
         )
 
 
@@ -241,8 +241,8 @@ class JobSupervisor:
         if step <= self._stats.last_emitted:
             return
         self._stats.last_emitted = step
-        payload = dict(report)
-        payload["straggler"] = stats = self._stats.latest_complete(before=step)
+        stats = self._stats.latest_complete(before=step)
+        payload = {**report, "straggler": None if stats is None else stats.to_dict()}
         self._log.append(EventKind.STEP, rank=rank, generation=generation, step=payload)
         line = self._stats.straggler_line(stats)
         if line is not None:
