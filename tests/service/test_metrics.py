@@ -14,12 +14,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainctl.parallelism.step_report import StepReport
-from trainctl.service.metrics import JOB_STATES, NodeGpus, ServiceMetrics, start_metrics_server
+from trainctl.service.metrics import NodeGpus, ServiceMetrics, start_metrics_server
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobStore
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import EventKind, JobPhase
+from trainctl.workers.events import EventKind, JobState
 from trainctl.workers.topology import simulated_topology
 
 
@@ -102,7 +102,7 @@ def test_values_and_names(metrics: ServiceMetrics, registry: CollectorRegistry) 
                  python_version=__import__("platform").python_version()) == 1
     assert value(registry, "trainctl_grpc_requests_total", method="GetJob", code="NOT_FOUND") == 1
     assert value(registry, "trainctl_queue_oldest_age_seconds") == 10
-    for state in JOB_STATES:  # every state is exported, zeros included
+    for state in JobState:  # every state is exported, zeros included
         assert value(registry, "trainctl_jobs", state=state) == {"QUEUED": 3, "RUNNING": 1}.get(state, 0)
     assert value(registry, "trainctl_job_state", state="RUNNING", **job) == 1
     assert value(registry, "trainctl_job_state", state="QUEUED", **job) == 0
@@ -258,7 +258,7 @@ def test_scheduler_feeds_straggler_ratio_and_checkpoint_size_and_time(
                           metrics=metrics)
     job_id = store.create_job(TrainingJob.model_validate({"metadata": {"name": "fed"}}))[0].id
     scheduler.tick()
-    runtime.state(job_id, JobPhase.RUNNING, "ranks up")
+    runtime.state(job_id, JobState.RUNNING, "ranks up")
     report = {"step": 1, "loss": 3.0, "step_time_seconds": 0.5, "breakdown": {"optimizer": 0.1}, "straggler": None}
     runtime.logs[job_id].append(EventKind.STEP, step=report)
     runtime.logs[job_id].append(EventKind.STEP, step={

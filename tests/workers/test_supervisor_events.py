@@ -7,23 +7,23 @@ import json
 import pytest
 
 from trainctl.parallelism.step_report import StepReport
-from trainctl.workers.events import EventKind, EventLog, JobPhase, StragglerStats, read_events, status_of
+from trainctl.workers.events import EventKind, EventLog, JobState, StragglerStats, read_events, status_of
 from trainctl.workers.supervisor import _StepStats
 
 
 def test_sequence_numbers_and_cursor_resume(tmp_path):
     log = EventLog.open(tmp_path / "events.jsonl")
-    log.append(EventKind.STATE, state=JobPhase.SCHEDULED, reason="started")
+    log.append(EventKind.STATE, state=JobState.SCHEDULED, reason="started")
     for step in range(1, 6):
         log.append(EventKind.STEP, rank=0, step={"step": step, "loss": 5.0 / step})
-    log.append(EventKind.STATE, state=JobPhase.SUCCEEDED, reason="done")
+    log.append(EventKind.STATE, state=JobState.SUCCEEDED, reason="done")
 
     first = status_of(log.all(), cursor=0, limit=3)
     assert [e.seq for e in first.events] == [1, 2, 3]
     assert first.cursor == 3 and not first.drained
     rest = status_of(log.all(), cursor=first.cursor, limit=100)
     assert [e.seq for e in rest.events] == [4, 5, 6, 7]
-    assert rest.drained and rest.state is JobPhase.SUCCEEDED and rest.reason == "done"
+    assert rest.drained and rest.state is JobState.SUCCEEDED and rest.reason == "done"
     empty = status_of(log.all(), cursor=rest.cursor, limit=100)
     assert empty.events == [] and empty.cursor == 7
     for cursor, limit in [(0, 3), (3, 100), (7, 1)]:  # the live log's running state agrees with a replay
@@ -33,10 +33,10 @@ def test_sequence_numbers_and_cursor_resume(tmp_path):
 def test_reopened_log_continues_numbering(tmp_path):
     path = tmp_path / "run" / "events.jsonl"
     log = EventLog.open(path)
-    log.append(EventKind.STATE, state=JobPhase.RUNNING, reason="up", generation=0)
+    log.append(EventKind.STATE, state=JobState.RUNNING, reason="up", generation=0)
     log.append(EventKind.LOG, message="hello", rank=1)
     again = EventLog.open(path)
-    event = again.append(EventKind.STATE, state=JobPhase.RESTARTING, reason="rank 1 died", generation=0)
+    event = again.append(EventKind.STATE, state=JobState.RESTARTING, reason="rank 1 died", generation=0)
     assert event.seq == 3
     events = read_events(path)
     assert [e.seq for e in events] == [1, 2, 3]
@@ -47,7 +47,7 @@ def test_reopened_log_continues_numbering(tmp_path):
 def test_torn_last_line_is_dropped_but_corruption_elsewhere_is_an_error(tmp_path):
     path = tmp_path / "events.jsonl"
     log = EventLog.open(path)
-    log.append(EventKind.STATE, state=JobPhase.RUNNING, reason="up")
+    log.append(EventKind.STATE, state=JobState.RUNNING, reason="up")
     log.append(EventKind.LOG, message="x")
     text = path.read_text()
     path.write_text(text + '{"seq": 3, "ti')
@@ -76,7 +76,7 @@ def test_bad_cursor_and_limit_are_rejected():
 
 
 def test_terminal_states():
-    assert {p for p in JobPhase if p.terminal} == {JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED}
+    assert {p for p in JobState if p.terminal} == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
 
 
 def test_straggler_stats_use_the_newest_step_every_rank_timed():

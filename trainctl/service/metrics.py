@@ -29,11 +29,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from trainctl.parallelism.step_report import StepReport
-
-JOB_STATES = ("QUEUED", "SCHEDULED", "RUNNING", "RESTARTING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED")
-"""Every job state (DESIGN.md); `trainctl_jobs` always exports all of them, zero included."""
-
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+from trainctl.workers.events import TERMINAL_STATES, JobState
 
 GRPC_CODES = (
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
@@ -140,7 +136,7 @@ class ServiceMetrics:
             registry=r)
         self.queue_oldest_age.set_function(self._oldest_age)
         self.jobs = Gauge("trainctl_jobs", "Jobs known to the store, by state.", ["state"], registry=r)
-        for state in JOB_STATES:
+        for state in JobState:
             self.jobs.labels(state).set(0)
         self.scheduling_decisions = Counter(
             "trainctl_scheduling_decisions_total", "Scheduling decisions, by outcome.", ["decision"], registry=r)
@@ -235,8 +231,8 @@ class ServiceMetrics:
     def set_jobs_by_state(self, counts: Mapping[str, int]) -> None:
         """Job counts by state from the store; states not named are set to 0. Also expires finished jobs."""
         for state in counts:
-            _check(state, JOB_STATES, "state")
-        for state in JOB_STATES:
+            _check(state, JobState, "state")
+        for state in JobState:
             self.jobs.labels(state).set(counts.get(state, 0))
         self.expire_finished_jobs()
 
@@ -293,14 +289,14 @@ class ServiceMetrics:
 
     def set_job_state(self, job_id: str, tenant: str, state: str) -> None:
         """The job entered `state`. Terminal states start the series' expiry clock."""
-        _check(state, JOB_STATES, "state")
+        _check(state, JobState, "state")
         now = self._clock()
         with self._lock:
             series = self._job(job_id, tenant)
             series.finished_at = now if state in TERMINAL_STATES else None
-            for s in JOB_STATES:
+            for s in JobState:
                 self.job_state.labels(job_id, tenant, s).set(1 if s == state else 0)
-            if state == "RUNNING":
+            if state == JobState.RUNNING:
                 self.job_last_progress.labels(job_id, tenant).set(now)
 
     def set_job_placement(self, job_id: str, tenant: str, gpus: Mapping[tuple[str, str], int]) -> None:

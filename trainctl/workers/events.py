@@ -23,9 +23,11 @@ from trainctl.parallelism.step_report import StepReport
 EVENTS_FILE = "events.jsonl"
 
 
-class JobPhase(StrEnum):
-    """States the supervisor drives a job through (the service adds QUEUED before them)."""
+class JobState(StrEnum):
+    """Every state of a job: the service queues it (QUEUED) and its supervisor drives it through the
+    others. The service's store persists the values."""
 
+    QUEUED = "QUEUED"
     SCHEDULED = "SCHEDULED"
     RUNNING = "RUNNING"
     RESTARTING = "RESTARTING"
@@ -37,7 +39,13 @@ class JobPhase(StrEnum):
     @property
     def terminal(self) -> bool:
         """True for SUCCEEDED, FAILED and CANCELLED."""
-        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED)
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+"""States a job never leaves."""
+ACTIVE_STATES = frozenset({JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.CANCELLING})
+"""States of a job that has a supervisor and holds its GPUs."""
 
 
 class EventKind(StrEnum):
@@ -97,7 +105,7 @@ class Event:
     """Unix time the supervisor recorded it."""
     kind: EventKind
     """What it reports."""
-    state: JobPhase | None = None
+    state: JobState | None = None
     """New state (STATE events)."""
     reason: str = ""
     """Why the state changed (STATE events)."""
@@ -135,7 +143,7 @@ class Event:
         """Inverse of `to_json`."""
         data = json.loads(line)
         data["kind"] = EventKind(data["kind"])
-        data["state"] = JobPhase(data["state"]) if data.get("state") else None
+        data["state"] = JobState(data["state"]) if data.get("state") else None
         return cls(**data)
 
 
@@ -146,7 +154,7 @@ class JobStatus:
     events: list[Event]
     cursor: int
     """Sequence number of the last event returned (the input cursor when there were none)."""
-    state: JobPhase
+    state: JobState
     """Latest state recorded in the log."""
     reason: str
     """Reason of the latest state change."""
@@ -169,7 +177,7 @@ class EventLog:
 
     path: Path | None = None
     _events: list[Event] = field(default_factory=list)
-    _state: JobPhase = JobPhase.SCHEDULED
+    _state: JobState = JobState.SCHEDULED
     _reason: str = ""
     _restarts: int = 0
     _replan: tuple[str, ...] = ()
@@ -215,7 +223,7 @@ class EventLog:
         self._events.append(event)
         if event.kind is EventKind.STATE and event.state is not None:
             self._state, self._reason = event.state, event.reason
-            self._restarts += event.state is JobPhase.RESTARTING
+            self._restarts += event.state is JobState.RESTARTING
         if event.kind is EventKind.REPLAN:
             self._replan = tuple(event.lost_nodes or ())
         elif event.kind in (EventKind.PLAN, EventKind.STATE):

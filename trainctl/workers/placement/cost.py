@@ -26,7 +26,7 @@ from typing import Literal
 
 from trainctl.parallelism.grid import RankGrid
 from trainctl.spec.presets import ModelConfig
-from trainctl.workers.placement.fabric import LEVELS, FabricIndex, Slot
+from trainctl.workers.placement.fabric import LEVELS, FabricIndex, SlotId
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
 Pattern = Literal["ring", "all_to_all", "pairwise"]
@@ -247,7 +247,7 @@ class _Span:
     """(leaf id, members under it), only for groups that leave their leaves (spine / core)."""
 
 
-def _span(index: FabricIndex, key: tuple[Slot, ...]) -> _Span:
+def _span(index: FabricIndex, key: tuple[SlotId, ...]) -> _Span:
     level = index.level(list(key))
     units = len({index.node_unit[s[0]] for s in key})
     if level not in ("spine", "core"):
@@ -256,14 +256,14 @@ def _span(index: FabricIndex, key: tuple[Slot, ...]) -> _Span:
 
 
 def evaluate(
-    traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex, spans_seen: dict | None = None
+    traffic: list[DimTraffic], slots: list[SlotId], index: FabricIndex, spans_seen: dict | None = None
 ) -> CostBreakdown:
     """Cost of placing rank r on `slots[r]`.
 
     `spans_seen` (optional) memoises what is known about each tuple of slots across calls: a local
     search that moves a few ranks re-analyses only the groups it touched.
     """
-    memo: dict[tuple[Slot, ...], _Span] = {} if spans_seen is None else spans_seen
+    memo: dict[tuple[SlotId, ...], _Span] = {} if spans_seen is None else spans_seen
     result = CostBreakdown()
     for entry in traffic:
         worst = 0.0
