@@ -65,6 +65,7 @@ class RankLocation:
 
     @property
     def rank(self) -> int:
+        """The rank (the planned one: a worker never changes rank)."""
         return self.planned.rank
 
     @property
