@@ -206,9 +206,9 @@ class Scheduler:
                 return record  # recorded once the whole log is drained (see _follow), after the last step
             if record.state == JobState.CANCELLING:
                 return record  # a job being cancelled does not go back to running
-            extra = {"start_time": event.time} if event.state.value == JobState.RUNNING and record.start_time is None else {}
-            record = self._set_state(record, event.state.value, event.reason, **extra)
-            if event.state.value == JobState.RESTARTING and self.metrics is not None:
+            extra = {"start_time": event.time} if event.state is JobState.RUNNING and record.start_time is None else {}
+            record = self._set_state(record, event.state, event.reason, **extra)
+            if event.state is JobState.RESTARTING and self.metrics is not None:
                 self.metrics.record_restart(record.id, record.tenant)
         return record
 
@@ -252,7 +252,7 @@ class Scheduler:
         """Nodes of the pool that Ray does not have alive."""
         return {name for name, _ in self.pool.nodes()} - self.runtime.live_nodes()
 
-    def _set_state(self, record: JobRecord, state: str, reason: str, **extra: Any) -> JobRecord:
+    def _set_state(self, record: JobRecord, state: JobState, reason: str, **extra: Any) -> JobRecord:
         if record.state == state:
             return record
         updated = self.store.update_status(record.id, state=state, reason=reason, **extra)
