@@ -81,7 +81,8 @@ def worker(job_json: str, warmup: int, result_path: Path) -> None:
 
     from trainctl.parallelism.distributed import init_distributed, teardown
     from trainctl.parallelism.estimator import estimate_memory
-    from trainctl.parallelism.trainer import StepReport, Trainer
+    from trainctl.parallelism.step_report import StepReport
+    from trainctl.parallelism.trainer import Trainer
     from trainctl.spec.job import JobSpecBody
     from trainctl.spec.presets import resolve_model
 

@@ -8,15 +8,15 @@
 
 from __future__ import annotations
 
-from trainctl.workers.placement.fabric import FabricIndex, Slot
+from trainctl.workers.placement.fabric import FabricIndex, SlotId
 
 
-def ray_pack(world: int, index: FabricIndex, free: dict[int, list[int]]) -> list[Slot] | None:
+def ray_pack(world: int, index: FabricIndex, free: dict[int, list[int]]) -> list[SlotId] | None:
     slots = [(n, g) for n in sorted(free) for g in free[n]]
     return slots[:world] if len(slots) >= world else None
 
 
-def megatron_block(world: int, index: FabricIndex, free: dict[int, list[int]]) -> list[Slot] | None:
+def megatron_block(world: int, index: FabricIndex, free: dict[int, list[int]]) -> list[SlotId] | None:
     order = [(n, g) for n in range(len(index.node_names)) for g in index.node_gpus[n]]
     is_free = {(n, g) for n, gpus in free.items() for g in gpus}
     run = 0
@@ -27,7 +27,7 @@ def megatron_block(world: int, index: FabricIndex, free: dict[int, list[int]]) -
     return None
 
 
-def domain_constrained(world: int, index: FabricIndex, free: dict[int, list[int]]) -> list[Slot] | None:
+def domain_constrained(world: int, index: FabricIndex, free: dict[int, list[int]]) -> list[SlotId] | None:
     levels = [
         {n: n for n in range(len(index.node_names))},
         {n: index.node_unit[n] for n in range(len(index.node_names))},

@@ -34,7 +34,7 @@ from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.workers.embedded import EmbeddedRay, start_embedded
-from trainctl.workers.events import EVENTS_FILE, EventKind, JobPhase, read_events
+from trainctl.workers.events import EVENTS_FILE, EventKind, JobState, read_events
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -130,7 +130,7 @@ def test_sigkilled_service_restarts_losing_and_duplicating_nothing(serve: ServeP
     for job_id in (running.id, queued.id):
         log = read_events(serve.data_dir / "runs" / job_id / EVENTS_FILE)
         supervisor_states = [e.state for e in log if e.kind is EventKind.STATE]
-        assert supervisor_states == [JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.SUCCEEDED], (job_id, supervisor_states)
+        assert supervisor_states == [JobState.SCHEDULED, JobState.RUNNING, JobState.SUCCEEDED], (job_id, supervisor_states)
     assert "admission was interrupted" not in serve.log_path.read_text()
     assert client.get_cluster().used_gpus == 0
     client.close()

@@ -24,7 +24,7 @@ from trainctl.service.scheduler import Scheduler
 from trainctl.service.server import build_grpc_server
 from trainctl.service.store import JobStore
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import EventKind, EventLog, JobPhase, JobStatus, status_of
+from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus, status_of
 from trainctl.workers.topology import simulated_topology
 
 
@@ -75,7 +75,7 @@ class ScriptedRuntime:
 
     def cancel(self, job_id: str) -> JobStatus:
         self.cancelled.append(job_id)
-        self.state(job_id, JobPhase.CANCELLED, "cancelled by request")
+        self.state(job_id, JobState.CANCELLED, "cancelled by request")
         return status_of(self.logs[job_id].all(), 0, 1)
 
     # ---- playing the supervisor ----------------------------------------------------------------------
@@ -87,7 +87,7 @@ class ScriptedRuntime:
                 raise TimeoutError(f"{job_id} was not started within {timeout} s")
             time.sleep(0.01)
 
-    def state(self, job_id: str, state: JobPhase, reason: str = "") -> None:
+    def state(self, job_id: str, state: JobState, reason: str = "") -> None:
         self.logs[job_id].append(EventKind.STATE, state=state, reason=reason)
         if state.terminal:
             self.alive.discard(job_id)
@@ -95,7 +95,7 @@ class ScriptedRuntime:
     def lose_node(self, job_id: str, node: str) -> None:
         """The node leaves the cluster; the job's supervisor restarts and asks for a plan without it."""
         self.nodes.discard(node)
-        self.state(job_id, JobPhase.RESTARTING, f"rank died on {node}")
+        self.state(job_id, JobState.RESTARTING, f"rank died on {node}")
         self.logs[job_id].append(EventKind.REPLAN, lost_nodes=[node], message=f"node(s) {node} left the Ray cluster")
 
     def step(self, job_id: str, step: int, loss: float) -> None:
@@ -106,9 +106,9 @@ class ScriptedRuntime:
                   "breakdown": {"forward_backward": 0.2}, "peak_memory_bytes": 1 << 20},
         )
 
-    def run(self, job_id: str, losses: list[float], end: JobPhase = JobPhase.SUCCEEDED) -> None:
+    def run(self, job_id: str, losses: list[float], end: JobState = JobState.SUCCEEDED) -> None:
         """A whole run: RUNNING, one step per loss, then `end`."""
-        self.state(job_id, JobPhase.RUNNING, "ranks up")
+        self.state(job_id, JobState.RUNNING, "ranks up")
         for i, loss in enumerate(losses, start=1):
             self.step(job_id, i, loss)
         self.state(job_id, end, "done")

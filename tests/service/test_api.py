@@ -21,7 +21,7 @@ from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import load_job_file
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
-from trainctl.workers.events import JobPhase
+from trainctl.workers.events import JobState
 
 REMOTE_CASES = [c for c in bad_spec_catalogue() if not c.local_only]
 
@@ -181,7 +181,7 @@ def test_cancel_contract(client: TrainctlClient, runtime: ScriptedRuntime) -> No
             states.append(event.state_change.to_state)
             if event.state_change.to_state == pb.SCHEDULED:
                 runtime.wait_started(job.id)
-                runtime.state(job.id, JobPhase.RUNNING, "ranks up")
+                runtime.state(job.id, JobState.RUNNING, "ranks up")
             elif event.state_change.to_state == pb.RUNNING:
                 assert client.cancel_job(job.id).status.state == pb.CANCELLING
     assert states == [pb.QUEUED, pb.SCHEDULED, pb.RUNNING, pb.CANCELLING, pb.CANCELLED]
@@ -249,7 +249,7 @@ def test_a_restarted_service_loses_and_duplicates_nothing(tmp_path: Path) -> Non
         running = c.create_job(small_job("running"), request_id="r-1")
         queued = c.create_job(small_job("queued"), request_id="r-2")
         runtime.wait_started(running.id)
-        runtime.state(running.id, JobPhase.RUNNING, "ranks up")
+        runtime.state(running.id, JobState.RUNNING, "ranks up")
         runtime.step(running.id, 1, 3.0)
         for event in c.watch(running.id):
             if event.WhichOneof("payload") == "step":
@@ -265,7 +265,7 @@ def test_a_restarted_service_loses_and_duplicates_nothing(tmp_path: Path) -> Non
             assert len(list(c.list_jobs())) == 2
             assert running.id in runtime.attached and [j for j, _ in runtime.started] == [running.id]
             runtime.step(running.id, 2, 2.0)
-            runtime.state(running.id, JobPhase.SUCCEEDED, "done")
+            runtime.state(running.id, JobState.SUCCEEDED, "done")
             for _ in c.watch(running.id):
                 pass
             status = c.get_job(running.id, full=True)

@@ -7,13 +7,12 @@ from typing import Any
 
 from secure_service import POOL_GPUS_PER_NODE, POOL_NODES
 
-from trainctl.service import store as st
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.service.tenancy import Quota
 from trainctl.spec.validate import parse_object
-from trainctl.workers.events import JobPhase, JobStatus
+from trainctl.workers.events import JobState, JobStatus
 from trainctl.workers.topology import simulated_topology
 
 
@@ -34,7 +33,7 @@ class FakeRuntime:
         return []
 
     def poll(self, job_id: str, cursor: int) -> JobStatus:
-        phase = JobPhase.SUCCEEDED if job_id in self.finished else JobPhase.RUNNING
+        phase = JobState.SUCCEEDED if job_id in self.finished else JobState.RUNNING
         return JobStatus(events=[], cursor=cursor, state=phase, reason="test", restarts=0, last_seq=cursor)
 
     def cancel(self, job_id: str) -> JobStatus:
@@ -70,14 +69,14 @@ def test_a_tenant_over_its_gpu_quota_waits_without_blocking_others(tmp_path: Pat
         scheduler.tick()
         assert runtime.started == [first.id, other.id]
         waiting = store.get_job(second.id)
-        assert waiting.state == st.QUEUED
+        assert waiting.state == JobState.QUEUED
         assert "quota running_gpus of tenant 'vision'" in waiting.reason and "4 of 4 GPUs in use" in waiting.reason
 
         runtime.finished.add(first.id)
         scheduler.tick()  # the first job ends, its GPUs leave the tenant's count
         scheduler.tick()
-        assert store.get_job(first.id).state == st.SUCCEEDED
+        assert store.get_job(first.id).state == JobState.SUCCEEDED
         assert runtime.started == [first.id, other.id, second.id]
-        assert store.get_job(second.id).state == st.SCHEDULED
+        assert store.get_job(second.id).state == JobState.SCHEDULED
     finally:
         store.close()

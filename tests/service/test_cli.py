@@ -18,7 +18,7 @@ from trainctl.cli.main import EXIT_INVALID, main
 from trainctl.cli.progress import follow
 from trainctl.spec.validate import load_job_file, semantic_violations
 from trainctl.v1 import training_pb2 as pb
-from trainctl.workers.events import JobPhase
+from trainctl.workers.events import JobState
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = bad_spec_catalogue()
@@ -149,7 +149,7 @@ def test_submit_watch_exit_status_follows_the_job(
     def fail_when_started() -> None:
         while not runtime.logs:
             threading.Event().wait(0.01)
-        runtime.run(next(iter(runtime.logs)), [2.0], end=JobPhase.FAILED)
+        runtime.run(next(iter(runtime.logs)), [2.0], end=JobState.FAILED)
 
     threading.Thread(target=fail_when_started, daemon=True).start()
     assert main(["submit", str(_spec(tmp_path, "doomed")), "--watch"]) == 1

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 from proto_strategies import messages
 from secure_service import bearer, job_message, start_service, stub, write_access_file
 
-from trainctl.service.store import DB_NAME, STATES, JobStore
+from trainctl.service.store import DB_NAME, JobStore
 from trainctl.v1 import training_pb2 as pb
+from trainctl.workers.events import JobState
 
 SERVICE = pb.DESCRIPTOR.services_by_name["TrainingService"]
 BAD_CODES = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
@@ -129,7 +130,7 @@ def test_the_service_and_its_store_survive(hostile: dict) -> None:
     try:
         for job_id in [*hostile["ids"], job.id]:
             record = reopened.get_job(job_id)  # parses the stored spec back into a TrainingJob
-            assert record.state in STATES
+            assert record.state in set(JobState)
         for record in reopened.list_jobs(limit=10_000):
             # run and checkpoint directories are <data-dir>/runs/<job id>: an id must be a plain name
             assert SAFE_ID.match(record.id), record.id

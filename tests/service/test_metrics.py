@@ -5,35 +5,31 @@ from __future__ import annotations
 import shutil
 import subprocess
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from control_plane_fakes import ScriptedRuntime
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainctl.service.metrics import JOB_STATES, NodeGpus, ServiceMetrics, start_metrics_server
+from trainctl.parallelism.step_report import StepReport
+from trainctl.service.metrics import NodeGpus, ServiceMetrics, start_metrics_server
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobStore
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import EventKind, JobPhase
+from trainctl.workers.events import EventKind, JobState
 from trainctl.workers.topology import simulated_topology
 
 
-@dataclass
-class Report:
-    step: int
-    loss: float = 2.5
-    grad_norm: float = 1.0
-    lr: float = 3e-4
-    tokens: int = 1024
-    tokens_per_second: float = 5000.0
-    mfu: float | None = 0.4
-    step_time_seconds: float = 0.2
-    breakdown: dict[str, float] = field(default_factory=lambda: {"forward_backward": 0.15, "optimizer": 0.05})
-    peak_memory_bytes: int = 1 << 30
+def step_report(step: int, **fields: Any) -> StepReport:
+    """A StepReport with typical values, overridden by ``fields``."""
+    typical: dict[str, Any] = dict(
+        loss=2.5, grad_norm=1.0, lr=3e-4, tokens=1024, tokens_per_second=5000.0, mfu=0.4, step_time_seconds=0.2,
+        breakdown={"forward_backward": 0.15, "optimizer": 0.05}, peak_memory_bytes=1 << 30,
+    )
+    return StepReport(step=step, **{**typical, **fields})
 
 
 class Clock:
@@ -83,8 +79,8 @@ def populate(m: ServiceMetrics) -> None:
     m.set_gpu_inventory([NodeGpus("node-0", "nvl-0", 8, 8), NodeGpus("node-1", "nvl-0", 8, 0)])
     m.set_job_state("job-a", "team-a", "RUNNING")
     m.set_job_placement("job-a", "team-a", {("node-0", "nvl-0"): 8})
-    m.record_step("job-a", "team-a", Report(step=10, breakdown={"forward_backward": 0.15, "checkpoint": 2.5}))
-    m.record_step("job-a", "team-a", Report(step=11))
+    m.record_step("job-a", "team-a", step_report(step=10, breakdown={"forward_backward": 0.15, "checkpoint": 2.5}))
+    m.record_step("job-a", "team-a", step_report(step=11))
     m.record_checkpoint_size("job-a", "team-a", 123456)
     m.record_restart("job-a", "team-a")
     m.set_straggler_ratio("job-a", "team-a", 1.25)
@@ -106,7 +102,7 @@ def test_values_and_names(metrics: ServiceMetrics, registry: CollectorRegistry) 
                  python_version=__import__("platform").python_version()) == 1
     assert value(registry, "trainctl_grpc_requests_total", method="GetJob", code="NOT_FOUND") == 1
     assert value(registry, "trainctl_queue_oldest_age_seconds") == 10
-    for state in JOB_STATES:  # every state is exported, zeros included
+    for state in JobState:  # every state is exported, zeros included
         assert value(registry, "trainctl_jobs", state=state) == {"QUEUED": 3, "RUNNING": 1}.get(state, 0)
     assert value(registry, "trainctl_job_state", state="RUNNING", **job) == 1
     assert value(registry, "trainctl_job_state", state="QUEUED", **job) == 0
@@ -132,12 +128,12 @@ def test_queue_age_grows_between_updates(metrics: ServiceMetrics, registry: Coll
 
 def test_tokens_counter_counts_steps_between_reports(metrics: ServiceMetrics, registry: CollectorRegistry) -> None:
     job = {"job_id": "j", "tenant": "t"}
-    metrics.record_step("j", "t", Report(step=1, tokens=100))
-    metrics.record_step("j", "t", Report(step=5, tokens=100))  # log_interval 4: 4 steps of 100 tokens
+    metrics.record_step("j", "t", step_report(step=1, tokens=100))
+    metrics.record_step("j", "t", step_report(step=5, tokens=100))  # log_interval 4: 4 steps of 100 tokens
     assert value(registry, "trainctl_job_tokens_total", **job) == 500
-    metrics.record_step("j", "t", Report(step=3, tokens=100))  # resumed from an earlier checkpoint
+    metrics.record_step("j", "t", step_report(step=3, tokens=100))  # resumed from an earlier checkpoint
     assert value(registry, "trainctl_job_tokens_total", **job) == 600
-    metrics.record_step("j", "t", Report(step=4, tokens=100, mfu=None))  # unknown peak: MFU keeps its last value
+    metrics.record_step("j", "t", step_report(step=4, tokens=100, mfu=None))  # unknown peak: MFU keeps its last value
     assert value(registry, "trainctl_job_mfu_ratio", **job) == 0.4
 
 
@@ -172,7 +168,7 @@ def test_restarted_job_does_not_expire(metrics: ServiceMetrics, clock: Clock) ->
         (lambda m: m.observe_store("Create Job", 0.1), "op must be a snake_case"),
         (lambda m: m.set_queue(-1, None), "queue depth must be >= 0"),
         (lambda m: m.set_gpu_inventory([NodeGpus("n", "d", 4, 5)]), "need 0 <= used <= total"),
-        (lambda m: m.record_step("j", "t", Report(step=1, breakdown={"rank 3": 1.0})), "breakdown key"),
+        (lambda m: m.record_step("j", "t", step_report(step=1, breakdown={"rank 3": 1.0})), "breakdown key"),
         (lambda m: m.set_straggler_ratio("j", "t", 0.5), "must be >= 1"),
         (lambda m: m.record_checkpoint_size("j", "t", -1), "checkpoint size"),
         (lambda m: m.record_restart("", "t"), "job_id must be a non-empty"),
@@ -262,7 +258,7 @@ def test_scheduler_feeds_straggler_ratio_and_checkpoint_size_and_time(
                           metrics=metrics)
     job_id = store.create_job(TrainingJob.model_validate({"metadata": {"name": "fed"}}))[0].id
     scheduler.tick()
-    runtime.state(job_id, JobPhase.RUNNING, "ranks up")
+    runtime.state(job_id, JobState.RUNNING, "ranks up")
     report = {"step": 1, "loss": 3.0, "step_time_seconds": 0.5, "breakdown": {"optimizer": 0.1}, "straggler": None}
     runtime.logs[job_id].append(EventKind.STEP, step=report)
     runtime.logs[job_id].append(EventKind.STEP, step={

@@ -11,7 +11,7 @@ from control_plane_fakes import ScriptedRuntime, make_scheduler
 from trainctl.service import store as st
 from trainctl.service.scheduler import Scheduler
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import JobPhase
+from trainctl.workers.events import JobState
 
 
 def job(name: str, gpus: int, priority: int = 0) -> TrainingJob:
@@ -39,30 +39,30 @@ def test_priority_then_age_and_strict_gang_admission(tmp_path: Path) -> None:
     s = make_scheduler(tmp_path, runtime)  # 8 GPUs
     a = submit(s, "a", 8)
     s.tick()
-    assert state(s, a).state == st.SCHEDULED and s.pool.free_count == 0
+    assert state(s, a).state == JobState.SCHEDULED and s.pool.free_count == 0
     b = submit(s, "b", 4, priority=0)
     c = submit(s, "c", 4, priority=5)
     d = submit(s, "d", 4, priority=5)
     small = submit(s, "small", 1, priority=-1)
     s.tick()
-    assert [state(s, j).state for j in (b, c, d, small)] == [st.QUEUED] * 4
+    assert [state(s, j).state for j in (b, c, d, small)] == [JobState.QUEUED] * 4
     assert state(s, c).reason == "waiting for 4 GPUs: 0 of 8 free"
     assert state(s, d).reason.startswith(f"waiting behind {c}")
     assert state(s, b).reason.startswith(f"waiting behind {c}")
 
     runtime.run(a, [3.0, 2.0, 1.0])
     s.tick()  # a ends and frees 8 GPUs; c then d (priority 5, in submission order) take them all
-    assert state(s, a).state == st.SUCCEEDED
-    assert [state(s, j).state for j in (c, d)] == [st.SCHEDULED, st.SCHEDULED]
+    assert state(s, a).state == JobState.SUCCEEDED
+    assert [state(s, j).state for j in (c, d)] == [JobState.SCHEDULED, JobState.SCHEDULED]
     assert [j for j, _ in runtime.started] == [a, c, d]
-    assert state(s, b).state == st.QUEUED and state(s, b).reason == "waiting for 4 GPUs: 0 of 8 free"
+    assert state(s, b).state == JobState.QUEUED and state(s, b).reason == "waiting for 4 GPUs: 0 of 8 free"
     runtime.run(c, [1.0])
     s.tick()  # c's 4 GPUs go to b (priority 0) before small (priority -1)
-    assert state(s, b).state == st.SCHEDULED
-    assert state(s, small).state == st.QUEUED and state(s, small).reason == "waiting for 1 GPUs: 0 of 8 free"
+    assert state(s, b).state == JobState.SCHEDULED
+    assert state(s, small).state == JobState.QUEUED and state(s, small).reason == "waiting for 1 GPUs: 0 of 8 free"
     runtime.run(d, [1.0])
     s.tick()
-    assert state(s, small).state == st.SCHEDULED and s.pool.free_count == 3
+    assert state(s, small).state == JobState.SCHEDULED and s.pool.free_count == 3
 
 
 def test_gang_scheduling_never_starts_part_of_a_job(tmp_path: Path) -> None:
@@ -72,14 +72,14 @@ def test_gang_scheduling_never_starts_part_of_a_job(tmp_path: Path) -> None:
     big = submit(s, "big", 4)
     small = submit(s, "small", 1)
     s.tick()
-    assert state(s, first).state == st.SCHEDULED
-    assert state(s, big).state == st.QUEUED and state(s, big).reason == "waiting for 4 GPUs: 2 of 4 free"
+    assert state(s, first).state == JobState.SCHEDULED
+    assert state(s, big).state == JobState.QUEUED and state(s, big).reason == "waiting for 4 GPUs: 2 of 4 free"
     # strict queue: the 1-GPU job would fit, but does not overtake the job at the head
-    assert state(s, small).state == st.QUEUED and state(s, small).reason.startswith(f"waiting behind {big}")
+    assert state(s, small).state == JobState.QUEUED and state(s, small).reason.startswith(f"waiting behind {big}")
     assert [j for j, _ in runtime.started] == [first]
     runtime.run(first, [1.0])
     s.tick()
-    assert state(s, big).state == st.SCHEDULED and state(s, small).state == st.QUEUED
+    assert state(s, big).state == JobState.SCHEDULED and state(s, small).state == JobState.QUEUED
     placement = dict(runtime.started)[big]
     assert sorted((a.node, a.gpu) for a in placement.assignments) == [
         ("node-0", 0), ("node-0", 1), ("node-1", 0), ("node-1", 1),
@@ -92,23 +92,23 @@ def test_follows_events_into_the_store(tmp_path: Path) -> None:
     s = make_scheduler(tmp_path, runtime)
     j = submit(s, "j", 2)
     s.tick()
-    runtime.state(j, JobPhase.RUNNING, "ranks up")
+    runtime.state(j, JobState.RUNNING, "ranks up")
     runtime.step(j, 1, 5.0)
     s.tick()
     record = state(s, j)
-    assert (record.state, record.steps_done, record.last_loss) == (st.RUNNING, 1, 5.0)
+    assert (record.state, record.steps_done, record.last_loss) == (JobState.RUNNING, 1, 5.0)
     assert record.start_time is not None and record.placement and record.run_dir
     runtime.step(j, 2, 4.0)
-    runtime.state(j, JobPhase.SUCCEEDED, "all ranks finished")
+    runtime.state(j, JobState.SUCCEEDED, "all ranks finished")
     s.tick()
     record = state(s, j)
     assert (record.state, record.reason, record.steps_done, record.first_loss, record.last_loss) == (
-        st.SUCCEEDED, "all ranks finished", 2, 5.0, 4.0,
+        JobState.SUCCEEDED, "all ranks finished", 2, 5.0, 4.0,
     )
     types = [(e.type, e.payload.get("to") or e.payload.get("step")) for e in s.store.events(j)]
     assert types == [
-        ("state", st.QUEUED), ("state", st.SCHEDULED), ("state", st.RUNNING), ("step", 1), ("step", 2),
-        ("state", st.SUCCEEDED),
+        ("state", JobState.QUEUED), ("state", JobState.SCHEDULED), ("state", JobState.RUNNING), ("step", 1), ("step", 2),
+        ("state", JobState.SUCCEEDED),
     ]
     assert s.pool.free_count == 8
 
@@ -119,17 +119,17 @@ def test_cancel_queued_and_running(tmp_path: Path) -> None:
     running = submit(s, "running", 8)
     queued = submit(s, "queued", 8)
     s.tick()
-    runtime.state(running, JobPhase.RUNNING)
+    runtime.state(running, JobState.RUNNING)
     s.tick()
-    assert s.request_cancel(queued, "by test").state == st.CANCELLED
-    assert s.request_cancel(running, "by test").state == st.CANCELLING
+    assert s.request_cancel(queued, "by test").state == JobState.CANCELLED
+    assert s.request_cancel(running, "by test").state == JobState.CANCELLING
     for _ in range(50):
         s.tick()
         if state(s, running).terminal:
             break
         s._wake.wait(0.05)
     assert runtime.cancelled == [running]
-    assert state(s, running).state == st.CANCELLED
+    assert state(s, running).state == JobState.CANCELLED
     assert [j for j, _ in runtime.started] == [running]
     assert s.pool.free_count == 8
 
@@ -140,7 +140,7 @@ def test_a_start_failure_fails_the_job_and_frees_its_gpus(tmp_path: Path) -> Non
     j = submit(s, "j", 4)
     s.tick()
     record = state(s, j)
-    assert record.state == st.FAILED and "no Ray today" in record.reason
+    assert record.state == JobState.FAILED and "no Ray today" in record.reason
     assert s.pool.free_count == 8
 
 
@@ -150,7 +150,7 @@ def test_restart_reattaches_without_duplicates(tmp_path: Path) -> None:
     j = submit(s, "j", 4)
     queued = submit(s, "q", 8)
     s.tick()
-    runtime.state(j, JobPhase.RUNNING)
+    runtime.state(j, JobState.RUNNING)
     runtime.step(j, 1, 2.0)
     s.tick()
     s.store.close()
@@ -161,11 +161,11 @@ def test_restart_reattaches_without_duplicates(tmp_path: Path) -> None:
     assert [x for x, _ in runtime.started] == [j]  # its supervisor is alive: not started twice
     assert again.pool.free_count == 4
     runtime.step(j, 2, 1.5)
-    runtime.state(j, JobPhase.SUCCEEDED)
+    runtime.state(j, JobState.SUCCEEDED)
     again.tick()
-    assert state(again, j).state == st.SUCCEEDED and state(again, j).steps_done == 2
+    assert state(again, j).state == JobState.SUCCEEDED and state(again, j).steps_done == 2
     assert [e.payload["step"] for e in again.store.events(j) if e.type == "step"] == [1, 2]  # no replay
-    assert state(again, queued).state == st.SCHEDULED
+    assert state(again, queued).state == JobState.SCHEDULED
     assert len(again.store.list_jobs()) == 2
 
 
@@ -180,7 +180,7 @@ def test_a_job_that_lost_a_node_is_re_placed_off_it_and_dead_nodes_take_no_job(t
     s.tick()
     placed = dict(runtime.started)
     [lost] = nodes_of(placed[a])
-    runtime.state(a, JobPhase.RUNNING)
+    runtime.state(a, JobState.RUNNING)
     runtime.lose_node(a, lost)
     s.tick()
     [(job_id, new)] = runtime.plans
@@ -188,7 +188,7 @@ def test_a_job_that_lost_a_node_is_re_placed_off_it_and_dead_nodes_take_no_job(t
     assert {slot: holder for slot, holder in s.pool.holders().items() if holder == a} == dict.fromkeys(new.slots, a)
     record = state(s, a)
     assert record.placement == new.records(), "GetJob shows where the ranks run now"
-    assert record.state == st.RESTARTING and record.reason.startswith(f"node(s) {lost} lost; re-placed 2 ranks on ")
+    assert record.state == JobState.RESTARTING and record.reason.startswith(f"node(s) {lost} lost; re-placed 2 ranks on ")
     s.tick()
     assert len(runtime.plans) == 1, "the plan is handed over once"
     messages = [e.payload.get("message") for e in s.store.events(a) if e.type == st.EVENT_LOG]
@@ -196,10 +196,10 @@ def test_a_job_that_lost_a_node_is_re_placed_off_it_and_dead_nodes_take_no_job(t
     # The lost node's GPUs are free in the pool, but a dead node takes no job.
     c = submit(s, "c", 2)
     s.tick()
-    assert state(s, c).state == st.QUEUED and state(s, c).reason == "waiting for 2 GPUs: 0 of 6 free"
+    assert state(s, c).state == JobState.QUEUED and state(s, c).reason == "waiting for 2 GPUs: 0 of 6 free"
     runtime.nodes.add(lost)
     s.tick()
-    assert state(s, c).state == st.SCHEDULED and nodes_of(dict(runtime.started)[c]) == {lost}
+    assert state(s, c).state == JobState.SCHEDULED and nodes_of(dict(runtime.started)[c]) == {lost}
 
 
 def test_a_job_that_lost_a_node_waits_for_gpus_then_is_re_placed(tmp_path: Path) -> None:
@@ -226,7 +226,7 @@ def test_a_job_that_lost_a_node_waits_for_gpus_then_is_re_placed(tmp_path: Path)
     [(job_id, new)] = runtime.plans
     assert job_id == a and lost not in nodes_of(new)
     assert state(s, a).placement == new.records()
-    assert state(s, queued).state == st.QUEUED and state(s, queued).reason == "waiting for 1 GPUs: 0 of 4 free"
+    assert state(s, queued).state == JobState.QUEUED and state(s, queued).reason == "waiting for 1 GPUs: 0 of 4 free"
     runtime.run(a, [1.0])
     s.tick()
-    assert state(s, a).state == st.SUCCEEDED and set(s.pool.holders().values()) == {queued}
+    assert state(s, a).state == JobState.SUCCEEDED and set(s.pool.holders().values()) == {queued}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.service import store as st
 from trainctl.service.store import DB_NAME, SCHEMA_VERSION, JobNotFound, JobStore, StoreError
 from trainctl.spec.job import TrainingJob
+from trainctl.workers.events import JobState
 
 
 def job(name: str = "j", priority: int = 0, labels: dict[str, str] | None = None) -> TrainingJob:
@@ -39,23 +39,23 @@ def test_a_job_survives_a_crash_right_after_create(tmp_path: Path) -> None:
     job_id = out.stdout.strip()
     store = JobStore(tmp_path)
     record = store.get_job(job_id)
-    assert record.state == st.QUEUED and record.name == "crash"
-    assert [e.payload["to"] for e in store.events(job_id)] == [st.QUEUED]
+    assert record.state == JobState.QUEUED and record.name == "crash"
+    assert [e.payload["to"] for e in store.events(job_id)] == [JobState.QUEUED]
 
 
 def test_reopen_keeps_jobs_events_and_metrics(tmp_path: Path) -> None:
     store = JobStore(tmp_path)
     record, created = store.create_job(job("a", labels={"team": "x"}))
     assert created
-    store.update_status(record.id, state=st.SCHEDULED, reason="placed")
-    store.update_status(record.id, state=st.RUNNING, reason="ranks up")
+    store.update_status(record.id, state=JobState.SCHEDULED, reason="placed")
+    store.update_status(record.id, state=JobState.RUNNING, reason="ranks up")
     store.record_step(record.id, {"step": 1, "loss": 5.0, "tokens_per_second": 10.0, "breakdown": {"fwd": 0.1}})
     store.record_step(record.id, {"step": 2, "loss": 4.0, "tokens_per_second": 12.0})
     store.close()
 
     again = JobStore(tmp_path)
     got = again.get_job(record.id)
-    assert (got.state, got.steps_done, got.first_loss, got.last_loss) == (st.RUNNING, 2, 5.0, 4.0)
+    assert (got.state, got.steps_done, got.first_loss, got.last_loss) == (JobState.RUNNING, 2, 5.0, 4.0)
     assert got.labels == {"team": "x"} and got.job == record.job
     assert [m["loss"] for m in again.step_metrics(record.id)] == [5.0, 4.0]
     assert again.step_metrics(record.id)[0]["breakdown"] == {"fwd": 0.1}
@@ -82,19 +82,19 @@ def test_request_id_makes_create_idempotent_across_reopen(tmp_path: Path) -> Non
 def test_terminal_states_are_final_and_cas_respects_expectations(tmp_path: Path) -> None:
     store = JobStore(tmp_path)
     record, _ = store.create_job(job())
-    assert store.update_status(record.id, expect=[st.RUNNING], state=st.CANCELLED) is None
-    done = store.update_status(record.id, expect=[st.QUEUED], state=st.CANCELLED, reason="user")
-    assert done is not None and done.state == st.CANCELLED and done.end_time is not None
-    assert store.update_status(record.id, state=st.RUNNING) is None
-    assert store.get_job(record.id).state == st.CANCELLED
+    assert store.update_status(record.id, expect=[JobState.RUNNING], state=JobState.CANCELLED) is None
+    done = store.update_status(record.id, expect=[JobState.QUEUED], state=JobState.CANCELLED, reason="user")
+    assert done is not None and done.state == JobState.CANCELLED and done.end_time is not None
+    assert store.update_status(record.id, state=JobState.RUNNING) is None
+    assert store.get_job(record.id).state == JobState.CANCELLED
 
 
 def test_list_filters_and_pages(tmp_path: Path) -> None:
     store = JobStore(tmp_path)
     ids = [store.create_job(job(f"j{i}", labels={"i": str(i % 2)}))[0].id for i in range(5)]
-    store.update_status(ids[0], state=st.CANCELLED)
+    store.update_status(ids[0], state=JobState.CANCELLED)
     assert [r.id for r in store.list_jobs()] == ids[::-1]
-    assert [r.id for r in store.list_jobs(states=[st.CANCELLED])] == [ids[0]]
+    assert [r.id for r in store.list_jobs(states=[JobState.CANCELLED])] == [ids[0]]
     assert [r.id for r in store.list_jobs(labels={"i": "1"})] == [ids[3], ids[1]]
     page = store.list_jobs(limit=2)
     assert [r.id for r in store.list_jobs(limit=2, before_seq=page[-1].seq)] == [ids[2], ids[1]]

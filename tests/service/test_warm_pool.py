@@ -29,8 +29,8 @@ from trainctl.service.server import Service, ServiceConfig  # noqa: E402
 from trainctl.v1 import training_pb2 as pb  # noqa: E402
 from trainctl.workers.embedded import EmbeddedRay  # noqa: E402
 from trainctl.workers.events import EVENTS_FILE, EventKind, read_events  # noqa: E402
+from trainctl.workers.placement import RankAssignment  # noqa: E402
 from trainctl.workers.rank_group import RankGroup  # noqa: E402
-from trainctl.workers.rank_worker import RankSlot  # noqa: E402
 from trainctl.workers.warm_pool import WARM_PREFIX, WarmPool, parse_warm_name  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -124,7 +124,7 @@ def test_a_bound_pooled_worker_exits_when_its_placement_group_is_removed(
     service: Service, cluster: EmbeddedRay
 ) -> None:
     loaded_pool(service, cluster)
-    slot = RankSlot(rank=0, node="node-0", gpu=0)
+    slot = RankAssignment(rank=0, node="node-0", gpu=0)
     warm = pool_of(service).take([slot], use_gpu=False)
     group = RankGroup.create("orphan", 1, [slot], use_gpu=False, ready_timeout=30, warm=warm)
     try:
@@ -138,9 +138,9 @@ def test_a_bound_pooled_worker_exits_when_its_placement_group_is_removed(
 
 def test_a_worker_handed_over_for_another_slot_is_not_bound(service: Service, cluster: EmbeddedRay) -> None:
     loaded_pool(service, cluster, slots=[("node-1", 0)])
-    warm = pool_of(service).take([RankSlot(rank=0, node="node-1", gpu=0)], use_gpu=False)
+    warm = pool_of(service).take([RankAssignment(rank=0, node="node-1", gpu=0)], use_gpu=False)
     (handed,) = [name for name, state in warm_actors(cluster).items() if state == "ALIVE" and "node-1" in name]
-    group = RankGroup.create("replanned", 1, [RankSlot(0, "node-0", 0)], use_gpu=False, ready_timeout=30, warm=warm)
+    group = RankGroup.create("replanned", 1, [RankAssignment(rank=0, node="node-0", gpu=0)], use_gpu=False, ready_timeout=30, warm=warm)
     try:
         (location,) = group.locations(timeout=60)
         assert not location.pooled and location.matches_plan
@@ -156,7 +156,7 @@ def test_a_handed_out_worker_never_bound_is_reaped(service: Service, cluster: Em
     grace = pool.handed_out_grace
     pool.handed_out_grace = 1.0
     try:
-        assert pool.take([RankSlot(rank=0, node="node-0", gpu=0)], use_gpu=False)  # and nobody binds it
+        assert pool.take([RankAssignment(rank=0, node="node-0", gpu=0)], use_gpu=False)  # and nobody binds it
         wait_for(lambda: warm_actors(cluster).get(handed) == "DEAD", "the keeper kills the unbound worker", timeout=30)
     finally:
         pool.handed_out_grace = grace

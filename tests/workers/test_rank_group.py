@@ -10,6 +10,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.state import list_actors, list_placement_groups
 
+from trainctl.workers.placement import RankAssignment
 from trainctl.workers.rank_group import (
     PlacementUnavailable,
     RankGroup,
@@ -18,7 +19,6 @@ from trainctl.workers.rank_group import (
     owned_by,
     rank_name,
 )
-from trainctl.workers.rank_worker import RankSlot
 from trainctl.workers.resources import NODE_LABEL, gpu_slot, slot_index, slot_resources, slots_of
 
 
@@ -58,7 +58,8 @@ def _job_leftovers(job_id: str) -> tuple[list, list]:
 
 def test_every_rank_runs_on_its_planned_node_and_gpu(embedded_ray, blocker):
     # Rank order deliberately differs from node order; the taken GPUs are avoided by the plan.
-    plan = [RankSlot(0, "node-2", 3), RankSlot(1, "node-0", 2), RankSlot(2, "node-1", 0), RankSlot(3, "node-2", 1)]
+    plan = [RankAssignment(rank=r, node=n, gpu=g) for r, (n, g) in enumerate(
+        [("node-2", 3), ("node-0", 2), ("node-1", 0), ("node-2", 1)])]
     group = RankGroup.create("pin-test", 0, plan, use_gpu=False, ready_timeout=30)
     try:
         locations = group.locations(timeout=60)
@@ -80,7 +81,7 @@ def test_every_rank_runs_on_its_planned_node_and_gpu(embedded_ray, blocker):
 
 
 def test_a_taken_gpu_is_not_double_booked(embedded_ray, blocker):
-    plan = [RankSlot(0, "node-0", 1), RankSlot(1, "node-2", 2)]  # node-0 GPU 1 is taken
+    plan = [RankAssignment(rank=0, node="node-0", gpu=1), RankAssignment(rank=1, node="node-2", gpu=2)]  # node-0 GPU 1 is taken
     with pytest.raises(PlacementUnavailable, match=r"rank 0 -> node-0 GPU 1.*not within 2s"):
         RankGroup.create("taken-test", 0, plan, use_gpu=False, ready_timeout=2)
     time.sleep(0.5)
@@ -91,10 +92,10 @@ def test_a_taken_gpu_is_not_double_booked(embedded_ray, blocker):
     ("slots", "message"),
     [
         ([], "no ranks"),
-        ([RankSlot(0, "a", 0), RankSlot(2, "a", 1)], r"ranks 0..1 exactly once"),
-        ([RankSlot(0, "a", 0), RankSlot(0, "a", 1)], r"ranks 0..1 exactly once"),
-        ([RankSlot(0, "a", 0), RankSlot(1, "a", 0)], "ranks 0 and 1 are both placed on a GPU 0"),
-        ([RankSlot(0, "a", -1)], "rank 0: GPU index must be >= 0"),
+        ([RankAssignment(rank=0, node="a", gpu=0), RankAssignment(rank=2, node="a", gpu=1)], r"ranks 0..1 exactly once"),
+        ([RankAssignment(rank=0, node="a", gpu=0), RankAssignment(rank=0, node="a", gpu=1)], r"ranks 0..1 exactly once"),
+        ([RankAssignment(rank=0, node="a", gpu=0), RankAssignment(rank=1, node="a", gpu=0)], "ranks 0 and 1 are both placed on a GPU 0"),
+        ([RankAssignment.model_construct(rank=0, node="a", gpu=-1)], "rank 0: GPU index must be >= 0"),
     ],
 )
 def test_bad_plans_are_rejected(slots, message):

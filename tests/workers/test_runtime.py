@@ -23,7 +23,7 @@ from ray.util.state import list_actors, list_placement_groups
 
 from trainctl.parallelism.grid import RankGrid
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import EventKind, JobPhase, JobStatus
+from trainctl.workers.events import EventKind, JobState, JobStatus
 from trainctl.workers.placement import Placement, RankAssignment, place
 from trainctl.workers.rank_group import owned_by
 from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, gpu_slot
@@ -101,7 +101,7 @@ def steps_of(events, generation=None) -> dict[int, float]:
     }
 
 
-def states_of(events) -> list[JobPhase]:
+def states_of(events) -> list[JobState]:
     return [e.state for e in events if e.kind is EventKind.STATE]
 
 
@@ -148,8 +148,8 @@ def test_solver_plan_on_a_fragmented_pool_runs_where_planned_and_succeeds(runtim
     runtime.start_job("tpdp-1", job, placement, tmp_path / "tpdp-1")
     assert "tpdp-1" in runtime.running_jobs()
     events, status = follow(runtime, "tpdp-1", finished)
-    assert status.state is JobPhase.SUCCEEDED, status.reason
-    assert states_of(events) == [JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.SUCCEEDED]
+    assert status.state is JobState.SUCCEEDED, status.reason
+    assert states_of(events) == [JobState.SCHEDULED, JobState.RUNNING, JobState.SUCCEEDED]
     [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
     actual = {p["rank"]: (p["node"], p["gpu"]) for p in where}
     assert actual == {a.rank: (a.node, a.gpu) for a in placement.assignments}
@@ -161,7 +161,7 @@ def test_solver_plan_on_a_fragmented_pool_runs_where_planned_and_succeeds(runtim
     # Released once drained; the log stays readable from the run directory.
     assert_nothing_left("tpdp-1")
     again = runtime.poll("tpdp-1", 0)
-    assert again.state is JobPhase.SUCCEEDED and [e.seq for e in again.events] == [e.seq for e in events]
+    assert again.state is JobState.SUCCEEDED and [e.seq for e in again.events] == [e.seq for e in events]
 
 
 def test_cancel_leaves_no_actor_or_placement_group(runtime, tmp_path):
@@ -170,11 +170,11 @@ def test_cancel_leaves_no_actor_or_placement_group(runtime, tmp_path):
     assert leftovers("cancel-1")[1], "a running job holds its placement group"
     started = time.monotonic()
     final = runtime.cancel("cancel-1")
-    assert final.state is JobPhase.CANCELLED and final.reason == "cancelled by request"
+    assert final.state is JobState.CANCELLED and final.reason == "cancelled by request"
     assert time.monotonic() - started < 15
     assert leftovers("cancel-1") == ([], [])
     events, _ = follow(runtime, "cancel-1", finished)
-    assert states_of(events)[-2:] == [JobPhase.CANCELLING, JobPhase.CANCELLED]
+    assert states_of(events)[-2:] == [JobState.CANCELLING, JobState.CANCELLED]
     assert runtime.running_jobs().count("cancel-1") == 0
 
 
@@ -187,12 +187,12 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runtime, tmp
     killed_at = time.time()
     more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
     events += more
-    assert status.state is JobPhase.SUCCEEDED, status.reason
-    restart = next(e for e in events if e.state is JobPhase.RESTARTING)
+    assert status.state is JobState.SUCCEEDED, status.reason
+    restart = next(e for e in events if e.state is JobState.RESTARTING)
     assert restart.reason.startswith("rank 1 died") and "restart 1 of 2" in restart.reason
     assert restart.time - killed_at < 10  # detected within seconds
     assert states_of(events) == [
-        JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.RESTARTING, JobPhase.RUNNING, JobPhase.SUCCEEDED
+        JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.RUNNING, JobState.SUCCEEDED
     ]
     first, second = steps_of(events, 0), steps_of(events, 1)
     resumed = min(second) - 1
@@ -216,10 +216,10 @@ def test_a_configuration_error_on_the_ranks_fails_the_job_at_once_without_restar
     job.spec.data.paths = [str(corpus)]
     runtime.start_job(job_id, job, plan(("node-0", 0), ("node-1", 0)), tmp_path / "run")
     events, status = follow(runtime, job_id, finished)
-    assert status.state is JobPhase.FAILED and status.restarts == 0
+    assert status.state is JobState.FAILED and status.restarts == 0
     assert status.reason.startswith("configuration error on rank 0: spec.data.paths: the 1 files hold 10 tokens"), status.reason
     assert "not restarted" in status.reason
-    assert states_of(events) == [JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.FAILED]
+    assert states_of(events) == [JobState.SCHEDULED, JobState.RUNNING, JobState.FAILED]
     assert_nothing_left(job_id)
 
 
@@ -255,11 +255,11 @@ def test_rank_killed_mid_checkpoint_resumes_from_the_previous_checkpoint(runtime
     os.kill(pids[0], signal.SIGCONT)
     more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
     events += more
-    assert status.state is JobPhase.SUCCEEDED, status.reason
+    assert status.state is JobState.SUCCEEDED, status.reason
     assert states_of(events) == [
-        JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.RESTARTING, JobPhase.RUNNING, JobPhase.SUCCEEDED
+        JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.RUNNING, JobState.SUCCEEDED
     ]
-    restart = next(e for e in events if e.state is JobPhase.RESTARTING)
+    restart = next(e for e in events if e.state is JobState.RESTARTING)
     assert restart.reason.startswith("rank 1 died"), restart.reason
     first, second = steps_of(events, 0), steps_of(events, 1)
     assert min(second) - 1 == saving - 2, f"resumes from the checkpoint before the interrupted step-{saving} save"
@@ -286,9 +286,9 @@ def test_killed_supervisor_resumes_and_a_restarted_service_reattaches_at_its_cur
     fresh.attach(job_id, tmp_path)
     more, status = follow(fresh, job_id, finished, cursor=status.cursor)
     events += more
-    assert status.state is JobPhase.SUCCEEDED, status.reason
+    assert status.state is JobState.SUCCEEDED, status.reason
     assert [e.seq for e in events] == list(range(1, status.last_seq + 1)), "no event lost or repeated"
-    restart = next(e for e in events if e.state is JobPhase.RESTARTING)
+    restart = next(e for e in events if e.state is JobState.RESTARTING)
     assert restart.reason.startswith("job supervisor restarted")
     assert max(steps_of(events, restart.generation)) == 16
     assert min(steps_of(events, restart.generation)) > 1, "resumed from a checkpoint, not from scratch"
@@ -311,8 +311,8 @@ def test_hung_rank_is_detected_within_the_step_timeout_and_restarted(runtime, tm
         with contextlib.suppress(ProcessLookupError):
             os.kill(hung, signal.SIGKILL)
     events += more
-    assert status.state is JobPhase.SUCCEEDED, status.reason
-    restart = next(e for e in events if e.state is JobPhase.RESTARTING)
+    assert status.state is JobState.SUCCEEDED, status.reason
+    restart = next(e for e in events if e.state is JobState.RESTARTING)
     # Either the watchdog or the collective timeout (both step_timeout_seconds) catches it.
     assert "no step progress" in restart.reason or restart.reason.startswith("rank 0 failed"), restart.reason
     assert restart.time - stopped_at < 6 + 10
@@ -362,11 +362,11 @@ def test_lost_node_restarts_on_a_spare_node_from_its_checkpoint(embedded_ray, ru
         removed_at = time.time()
         more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
     events += more
-    assert status.state is JobPhase.SUCCEEDED, status.reason
+    assert status.state is JobState.SUCCEEDED, status.reason
     assert states_of(events) == [
-        JobPhase.SCHEDULED, JobPhase.RUNNING, JobPhase.RESTARTING, JobPhase.RUNNING, JobPhase.SUCCEEDED
+        JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.RUNNING, JobState.SUCCEEDED
     ]
-    restart = next(e for e in events if e.state is JobPhase.RESTARTING)
+    restart = next(e for e in events if e.state is JobState.RESTARTING)
     assert " died" in restart.reason and restart.time - removed_at < 10, restart.reason  # a rank death, at once
     [replan] = kinds_of(events, EventKind.REPLAN)
     assert replan.lost_nodes == ["spare-a"] and "waiting for a new placement of rank(s) 0,1" in replan.message
@@ -391,7 +391,7 @@ def test_lost_node_waits_for_a_plan_from_replace_plan(embedded_ray, runtime, tmp
         embedded_ray.remove_node("spare-c")
         more, status = follow(runtime, job_id, lambda events, status: bool(status.replan), cursor=events[-1].seq)
         events += more
-        assert status.replan == ("spare-c",) and status.state is JobPhase.RESTARTING
+        assert status.replan == ("spare-c",) and status.state is JobState.RESTARTING
         [replan] = kinds_of(events, EventKind.REPLAN)
         assert replan.message.endswith("waiting for a new placement of rank(s) 0,1 from the scheduler")
         with pytest.raises(PlacementError, match="no live Ray node labelled trainctl.io/node=spare-c"):
@@ -401,7 +401,7 @@ def test_lost_node_waits_for_a_plan_from_replace_plan(embedded_ray, runtime, tmp
             assert not runtime.replace_plan(job_id, job, plan(("spare-d", 0), ("spare-d", 1))), "it waits for none now"
             more, status = follow(runtime, job_id, finished, cursor=status.cursor)
     events += more
-    assert status.state is JobPhase.SUCCEEDED, status.reason
+    assert status.state is JobState.SUCCEEDED, status.reason
     [new_plan] = kinds_of(events, EventKind.PLAN)
     assert new_plan.message.startswith("node spare-c lost; re-placed ranks 0,1 on spare-d"), new_plan.message
     second = kinds_of(events, EventKind.PLACEMENT)[-1].placement
@@ -417,11 +417,11 @@ def test_lost_node_without_room_fails_at_the_replan_timeout(embedded_ray, tmp_pa
             job_id, tiny_job("noroom", steps=100_000, max_restarts=1), plan(("spare-e", 0), ("spare-e", 1)), tmp_path,
             topology=named_topology("spare-e"),
         )
-        events, _ = follow(runtime, job_id, lambda events, status: status.state is JobPhase.RUNNING)
+        events, _ = follow(runtime, job_id, lambda events, status: status.state is JobState.RUNNING)
         embedded_ray.remove_node("spare-e")
         more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
     events += more
-    assert status.state is JobPhase.FAILED and status.restarts == 1
+    assert status.state is JobState.FAILED and status.restarts == 1
     assert status.reason == "no new placement without node(s) spare-e within 2s (replan_timeout)", status.reason
     assert any(e.message == "no room for 2 ranks off node(s) spare-e; waiting for free GPUs" for e in events)
     assert kinds_of(events, EventKind.PLAN) == []

@@ -9,23 +9,24 @@ import pytest
 from ray.exceptions import RayActorError, RayTaskError
 
 from trainctl.parallelism.data import DataError
-from trainctl.workers.events import EventKind, EventLog, JobPhase, read_events, status_of
+from trainctl.parallelism.step_report import StepReport
+from trainctl.workers.events import EventKind, EventLog, JobState, StragglerStats, read_events, status_of
 from trainctl.workers.supervisor import _failure_class, _Outcome, _StepStats
 
 
 def test_sequence_numbers_and_cursor_resume(tmp_path):
     log = EventLog.open(tmp_path / "events.jsonl")
-    log.append(EventKind.STATE, state=JobPhase.SCHEDULED, reason="started")
+    log.append(EventKind.STATE, state=JobState.SCHEDULED, reason="started")
     for step in range(1, 6):
         log.append(EventKind.STEP, rank=0, step={"step": step, "loss": 5.0 / step})
-    log.append(EventKind.STATE, state=JobPhase.SUCCEEDED, reason="done")
+    log.append(EventKind.STATE, state=JobState.SUCCEEDED, reason="done")
 
     first = status_of(log.all(), cursor=0, limit=3)
     assert [e.seq for e in first.events] == [1, 2, 3]
     assert first.cursor == 3 and not first.drained
     rest = status_of(log.all(), cursor=first.cursor, limit=100)
     assert [e.seq for e in rest.events] == [4, 5, 6, 7]
-    assert rest.drained and rest.state is JobPhase.SUCCEEDED and rest.reason == "done"
+    assert rest.drained and rest.state is JobState.SUCCEEDED and rest.reason == "done"
     empty = status_of(log.all(), cursor=rest.cursor, limit=100)
     assert empty.events == [] and empty.cursor == 7
     for cursor, limit in [(0, 3), (3, 100), (7, 1)]:  # the live log's running state agrees with a replay
@@ -35,10 +36,10 @@ def test_sequence_numbers_and_cursor_resume(tmp_path):
 def test_reopened_log_continues_numbering(tmp_path):
     path = tmp_path / "run" / "events.jsonl"
     log = EventLog.open(path)
-    log.append(EventKind.STATE, state=JobPhase.RUNNING, reason="up", generation=0)
+    log.append(EventKind.STATE, state=JobState.RUNNING, reason="up", generation=0)
     log.append(EventKind.LOG, message="hello", rank=1)
     again = EventLog.open(path)
-    event = again.append(EventKind.STATE, state=JobPhase.RESTARTING, reason="rank 1 died", generation=0)
+    event = again.append(EventKind.STATE, state=JobState.RESTARTING, reason="rank 1 died", generation=0)
     assert event.seq == 3
     events = read_events(path)
     assert [e.seq for e in events] == [1, 2, 3]
@@ -49,7 +50,7 @@ def test_reopened_log_continues_numbering(tmp_path):
 def test_torn_last_line_is_dropped_but_corruption_elsewhere_is_an_error(tmp_path):
     path = tmp_path / "events.jsonl"
     log = EventLog.open(path)
-    log.append(EventKind.STATE, state=JobPhase.RUNNING, reason="up")
+    log.append(EventKind.STATE, state=JobState.RUNNING, reason="up")
     log.append(EventKind.LOG, message="x")
     text = path.read_text()
     path.write_text(text + '{"seq": 3, "ti')
@@ -78,7 +79,7 @@ def test_bad_cursor_and_limit_are_rejected():
 
 
 def test_terminal_states():
-    assert {p for p in JobPhase if p.terminal} == {JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED}
+    assert {p for p in JobState if p.terminal} == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
 
 
 def test_straggler_stats_use_the_newest_step_every_rank_timed():
@@ -89,9 +90,11 @@ def test_straggler_stats_use_the_newest_step_every_rank_timed():
     stats.add(0, 2, 1.0)  # ranks 1 and 2 have not reported step 2 yet
     result = stats.latest_complete(before=3)
     assert result is not None
-    assert result["step"] == 1
-    assert result["slowest_rank"] == 2 and result["fastest_rank"] == 0
-    assert result["ratio"] == pytest.approx(3.0)
+    assert result.step == 1
+    assert result.slowest_rank == 2 and result.fastest_rank == 0
+    assert result.ratio == pytest.approx(3.0)
+    assert StragglerStats.from_dict(result.to_dict()) == result
+    assert result.to_dict()["rank_step_times"] == {"0": 1.0, "1": 1.5, "2": 3.0}
     assert stats.latest_complete(before=1) is None
 
 
@@ -106,7 +109,7 @@ def test_step_times_from_every_rank_give_the_ratio_and_name_the_slowest_rank_onc
     assert lines[2] is None  # still rank 1: named once
     assert lines[3] == "straggler at step 4: rank 0 took 1.700s, 1.70x rank 1 (1.000s)"
     assert lines[4] is None and stats.named is None  # even again; a new straggler will be named
-    assert stats.latest_complete(before=6)["ratio"] == pytest.approx(1.05)
+    assert stats.latest_complete(before=6).ratio == pytest.approx(1.05)
 
 
 def test_no_ratio_until_every_reporting_rank_timed_a_step():
@@ -114,7 +117,7 @@ def test_no_ratio_until_every_reporting_rank_timed_a_step():
     stats.add(0, 1, 1.0)
     assert stats.latest_complete(before=2) is None and stats.straggler_line(None) is None
     stats.add(1, 1, 0.0)  # a zero time gives no ratio rather than a division by zero
-    assert stats.latest_complete(before=2)["ratio"] is None
+    assert stats.latest_complete(before=2).ratio is None
     assert stats.straggler_line(stats.latest_complete(before=2)) is None
 
 
@@ -137,3 +140,15 @@ def test_failure_classes_a_death_outranks_a_configuration_error_which_outranks_o
     assert outcome is _Outcome.FAILED and reason.startswith("rank 2 died")
     outcome, reason = _failure_class([broken, (3, _task_error(ValueError("not a configuration error")))])
     assert outcome is _Outcome.FAILED and reason == "rank 0 failed: RuntimeError: Connection closed by peer"
+
+
+def test_a_step_event_reads_back_its_report_and_straggler_stats(tmp_path):
+    report = StepReport(step=4, loss=2.0, grad_norm=0.5, lr=1e-3, tokens=64, tokens_per_second=32.0, mfu=None,
+                        step_time_seconds=2.0, breakdown={"checkpoint": 0.5}, peak_memory_bytes=10, checkpoint_bytes=99)
+    stats = StragglerStats(step=3, rank_step_times={0: 1.0, 1: 2.0}, slowest_rank=1, fastest_rank=0, ratio=2.0)
+    log = EventLog.open(tmp_path / "events.jsonl")
+    log.append(EventKind.STEP, rank=0, step={**report.to_dict(), "straggler": stats.to_dict()})
+    log.append(EventKind.STEP, rank=0, step={**report.to_dict(), "straggler": None})
+    first, second = read_events(tmp_path / "events.jsonl")
+    assert first.step_report() == report and first.straggler() == stats
+    assert second.straggler() is None

@@ -13,7 +13,6 @@ Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environ
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -24,7 +23,8 @@ from pathlib import Path
 from typing import TextIO
 
 from trainctl.parallelism.distributed import init_distributed, resolve_device, teardown
-from trainctl.parallelism.trainer import StepReport, Trainer
+from trainctl.parallelism.step_report import StepReport
+from trainctl.parallelism.trainer import Trainer
 from trainctl.spec.validate import SpecError, load_job_file, validate_job
 
 
@@ -43,7 +43,7 @@ def _progress(total: int, metrics: TextIO | None = None) -> Callable[[StepReport
 
     def report(r: StepReport) -> None:
         if metrics is not None:
-            metrics.write(json.dumps({**dataclasses.asdict(r), "time": time.time()}) + "\n")
+            metrics.write(json.dumps({**r.to_dict(), "time": time.time()}) + "\n")
             metrics.flush()
         mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "n/a"
         print(

@@ -24,7 +24,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,40 +51,13 @@ from trainctl.parallelism.moe import pop_aux_loss
 from trainctl.parallelism.optim import build_optimizer, build_scheduler, clip_gradients
 from trainctl.parallelism.parallelize import ParallelModel, parallelize
 from trainctl.parallelism.pipeline import PipelineRunner
+from trainctl.parallelism.step_report import StepReport
 from trainctl.parallelism.tensor_parallel import loss_context
 from trainctl.parallelism.token_shards import PrefetchLoader, build_dataset, build_loader
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import resolve_model
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepReport:
-    """Metrics of one optimizer step (global values, identical on every rank)."""
-
-    step: int
-    """1-based number of the optimizer step just completed."""
-    loss: float
-    """Global mean training loss of the step (cross-entropy, plus the aux loss of MoE models)."""
-    grad_norm: float
-    """Global gradient norm before clipping."""
-    lr: float
-    """Learning rate used by the step."""
-    tokens: int
-    """Tokens trained in the step (global_batch_size x seq_len)."""
-    tokens_per_second: float
-    """Global tokens per second of the step."""
-    mfu: float | None
-    """Model FLOPs utilisation, None when the device's peak FLOPS is unknown (CPU)."""
-    step_time_seconds: float
-    """Wall time of the step on this rank."""
-    breakdown: dict[str, float] = field(default_factory=dict)
-    """Seconds per phase: data, forward_backward, optimizer (incl. clipping), checkpoint."""
-    peak_memory_bytes: int = 0
-    """Peak CUDA memory allocated, or the process's peak RSS on CPU."""
-    checkpoint_bytes: int | None = None
-    """Size of the checkpoint this step saved (its files and marker), None when it saved none."""
 
 
 @dataclass

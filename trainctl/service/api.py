@@ -31,6 +31,7 @@ from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import FieldViolation, SpecError, data_violations, semantic_violations
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.workers.events import ACTIVE_STATES, JobState
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
@@ -134,10 +135,10 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
         job = self._validated(request.job, principal)
         counts = self.store.count_by_state(principal.tenant)
-        held = sum(r.job.spec.resources.gpus for r in self.store.list_jobs(tenant=principal.tenant, states=st.ACTIVE))
+        held = sum(r.job.spec.resources.gpus for r in self.store.list_jobs(tenant=principal.tenant, states=ACTIVE_STATES))
         refusal = admission_violation(
             principal.tenant, self.auth.quota(principal.tenant),
-            TenantUsage(queued_jobs=counts.get(st.QUEUED, 0), running_gpus=held), job.spec.resources.gpus,
+            TenantUsage(queued_jobs=counts.get(JobState.QUEUED, 0), running_gpus=held), job.spec.resources.gpus,
         )
         if refusal is not None:
             raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
@@ -161,7 +162,7 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         for i, number in enumerate(request.states):
             if number not in pb.JobState.values() or number == pb.JOB_STATE_UNSPECIFIED:
                 raise bad_field(f"states[{i}]", f"unknown JobState value {number}")
-            states.add(pb.JobState.Name(number))
+            states.add(JobState(pb.JobState.Name(number)))
         if len(request.labels) > MAX_LABEL_FILTERS:
             raise bad_field("labels", f"at most {MAX_LABEL_FILTERS} label filters")
         before = _decode_page_token(request.page_token) if request.page_token else None
@@ -177,7 +178,7 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
     def CancelJob(self, request: pb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:  # noqa: N802
         principal = self._principal(context)
         record = self._job(request.id, principal)
-        if record.state in (st.SUCCEEDED, st.FAILED):
+        if record.state in (JobState.SUCCEEDED, JobState.FAILED):
             raise failed_precondition(f"job {record.id} already ended {record.state}")
         if len(request.reason) > 1000:
             raise bad_field("reason", "longer than 1000 characters")
@@ -229,8 +230,8 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         cluster.used_gpus = len(holders)
         cluster.free_gpus = cluster.total_gpus - cluster.used_gpus
         counts = self.store.count_by_state(principal.tenant_filter())
-        cluster.queued_jobs = counts.get(st.QUEUED, 0)
-        cluster.running_jobs = sum(counts.get(s, 0) for s in st.ACTIVE)
+        cluster.queued_jobs = counts.get(JobState.QUEUED, 0)
+        cluster.running_jobs = sum(counts.get(s, 0) for s in ACTIVE_STATES)
         return cluster
 
     def _owns(self, principal: Principal, job_id: str) -> bool:

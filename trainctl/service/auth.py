@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainctl.service.errors import ApiError
 from trainctl.service.hardening import StreamLimiter, rejecting_handler
 from trainctl.service.tenancy import ANONYMOUS, TENANT_PATTERN, Principal, Quota, Role
+from trainctl.spec.validate import violations_from_pydantic
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +154,7 @@ def load_access_config(path: str | Path) -> AccessConfig:
     try:
         return AccessConfig.model_validate(document)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{_dotted(err['loc'])}: {'unknown field' if err['type'] == 'extra_forbidden' else err['msg']}"
-            for err in exc.errors(include_input=False)
-        )
+        problems = "; ".join(map(str, violations_from_pydantic(exc)))
         raise AuthConfigError(f"access file {path}: {problems}") from exc
 
 
@@ -164,11 +162,6 @@ def _mtime_ns(path: Path) -> int:
     return os.stat(path).st_mtime_ns
 
 
-def _dotted(loc: Sequence[str | int]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<document>"
 
 
 @dataclass(frozen=True)
@@ -372,8 +365,8 @@ def token_main(argv: Sequence[str] | None = None) -> int:
     try:
         entry = TokenEntry(name=args.name, tenant=args.tenant, role=Role(args.role), sha256=hash_token(token))
     except ValidationError as exc:
-        for err in exc.errors(include_input=False):
-            print(f"error: --{_dotted(err['loc'])}: {err['msg']}", file=sys.stderr)
+        for violation in violations_from_pydantic(exc):
+            print(f"error: --{violation}", file=sys.stderr)
         return 2
     print(f"token (shown once; give it to {entry.name}, store it as TRAINCTL_TOKEN): {token}", file=sys.stderr)
     print(yaml.safe_dump({"tokens": [entry.model_dump(mode="json")]}, sort_keys=False), end="")

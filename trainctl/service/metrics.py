@@ -24,15 +24,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-JOB_STATES = ("QUEUED", "SCHEDULED", "RUNNING", "RESTARTING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED")
-"""Every job state (DESIGN.md); `trainctl_jobs` always exports all of them, zero included."""
-
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+from trainctl.parallelism.step_report import StepReport
+from trainctl.workers.events import TERMINAL_STATES, JobState
 
 GRPC_CODES = (
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
@@ -56,21 +53,6 @@ SOLVER_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30
 _JOB = ("job_id", "tenant")
 CHECKPOINT_PHASE = "checkpoint"
 """The step-time breakdown key under which the engine reports a checkpoint save."""
-
-
-class StepReportLike(Protocol):
-    """What `record_step` reads from the engine's StepReport (see docs/architecture.md)."""
-
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    tokens: int
-    tokens_per_second: float
-    mfu: float | None
-    step_time_seconds: float
-    breakdown: Mapping[str, float]
-    peak_memory_bytes: int
 
 
 @dataclass(frozen=True)
@@ -154,7 +136,7 @@ class ServiceMetrics:
             registry=r)
         self.queue_oldest_age.set_function(self._oldest_age)
         self.jobs = Gauge("trainctl_jobs", "Jobs known to the store, by state.", ["state"], registry=r)
-        for state in JOB_STATES:
+        for state in JobState:
             self.jobs.labels(state).set(0)
         self.scheduling_decisions = Counter(
             "trainctl_scheduling_decisions_total", "Scheduling decisions, by outcome.", ["decision"], registry=r)
@@ -249,8 +231,8 @@ class ServiceMetrics:
     def set_jobs_by_state(self, counts: Mapping[str, int]) -> None:
         """Job counts by state from the store; states not named are set to 0. Also expires finished jobs."""
         for state in counts:
-            _check(state, JOB_STATES, "state")
-        for state in JOB_STATES:
+            _check(state, JobState, "state")
+        for state in JobState:
             self.jobs.labels(state).set(counts.get(state, 0))
         self.expire_finished_jobs()
 
@@ -307,14 +289,14 @@ class ServiceMetrics:
 
     def set_job_state(self, job_id: str, tenant: str, state: str) -> None:
         """The job entered `state`. Terminal states start the series' expiry clock."""
-        _check(state, JOB_STATES, "state")
+        _check(state, JobState, "state")
         now = self._clock()
         with self._lock:
             series = self._job(job_id, tenant)
             series.finished_at = now if state in TERMINAL_STATES else None
-            for s in JOB_STATES:
+            for s in JobState:
                 self.job_state.labels(job_id, tenant, s).set(1 if s == state else 0)
-            if state == "RUNNING":
+            if state == JobState.RUNNING:
                 self.job_last_progress.labels(job_id, tenant).set(now)
 
     def set_job_placement(self, job_id: str, tenant: str, gpus: Mapping[tuple[str, str], int]) -> None:
@@ -328,7 +310,7 @@ class ServiceMetrics:
                 self.job_gpus.labels(job_id, tenant, _non_empty(node, "node"), _non_empty(domain, "nvlink_domain")).set(
                     count)
 
-    def record_step(self, job_id: str, tenant: str, report: StepReportLike) -> None:
+    def record_step(self, job_id: str, tenant: str, report: StepReport) -> None:
         """One step report from the job's supervisor (rank 0 of the reporting group)."""
         for key in report.breakdown:
             _identifier(key, "breakdown key")

@@ -8,62 +8,53 @@ plus the free GPUs into rank -> (node, GPU); the pool reserves those GPUs until 
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainctl.parallelism.grid import DIMS, RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
-from trainctl.workers.placement import place
+from trainctl.workers.placement import Placement, RankAssignment, place
 from trainctl.workers.placement.fabric import FabricIndex
 
-Slot = tuple[str, int]
-"""(node name, local GPU index)."""
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Rank -> (node, GPU), with the rank's grid coordinates."""
-
-    rank: int
-    node: str
-    gpu: int
-    coords: tuple[tuple[str, int], ...] = ()
+GpuSlot = tuple[str, int]
+"""A GPU by (node name, local GPU index)."""
 
 
 @dataclass(frozen=True)
 class PlannedPlacement:
     """Where every rank of a job runs; `assignments` is what the runtime's start_job reads."""
 
-    assignments: tuple[Assignment, ...]
+    assignments: tuple[RankAssignment, ...]
+    coords: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    """Rank -> its grid coordinates (dimension -> index)."""
     cost_seconds: float | None = None
     """The placement's modelled communication time per step, when the solver reports it."""
 
     @classmethod
-    def from_solver(cls, solved: Any, grid: RankGrid) -> PlannedPlacement:
-        rows = []
-        for a in sorted(solved.assignments, key=lambda a: a.rank):
-            coords = tuple((d, grid.coords(a.rank)[d]) for d in DIMS)
-            rows.append(Assignment(int(a.rank), str(a.node), int(a.gpu), coords))
-        return cls(assignments=tuple(rows), cost_seconds=float(solved.comm_seconds))
+    def from_solver(cls, solved: Placement, grid: RankGrid) -> PlannedPlacement:
+        assignments = tuple(sorted(solved.assignments, key=lambda a: a.rank))
+        coords = {a.rank: {d: grid.coords(a.rank)[d] for d in DIMS} for a in assignments}
+        return cls(assignments=assignments, coords=coords, cost_seconds=float(solved.comm_seconds))
 
     @classmethod
     def from_records(cls, records: list[dict[str, Any]]) -> PlannedPlacement:
         """Rebuild from stored records (after a service restart)."""
         return cls(
-            assignments=tuple(
-                Assignment(int(r["rank"]), str(r["node"]), int(r["gpu"]), tuple(sorted(r.get("coords", {}).items())))
-                for r in records
-            )
+            assignments=tuple(RankAssignment(rank=r["rank"], node=r["node"], gpu=r["gpu"]) for r in records),
+            coords={int(r["rank"]): dict(sorted(r.get("coords", {}).items())) for r in records},
         )
 
     @property
-    def slots(self) -> list[Slot]:
+    def slots(self) -> list[GpuSlot]:
         return [(a.node, a.gpu) for a in self.assignments]
 
     def records(self) -> list[dict[str, Any]]:
-        return [{"rank": a.rank, "node": a.node, "gpu": a.gpu, "coords": dict(a.coords)} for a in self.assignments]
+        return [
+            {"rank": a.rank, "node": a.node, "gpu": a.gpu, "coords": dict(self.coords.get(a.rank, {}))}
+            for a in self.assignments
+        ]
 
 
 class GpuPool:
@@ -73,8 +64,8 @@ class GpuPool:
         self.topology = topology
         self.source = source
         self._lock = threading.Lock()
-        self._held: dict[str, list[Slot]] = {}
-        self._slots: list[Slot] = [(node, gpu) for node, gpus in node_gpus(topology) for gpu in gpus]
+        self._held: dict[str, list[GpuSlot]] = {}
+        self._slots: list[GpuSlot] = [(node, gpu) for node, gpus in node_gpus(topology) for gpu in gpus]
         self._index = FabricIndex.build(topology)
 
     @property
@@ -86,14 +77,14 @@ class GpuPool:
         with self._lock:
             return self.total - sum(len(s) for s in self._held.values())
 
-    def free_slots(self, *, holder: str | None = None, down: Collection[str] = ()) -> set[Slot]:
+    def free_slots(self, *, holder: str | None = None, down: Collection[str] = ()) -> set[GpuSlot]:
         """GPUs no job holds (those of ``holder`` count as free: it is being re-placed), off the
         ``down`` nodes."""
         with self._lock:
             used = {slot for job_id, slots in self._held.items() if job_id != holder for slot in slots}
         return {slot for slot in self._slots if slot not in used and slot[0] not in down}
 
-    def holders(self) -> dict[Slot, str]:
+    def holders(self) -> dict[GpuSlot, str]:
         """Which job holds each used GPU."""
         with self._lock:
             return {slot: job_id for job_id, slots in self._held.items() for slot in slots}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,7 +35,7 @@ from trainctl.service.pool import GpuPool, PlannedPlacement
 from trainctl.service.store import JobRecord, JobStore
 from trainctl.service.tenancy import Quota, TenantUsage, start_block_reason
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import EVENTS_FILE, EventKind
+from trainctl.workers.events import ACTIVE_STATES, EVENTS_FILE, EventKind, JobState
 from trainctl.workers.events import Event as RuntimeEvent
 from trainctl.workers.events import JobStatus as RuntimeStatus
 
@@ -70,32 +70,6 @@ class _Active:
     failing_since: float | None = None
     replan_waiting: tuple[str, ...] = ()
     """The lost nodes while the job waits for GPUs to be re-placed on (empty otherwise)."""
-
-
-@dataclass(frozen=True)
-class _Report:
-    """A step event's payload in the shape ServiceMetrics.record_step reads."""
-
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    tokens: int
-    tokens_per_second: float
-    mfu: float | None
-    step_time_seconds: float
-    breakdown: Mapping[str, float]
-    peak_memory_bytes: int
-
-    @classmethod
-    def of(cls, m: Mapping[str, Any]) -> _Report:
-        return cls(
-            step=int(m["step"]), loss=float(m["loss"]), grad_norm=float(m.get("grad_norm") or 0.0),
-            lr=float(m.get("lr") or 0.0), tokens=int(m.get("tokens") or 0),
-            tokens_per_second=float(m.get("tokens_per_second") or 0.0), mfu=m.get("mfu"),
-            step_time_seconds=float(m.get("step_time_seconds") or 0.0), breakdown=dict(m.get("breakdown") or {}),
-            peak_memory_bytes=int(m.get("peak_memory_bytes") or 0),
-        )
 
 
 @dataclass
@@ -145,15 +119,15 @@ class Scheduler:
         """Rebuild reservations and cursors from the store after a (re)start; re-attach supervisors,
         and start jobs whose admission a crash interrupted before their supervisor existed."""
         running = set(self.runtime.running_jobs())
-        for record in self.store.list_jobs(states=st.ACTIVE, oldest_first=True):
+        for record in self.store.list_jobs(states=ACTIVE_STATES, oldest_first=True):
             placement = PlannedPlacement.from_records(record.placement)
             self.pool.reserve(record.id, placement)
             self._active[record.id] = _Active(cursor=int(record.runtime_cursor or 0))
             run_dir = Path(record.run_dir or self.runs_dir / record.id)
             self.runtime.attach(record.id, run_dir)
             if record.id not in running and not (run_dir / EVENTS_FILE).exists():
-                if record.state == st.CANCELLING:
-                    self._finish(self._set_state(record, st.CANCELLED, record.reason))
+                if record.state == JobState.CANCELLING:
+                    self._finish(self._set_state(record, JobState.CANCELLED, record.reason))
                     continue
                 log.info("job %s: admission was interrupted by a service restart; starting it", record.id)
                 self._launch(record, placement)
@@ -170,7 +144,7 @@ class Scheduler:
     def _follow(self, job_id: str) -> None:
         active = self._active[job_id]
         record = self.store.get_job(job_id)
-        if record.state == st.CANCELLING and not active.cancel_sent:
+        if record.state == JobState.CANCELLING and not active.cancel_sent:
             active.cancel_sent = True
             threading.Thread(target=self._cancel, args=(job_id,), name=f"cancel-{job_id}", daemon=True).start()
         try:
@@ -182,7 +156,7 @@ class Scheduler:
                 log.debug("job %s: poll failed (%s); retrying", job_id, exc)
                 return
             log.exception("job %s: poll failed for %.0f s", job_id, POLL_GRACE_SECONDS)
-            self._finish(self._set_state(record, st.FAILED, f"lost contact with the job's supervisor: {exc}"))
+            self._finish(self._set_state(record, JobState.FAILED, f"lost contact with the job's supervisor: {exc}"))
             return
         active.failing_since = None
         for event in status.events:
@@ -190,11 +164,11 @@ class Scheduler:
         if status.cursor != active.cursor:
             active.cursor = status.cursor
             self.store.update_status(job_id, runtime_cursor=str(status.cursor), restarts=status.restarts)
-        if status.replan and not status.state.terminal and record.state != st.CANCELLING:
+        if status.replan and not status.state.terminal and record.state != JobState.CANCELLING:
             self._replace(record, status.replan)
         if status.drained and status.state.terminal:
             record = self.store.get_job(job_id)
-            reason = record.reason if record.state == st.CANCELLING and status.state.value == st.CANCELLED else status.reason
+            reason = record.reason if record.state == JobState.CANCELLING and status.state.value == JobState.CANCELLED else status.reason
             self._finish(self._set_state(record, status.state.value, reason))
 
     def _cancel(self, job_id: str) -> None:
@@ -208,15 +182,15 @@ class Scheduler:
 
     def _apply(self, record: JobRecord, event: RuntimeEvent) -> JobRecord:
         if event.kind is EventKind.STEP and event.step is not None:
-            metrics = {**event.step, "time": event.time}
-            self.store.record_step(record.id, metrics, now=event.time)
+            self.store.record_step(record.id, {**event.step, "time": event.time}, now=event.time)
             if self.metrics is not None:
-                self.metrics.record_step(record.id, record.tenant, _Report.of(metrics))
-                ratio = (event.step.get("straggler") or {}).get("ratio")
-                if ratio is not None and ratio >= 1.0:
-                    self.metrics.set_straggler_ratio(record.id, record.tenant, float(ratio))
-                if event.step.get("checkpoint_bytes") is not None:  # the step saved a checkpoint
-                    self.metrics.record_checkpoint_size(record.id, record.tenant, int(event.step["checkpoint_bytes"]))
+                report = event.step_report()
+                self.metrics.record_step(record.id, record.tenant, report)
+                straggler = event.straggler()
+                if straggler is not None and straggler.ratio is not None and straggler.ratio >= 1.0:
+                    self.metrics.set_straggler_ratio(record.id, record.tenant, straggler.ratio)
+                if report.checkpoint_bytes is not None:  # the step saved a checkpoint
+                    self.metrics.record_checkpoint_size(record.id, record.tenant, report.checkpoint_bytes)
             return self.store.get_job(record.id)
         if event.kind in (EventKind.LOG, EventKind.REPLAN, EventKind.PLAN):
             level = "WARNING" if event.kind is EventKind.REPLAN else "INFO"
@@ -230,11 +204,11 @@ class Scheduler:
         elif event.kind is EventKind.STATE and event.state is not None:
             if event.state.terminal:
                 return record  # recorded once the whole log is drained (see _follow), after the last step
-            if record.state == st.CANCELLING:
+            if record.state == JobState.CANCELLING:
                 return record  # a job being cancelled does not go back to running
-            extra = {"start_time": event.time} if event.state.value == st.RUNNING and record.start_time is None else {}
-            record = self._set_state(record, event.state.value, event.reason, **extra)
-            if event.state.value == st.RESTARTING and self.metrics is not None:
+            extra = {"start_time": event.time} if event.state is JobState.RUNNING and record.start_time is None else {}
+            record = self._set_state(record, event.state, event.reason, **extra)
+            if event.state is JobState.RESTARTING and self.metrics is not None:
                 self.metrics.record_restart(record.id, record.tenant)
         return record
 
@@ -244,7 +218,7 @@ class Scheduler:
         active = self._active[record.id]
         down = set(lost) | self._down_nodes()
         placement = self.pool.place(record.job, holder=record.id, down=down)
-        running = [st.SCHEDULED, st.RUNNING, st.RESTARTING]
+        running = [JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING]
         if placement is None:
             free = len(self.pool.free_slots(holder=record.id, down=down))
             reason = (
@@ -278,7 +252,7 @@ class Scheduler:
         """Nodes of the pool that Ray does not have alive."""
         return {name for name, _ in self.pool.nodes()} - self.runtime.live_nodes()
 
-    def _set_state(self, record: JobRecord, state: str, reason: str, **extra: Any) -> JobRecord:
+    def _set_state(self, record: JobRecord, state: JobState, reason: str, **extra: Any) -> JobRecord:
         if record.state == state:
             return record
         updated = self.store.update_status(record.id, state=state, reason=reason, **extra)
@@ -295,7 +269,7 @@ class Scheduler:
             self.wake()
 
     def _admit(self) -> None:
-        queued = sorted(self.store.list_jobs(states=[st.QUEUED]), key=lambda r: (-r.priority, r.seq))
+        queued = sorted(self.store.list_jobs(states=[JobState.QUEUED]), key=lambda r: (-r.priority, r.seq))
         replacing = next((job_id for job_id, active in self._active.items() if active.replan_waiting), None)
         down = self._down_nodes() if queued and replacing is None else set()
         blocked_by: JobRecord | None = None
@@ -324,7 +298,7 @@ class Scheduler:
             self.pool.reserve(record.id, placement)
             nodes = sorted({a.node for a in placement.assignments})
             updated = self.store.update_status(
-                record.id, expect=[st.QUEUED], state=st.SCHEDULED,
+                record.id, expect=[JobState.QUEUED], state=JobState.SCHEDULED,
                 reason=f"placed {len(placement.assignments)} ranks on {', '.join(nodes)}", schedule_time=time.time(),
                 placement=placement.records(), run_dir=str(self.runs_dir / record.id),
             )
@@ -339,8 +313,8 @@ class Scheduler:
             self._launch(updated, placement)
 
     def _usage(self, tenant: str) -> TenantUsage:
-        active = self.store.list_jobs(tenant=tenant, states=st.ACTIVE)
-        queued = self.store.count_by_state(tenant).get(st.QUEUED, 0)
+        active = self.store.list_jobs(tenant=tenant, states=ACTIVE_STATES)
+        queued = self.store.count_by_state(tenant).get(JobState.QUEUED, 0)
         return TenantUsage(queued_jobs=queued, running_gpus=sum(r.job.spec.resources.gpus for r in active))
 
     def _decision(self, decision: str, solver_seconds: float | None = None) -> None:
@@ -358,9 +332,9 @@ class Scheduler:
     def _export(self) -> None:
         if self.metrics is None:
             return
-        queued = self.store.list_jobs(states=[st.QUEUED], oldest_first=True, limit=1)
+        queued = self.store.list_jobs(states=[JobState.QUEUED], oldest_first=True, limit=1)
         counts = self.store.count_by_state()
-        self.metrics.set_queue(counts.get(st.QUEUED, 0), queued[0].create_time if queued else None)
+        self.metrics.set_queue(counts.get(JobState.QUEUED, 0), queued[0].create_time if queued else None)
         self.metrics.set_jobs_by_state(counts)
         used: dict[str, int] = {}
         for node, _gpu in self.pool.holders():
@@ -373,7 +347,7 @@ class Scheduler:
 
     def _wait(self, record: JobRecord, reason: str) -> None:
         if record.reason != reason:
-            self.store.update_status(record.id, expect=[st.QUEUED], reason=reason)
+            self.store.update_status(record.id, expect=[JobState.QUEUED], reason=reason)
 
     def _launch(self, record: JobRecord, placement: PlannedPlacement) -> None:
         run_dir = self.runs_dir / record.id
@@ -382,15 +356,15 @@ class Scheduler:
             self.runtime.start_job(record.id, record.job, placement, run_dir)
         except Exception as exc:
             log.exception("job %s: start failed", record.id)
-            self._finish(self._set_state(record, st.FAILED, f"could not start the job: {exc}"))
+            self._finish(self._set_state(record, JobState.FAILED, f"could not start the job: {exc}"))
 
     # ---- API side -----------------------------------------------------------------------------------
     def request_cancel(self, job_id: str, reason: str) -> JobRecord:
         """QUEUED -> CANCELLED at once; active -> CANCELLING (the loop sends the cancel); else as is."""
-        record = self.store.update_status(job_id, expect=[st.QUEUED], state=st.CANCELLED, reason=reason)
+        record = self.store.update_status(job_id, expect=[JobState.QUEUED], state=JobState.CANCELLED, reason=reason)
         if record is None:
             record = self.store.update_status(
-                job_id, expect=[st.SCHEDULED, st.RUNNING, st.RESTARTING], state=st.CANCELLING, reason=reason
+                job_id, expect=[JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING], state=JobState.CANCELLING, reason=reason
             )
         if record is None:
             return self.store.get_job(job_id)

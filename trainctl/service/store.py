@@ -24,14 +24,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.spec.job import TrainingJob
+from trainctl.workers.events import JobState
 
 DB_NAME = "trainctl.db"
 
-QUEUED, SCHEDULED, RUNNING, RESTARTING, CANCELLING = "QUEUED", "SCHEDULED", "RUNNING", "RESTARTING", "CANCELLING"
-SUCCEEDED, FAILED, CANCELLED = "SUCCEEDED", "FAILED", "CANCELLED"
-STATES = (QUEUED, SCHEDULED, RUNNING, RESTARTING, CANCELLING, SUCCEEDED, FAILED, CANCELLED)
-TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
-ACTIVE = frozenset({SCHEDULED, RUNNING, RESTARTING, CANCELLING})
 
 EVENT_STATE, EVENT_STEP, EVENT_LOG = "state", "step", "log"
 
@@ -119,7 +115,7 @@ class JobRecord:
     name: str
     job: TrainingJob
     priority: int
-    state: str
+    state: JobState
     reason: str
     create_time: float
     update_time: float
@@ -140,7 +136,7 @@ class JobRecord:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL
+        return self.state.terminal
 
 
 @dataclass(frozen=True)
@@ -260,14 +256,14 @@ class JobStore:
                 " update_time, total_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job_id, seq, key, tenant, job.metadata.name, job.model_dump_json(),
-                    job.spec.scheduling.priority, QUEUED, "accepted", now, now, job.spec.training.steps,
+                    job.spec.scheduling.priority, JobState.QUEUED, "accepted", now, now, job.spec.training.steps,
                 ),
             )
             db.executemany(
                 "INSERT INTO job_labels (job_id, key, value) VALUES (?, ?, ?)",
                 [(job_id, k, v) for k, v in job.metadata.labels.items()],
             )
-            self._append(db, job_id, EVENT_STATE, {"from": "", "to": QUEUED, "reason": "accepted"}, now)
+            self._append(db, job_id, EVENT_STATE, {"from": "", "to": JobState.QUEUED, "reason": "accepted"}, now)
             return self._get(job_id), True
 
     @_timed
@@ -290,6 +286,7 @@ class JobStore:
         job = self._specs.get(row["id"])
         if job is None:  # specs never change: parse each once
             job = self._specs[row["id"]] = TrainingJob.model_validate_json(spec)
+        data["state"] = JobState(data["state"])
         return JobRecord(job=job, labels=labels, **data)
 
     @_timed
@@ -297,7 +294,7 @@ class JobStore:
         self,
         *,
         tenant: str | None = None,
-        states: Iterable[str] = (),
+        states: Iterable[JobState] = (),
         labels: dict[str, str] | None = None,
         limit: int | None = None,
         before_seq: int | None = None,
@@ -338,7 +335,7 @@ class JobStore:
 
     @_timed
     def update_status(
-        self, job_id: str, *, expect: Iterable[str] | None = None, now: float | None = None, **changes: Any
+        self, job_id: str, *, expect: Iterable[JobState] | None = None, now: float | None = None, **changes: Any
     ) -> JobRecord | None:
         """Set status columns; a changed `state` also appends a state event with `reason`.
 
@@ -360,7 +357,7 @@ class JobStore:
                     db, job_id, EVENT_STATE,
                     {"from": current.state, "to": new_state, "reason": changes.get("reason", "")}, now,
                 )
-                if new_state in TERMINAL and "end_time" not in changes:
+                if JobState(new_state).terminal and "end_time" not in changes:
                     changes["end_time"] = now
             if "placement" in changes:
                 changes["placement"] = json.dumps(changes["placement"])

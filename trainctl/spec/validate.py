@@ -54,15 +54,18 @@ def parse_object(document: dict) -> TrainingJob:
         raise SpecError(violations_from_pydantic(exc)) from exc
 
 
-def violations_from_pydantic(exc: ValidationError) -> list[FieldViolation]:
-    """Convert pydantic's errors to FieldViolations with dotted paths (long keys shortened)."""
+def violations_from_pydantic(exc: ValidationError, root: str = "<document>") -> list[FieldViolation]:
+    """pydantic's errors as FieldViolations, the one formatting of them for every document trainctl
+    reads (specs, topology maps, access files): the field's path (``spec.data.paths[0]``; ``root`` for
+    the whole document), "unknown field" for a key the schema lacks, and a validator's message without
+    pydantic's ``Value error, `` prefix."""
     out = []
-    for error in exc.errors():
-        path = ".".join(_path_part(part) for part in error["loc"]) or "<document>"
-        message = error["msg"]
-        if error["type"] == "extra_forbidden":
-            message = "unknown field"
-        out.append(FieldViolation(path, message))
+    for error in exc.errors(include_input=False):
+        path = ""
+        for part in error["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{_path_part(part)}" if path else _path_part(part))
+        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
+        out.append(FieldViolation(path or root, message))
     return out
 
 

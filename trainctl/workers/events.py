@@ -18,12 +18,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from trainctl.parallelism.step_report import StepReport
+
 EVENTS_FILE = "events.jsonl"
 
 
-class JobPhase(StrEnum):
-    """States the supervisor drives a job through (the service adds QUEUED before them)."""
+class JobState(StrEnum):
+    """Every state of a job: the service queues it (QUEUED) and its supervisor drives it through the
+    others. The service's store persists the values."""
 
+    QUEUED = "QUEUED"
     SCHEDULED = "SCHEDULED"
     RUNNING = "RUNNING"
     RESTARTING = "RESTARTING"
@@ -35,7 +39,13 @@ class JobPhase(StrEnum):
     @property
     def terminal(self) -> bool:
         """True for SUCCEEDED, FAILED and CANCELLED."""
-        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED)
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+"""States a job never leaves."""
+ACTIVE_STATES = frozenset({JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.CANCELLING})
+"""States of a job that has a supervisor and holds its GPUs."""
 
 
 class EventKind(StrEnum):
@@ -58,6 +68,34 @@ class EventKind(StrEnum):
 
 
 @dataclass(frozen=True)
+class StragglerStats:
+    """Per-rank wall times of the newest step every reporting rank has timed (sent with a later STEP event)."""
+
+    step: int
+    rank_step_times: dict[int, float]
+    """Rank -> wall seconds of the step."""
+    slowest_rank: int
+    fastest_rank: int
+    ratio: float | None
+    """Slowest over fastest time (None when the fastest took no time)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form, ranks as string keys (JSON)."""
+        return {**asdict(self), "rank_step_times": {str(r): t for r, t in sorted(self.rank_step_times.items())}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StragglerStats:
+        """Inverse of `to_dict`."""
+        return cls(
+            step=int(data["step"]),
+            rank_step_times={int(r): float(t) for r, t in data["rank_step_times"].items()},
+            slowest_rank=int(data["slowest_rank"]),
+            fastest_rank=int(data["fastest_rank"]),
+            ratio=None if data.get("ratio") is None else float(data["ratio"]),
+        )
+
+
+@dataclass(frozen=True)
 class Event:
     """One entry of a job's event log."""
 
@@ -67,7 +105,7 @@ class Event:
     """Unix time the supervisor recorded it."""
     kind: EventKind
     """What it reports."""
-    state: JobPhase | None = None
+    state: JobState | None = None
     """New state (STATE events)."""
     reason: str = ""
     """Why the state changed (STATE events)."""
@@ -78,12 +116,23 @@ class Event:
     generation: int = 0
     """Rank-group generation it belongs to (0 for the first group, +1 per restart)."""
     step: dict[str, Any] | None = None
-    """StepReport fields (STEP events), plus ``straggler``: the newest earlier step every rank timed
-    (``step``, ``rank_step_times``, ``slowest_rank``, ``fastest_rank``, ``ratio``), or None."""
+    """`StepReport.to_dict` (STEP events), plus ``straggler``: `StragglerStats.to_dict` of the newest
+    earlier step every rank timed, or None; read them with `step_report` and `straggler`."""
     placement: list[dict[str, Any]] | None = None
     """Per-rank locations (PLACEMENT events) or planned slots (PLAN events)."""
     lost_nodes: list[str] | None = None
     """Nodes gone from the Ray cluster that the plan must avoid (REPLAN and PLAN events)."""
+
+    def step_report(self) -> StepReport:
+        """The step report of a STEP event."""
+        if self.step is None:
+            raise ValueError(f"event {self.seq} ({self.kind}) carries no step report")
+        return StepReport.from_dict(self.step)
+
+    def straggler(self) -> StragglerStats | None:
+        """The straggler statistics a STEP event carries (None when no earlier step was timed by every rank)."""
+        stats = (self.step or {}).get("straggler")
+        return None if stats is None else StragglerStats.from_dict(stats)
 
     def to_json(self) -> str:
         """One line of JSON."""
@@ -94,7 +143,7 @@ class Event:
         """Inverse of `to_json`."""
         data = json.loads(line)
         data["kind"] = EventKind(data["kind"])
-        data["state"] = JobPhase(data["state"]) if data.get("state") else None
+        data["state"] = JobState(data["state"]) if data.get("state") else None
         return cls(**data)
 
 
@@ -105,7 +154,7 @@ class JobStatus:
     events: list[Event]
     cursor: int
     """Sequence number of the last event returned (the input cursor when there were none)."""
-    state: JobPhase
+    state: JobState
     """Latest state recorded in the log."""
     reason: str
     """Reason of the latest state change."""
@@ -128,7 +177,7 @@ class EventLog:
 
     path: Path | None = None
     _events: list[Event] = field(default_factory=list)
-    _state: JobPhase = JobPhase.SCHEDULED
+    _state: JobState = JobState.SCHEDULED
     _reason: str = ""
     _restarts: int = 0
     _replan: tuple[str, ...] = ()
@@ -174,7 +223,7 @@ class EventLog:
         self._events.append(event)
         if event.kind is EventKind.STATE and event.state is not None:
             self._state, self._reason = event.state, event.reason
-            self._restarts += event.state is JobPhase.RESTARTING
+            self._restarts += event.state is JobState.RESTARTING
         if event.kind is EventKind.REPLAN:
             self._replan = tuple(event.lost_nodes or ())
         elif event.kind in (EventKind.PLAN, EventKind.STATE):

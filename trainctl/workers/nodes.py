@@ -1,6 +1,7 @@
 """The Ray nodes as trainctl sees them: each node's name label, its GPU slots, which of them no
-placement group holds, and whether it has real CUDA GPUs. The runtime, the supervisor's re-placement
-and the warm pool all read the cluster through `cluster_nodes`."""
+placement group holds, whether it has real CUDA GPUs and whether it hosts supervisors. The runtime,
+the supervisor's re-placement and the warm pool all read the cluster through `cluster_nodes`; nothing
+else parses ``ray.nodes()``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 
 import ray
 
-from trainctl.workers.resources import NODE_LABEL, slots_of
+from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, slots_of
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class ClusterNode:
     """Those not reserved right now (none on a dead node)."""
     cuda_gpus: int
     """Real CUDA GPUs Ray sees on the node (0 where the GPUs are simulated)."""
+    control: bool
+    """Whether the node advertises ``CONTROL_RESOURCE`` (supervisors are placed on such nodes)."""
 
 
 def cluster_nodes() -> list[ClusterNode]:
@@ -47,6 +50,7 @@ def cluster_nodes() -> list[ClusterNode]:
                 gpus=slots_of(total),
                 free_gpus=slots_of(available.get(node_id, {})) if info.get("Alive") else [],
                 cuda_gpus=int(total.get("GPU", 0)),
+                control=CONTROL_RESOURCE in total,
             )
         )
     return sorted(nodes, key=lambda n: (n.name is None, n.name or "", n.node_id))

@@ -34,7 +34,8 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from trainctl.workers.rank_worker import RankBinding, RankLocation, RankSlot, RankWorker
+from trainctl.workers.placement.plan import RankAssignment
+from trainctl.workers.rank_worker import RankBinding, RankLocation, RankWorker
 from trainctl.workers.resources import NODE_LABEL, gpu_slot
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def owned_by(name: str, job_id: str) -> bool:
     return match is not None and match.group("job") == job_id
 
 
-def check_slots(slots: Sequence[RankSlot]) -> None:
+def check_slots(slots: Sequence[RankAssignment]) -> None:
     """Raise ValueError naming the problem unless ranks are 0..n-1 once each on distinct (node, gpu)."""
     if not slots:
         raise ValueError("placement has no ranks")
@@ -92,7 +93,7 @@ class RankGroup:
 
     job_id: str
     generation: int
-    slots: list[RankSlot]
+    slots: list[RankAssignment]
     use_gpu: bool
     pg: PlacementGroup
     workers: list[Any]
@@ -102,7 +103,7 @@ class RankGroup:
         cls,
         job_id: str,
         generation: int,
-        slots: Sequence[RankSlot],
+        slots: Sequence[RankAssignment],
         *,
         use_gpu: bool,
         ready_timeout: float,
@@ -148,7 +149,7 @@ class RankGroup:
         """Each rank's actual location, in rank order; raises PlacementMismatch if any is off-plan."""
         found: list[RankLocation] = ray.get([w.location.remote() for w in self.workers], timeout=timeout)
         wrong = [
-            f"rank {loc.rank} planned {loc.planned_node} GPU {loc.planned_gpu}, runs on {loc.node} GPU {loc.gpu}"
+            f"rank {loc.rank} planned {loc.planned.node} GPU {loc.planned.gpu}, runs on {loc.node} GPU {loc.gpu}"
             for loc in found
             if not loc.matches_plan
         ]
@@ -180,7 +181,7 @@ class RankGroup:
 def _reserve(
     job_id: str,
     generation: int,
-    ordered: list[RankSlot],
+    ordered: list[RankAssignment],
     use_gpu: bool,
     ready_timeout: float,
     stop: Callable[[], bool],
@@ -206,7 +207,7 @@ def _bind_warm(
     warm: dict[int, Any],
     job_id: str,
     generation: int,
-    ordered: list[RankSlot],
+    ordered: list[RankAssignment],
     pg: PlacementGroup,
     timeout: float,
 ) -> dict[int, Any]:
@@ -233,7 +234,7 @@ def _bind_warm(
     return bound
 
 
-def _bundle(slot: RankSlot, use_gpu: bool) -> dict[str, float]:
+def _bundle(slot: RankAssignment, use_gpu: bool) -> dict[str, float]:
     bundle = {gpu_slot(slot.gpu): 1.0}
     if use_gpu:
         bundle["GPU"] = 1.0

@@ -27,16 +27,8 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group_table
 
+from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.resources import NODE_LABEL, slots_of
-
-
-@dataclass(frozen=True)
-class RankSlot:
-    """Where the plan puts one rank: a node of the topology map and a local GPU index on it."""
-
-    rank: int
-    node: str
-    gpu: int
 
 
 @dataclass(frozen=True)
@@ -53,11 +45,10 @@ class RankBinding:
 
 @dataclass(frozen=True)
 class RankLocation:
-    """Where a rank actually runs, as the RankWorker itself observes it."""
+    """Where a rank actually runs, as the RankWorker itself observes it, next to where it was planned."""
 
-    rank: int
-    planned_node: str
-    planned_gpu: int
+    planned: RankAssignment
+    """The rank and the node and GPU the plan gave it."""
     node: str | None
     """Value of the ``trainctl.io/node`` label of the Ray node the worker runs on."""
     gpu: int | None
@@ -73,13 +64,20 @@ class RankLocation:
     """The worker came from the warm pool (engine imported before the job started)."""
 
     @property
+    def rank(self) -> int:
+        """The rank (the planned one: a worker never changes rank)."""
+        return self.planned.rank
+
+    @property
     def matches_plan(self) -> bool:
         """True when the worker runs on the planned node and holds the planned GPU slot."""
-        return self.node == self.planned_node and self.gpu == self.planned_gpu
+        return self.node == self.planned.node and self.gpu == self.planned.gpu
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (events, JSON)."""
-        return dataclasses.asdict(self)
+        """Plain-dict form (PLACEMENT events, JSON): ``rank``, ``planned_node``, ``planned_gpu`` and the
+        observed fields."""
+        observed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "planned"}
+        return {"rank": self.rank, "planned_node": self.planned.node, "planned_gpu": self.planned.gpu, **observed}
 
 
 def free_port(host: str) -> int:
@@ -119,7 +117,7 @@ class RankWorker:
         else:
             self._bind(binding)
 
-    def bind(self, binding: RankBinding, slot: RankSlot) -> bool:
+    def bind(self, binding: RankBinding, slot: RankAssignment) -> bool:
         """Take ``binding``'s rank, planned on ``slot`` (pooled workers only); False when this worker
         has a rank already or was started for another slot."""
         if self._binding is not None or (slot.node, slot.gpu) != (self._node, self._gpu):
@@ -148,9 +146,7 @@ class RankWorker:
         slots = slots_of(context.get_assigned_resources())
         reserved = self._gpu if self._pooled else (slots[0] if len(slots) == 1 else None)
         return RankLocation(
-            rank=self._bound().rank,
-            planned_node=self._node,
-            planned_gpu=self._gpu,
+            planned=RankAssignment(rank=self._bound().rank, node=self._node, gpu=self._gpu),
             node=context.get_node_labels().get(NODE_LABEL),
             gpu=reserved,
             node_id=context.get_node_id(),

@@ -11,24 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-import ray
-
 from trainctl.parallelism.grid import RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.workers.nodes import cluster_nodes
 from trainctl.workers.placement import place
-from trainctl.workers.rank_worker import RankSlot
-from trainctl.workers.resources import NODE_LABEL
+from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.topology.model import TopologyMap
 
 
 def live_nodes() -> set[str]:
     """``trainctl.io/node`` names of the Ray nodes that are alive."""
-    return {name for info in ray.nodes() if info.get("Alive") and (name := (info.get("Labels") or {}).get(NODE_LABEL))}
+    return {n.name for n in cluster_nodes() if n.alive and n.name}
 
 
-def missing_nodes(slots: Sequence[RankSlot]) -> list[str]:
+def missing_nodes(slots: Sequence[RankAssignment]) -> list[str]:
     """Nodes of a plan that no live Ray node carries as its name, sorted."""
     return sorted({slot.node for slot in slots} - live_nodes())
 
@@ -40,7 +37,7 @@ def free_slots(*, cuda: bool) -> dict[str, set[int]]:
 
 def replacement(
     job: TrainingJob, topology: TopologyMap, free: Mapping[str, set[int]], lost: Collection[str]
-) -> list[RankSlot] | None:
+) -> list[RankAssignment] | None:
     """A plan for every rank of ``job`` on the ``free`` GPUs of ``topology`` off the ``lost`` nodes
     (the solver's best), or None when they do not all fit now."""
     known = {node.name: set(node.gpus) for node in topology.nodes}
@@ -49,10 +46,10 @@ def replacement(
     solved = place(grid, topology, usable, model=resolve_model(job.spec.model), job_spec=job.spec)
     if solved is None:
         return None
-    return [RankSlot(rank=a.rank, node=a.node, gpu=a.gpu) for a in sorted(solved.assignments, key=lambda a: a.rank)]
+    return sorted(solved.assignments, key=lambda a: a.rank)
 
 
-def describe_move(old: Sequence[RankSlot], new: Sequence[RankSlot], lost: Collection[str]) -> str:
+def describe_move(old: Sequence[RankAssignment], new: Sequence[RankAssignment], lost: Collection[str]) -> str:
     """One line for the event log: which node was lost and where its ranks went, e.g.
     ``node node-1 lost; re-placed ranks 2,3 on node-2 (rank 2 -> node-2 GPU 0, ...)``."""
     moved = [slot.rank for slot in old if slot.node in lost]

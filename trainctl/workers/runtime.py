@@ -27,14 +27,14 @@ from trainctl.workers.events import (
     EVENTS_FILE,
     EventKind,
     EventLog,
-    JobPhase,
+    JobState,
     JobStatus,
     read_events,
     status_of,
 )
 from trainctl.workers.nodes import ClusterNode, cluster_nodes
+from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import check_slots, owned_by
-from trainctl.workers.rank_worker import RankSlot
 from trainctl.workers.replan import live_nodes
 from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, SUPERVISOR_SHARE
 from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, SupervisorConfig, supervisor_name
@@ -58,15 +58,9 @@ class PlacementError(ValueError):
     """The placement does not fit the job or the cluster."""
 
 
-class _Assignment(Protocol):
-    rank: int
-    node: str
-    gpu: int
-
-
 class _Placement(Protocol):
     @property
-    def assignments(self) -> Sequence[_Assignment]: ...
+    def assignments(self) -> Sequence[RankAssignment]: ...
 
 
 class RayRuntime:
@@ -133,7 +127,7 @@ class RayRuntime:
         _check_job_id(job_id)
         if self._supervisor(job_id) is not None:
             raise JobAlreadyStarted(f"job {job_id} already has a supervisor ({supervisor_name(job_id)})")
-        slots = [RankSlot(rank=a.rank, node=a.node, gpu=a.gpu) for a in placement.assignments]
+        slots = list(placement.assignments)
         use_gpu = self._check_placement(job, slots)
         run_path = Path(run_dir).resolve()
         run_path.mkdir(parents=True, exist_ok=True)
@@ -192,7 +186,7 @@ class RayRuntime:
         """Hand a new plan to a supervisor that waits for one after a node loss (its status's ``replan``
         names the lost nodes). True once adopted; False when the job waits for none (or has no
         supervisor); PlacementError when the plan does not fit the job or the live cluster."""
-        slots = [RankSlot(rank=a.rank, node=a.node, gpu=a.gpu) for a in placement.assignments]
+        slots = list(placement.assignments)
         use_gpu = self._check_placement(job, slots)
         supervisor = self._supervisor(job_id)
         if supervisor is None:
@@ -234,7 +228,7 @@ class RayRuntime:
             return None
 
     def _has_control_node(self) -> bool:
-        return any(info.get("Alive") and CONTROL_RESOURCE in (info.get("Resources") or {}) for info in ray.nodes())
+        return any(n.alive and n.control for n in cluster_nodes())
 
     def _actor_names(self) -> list[str]:
         """Names of the live named actors in this runtime's namespace."""
@@ -245,7 +239,7 @@ class RayRuntime:
         """The job's log file from ``cursor``; an empty SCHEDULED status while the file does not exist."""
         run_dir = self._run_dirs.get(job_id)
         if run_dir is None or not (run_dir / EVENTS_FILE).exists():
-            return JobStatus(events=[], cursor=cursor, state=JobPhase.SCHEDULED, reason="supervisor starting", restarts=0)
+            return JobStatus(events=[], cursor=cursor, state=JobState.SCHEDULED, reason="supervisor starting", restarts=0)
         return status_of(read_events(run_dir / EVENTS_FILE), cursor, limit)
 
     def _poll_file(self, job_id: str, cursor: int, limit: int) -> JobStatus:
@@ -259,12 +253,12 @@ class RayRuntime:
             # The supervisor is gone for good (Ray gave up restarting it) before the job ended.
             EventLog.open(path).append(
                 EventKind.STATE,
-                state=JobPhase.FAILED,
+                state=JobState.FAILED,
                 reason=f"job supervisor {supervisor_name(job_id)} is gone (its process died and was not restarted)",
             )
         return status_of(read_events(path), cursor, limit)
 
-    def _check_placement(self, job: TrainingJob, slots: list[RankSlot]) -> bool:
+    def _check_placement(self, job: TrainingJob, slots: list[RankAssignment]) -> bool:
         """Validate the plan against the job and the cluster; returns whether ranks use CUDA."""
         try:
             check_slots(slots)

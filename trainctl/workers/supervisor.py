@@ -39,9 +39,9 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobPhase, JobStatus
+from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobState, JobStatus, StragglerStats
+from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
-from trainctl.workers.rank_worker import RankSlot
 from trainctl.workers.replan import describe_move, free_slots, missing_nodes, replacement
 from trainctl.workers.topology.model import TopologyMap, parse_topology
 
@@ -74,7 +74,7 @@ class SupervisorConfig:
     job_id: str
     job_json: str
     """The TrainingJob as JSON."""
-    slots: list[RankSlot]
+    slots: list[RankAssignment]
     """The plan: one slot per rank."""
     run_dir: str
     """Directory shared by the service, the supervisor and the ranks: events and checkpoints."""
@@ -127,37 +127,37 @@ class _StepStats:
         for old in sorted(self.times)[:-STEP_HISTORY]:
             del self.times[old]
 
-    def latest_complete(self, before: int) -> dict[str, Any] | None:
+    def latest_complete(self, before: int) -> StragglerStats | None:
         """Straggler stats of the newest step before ``before`` that every reporting rank has timed."""
         for step in sorted(self.times, reverse=True):
             per_rank = self.times[step]
             if step < before and len(per_rank) >= 2 and self.reporters <= set(per_rank):
                 slowest = max(per_rank, key=per_rank.__getitem__)
                 fastest = min(per_rank, key=per_rank.__getitem__)
-                return {
-                    "step": step,
-                    "rank_step_times": {str(r): t for r, t in sorted(per_rank.items())},
-                    "slowest_rank": slowest,
-                    "fastest_rank": fastest,
-                    "ratio": per_rank[slowest] / per_rank[fastest] if per_rank[fastest] > 0 else None,
-                }
+                return StragglerStats(
+                    step=step,
+                    rank_step_times=dict(sorted(per_rank.items())),
+                    slowest_rank=slowest,
+                    fastest_rank=fastest,
+                    ratio=per_rank[slowest] / per_rank[fastest] if per_rank[fastest] > 0 else None,
+                )
         return None
 
-    def straggler_line(self, stats: dict[str, Any] | None) -> str | None:
+    def straggler_line(self, stats: StragglerStats | None) -> str | None:
         """A log line naming the slowest rank when the ranks start straggling or the slowest one changes."""
-        if stats is None or stats["ratio"] is None:
+        if stats is None or stats.ratio is None:
             return None
-        if stats["ratio"] < STRAGGLER_LOG_RATIO:
+        if stats.ratio < STRAGGLER_LOG_RATIO:
             self.named = None
             return None
-        slowest, fastest = stats["slowest_rank"], stats["fastest_rank"]
+        slowest, fastest = stats.slowest_rank, stats.fastest_rank
         if slowest == self.named:
             return None
         self.named = slowest
-        times = stats["rank_step_times"]
+        times = stats.rank_step_times
         return (
-            f"straggler at step {stats['step']}: rank {slowest} took {times[str(slowest)]:.3f}s, "
-            f"{stats['ratio']:.2f}x rank {fastest} ({times[str(fastest)]:.3f}s)"
+            f"straggler at step {stats.step}: rank {slowest} took {times[slowest]:.3f}s, "
+            f"{stats.ratio:.2f}x rank {fastest} ({times[fastest]:.3f}s)"
         )
 
 
@@ -190,17 +190,17 @@ class JobSupervisor:
             return
         if self._log.last_seq > 0:  # Ray restarted this actor after its process died
             self._remove_leftovers()
-            if status.state is JobPhase.CANCELLING:
-                self._state(JobPhase.CANCELLED, "cancelled by request")
+            if status.state is JobState.CANCELLING:
+                self._state(JobState.CANCELLED, "cancelled by request")
                 return
             self._state(
-                JobPhase.RESTARTING,
+                JobState.RESTARTING,
                 "job supervisor restarted (its process died); rebuilding the rank group from the last complete checkpoint",
             )
         else:
             nodes = sorted({slot.node for slot in config.slots})
             self._state(
-                JobPhase.SCHEDULED,
+                JobState.SCHEDULED,
                 f"supervisor started; reserving {len(config.slots)} GPUs on {', '.join(nodes)}",
             )
         self._thread = threading.Thread(target=self._drive, name=f"supervise-{config.job_id}", daemon=True)
@@ -217,7 +217,7 @@ class JobSupervisor:
     def cancel(self, timeout: float) -> JobStatus:
         """Stop the job: tear the group down and end CANCELLED (a finished job stays as it is)."""
         if not self.poll(0, 1).state.terminal and not self._cancel.is_set():
-            self._state(JobPhase.CANCELLING, "cancel requested")
+            self._state(JobState.CANCELLING, "cancel requested")
             self._cancel.set()
             self._shutdown_group()
         if self._thread is not None:
@@ -225,7 +225,7 @@ class JobSupervisor:
         return self.poll(0, 1)
 
     @ray.method(concurrency_group="control")
-    def replace_plan(self, slots: list[RankSlot], use_gpu: bool) -> bool:
+    def replace_plan(self, slots: list[RankAssignment], use_gpu: bool) -> bool:
         """A new plan while the supervisor waits for one after a node loss: True once adopted, False when
         it waits for none. ValueError when the plan uses a lost node or another backend (CUDA or CPU)."""
         if use_gpu != self._cfg.use_gpu:
@@ -246,8 +246,8 @@ class JobSupervisor:
         if step <= self._stats.last_emitted:
             return
         self._stats.last_emitted = step
-        payload = dict(report)
-        payload["straggler"] = stats = self._stats.latest_complete(before=step)
+        stats = self._stats.latest_complete(before=step)
+        payload = {**report, "straggler": None if stats is None else stats.to_dict()}
         self._log.append(EventKind.STEP, rank=rank, generation=generation, step=payload)
         line = self._stats.straggler_line(stats)
         if line is not None:
@@ -272,7 +272,7 @@ class JobSupervisor:
         except Exception as exc:  # a bug here must still end the job with a reason
             log.exception("job %s: supervisor error", self._cfg.job_id)
             self._shutdown_group()
-            self._state(JobPhase.FAILED, f"supervisor error: {type(exc).__name__}: {exc}")
+            self._state(JobState.FAILED, f"supervisor error: {type(exc).__name__}: {exc}")
 
     def _supervise(self) -> None:
         max_restarts = self._job.spec.scheduling.max_restarts
@@ -280,24 +280,24 @@ class JobSupervisor:
         while True:
             outcome, detail = self._run_generation()
             if self._cancel.is_set():
-                self._state(JobPhase.CANCELLED, "cancelled by request")
+                self._state(JobState.CANCELLED, "cancelled by request")
                 return
             if outcome is _Outcome.SUCCEEDED:
-                self._state(JobPhase.SUCCEEDED, detail)
+                self._state(JobState.SUCCEEDED, detail)
                 return
             if outcome in (_Outcome.UNPLACED, _Outcome.MISCONFIGURED):
-                self._state(JobPhase.FAILED, detail)
+                self._state(JobState.FAILED, detail)
                 return
             if restarts >= max_restarts:
                 self._state(
-                    JobPhase.FAILED,
+                    JobState.FAILED,
                     f"{detail}; giving up after {restarts} restart(s) (scheduling.max_restarts={max_restarts})",
                 )
                 return
             restarts += 1
             self._generation += 1
             self._state(
-                JobPhase.RESTARTING,
+                JobState.RESTARTING,
                 f"{detail}; restart {restarts} of {max_restarts} from the last complete checkpoint",
             )
 
@@ -331,7 +331,7 @@ class JobSupervisor:
             )
             nodes = sorted({loc.node or "?" for loc in locations})
             self._state(
-                JobPhase.RUNNING,
+                JobState.RUNNING,
                 f"{len(refs)} ranks running on {', '.join(nodes)} (generation {self._generation})",
             )
             return self._watch(refs)
@@ -409,7 +409,7 @@ class JobSupervisor:
                 return f"no new placement without node(s) {', '.join(lost)} within {cfg.replan_timeout:g}s (replan_timeout)"
         return None
 
-    def _adopt(self, slots: list[RankSlot]) -> bool:
+    def _adopt(self, slots: list[RankAssignment]) -> bool:
         """Make ``slots`` the plan when one is awaited (a PLAN event says what moved); False otherwise."""
         with self._lock:
             lost = self._awaiting
@@ -424,7 +424,7 @@ class JobSupervisor:
                 generation=self._generation,
                 lost_nodes=lost,
                 message=describe_move(self._slots, ordered, lost),
-                placement=[{"rank": s.rank, "node": s.node, "gpu": s.gpu} for s in ordered],
+                placement=[s.model_dump() for s in ordered],
             )
             self._slots, self._awaiting = ordered, None
             self._plan_ready.set()
@@ -475,7 +475,7 @@ class JobSupervisor:
 
     # ---- helpers ---------------------------------------------------------------------------------
 
-    def _state(self, state: JobPhase, reason: str) -> None:
+    def _state(self, state: JobState, reason: str) -> None:
         log.info("job %s: %s (%s)", self._cfg.job_id, state.value, reason)
         self._log.append(EventKind.STATE, state=state, reason=reason, generation=self._generation)
 
@@ -492,10 +492,10 @@ class JobSupervisor:
                 remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
 
 
-def _latest_plan(log: EventLog) -> list[RankSlot] | None:
+def _latest_plan(log: EventLog) -> list[RankAssignment] | None:
     """The plan of the newest PLAN event (a restarted supervisor continues with it), or None."""
     plans = [event.placement for event in log.all() if event.kind is EventKind.PLAN and event.placement]
-    return [RankSlot(**slot) for slot in plans[-1]] if plans else None
+    return [RankAssignment(**slot) for slot in plans[-1]] if plans else None
 
 
 def _failure_class(failures: list[tuple[int, BaseException]]) -> tuple[_Outcome, str]:

@@ -30,8 +30,9 @@ import ray
 from ray.exceptions import RayError
 
 from trainctl.workers.nodes import cluster_nodes
+from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import NOSET_CUDA_ENV
-from trainctl.workers.rank_worker import RankSlot, RankWorker
+from trainctl.workers.rank_worker import RankWorker
 from trainctl.workers.resources import NODE_LABEL
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class WarmPool:
         for handle, _ in idle:
             _kill(handle)
 
-    def take(self, slots: Sequence[RankSlot], use_gpu: bool) -> dict[int, Any]:
+    def take(self, slots: Sequence[RankAssignment], use_gpu: bool) -> dict[int, Any]:
         """Rank -> idle worker for each planned slot that has one using the same backend (CUDA or
         not). The caller owns them from now on: bind them (`RankGroup.create`) or kill them."""
         taken: dict[int, Any] = {}

@@ -26,7 +26,7 @@ from typing import Literal
 
 from trainctl.parallelism.grid import RankGrid
 from trainctl.spec.presets import ModelConfig
-from trainctl.workers.placement.fabric import FabricIndex, Slot
+from trainctl.workers.placement.fabric import LEVELS, FabricIndex, SlotId
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
 Pattern = Literal["ring", "all_to_all", "pairwise"]
@@ -238,9 +238,6 @@ class CostBreakdown:
         return (*(len(self.split_groups.get(d, [])) for d in SPLIT_DIMS), self.total_seconds)
 
 
-_LEVEL_ORDER = {"nvlink": 0, "host": 1, "leaf": 2, "spine": 3, "core": 4}
-
-
 @dataclass(frozen=True)
 class _Span:
     """What the cost model needs to know about one group's slots (memoised by slot tuple)."""
@@ -252,7 +249,7 @@ class _Span:
     """(leaf id, members under it), only for groups that leave their leaves (spine / core)."""
 
 
-def _span(index: FabricIndex, key: tuple[Slot, ...]) -> _Span:
+def _span(index: FabricIndex, key: tuple[SlotId, ...]) -> _Span:
     level = index.level(list(key))
     units = len({index.node_unit[s[0]] for s in key})
     if level not in ("spine", "core"):
@@ -261,14 +258,14 @@ def _span(index: FabricIndex, key: tuple[Slot, ...]) -> _Span:
 
 
 def evaluate(
-    traffic: list[DimTraffic], slots: list[Slot], index: FabricIndex, spans_seen: dict | None = None
+    traffic: list[DimTraffic], slots: list[SlotId], index: FabricIndex, spans_seen: dict | None = None
 ) -> CostBreakdown:
     """Cost of placing rank r on `slots[r]`.
 
     `spans_seen` (optional) memoises what is known about each tuple of slots across calls: a local
     search that moves a few ranks re-analyses only the groups it touched.
     """
-    memo: dict[tuple[Slot, ...], _Span] = {} if spans_seen is None else spans_seen
+    memo: dict[tuple[SlotId, ...], _Span] = {} if spans_seen is None else spans_seen
     result = CostBreakdown()
     for entry in traffic:
         worst = 0.0
@@ -291,14 +288,14 @@ def evaluate(
                 result.uplink_bytes += volume * sum(_flows(entry.pattern, n, len(span)) for _, n in info.leaves)
             bw = index.level_bw[info.level] / factor
             worst = max(worst, entry.seconds(bw, index.level_latency[info.level]))
-            if _LEVEL_ORDER[info.level] > _LEVEL_ORDER[level_max]:
+            if LEVELS.index(info.level) > LEVELS.index(level_max):
                 level_max = info.level
             if entry.dim in SPLIT_DIMS and info.units > 1:
                 result.split_groups.setdefault(entry.dim, []).append(list(span))
         result.seconds_by_dim[entry.dim] = result.seconds_by_dim.get(entry.dim, 0.0) + worst
         result.bytes_by_dim[entry.dim] = result.bytes_by_dim.get(entry.dim, 0.0) + volume
         prev = result.level_by_dim.get(entry.dim, "nvlink")
-        result.level_by_dim[entry.dim] = max(prev, level_max, key=_LEVEL_ORDER.__getitem__)
+        result.level_by_dim[entry.dim] = max(prev, level_max, key=LEVELS.index)
     return result
 
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from trainctl.workers.topology.model import TIERS, LinkLevel, TopologyMap
 
-LEVELS: tuple[str, ...] = ("nvlink", "host", "leaf", "spine", "core")
-"""Fabric levels, inner to outer."""
+LEVELS: tuple[str, ...] = ("nvlink", "host", *TIERS)
+"""Fabric levels, inner to outer: within a node, then the switch tiers."""
 
-Slot = tuple[int, int]
-"""(node id, local GPU index)."""
+SlotId = tuple[int, int]
+"""A GPU by (node id in the `FabricIndex`, local GPU index)."""
 
 
 @dataclass
@@ -38,9 +38,9 @@ class FabricIndex:
     node_spineset: list[int] = field(default_factory=list)
     leafset_nodes: list[list[int]] = field(default_factory=list)
     spineset_leafsets: list[list[int]] = field(default_factory=list)
-    gpu_leaf: dict[Slot, int] = field(default_factory=dict)
+    gpu_leaf: dict[SlotId, int] = field(default_factory=dict)
     """Leaf switch id of each GPU's NIC (-1 - node id when the GPU has no cabled NIC)."""
-    gpu_rail: dict[Slot, int] = field(default_factory=dict)
+    gpu_rail: dict[SlotId, int] = field(default_factory=dict)
     """Rail of each GPU's NIC (-1 when not rail-optimized)."""
     leaf_spine: dict[int, int] = field(default_factory=dict)
     """Spine id above each leaf (-1 when none)."""
@@ -157,10 +157,10 @@ class FabricIndex:
         self.level_capacity = {lv: c for lv, c in cap.items() if lv in self.level_bw}
 
     # ---- queries -----------------------------------------------------------------------------------
-    def unit_of(self, slot: Slot) -> int:
+    def unit_of(self, slot: SlotId) -> int:
         return self.node_unit[slot[0]]
 
-    def level(self, slots: list[Slot]) -> str:
+    def level(self, slots: list[SlotId]) -> str:
         """The outermost level a group of GPUs spans (see the module docstring)."""
         first = slots[0][0]
         if all(s[0] == first for s in slots):

@@ -34,7 +34,7 @@ from trainctl.workers.placement.cost import (
     evaluate,
     lower_bound,
 )
-from trainctl.workers.placement.fabric import FabricIndex, Slot
+from trainctl.workers.placement.fabric import LEVELS, FabricIndex, SlotId
 from trainctl.workers.placement.plan import Placement, RankAssignment, SplitGroup
 from trainctl.workers.topology.model import TopologyMap
 
@@ -89,7 +89,7 @@ def job_traffic(grid: RankGrid, model: ModelConfig | None, job_spec: object | No
     return build_traffic(grid, model, work)
 
 
-def make_placement(grid: RankGrid, index: FabricIndex, traffic: list[DimTraffic], slots: list[Slot]) -> Placement:
+def make_placement(grid: RankGrid, index: FabricIndex, traffic: list[DimTraffic], slots: list[SlotId]) -> Placement:
     """A `Placement` for rank r on `slots[r]`, with its modelled cost and lower bound."""
     cost = evaluate(traffic, slots, index)
     names = index.node_names
@@ -199,8 +199,8 @@ class _Solver:
         self.spans_seen: dict = {}
 
     # ---- top level ---------------------------------------------------------------------------------
-    def solve(self) -> list[Slot]:
-        best: tuple[tuple[float, ...], list[Slot], CostBreakdown] | None = None
+    def solve(self) -> list[SlotId]:
+        best: tuple[tuple[float, ...], list[SlotId], CostBreakdown] | None = None
         for order in ORDERS:
             if order != ORDERS[0] and (self.grid.pp == 1 or self.grid.ep > 1 or self.grid.dp == 1):
                 continue
@@ -225,18 +225,18 @@ class _Solver:
         return self._improve(best[1], best[2])
 
     @staticmethod
-    def _by_rank(perm: list[int], slots: list[Slot] | None) -> list[Slot] | None:
+    def _by_rank(perm: list[int], slots: list[SlotId] | None) -> list[SlotId] | None:
         """Slots by position -> slots by rank."""
         if slots is None:
             return None
-        out: list[Slot] = [slots[0]] * len(slots)
+        out: list[SlotId] = [slots[0]] * len(slots)
         for position, rank in enumerate(perm):
             out[rank] = slots[position]
         return out
 
     def _keep_better(
-        self, best: tuple[tuple[float, ...], list[Slot], CostBreakdown] | None, slots: list[Slot] | None
-    ) -> tuple[tuple[float, ...], list[Slot], CostBreakdown] | None:
+        self, best: tuple[tuple[float, ...], list[SlotId], CostBreakdown] | None, slots: list[SlotId] | None
+    ) -> tuple[tuple[float, ...], list[SlotId], CostBreakdown] | None:
         if slots is None:
             return best
         cost = evaluate(self.traffic, slots, self.index, self.spans_seen)
@@ -257,7 +257,7 @@ class _Solver:
 
     def _construct(
         self, free: dict[int, list[int]], atom: int, first: int, count: int, blocks: list[int]
-    ) -> list[Slot] | None:
+    ) -> list[SlotId] | None:
         """Slots for positions first .. first + count - 1 in atoms of `atom` positions, or None.
 
         `blocks` are the job's contiguous block sizes the split points align to ([1]: no alignment).
@@ -271,12 +271,12 @@ class _Solver:
         picks = self._choose(_Box.tree(tree, caps), needed, in_atoms)
         if picks is None:
             return None
-        slots: list[Slot] = []
+        slots: list[SlotId] = []
         for unit, n_atoms in picks:
             slots.extend(self._fill_unit(free, unit, first + len(slots), n_atoms * atom))
         return slots
 
-    def _construct_mixed(self, atom: int, blocks: list[int]) -> list[Slot] | None:
+    def _construct_mixed(self, atom: int, blocks: list[int]) -> list[SlotId] | None:
         """When not every atom fits whole: as many whole atoms as fit, the remaining ranks GPU by GPU."""
         unit_free, _ = self._tree(self.free)
         whole = min(self.world, sum(f // atom for f in unit_free.values()) * atom)
@@ -327,11 +327,11 @@ class _Solver:
                 out.extend(sub)
         return out
 
-    def _fill_unit(self, free: dict[int, list[int]], unit: int, first: int, count: int) -> list[Slot]:
+    def _fill_unit(self, free: dict[int, list[int]], unit: int, first: int, count: int) -> list[SlotId]:
         """GPUs of one NVLink unit for positions first .. first+count-1, rail-matched per node."""
         nodes = [n for n in self.index.unit_nodes[unit] if n in free]
         nodes.sort(key=lambda n: (-len(free[n]), n))
-        slots: list[Slot] = []
+        slots: list[SlotId] = []
         rank = first
         for nid in nodes:
             if len(slots) == count:
@@ -359,7 +359,7 @@ class _Solver:
         return [chosen[r] for r in ranks]
 
     # ---- local search ------------------------------------------------------------------------------
-    def _improve(self, slots: list[Slot], cost: CostBreakdown) -> list[Slot]:
+    def _improve(self, slots: list[SlotId], cost: CostBreakdown) -> list[SlotId]:
         """Swap the worst group's outlier atoms into its majority container while the cost improves."""
         atom = self.grid.tp if not cost.split_groups.get("tp") else 1
         key = cost.objective()
@@ -383,7 +383,7 @@ class _Solver:
         return slots
 
     def _worst_group(
-        self, slots: list[Slot], cost: CostBreakdown, bound: dict[str, float], tried: set
+        self, slots: list[SlotId], cost: CostBreakdown, bound: dict[str, float], tried: set
     ) -> tuple[str, list[int]] | None:
         gaps = sorted(
             ((cost.seconds_by_dim[d] - bound.get(d, 0.0), d) for d in cost.seconds_by_dim), reverse=True
@@ -396,24 +396,24 @@ class _Solver:
                     continue
                 ranked = sorted(
                     entry.groups,
-                    key=lambda g: (-_LEVELS.index(self.index.level([slots[r] for r in g])), g[0]),
+                    key=lambda g: (-LEVELS.index(self.index.level([slots[r] for r in g])), g[0]),
                 )
                 for group in ranked[:4]:
                     if (dim, tuple(group)) not in tried and len({self._container(slots[r]) for r in group}) > 1:
                         return dim, group
         return None
 
-    def _container(self, slot: Slot) -> tuple[int, int]:
+    def _container(self, slot: SlotId) -> tuple[int, int]:
         return self.index.node_leafset[slot[0]], self.index.gpu_rail[slot]
 
     def _try_moves(
-        self, slots: list[Slot], group: list[int], atom: int, key: tuple[float, ...]
-    ) -> tuple[list[Slot], CostBreakdown] | None:
+        self, slots: list[SlotId], group: list[int], atom: int, key: tuple[float, ...]
+    ) -> tuple[list[SlotId], CostBreakdown] | None:
         majority = Counter(self._container(slots[r]) for r in group).most_common(1)[0][0]
         outliers = [r for r in group if self._container(slots[r]) != majority]
         used = set(slots)
         spare = [(n, g) for n, gpus in sorted(self.free.items()) for g in gpus if (n, g) not in used]
-        best: tuple[tuple[float, ...], list[Slot], CostBreakdown] | None = None
+        best: tuple[tuple[float, ...], list[SlotId], CostBreakdown] | None = None
         evaluations = 0
         for r in outliers:
             start = r - r % atom
@@ -435,13 +435,13 @@ class _Solver:
                 break
         return (best[1], best[2]) if best else None
 
-    def _partners(self, slots: list[Slot], spare: list[Slot], majority: tuple[int, int], atom: int, start: int) -> list:
+    def _partners(self, slots: list[SlotId], spare: list[SlotId], majority: tuple[int, int], atom: int, start: int) -> list:
         """Atoms to swap with: spare GPU sets in the majority container first, then used atoms there."""
         out: list = []
         if atom == 1:
             out += [[s] for s in spare if self._container(s) == majority][:3]
         else:
-            by_unit: dict[int, list[Slot]] = {}
+            by_unit: dict[int, list[SlotId]] = {}
             for s in spare:
                 by_unit.setdefault(self.index.unit_of(s), []).append(s)
             for unit_slots in by_unit.values():
@@ -457,7 +457,6 @@ class _Solver:
         return out
 
 
-_LEVELS = ("nvlink", "host", "leaf", "spine", "core")
 _MAX_FAILED_GROUPS = 3
 TIE_TOLERANCE = 0.02
 """Candidates whose modelled times are within this fraction count as tied; the tie goes to the one

@@ -24,6 +24,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trainctl.spec.validate import violations_from_pydantic
 from trainctl.workers.topology.model import (
     Fabric,
     Metadata,
@@ -81,8 +82,7 @@ def load_switch_tree(path: str | Path) -> SwitchTree:
     except yaml.YAMLError as err:
         raise TopologyError(f"{path}: not valid YAML: {err}") from None
     except ValidationError as err:
-        msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in err.errors())
-        raise TopologyError(f"{path}: {msg}") from None
+        raise TopologyError(f"{path}: {'; '.join(map(str, violations_from_pydantic(err)))}") from None
 
 
 def merge(nodes: list[Node], tree: SwitchTree) -> TopologyMap:

@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trainctl.spec.validate import violations_from_pydantic
+
 API_VERSION = "trainctl/v1"
 KIND = "TopologyMap"
 TIERS: tuple[str, ...] = ("leaf", "spine", "core")
@@ -354,15 +356,6 @@ def _check_domain_nesting(spec: TopologySpec, nodes: dict[str, Node]) -> None:
             )
 
 
-def _format_validation_error(err: ValidationError) -> str:
-    lines = []
-    for item in err.errors():
-        path = ".".join(str(p) for p in item["loc"]) or "<map>"
-        message = item["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {message}")
-    return "; ".join(lines)
-
-
 def parse_topology(data: object, source: str = "<topology>") -> TopologyMap:
     """Validate a parsed YAML document as a TopologyMap; TopologyError names what is wrong."""
     if not isinstance(data, dict):
@@ -370,7 +363,8 @@ def parse_topology(data: object, source: str = "<topology>") -> TopologyMap:
     try:
         return TopologyMap.model_validate(data)
     except ValidationError as err:
-        raise TopologyError(f"{source}: {_format_validation_error(err)}") from None
+        problems = "; ".join(map(str, violations_from_pydantic(err, root="<map>")))
+        raise TopologyError(f"{source}: {problems}") from None
 
 
 def load_topology(path: str | Path) -> TopologyMap:

@@ -1,0 +1,26 @@
+"""StepReport's dict form: what the supervisor's event log carries and the service reads back."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainctl.parallelism.step_report import StepReport
+
+
+def test_round_trip_keeps_every_field():
+    report = StepReport(step=7, loss=1.25, grad_norm=0.5, lr=1e-4, tokens=2048, tokens_per_second=900.0, mfu=0.31,
+                        step_time_seconds=2.25, breakdown={"data": 0.25, "checkpoint": 1.0}, peak_memory_bytes=1 << 20,
+                        checkpoint_bytes=4096)
+    assert StepReport.from_dict(report.to_dict()) == report
+
+
+def test_missing_metrics_read_as_zero_and_unknown_keys_are_ignored():
+    report = StepReport.from_dict({"step": "3", "loss": 2, "mfu": None, "time": 1.0, "straggler": None})
+    assert report == StepReport(step=3, loss=2.0, grad_norm=0.0, lr=0.0, tokens=0, tokens_per_second=0.0, mfu=None,
+                                step_time_seconds=0.0)
+    assert report.checkpoint_bytes is None and report.breakdown == {}
+
+
+def test_step_and_loss_are_required():
+    with pytest.raises(KeyError, match="loss"):
+        StepReport.from_dict({"step": 1})
