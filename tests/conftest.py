@@ -28,6 +28,31 @@ if TYPE_CHECKING:
 RAY_FIXTURES = ("cluster", "embedded_ray")
 """A test that uses one of these starts or shares a Ray cluster: it is `slow` (not in `make test-fast`)."""
 
+SLOW_TESTS = (
+    "reliability/",  # processes killed and restarted, real Ray clusters started
+    "deploy/test_prometheus_live.py",  # a service, a Prometheus server and a 40-step job
+    "deploy/test_existing_ray.py",  # `ray start` and `trainctl serve` processes
+    # Engine runs measured at 5 s or more (call time, 2-core machine); the quick layouts stay in the fast tier.
+    "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[dp2-tp2-pp2]",
+    "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[moe-",
+    "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[pp4-zero-bubble]",
+    "parallelism/test_equivalence_pp_ep.py::test_resume_under_another_layout_continues_the_run",
+    "parallelism/test_dp_equivalence.py::test_data_parallel_matches_single_process[hsdp-2x2]",
+    "parallelism/test_dp_equivalence.py::test_data_parallel_matches_single_process[fsdp-dp4]",
+    "parallelism/test_dp_equivalence.py::test_harness_detects_a_different_run",
+    "parallelism/test_dp_equivalence.py::test_activation_checkpointing_composes_with_fsdp",
+    "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[tp2_sp]",
+    "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[tp4]",
+    "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[fsdp2_tp2_sp_cp2]",
+    "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[cp4_zigzag]",
+    "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[moe_tp2_sp]",
+    "parallelism/test_equivalence_tp_cp.py::test_resume_dp4_checkpoint_under_tp2",
+    "parallelism/test_equivalence_tp_cp.py::test_sp_pipeline_stage_boundaries_carry_local_shards[2]",
+    "parallelism/test_estimator.py::test_param_grad_optimizer_bytes_are_exact[pp2-tp2-sgd]",
+    "parallelism/test_launch.py::test_torchrun_trains_and_checkpoints",  # torchrun starts 2 processes
+)
+"""Test ids (below tests/, prefixes) that are `slow` without using a Ray fixture."""
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster(nodes, gpus_per_node, fast_node_failure): the module's cluster shape")
@@ -36,7 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if any(name in getattr(item, "fixturenames", ()) for name in RAY_FIXTURES):
+        on_ray = any(name in getattr(item, "fixturenames", ()) for name in RAY_FIXTURES)
+        if on_ray or item.nodeid.removeprefix("tests/").startswith(SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
 
 
