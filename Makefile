@@ -34,7 +34,7 @@ test: install promtool
 
 # Everything not marked slow (tests/conftest.py marks the tests on Ray clusters, services and long engine
 # runs). pytest exits 5 when it collects nothing, so an empty tier fails.
-test-fast: install
+test-fast: install promtool
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -p no:cacheprovider --durations=10 -m "not slow" tests
 
