@@ -1,5 +1,6 @@
 """What every test directory shares: the Ray environment guard, the embedded cluster and the served
-service of a test module, and the `slow` marker on every test that uses them.
+service of a test module, and which tests are `slow` (left out of `make test-fast`): those on a Ray
+cluster fixture and those in SLOW_TESTS.
 
 Shapes: a module's `pytestmark = pytest.mark.cluster(nodes=2, gpus_per_node=4, fast_node_failure=True)`
 changes its cluster (default: 2 nodes x 1 simulated GPU, the dashboard on for `ray.util.state`), and
