@@ -1,4 +1,5 @@
-# The two commands: `make demo` and `make test`. Both create .venv and install first.
+# The two commands: `make demo` and `make test` (`make test-fast`: the unit and quick engine tests).
+# All create .venv and install first.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test lint proto clean promtool
+.PHONY: install demo test test-fast lint proto clean promtool
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +31,12 @@ promtool:
 test: install promtool
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -p no:cacheprovider --durations=25 tests
+
+# Everything not marked slow (tests/conftest.py marks the tests on Ray clusters, services and long engine
+# runs). pytest exits 5 when it collects nothing, so an empty tier fails.
+test-fast: install promtool
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -p no:cacheprovider --durations=10 -m "not slow" tests
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -3,7 +3,7 @@
     python deploy/render.py           # rewrite them
     python deploy/render.py --check   # exit 1, naming each file that is out of date
 
-Sources: the dashboards in trainctl/service/dashboards.py, the alert rules in
+Sources: the dashboards in trainctl/observability/dashboards.py, the alert rules in
 deploy/prometheus/rules.yaml, and the example topology maps in deploy/topologies (kustomize may only
 read files below an overlay, so each overlay carries a copy; the cpu-dev map is the simulated one the
 service would build for its two worker pods). The generated files are committed; a test runs --check.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from trainctl.service.dashboards import all_dashboards
+from trainctl.observability.dashboards import all_dashboards
 from trainctl.workers.topology import simulated_topology
 
 DEPLOY = Path(__file__).resolve().parent

@@ -30,8 +30,7 @@ from trainctl.workers.resources import slot_resources
 from trainctl.workers.topology import simulated_topology
 
 BIN = Path(sys.executable).parent
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-       "RAY_USAGE_STATS_ENABLED": "0"}
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # the Ray guard is in os.environ (tests/conftest.py)
 JOB = {
     "apiVersion": "trainctl/v1", "kind": "TrainingJob", "metadata": {"name": "on-existing-ray"},
     "spec": {"model": {"preset": "debug"}, "data": {"seq_len": 32},

@@ -12,7 +12,7 @@ import pytest
 from deploy_support import DEPLOY, REPO
 from prometheus_client import CollectorRegistry
 
-from trainctl.service.dashboards import all_dashboards
+from trainctl.observability.dashboards import all_dashboards
 from trainctl.service.metrics import ServiceMetrics
 
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))

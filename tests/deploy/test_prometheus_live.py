@@ -145,7 +145,7 @@ def test_job_series_in_prometheus_match_the_job(run) -> None:
 def test_report_of_the_finished_job(run, tmp_path) -> None:
     import matplotlib.image
 
-    from trainctl.service.report import PANELS, build_figure, write_report
+    from trainctl.cli.report import PANELS, build_figure, write_report
 
     job = run["job"]
     files = write_report(job, tmp_path / "report.png")

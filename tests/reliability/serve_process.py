@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 START_TIMEOUT = 180.0
 
 
@@ -51,7 +50,7 @@ class ServeProcess:
         self.starts += 1
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen(
-                self._args, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self._args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         deadline = time.monotonic() + START_TIMEOUT
         while not re.search(r"serving on 127\.0\.0\.1:\d+", self.log_path.read_text()):

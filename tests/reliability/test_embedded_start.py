@@ -3,17 +3,12 @@ attempt is shut down and the whole cluster is started again, once."""
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: bind 127.0.0.1 only
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+import pytest
+from ray.cluster_utils import Cluster
 
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
-
-from trainctl.workers import embedded  # noqa: E402
+from trainctl.workers import embedded
 
 TIMED_OUT = "The current node timed out during startup."
 

@@ -19,19 +19,15 @@ from collections.abc import Iterator
 import pytest
 from fault_support import assert_nothing_left, kind, read_until, states_of, steps_of, wait_for
 from serve_process import ServeProcess
+from small_jobs import restartable_job
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
-from trainctl.workers.embedded import (
-    FAST_NODE_FAILURE_DETECTION,
-    EmbeddedRay,
-    start_embedded,
-    topology_labels,
-)
+from trainctl.workers.embedded import EmbeddedRay, topology_labels
 from trainctl.workers.topology.model import TopologyMap, parse_topology, simulated_topology
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.cluster(nodes=1, gpus_per_node=1, fast_node_failure=True)]
 
 POOL = ("node-1", "node-2")
 
@@ -49,12 +45,11 @@ def add_pool_node(cluster: EmbeddedRay, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedRay]:
-    # ray.util.state needs the dashboard; a lost node is declared dead in ~3 s instead of ~15 s.
-    with start_embedded(1, 1, dashboard=True, system_config=FAST_NODE_FAILURE_DETECTION) as embedded:
-        for name in POOL:
-            add_pool_node(embedded, name)
-        yield embedded
+def cluster(cluster: EmbeddedRay) -> EmbeddedRay:
+    """The head alone (its lost nodes declared dead in ~3 s instead of ~15 s), then the two pool nodes."""
+    for name in POOL:
+        add_pool_node(cluster, name)
+    return cluster
 
 
 @pytest.fixture(scope="module")
@@ -69,17 +64,7 @@ def serve(cluster: EmbeddedRay, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def job(name: str, steps: int) -> TrainingJob:
-    return TrainingJob.model_validate({
-        "metadata": {"name": name, "labels": {"suite": "node-loss"}},
-        "spec": {
-            "data": {"seq_len": 32, "max_files": 10},
-            "parallelism": {"dp_replicate": 2},
-            "training": {"steps": steps, "global_batch_size": 4, "micro_batch_size": 2, "warmup_steps": 1},
-            "checkpoint": {"interval_steps": 2},
-            "resources": {"gpus": 2, "device": "cpu"},
-            "scheduling": {"max_restarts": 2},
-        },
-    })
+    return restartable_job(name, steps, labels={"suite": "node-loss"})
 
 
 def nodes_of(client: TrainctlClient, job_id: str) -> set[str]:

@@ -28,23 +28,18 @@ from fault_support import (
     supervisor_pid,
 )
 from serve_process import ServeProcess
+from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
-from trainctl.workers.embedded import EmbeddedRay, start_embedded
+from trainctl.workers.embedded import EmbeddedRay
 from trainctl.workers.events import EVENTS_FILE, EventKind, JobState, read_events
 
 pytestmark = pytest.mark.timeout(420)
 
 TERMINAL = (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedRay]:
-    with start_embedded(2, 1, dashboard=True) as embedded:  # ray.util.state needs the dashboard
-        yield embedded
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +54,7 @@ def serve(cluster: EmbeddedRay, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def job(name: str, steps: int, *, max_restarts: int = 0) -> TrainingJob:
-    return TrainingJob.model_validate({
-        "metadata": {"name": name, "labels": {"suite": "reliability"}},
-        "spec": {
-            "data": {"seq_len": 32, "max_files": 10},
-            "parallelism": {"dp_shard": 2},
-            "training": {"steps": steps, "global_batch_size": 4, "warmup_steps": 1},
-            "checkpoint": {"interval_steps": 0},
-            "resources": {"gpus": 2, "device": "cpu"},
-            "scheduling": {"max_restarts": max_restarts},
-        },
-    })
+    return small_job(name, steps=steps, labels={"suite": "reliability"}, scheduling={"max_restarts": max_restarts})
 
 
 def test_sigkilled_service_restarts_losing_and_duplicating_nothing(serve: ServeProcess, cluster: EmbeddedRay) -> None:

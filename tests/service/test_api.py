@@ -13,6 +13,7 @@ from control_plane_fakes import ApiServer, ScriptedRuntime, bad_spec_catalogue, 
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.service.convert import job_to_proto
@@ -24,14 +25,6 @@ from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.workers.events import JobState
 
 REMOTE_CASES = [c for c in bad_spec_catalogue() if not c.local_only]
-
-
-def small_job(name: str = "small", gpus: int = 2, **labels: str) -> TrainingJob:
-    return TrainingJob.model_validate({
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"parallelism": {"dp_shard": gpus}, "training": {"global_batch_size": gpus, "steps": 3},
-                 "resources": {"gpus": gpus, "device": "cpu"}},
-    })
 
 
 @pytest.fixture
@@ -134,13 +127,13 @@ def test_request_field_errors(client: TrainctlClient, api: ApiServer) -> None:
 
 
 def test_create_get_list_and_idempotent_retry(client: TrainctlClient) -> None:
-    first = client.create_job(small_job("listed", team="a"), request_id="retry-1")
-    again = client.create_job(small_job("listed", team="a"), request_id="retry-1")
+    first = client.create_job(small_job("listed", labels={"team": "a"}), request_id="retry-1")
+    again = client.create_job(small_job("listed", labels={"team": "a"}), request_id="retry-1")
     assert first.id == again.id
     assert first.status.state == pb.QUEUED and first.status.create_time.seconds > 0
     got = client.get_job(first.id)
     assert got.metadata.labels["team"] == "a" and got.spec.parallelism.dp_shard == 2
-    other = client.create_job(small_job("listed-b", team="b"))
+    other = client.create_job(small_job("listed-b", labels={"team": "b"}))
     assert [j.id for j in client.list_jobs(labels={"team": "a"})] == [first.id]
     assert {j.id for j in client.list_jobs(labels={"team": "b"})} == {other.id}
     everything = [j.id for j in client.list_jobs(page_size=1)]  # pages of one

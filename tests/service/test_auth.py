@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainctl.cli.token_cmd import token_main
 from trainctl.service.auth import (
     MIN_TOKEN_LENGTH,
     TOKEN_PREFIX,
@@ -31,7 +32,6 @@ from trainctl.service.auth import (
     hash_token,
     is_loopback,
     load_access_config,
-    token_main,
 )
 from trainctl.service.errors import ApiError
 from trainctl.service.hardening import StreamLimiter

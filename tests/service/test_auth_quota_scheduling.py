@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from secure_service import POOL_GPUS_PER_NODE, POOL_NODES
+from small_jobs import small_job
 
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.service.tenancy import Quota
-from trainctl.spec.validate import parse_object
+from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import JobState, JobStatus
 from trainctl.workers.topology import simulated_topology
 
@@ -43,15 +44,8 @@ class FakeRuntime:
         return {f"node-{i}" for i in range(POOL_NODES)}
 
 
-def job(name: str, gpus: int):
-    return parse_object({
-        "metadata": {"name": name},
-        "spec": {
-            "parallelism": {"dp_shard": gpus},
-            "training": {"global_batch_size": 2 * gpus},
-            "resources": {"gpus": gpus, "device": "cpu"},
-        },
-    })
+def job(name: str, gpus: int) -> TrainingJob:
+    return small_job(name, gpus=gpus)
 
 
 def test_a_tenant_over_its_gpu_quota_waits_without_blocking_others(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from control_plane_fakes import ApiServer, ScriptedRuntime, bad_spec_catalogue, start_api_server
+from small_jobs import small_job
 
 from trainctl.cli.main import EXIT_INVALID, main
 from trainctl.cli.progress import follow
@@ -85,11 +86,8 @@ def api(tmp_path: Path, runtime: ScriptedRuntime, monkeypatch: pytest.MonkeyPatc
 
 def _spec(tmp_path: Path, name: str, gpus: int = 2, steps: int = 3, **labels: str) -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"parallelism": {"dp_shard": gpus}, "training": {"global_batch_size": gpus, "steps": steps},
-                 "resources": {"gpus": gpus, "device": "cpu"}},
-    }))
+    job = small_job(name, gpus=gpus, steps=steps, labels=labels)
+    path.write_text(yaml.safe_dump(job.model_dump(mode="json", exclude_unset=True)))
     return path
 
 

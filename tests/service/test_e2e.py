@@ -5,51 +5,27 @@ a minute and a half on a 2-core machine."""
 
 from __future__ import annotations
 
-import os
+import json
+import time
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: bind 127.0.0.1 only
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+import pytest
+from ray.util.state import list_actors, list_placement_groups
+from small_jobs import small_job
 
-import json  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-
-import pytest  # noqa: E402
-from ray.util.state import list_actors, list_placement_groups  # noqa: E402
-
-from trainctl.cli.client import TrainctlClient  # noqa: E402
-from trainctl.cli.main import main  # noqa: E402
-from trainctl.service.server import Service, ServiceConfig  # noqa: E402
-from trainctl.spec.job import TrainingJob  # noqa: E402
-from trainctl.v1 import training_pb2 as pb  # noqa: E402
-from trainctl.workers.embedded import EmbeddedRay  # noqa: E402
-from trainctl.workers.rank_group import owned_by  # noqa: E402
-from trainctl.workers.supervisor import supervisor_name  # noqa: E402
+from trainctl.cli.client import TrainctlClient
+from trainctl.cli.main import main
+from trainctl.spec.job import TrainingJob
+from trainctl.v1 import training_pb2 as pb
+from trainctl.workers.embedded import EmbeddedRay
+from trainctl.workers.rank_group import owned_by
+from trainctl.workers.supervisor import supervisor_name
 
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def service(cluster: EmbeddedRay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    config = ServiceConfig(
-        address="127.0.0.1:0", data_dir=tmp_path_factory.mktemp("e2e"), metrics_port=0, ray_address=cluster.address
-    )
-    with Service(config, topology=cluster.topology) as running:
-        yield running
-
-
 def job(name: str, gpus: int, steps: int, priority: int = 0) -> TrainingJob:
-    return TrainingJob.model_validate({
-        "metadata": {"name": name, "labels": {"suite": "e2e"}},
-        "spec": {
-            "data": {"seq_len": 32, "max_files": 20},
-            "parallelism": {"dp_shard": gpus},
-            "training": {"steps": steps, "global_batch_size": 2 * gpus, "lr": 0.005, "warmup_steps": 1},
-            "checkpoint": {"interval_steps": 0},
-            "resources": {"gpus": gpus, "device": "cpu"},
-            "scheduling": {"priority": priority, "max_restarts": 0},
-        },
-    })
+    return small_job(name, gpus=gpus, steps=steps, labels={"suite": "e2e"}, data={"max_files": 20},
+                     training={"lr": 0.005}, scheduling={"priority": priority})
 
 
 def states_of(events: list[pb.JobEvent]) -> list[int]:

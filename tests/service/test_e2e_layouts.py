@@ -6,45 +6,23 @@ peers share a node, the loss falls, and nothing of the job is left in Ray afterw
 
 from __future__ import annotations
 
-import os
+import time
+from pathlib import Path
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: bind 127.0.0.1 only
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+import pytest
+from test_e2e import leftovers, states_of
 
-import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
+from trainctl.cli.client import TrainctlClient
+from trainctl.parallelism.grid import RankGrid
+from trainctl.spec.job import TrainingJob
+from trainctl.spec.validate import load_job_file
+from trainctl.v1 import training_pb2 as pb
+from trainctl.workers.embedded import EmbeddedRay
 
-import pytest  # noqa: E402
-from test_e2e import leftovers, states_of  # noqa: E402
-
-from trainctl.cli.client import TrainctlClient  # noqa: E402
-from trainctl.parallelism.grid import RankGrid  # noqa: E402
-from trainctl.service.server import Service, ServiceConfig  # noqa: E402
-from trainctl.spec.job import TrainingJob  # noqa: E402
-from trainctl.spec.validate import load_job_file  # noqa: E402
-from trainctl.v1 import training_pb2 as pb  # noqa: E402
-from trainctl.workers.embedded import EmbeddedRay, start_embedded  # noqa: E402
-
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.cluster(nodes=2, gpus_per_node=4)]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 6
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedRay]:
-    with start_embedded(2, 4, dashboard=True) as embedded:  # ray.util.state needs the dashboard
-        yield embedded
-
-
-@pytest.fixture(scope="module")
-def client(cluster: EmbeddedRay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainctlClient]:
-    config = ServiceConfig(
-        address="127.0.0.1:0", data_dir=tmp_path_factory.mktemp("layouts"), metrics_port=0, ray_address=cluster.address
-    )
-    with Service(config, topology=cluster.topology) as running, TrainctlClient(running.target) as c:
-        yield c
 
 
 def shortened(example: str) -> TrainingJob:

@@ -9,7 +9,7 @@ import re
 import matplotlib.image
 import pytest
 
-from trainctl.service.report import PANELS, ReportError, build_figure, write_report
+from trainctl.cli.report import PANELS, ReportError, build_figure, write_report
 from trainctl.v1 import training_pb2 as pb
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from control_plane_fakes import ScriptedRuntime, make_scheduler
+from small_jobs import small_job
 
 from trainctl.service import store as st
 from trainctl.service.scheduler import Scheduler
@@ -15,15 +16,7 @@ from trainctl.workers.events import JobState
 
 
 def job(name: str, gpus: int, priority: int = 0) -> TrainingJob:
-    return TrainingJob.model_validate({
-        "metadata": {"name": name},
-        "spec": {
-            "parallelism": {"dp_shard": gpus},
-            "training": {"global_batch_size": gpus, "steps": 3},
-            "resources": {"gpus": gpus, "device": "cpu"},
-            "scheduling": {"priority": priority},
-        },
-    })
+    return small_job(name, gpus=gpus, scheduling={"priority": priority})
 
 
 def submit(scheduler: Scheduler, name: str, gpus: int, priority: int = 0) -> str:

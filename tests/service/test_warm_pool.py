@@ -9,46 +9,28 @@ idle one that dies is replaced."""
 
 from __future__ import annotations
 
-import os
+import time
+from collections.abc import Callable
+from pathlib import Path
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: bind 127.0.0.1 only
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+import pytest
+import ray
+from ray.util.placement_group import remove_placement_group
+from ray.util.state import list_actors
+from test_e2e import job, leftovers, states_of
 
-import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
+from trainctl.cli.client import TrainctlClient
+from trainctl.service.server import Service
+from trainctl.v1 import training_pb2 as pb
+from trainctl.workers.embedded import EmbeddedRay
+from trainctl.workers.events import EVENTS_FILE, EventKind, read_events
+from trainctl.workers.placement import RankAssignment
+from trainctl.workers.rank_group import RankGroup
+from trainctl.workers.warm_pool import WARM_PREFIX, WarmPool, parse_warm_name
 
-import pytest  # noqa: E402
-import ray  # noqa: E402
-from ray.util.placement_group import remove_placement_group  # noqa: E402
-from ray.util.state import list_actors  # noqa: E402
-from test_e2e import job, leftovers, states_of  # noqa: E402
-
-from trainctl.cli.client import TrainctlClient  # noqa: E402
-from trainctl.service.server import Service, ServiceConfig  # noqa: E402
-from trainctl.v1 import training_pb2 as pb  # noqa: E402
-from trainctl.workers.embedded import EmbeddedRay  # noqa: E402
-from trainctl.workers.events import EVENTS_FILE, EventKind, read_events  # noqa: E402
-from trainctl.workers.placement import RankAssignment  # noqa: E402
-from trainctl.workers.rank_group import RankGroup  # noqa: E402
-from trainctl.workers.warm_pool import WARM_PREFIX, WarmPool, parse_warm_name  # noqa: E402
-
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.service(warm_pool=True)]
 
 SLOTS = [("node-0", 0), ("node-1", 0)]
-
-
-@pytest.fixture(scope="module")
-def service(cluster: EmbeddedRay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    config = ServiceConfig(
-        address="127.0.0.1:0",
-        data_dir=tmp_path_factory.mktemp("warm"),
-        metrics_port=0,
-        ray_address=cluster.address,
-        warm_pool=True,
-    )
-    with Service(config, topology=cluster.topology) as running:
-        yield running
 
 
 def pool_of(service: Service) -> WarmPool:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import os
+import pytest
+import ray
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: bind 127.0.0.1 only
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-import pytest  # noqa: E402
-import ray  # noqa: E402
-
-from trainctl.workers.embedded import FAST_NODE_FAILURE_DETECTION, EmbeddedRay, start_embedded  # noqa: E402
+from trainctl.workers.embedded import FAST_NODE_FAILURE_DETECTION, EmbeddedRay, start_embedded
 
 NODES = 3
 GPUS_PER_NODE = 4

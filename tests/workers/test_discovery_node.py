@@ -18,7 +18,7 @@ from trainctl.workers.topology.merge import SwitchTree, load_switch_tree, merge
 from trainctl.workers.topology.model import TopologyError
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / ".." / "shared" / "fixtures" / "topology"
+FIXTURES = REPO / "tests" / "fixtures" / "topology"
 H100 = FIXTURES / "h100-x8-numaoff_slurmv4.topo.txt"
 H200 = FIXTURES / "h200-hgx-x8_distributedai.topo.txt"
 A100 = FIXTURES / "dgx-a100-mlx5cols_gengwg-cheatsheets.topo.txt"

@@ -1,4 +1,4 @@
-"""Discovery parsers on the real command outputs in ../shared/fixtures/topology (facts from SOURCES.md)."""
+"""Discovery parsers on the real command outputs in tests/fixtures/topology (facts from SOURCES.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from trainctl.workers.topology.discovery import (
     read_ib_sysfs,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "topology"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 
 
 def fixture(name: str) -> str:

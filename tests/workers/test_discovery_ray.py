@@ -9,7 +9,7 @@ import ray
 
 from trainctl.workers.topology.discovery_node import discover_and_label
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "topology"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 
 
 def test_discover_and_label_on_a_ray_node(embedded_ray, tmp_path: Path) -> None:

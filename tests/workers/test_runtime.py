@@ -20,9 +20,9 @@ import ray
 import yaml
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.state import list_actors, list_placement_groups
+from small_jobs import restartable_job
 
 from trainctl.parallelism.grid import RankGrid
-from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, JobState, JobStatus
 from trainctl.workers.placement import Placement, RankAssignment, place
 from trainctl.workers.rank_group import owned_by
@@ -30,22 +30,6 @@ from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, gpu_slot
 from trainctl.workers.runtime import JobAlreadyStarted, JobNotFound, PlacementError, RayRuntime, uses_cuda
 from trainctl.workers.supervisor import supervisor_name
 from trainctl.workers.topology.model import TopologyMap, parse_topology, simulated_topology
-
-
-def tiny_job(name: str, steps: int, *, max_restarts: int = 2, interval: int = 2) -> TrainingJob:
-    return TrainingJob.model_validate(
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "data": {"max_files": 10, "seq_len": 32},
-                "parallelism": {"dp_replicate": 2},
-                "training": {"steps": steps, "global_batch_size": 4, "micro_batch_size": 2, "warmup_steps": 1},
-                "checkpoint": {"interval_steps": interval},
-                "resources": {"gpus": 2, "device": "cpu"},
-                "scheduling": {"max_restarts": max_restarts},
-            },
-        }
-    )
 
 
 def plan(*slots: tuple[str, int]) -> Placement:
@@ -134,7 +118,7 @@ def test_cluster_nodes_report_labels_and_free_gpus(runtime, pool_partly_taken):
 
 
 def test_solver_plan_on_a_fragmented_pool_runs_where_planned_and_succeeds(runtime, pool_partly_taken, tmp_path):
-    job = tiny_job("tpdp", steps=4).model_copy(deep=True)
+    job = restartable_job("tpdp", steps=4).model_copy(deep=True)
     job.spec.parallelism.tp = 2
     job.spec.resources.gpus = 4
     topology = simulated_topology(3, 4)
@@ -165,7 +149,7 @@ def test_solver_plan_on_a_fragmented_pool_runs_where_planned_and_succeeds(runtim
 
 
 def test_cancel_leaves_no_actor_or_placement_group(runtime, tmp_path):
-    runtime.start_job("cancel-1", tiny_job("cancel", steps=100_000), plan(("node-0", 0), ("node-2", 1)), tmp_path)
+    runtime.start_job("cancel-1", restartable_job("cancel", steps=100_000), plan(("node-0", 0), ("node-2", 1)), tmp_path)
     follow(runtime, "cancel-1", lambda events, status: bool(steps_of(events)))
     assert leftovers("cancel-1")[1], "a running job holds its placement group"
     started = time.monotonic()
@@ -180,7 +164,7 @@ def test_cancel_leaves_no_actor_or_placement_group(runtime, tmp_path):
 
 def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runtime, tmp_path):
     job_id = "kill-1"
-    runtime.start_job(job_id, tiny_job("kill", steps=16), plan(("node-0", 1), ("node-1", 2)), tmp_path)
+    runtime.start_job(job_id, restartable_job("kill", steps=16), plan(("node-0", 1), ("node-1", 2)), tmp_path)
     events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
     [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
     os.kill(where[1]["pid"], signal.SIGKILL)
@@ -212,7 +196,7 @@ def test_a_configuration_error_on_the_ranks_fails_the_job_at_once_without_restar
     job_id = "misconfigured-1"
     corpus = tmp_path / "small.txt"
     corpus.write_text("ten bytes!")  # fewer than one sample of seq_len + 1 = 33 tokens: only the ranks find out
-    job = tiny_job("misconfigured", steps=4)
+    job = restartable_job("misconfigured", steps=4)
     job.spec.data.paths = [str(corpus)]
     runtime.start_job(job_id, job, plan(("node-0", 0), ("node-1", 0)), tmp_path / "run")
     events, status = follow(runtime, job_id, finished)
@@ -246,7 +230,7 @@ def _freeze_mid_save(checkpoints, pids: list[int], deadline: float) -> int:
 
 def test_rank_killed_mid_checkpoint_resumes_from_the_previous_checkpoint(runtime, tmp_path):
     job_id = "midsave-1"
-    runtime.start_job(job_id, tiny_job("midsave", steps=40), plan(("node-1", 2), ("node-2", 0)), tmp_path)
+    runtime.start_job(job_id, restartable_job("midsave", steps=40), plan(("node-1", 2), ("node-2", 0)), tmp_path)
     events, _ = follow(runtime, job_id, lambda events, status: bool(steps_of(events)))
     [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
     pids = [p["pid"] for p in where]
@@ -272,9 +256,9 @@ def test_rank_killed_mid_checkpoint_resumes_from_the_previous_checkpoint(runtime
 
 def test_killed_supervisor_resumes_and_a_restarted_service_reattaches_at_its_cursor(runtime, tmp_path):
     job_id = "sup-1"
-    runtime.start_job(job_id, tiny_job("sup", steps=16), plan(("node-1", 3), ("node-2", 1)), tmp_path)
+    runtime.start_job(job_id, restartable_job("sup", steps=16), plan(("node-1", 3), ("node-2", 1)), tmp_path)
     with pytest.raises(JobAlreadyStarted):
-        runtime.start_job(job_id, tiny_job("sup", steps=16), plan(("node-1", 3), ("node-2", 1)), tmp_path)
+        runtime.start_job(job_id, restartable_job("sup", steps=16), plan(("node-1", 3), ("node-2", 1)), tmp_path)
     events, status = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
     [supervisor] = list_actors(
         address=ray.get_runtime_context().gcs_address, filters=[("name", "=", supervisor_name(job_id))]
@@ -297,7 +281,7 @@ def test_killed_supervisor_resumes_and_a_restarted_service_reattaches_at_its_cur
 
 def test_hung_rank_is_detected_within_the_step_timeout_and_restarted(runtime, tmp_path):
     job_id = "hang-1"
-    job = tiny_job("hang", steps=12)
+    job = restartable_job("hang", steps=12)
     job.spec.scheduling.step_timeout_seconds = 6
     runtime.start_job(job_id, job, plan(("node-2", 1), ("node-0", 0)), tmp_path)
     events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
@@ -349,7 +333,7 @@ def test_lost_node_restarts_on_a_spare_node_from_its_checkpoint(embedded_ray, ru
     job_id = "node-loss-1"
     with extra_nodes(embedded_ray, "spare-a", "spare-b"):
         runtime.start_job(
-            job_id, tiny_job("loss", steps=12), plan(("spare-a", 0), ("spare-a", 1)), tmp_path,
+            job_id, restartable_job("loss", steps=12), plan(("spare-a", 0), ("spare-a", 1)), tmp_path,
             topology=named_topology("spare-a", "spare-b"),  # the supervisor re-places the ranks itself
         )
         events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
@@ -384,7 +368,7 @@ def test_lost_node_restarts_on_a_spare_node_from_its_checkpoint(embedded_ray, ru
 
 def test_lost_node_waits_for_a_plan_from_replace_plan(embedded_ray, runtime, tmp_path):
     job_id = "node-loss-2"
-    job = tiny_job("handover", steps=6)
+    job = restartable_job("handover", steps=6)
     with extra_nodes(embedded_ray, "spare-c"):
         runtime.start_job(job_id, job, plan(("spare-c", 0), ("spare-c", 1)), tmp_path)  # no map: the caller re-places
         events, _ = follow(runtime, job_id, lambda events, status: bool(steps_of(events)))
@@ -414,7 +398,7 @@ def test_lost_node_without_room_fails_at_the_replan_timeout(embedded_ray, tmp_pa
     job_id = "node-loss-3"
     with extra_nodes(embedded_ray, "spare-e"):
         runtime.start_job(
-            job_id, tiny_job("noroom", steps=100_000, max_restarts=1), plan(("spare-e", 0), ("spare-e", 1)), tmp_path,
+            job_id, restartable_job("noroom", steps=100_000, max_restarts=1), plan(("spare-e", 0), ("spare-e", 1)), tmp_path,
             topology=named_topology("spare-e"),
         )
         events, _ = follow(runtime, job_id, lambda events, status: status.state is JobState.RUNNING)
@@ -439,7 +423,7 @@ def test_lost_node_without_room_fails_at_the_replan_timeout(embedded_ray, tmp_pa
 )
 def test_bad_placements_are_rejected_before_anything_starts(runtime, tmp_path, placement, message):
     with pytest.raises(PlacementError, match=message):
-        runtime.start_job("bad-1", tiny_job("bad", steps=2), placement, tmp_path)
+        runtime.start_job("bad-1", restartable_job("bad", steps=2), placement, tmp_path)
     assert "bad-1" not in runtime.running_jobs()
 
 
@@ -458,4 +442,4 @@ def test_unknown_jobs_and_bad_ids(runtime):
     with pytest.raises(JobNotFound, match="nope"):
         runtime.poll("nope")
     with pytest.raises(ValueError, match="job id"):
-        runtime.start_job("../x", tiny_job("x", steps=1), plan(("node-0", 0), ("node-1", 0)), "/tmp")
+        runtime.start_job("../x", restartable_job("x", steps=1), plan(("node-0", 0), ("node-1", 0)), "/tmp")

@@ -248,7 +248,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace, client: TrainctlClient) -> int:
-    from trainctl.service.report import ReportError, write_report
+    from trainctl.cli.report import ReportError, write_report
 
     job = client.get_job(args.job, full=True)
     try:
@@ -260,7 +260,7 @@ def cmd_report(args: argparse.Namespace, client: TrainctlClient) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from trainctl.service.auth import token_main
+    from trainctl.cli.token_cmd import token_main
 
     return token_main(args.rest)
 
@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--no-html", action="store_true", help="write only the PNG")
     report.set_defaults(handler=cmd_report, needs_client=True)
 
-    token = sub.add_parser("token", help="make or hash an API token (see trainctl.service.auth)", add_help=False)
+    token = sub.add_parser("token", help="make or hash an API token (see trainctl.cli.token_cmd)", add_help=False)
     token.add_argument("rest", nargs=argparse.REMAINDER)
     token.set_defaults(handler=cmd_token, needs_client=False)
 

@@ -11,7 +11,7 @@ The access file (YAML) also holds the per-tenant quotas:
       - name: alice                 # who holds it (appears in logs)
         tenant: vision              # DNS-1123 label
         role: user                  # user | admin
-        sha256: 5e884898da28...     # `trainctl token new` prints this line
+        sha256: 5e884898da28...     # `trainctl token new` (trainctl/cli/token_cmd.py) prints this line
     tenants:
       vision: {running_gpus: 16, queued_jobs: 50}
     default_quota: {running_gpus: 8, queued_jobs: 20}
@@ -19,7 +19,6 @@ The access file (YAML) also holds the per-tenant quotas:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import hmac
 import ipaddress
@@ -27,10 +26,9 @@ import logging
 import os
 import re
 import secrets
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -339,39 +337,3 @@ class AuthInterceptor(grpc.ServerInterceptor):
         log.debug("%s called by %s (tenant %s, %s)", method, principal.name, principal.tenant, principal.role)
         handler = continuation(handler_call_details)
         return self._streams.limit(handler, principal.tenant) if self._streams else handler
-
-
-def token_main(argv: Sequence[str] | None = None) -> int:
-    """`trainctl token new|hash`: make a token and its access-file entry, or hash an existing token."""
-    parser = argparse.ArgumentParser(prog="trainctl token", description=token_main.__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    new = sub.add_parser("new", help="generate a token; print it once, and the access-file entry to add")
-    new.add_argument("--name", required=True, help="who will hold the token")
-    new.add_argument("--tenant", required=True, help="the holder's tenant (DNS-1123 label)")
-    new.add_argument("--role", choices=[r.value for r in Role], default=Role.USER.value)
-    sub.add_parser("hash", help="read a token from stdin and print its SHA-256 for the access file")
-    args = parser.parse_args(argv)
-
-    if args.command == "hash":
-        token = sys.stdin.readline().strip()
-        try:
-            print(hash_token(token))
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        return 0
-
-    token = generate_token()
-    try:
-        entry = TokenEntry(name=args.name, tenant=args.tenant, role=Role(args.role), sha256=hash_token(token))
-    except ValidationError as exc:
-        for violation in violations_from_pydantic(exc):
-            print(f"error: --{violation}", file=sys.stderr)
-        return 2
-    print(f"token (shown once; give it to {entry.name}, store it as TRAINCTL_TOKEN): {token}", file=sys.stderr)
-    print(yaml.safe_dump({"tokens": [entry.model_dump(mode="json")]}, sort_keys=False), end="")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(token_main())

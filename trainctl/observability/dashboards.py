@@ -6,7 +6,7 @@ Queries read only the metrics of `trainctl.service.metrics` (plus `up` for the s
 
 from __future__ import annotations
 
-from trainctl.service.grafana import Dashboard, Panel, Query, Row, Variable
+from trainctl.observability.grafana import Dashboard, Panel, Query, Row, Variable
 
 RATE = "$__rate_interval"
 JOB = 'job_id="$job"'

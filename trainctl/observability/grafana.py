@@ -2,7 +2,7 @@
 
 Only what trainctl's dashboards use is modelled; every panel and query reads the Prometheus data
 source chosen by the dashboard's `datasource` variable, so one import works in any Grafana.
-`trainctl.service.dashboards` defines the dashboards; `deploy/render.py` writes their JSON.
+`trainctl.observability.dashboards` defines the dashboards; `deploy/render.py` writes their JSON.
 """
 
 from __future__ import annotations

@@ -1,0 +1,104 @@
+"""What every test directory shares: the Ray environment guard, the embedded cluster and the served
+service of a test module, and which tests are `slow` (left out of `make test-fast`): those on a Ray
+cluster fixture and those in SLOW_TESTS.
+
+Shapes: a module's `pytestmark = pytest.mark.cluster(nodes=2, gpus_per_node=4, fast_node_failure=True)`
+changes its cluster (default: 2 nodes x 1 simulated GPU, the dashboard on for `ray.util.state`), and
+`pytest.mark.service(warm_pool=True)` adds ServiceConfig fields to its service. The workers tests share one
+connected 3-node cluster for their whole directory instead (`embedded_ray`, tests/workers/conftest.py).
+Job builders: small_jobs.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: bind 127.0.0.1 only
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+from collections.abc import Iterator  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+import pytest  # noqa: E402
+
+if TYPE_CHECKING:
+    from trainctl.cli.client import TrainctlClient
+    from trainctl.service.server import Service
+    from trainctl.workers.embedded import EmbeddedRay
+
+RAY_FIXTURES = ("cluster", "embedded_ray")
+"""A test that uses one of these starts or shares a Ray cluster: it is `slow` (not in `make test-fast`)."""
+
+SLOW_TESTS = (
+    "reliability/",  # processes killed and restarted, real Ray clusters started
+    "deploy/test_prometheus_live.py",  # a service, a Prometheus server and a 40-step job
+    "deploy/test_existing_ray.py",  # `ray start` and `trainctl serve` processes
+    # Engine runs measured at 5 s or more (call time, 2-core machine); the quick layouts stay in the fast tier.
+    "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[dp2-tp2-pp2]",
+    "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[moe-",
+    "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[pp4-zero-bubble]",
+    "parallelism/test_equivalence_pp_ep.py::test_resume_under_another_layout_continues_the_run",
+    "parallelism/test_dp_equivalence.py::test_data_parallel_matches_single_process[hsdp-2x2]",
+    "parallelism/test_dp_equivalence.py::test_data_parallel_matches_single_process[fsdp-dp4]",
+    "parallelism/test_dp_equivalence.py::test_harness_detects_a_different_run",
+    "parallelism/test_dp_equivalence.py::test_activation_checkpointing_composes_with_fsdp",
+    "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[tp2_sp]",
+    "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[tp4]",
+    "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[fsdp2_tp2_sp_cp2]",
+    "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[cp4_zigzag]",
+    "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[moe_tp2_sp]",
+    "parallelism/test_equivalence_tp_cp.py::test_resume_dp4_checkpoint_under_tp2",
+    "parallelism/test_equivalence_tp_cp.py::test_sp_pipeline_stage_boundaries_carry_local_shards[2]",
+    "parallelism/test_estimator.py::test_param_grad_optimizer_bytes_are_exact[pp2-tp2-sgd]",
+    "parallelism/test_launch.py::test_torchrun_trains_and_checkpoints",  # torchrun starts 2 processes
+)
+"""Test ids (below tests/, prefixes) that are `slow` without using a Ray fixture."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster(nodes, gpus_per_node, fast_node_failure): the module's cluster shape")
+    config.addinivalue_line("markers", "service(**fields): ServiceConfig fields of the module's service")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        on_ray = any(name in getattr(item, "fixturenames", ()) for name in RAY_FIXTURES)
+        if on_ray or item.nodeid.removeprefix("tests/").startswith(SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedRay]:
+    """An embedded Ray on loopback for one test module, shaped by the module's `cluster` marker."""
+    from trainctl.workers.embedded import FAST_NODE_FAILURE_DETECTION, start_embedded
+
+    marker = request.node.get_closest_marker("cluster")
+    shape = dict(marker.kwargs) if marker else {}
+    fast = shape.pop("fast_node_failure", False)
+    nodes, gpus = shape.pop("nodes", 2), shape.pop("gpus_per_node", 1)
+    assert not shape, f"unknown cluster marker arguments: {sorted(shape)}"
+    system_config = FAST_NODE_FAILURE_DETECTION if fast else None
+    with start_embedded(nodes, gpus, dashboard=True, system_config=system_config) as embedded:
+        yield embedded
+
+
+@pytest.fixture(scope="module")
+def service(request: pytest.FixtureRequest, cluster: EmbeddedRay,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """The real service in this process on the module's cluster and its simulated map, on a free port."""
+    from trainctl.service.server import Service, ServiceConfig
+
+    marker = request.node.get_closest_marker("service")
+    config = ServiceConfig(address="127.0.0.1:0", data_dir=tmp_path_factory.mktemp("service"), metrics_port=0,
+                           ray_address=cluster.address, **(marker.kwargs if marker else {}))
+    with Service(config, topology=cluster.topology) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(service: Service) -> Iterator[TrainctlClient]:
+    """A client of the module's `service`."""
+    from trainctl.cli.client import TrainctlClient
+
+    with TrainctlClient(service.target) as c:
+        yield c

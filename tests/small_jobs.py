@@ -1,0 +1,38 @@
+"""Builders of the small jobs the tests submit: CPU ranks, a tiny model, a few steps on the built-in corpus."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainctl.spec.job import TrainingJob
+
+
+def small_job(
+    name: str = "small", *, gpus: int = 2, steps: int = 3, labels: dict[str, str] | None = None,
+    **sections: dict[str, Any],
+) -> TrainingJob:
+    """A `gpus`-rank data-parallel (dp_shard) CPU job of `steps` steps that saves no checkpoint and is
+    never restarted. Each keyword section (`training={"lr": 0.005}`, `scheduling={...}`) updates that
+    section of the spec; `parallelism` replaces the layout instead."""
+    spec: dict[str, dict[str, Any]] = {
+        "data": {"seq_len": 32, "max_files": 10},
+        "parallelism": {"dp_shard": gpus},
+        "training": {"steps": steps, "global_batch_size": 2 * gpus, "warmup_steps": 1},
+        "checkpoint": {"interval_steps": 0},
+        "resources": {"gpus": gpus, "device": "cpu"},
+        "scheduling": {"max_restarts": 0},
+    }
+    for section, values in sections.items():
+        spec[section] = dict(values) if section == "parallelism" else {**spec.get(section, {}), **values}
+    return TrainingJob.model_validate({"metadata": {"name": name, "labels": labels or {}}, "spec": spec})
+
+
+def restartable_job(
+    name: str, steps: int, *, max_restarts: int = 2, interval: int = 2, labels: dict[str, str] | None = None,
+) -> TrainingJob:
+    """A 2-rank dp_replicate job (2 micro-batches per step) that checkpoints every `interval` steps and
+    may restart `max_restarts` times: what the rank-loss and node-loss tests kill."""
+    return small_job(
+        name, steps=steps, labels=labels, parallelism={"dp_replicate": 2}, training={"micro_batch_size": 2},
+        checkpoint={"interval_steps": interval}, scheduling={"max_restarts": max_restarts},
+    )
