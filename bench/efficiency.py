@@ -47,11 +47,11 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trainctl.parallelism import efficiency
-from trainctl.parallelism.distributed import init_distributed, teardown
-from trainctl.parallelism.estimator import estimate_memory
-from trainctl.parallelism.token_shards import build_dataset, prepare_shards
-from trainctl.parallelism.trainer import Trainer
+from trainctl.parallelism.data.token_shards import build_dataset, prepare_shards
+from trainctl.parallelism.engine import efficiency
+from trainctl.parallelism.engine.distributed import init_distributed, teardown
+from trainctl.parallelism.engine.trainer import Trainer
+from trainctl.parallelism.sizing.estimator import estimate_memory
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import resolve_model
 

@@ -79,10 +79,10 @@ def worker(job_json: str, warmup: int, result_path: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from trainctl.parallelism.distributed import init_distributed, teardown
-    from trainctl.parallelism.estimator import estimate_memory
-    from trainctl.parallelism.step_report import StepReport
-    from trainctl.parallelism.trainer import Trainer
+    from trainctl.parallelism.engine.distributed import init_distributed, teardown
+    from trainctl.parallelism.engine.step_report import StepReport
+    from trainctl.parallelism.engine.trainer import Trainer
+    from trainctl.parallelism.sizing.estimator import estimate_memory
     from trainctl.spec.job import JobSpecBody
     from trainctl.spec.presets import resolve_model
 

@@ -45,8 +45,8 @@ import torch.multiprocessing as mp
 from torch import Tensor, nn
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
-from trainctl.parallelism.model import build_model
-from trainctl.parallelism.pipeline import PipelineRunner, split_pipeline_stages
+from trainctl.parallelism.layouts.pipeline import PipelineRunner, split_pipeline_stages
+from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.presets import PRESETS
 
 

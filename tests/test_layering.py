@@ -160,5 +160,5 @@ def test_layer_imports_are_static(layer: str) -> None:
 
 def test_checker_catches_a_dynamic_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("import importlib\nmod = importlib.import_module('trainctl.parallelism.pipeline')\nx = __import__('os')\n")
+    bad.write_text("import importlib\nmod = importlib.import_module('trainctl.parallelism.layouts.pipeline')\nx = __import__('os')\n")
     assert dynamic_imports(bad) == [(2, "import_module"), (3, "__import__")]

@@ -1,6 +1,6 @@
 """Time from submitting a job to its first completed optimizer step: trainctl vs Ray Train's TorchTrainer.
 
-Both run the same engine loop (`trainctl.parallelism.trainer.Trainer`, same spec: the debug model,
+Both run the same engine loop (`trainctl.parallelism.engine.trainer.Trainer`, same spec: the debug model,
 2 data-parallel ranks on CPU with gloo) on the same embedded 2-node Ray on loopback:
 
 - trainctl, twice: a service without the warm pool (every rank a fresh process) and one with it
@@ -89,7 +89,7 @@ def _ray_train_loop(config: dict) -> None:
     import torch
     from ray import train
 
-    from trainctl.parallelism.trainer import Trainer
+    from trainctl.parallelism.engine.trainer import Trainer
     from trainctl.spec.job import JobSpecBody
 
     context = train.get_context()

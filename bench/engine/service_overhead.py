@@ -5,7 +5,7 @@ trials, (1) under ``torchrun --nproc-per-node 2 -m trainctl.parallelism.launch j
 --metrics-jsonl steps.jsonl`` and (2) through the service: CreateJob on a service backed by an
 embedded Ray on loopback, watched to SUCCEEDED, its per-step metrics read back with GetJob (the
 RankWorkers report every step to the job's supervisor, which records a STEP event; the service
-stores it). Both sides run `trainctl.parallelism.trainer.Trainer` with the same spec, both write a
+stores it). Both sides run `trainctl.parallelism.engine.trainer.Trainer` with the same spec, both write a
 checkpoint at the last step, both use one torch thread per rank, and torchrun runs while the
 embedded Ray is up, so the background load of Ray's own processes is the same for both.
 

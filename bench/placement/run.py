@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from strategies import STRATEGIES  # noqa: E402
 
-from trainctl.parallelism.grid import RankGrid  # noqa: E402
+from trainctl.parallelism.layouts.grid import RankGrid  # noqa: E402
 from trainctl.spec.presets import PRESETS  # noqa: E402
 from trainctl.workers.placement.cost import Workload, build_traffic, evaluate, lower_bound  # noqa: E402
 from trainctl.workers.placement.fabric import FabricIndex  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 import torch
 from harness import WorkerPool, tiny_job
 
-from trainctl.parallelism.trainer import Trainer
+from trainctl.parallelism.engine.trainer import Trainer
 
 WORDS = ["the", "model", "trains", "on", "text", "and", "every", "rank", "must", "agree", "on", "the", "loss", "while", "gradients", "flow", "through", "shards", "stages", "and", "rings", "of", "attention", "so", "that", "one", "process", "and", "many", "compute", "the", "same", "numbers"]
 

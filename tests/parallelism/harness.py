@@ -55,7 +55,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from trainctl.parallelism.distributed import teardown
+from trainctl.parallelism.engine.distributed import teardown
 from trainctl.spec.job import JobSpecBody
 
 DEFAULT_TIMEOUT = 240.0
@@ -272,7 +272,7 @@ def _resolve(path: str | None) -> Callable[..., Any] | None:
 
 def train_case(rank: int, world_size: int, body_json: str, steps: int, hooks: dict[str, str]) -> LayoutRun | None:
     """Worker body of run_layout: step the Trainer by hand so every step's gradients can be read."""
-    from trainctl.parallelism.trainer import Trainer
+    from trainctl.parallelism.engine.trainer import Trainer
 
     body = JobSpecBody.model_validate_json(body_json)
     context = _resolve(hooks.get("context"))
@@ -360,7 +360,7 @@ def assert_equivalent(run: LayoutRun, reference: LayoutRun, *, loss_rtol: float 
 
 def train_run(rank: int, world_size: int, body_json: str, checkpoint_dir: str | None) -> Any:
     """Worker body of run_training: `Trainer.run()` as the service runs it."""
-    from trainctl.parallelism.trainer import Trainer
+    from trainctl.parallelism.engine.trainer import Trainer
 
     body = JobSpecBody.model_validate_json(body_json)
     result = Trainer(body, rank=rank, world_size=world_size, device="cpu", checkpoint_dir=checkpoint_dir).run()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from harness import run_training, tiny_job
 
-from trainctl.parallelism import checkpoint as ckpt
+from trainctl.parallelism.checkpoint import dcp as ckpt
 
 
 def test_save_is_atomic_and_keeps_the_newest(tmp_path: Path):

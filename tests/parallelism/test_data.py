@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainctl.parallelism.data import DataError, PackedDataset, ShardedLoader
+from trainctl.parallelism.data.corpus import DataError, PackedDataset, ShardedLoader
+from trainctl.parallelism.data.tokenizer import ByteTokenizer, load_tokenizer
 from trainctl.parallelism.errors import ConfigurationError
-from trainctl.parallelism.tokenizer import ByteTokenizer, load_tokenizer
 from trainctl.spec.job import DataSpec
 
 

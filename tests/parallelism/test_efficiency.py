@@ -8,10 +8,10 @@ import pytest
 import torch
 from harness import tiny_job
 
-from trainctl.parallelism import efficiency
-from trainctl.parallelism.data import ShardedLoader
-from trainctl.parallelism.token_shards import PrefetchLoader, build_dataset
-from trainctl.parallelism.trainer import StepReport, Trainer
+from trainctl.parallelism.data.corpus import ShardedLoader
+from trainctl.parallelism.data.token_shards import PrefetchLoader, build_dataset
+from trainctl.parallelism.engine import efficiency
+from trainctl.parallelism.engine.trainer import StepReport, Trainer
 from trainctl.spec.job import DataSpec, TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.spec.validate import semantic_violations

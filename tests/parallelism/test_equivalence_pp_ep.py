@@ -14,7 +14,7 @@ import shutil
 import pytest
 from harness import assert_equivalent, run_layout, run_reference, run_training, tiny_job
 
-from trainctl.parallelism import checkpoint as ckpt
+from trainctl.parallelism.checkpoint import dcp as ckpt
 
 MOE = {"preset": "debug-moe"}
 MOE8 = {"preset": "debug-moe", "moe": {"num_experts": 8, "top_k": 2}}

@@ -17,16 +17,20 @@ from harness import assert_equivalent, run_layout, run_reference, tiny_job
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from trainctl.parallelism.context_parallel import (
+from trainctl.parallelism.engine.trainer import Trainer
+from trainctl.parallelism.layouts.context_parallel import (
     apply_context_parallel,
     make_layout,
     shard_batch_for_cp,
     shard_sequence,
 )
-from trainctl.parallelism.model import build_model
-from trainctl.parallelism.pipeline import split_pipeline_stages
-from trainctl.parallelism.tensor_parallel import apply_tensor_parallel, check_tensor_parallel, loss_context
-from trainctl.parallelism.trainer import Trainer
+from trainctl.parallelism.layouts.pipeline import split_pipeline_stages
+from trainctl.parallelism.layouts.tensor_parallel import (
+    apply_tensor_parallel,
+    check_tensor_parallel,
+    loss_context,
+)
+from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import PRESETS
 

@@ -9,14 +9,14 @@ import torch
 from harness import tiny_job
 from torch.distributed.tensor import DTensor
 
-from trainctl.parallelism.estimator import (
+from trainctl.parallelism.sizing.estimator import (
     estimate_all,
     estimate_memory,
     flops_per_step,
     full_shapes,
     local_params,
 )
-from trainctl.parallelism.flops import active_matmul_params, training_flops_per_token
+from trainctl.parallelism.sizing.flops import active_matmul_params, training_flops_per_token
 from trainctl.spec.job import JobSpecBody, LoRASpec
 from trainctl.spec.presets import PRESETS, MoEConfig, resolve_model
 
@@ -37,7 +37,7 @@ def storage_bytes(tensors) -> int:
 
 def measure(rank: int, world_size: int, body_json: str) -> dict[str, int]:
     """Worker: bytes of gradients after one backward, then of parameters and optimizer state after a step."""
-    from trainctl.parallelism.trainer import Trainer
+    from trainctl.parallelism.engine.trainer import Trainer
 
     trainer = Trainer(JobSpecBody.model_validate_json(body_json), rank=rank, world_size=world_size, device="cpu")
     params = trainer.model.parameters()
@@ -120,8 +120,8 @@ def test_flops_per_step_follows_the_documented_formula(corpus):
 )
 def test_full_shapes_from_the_configuration_match_the_model(overrides, lora):
     """The estimator's shape table (never a built module) equals the model's named_parameters, order included."""
-    from trainctl.parallelism.lora import apply_lora
-    from trainctl.parallelism.model import Transformer
+    from trainctl.parallelism.model.lora import apply_lora
+    from trainctl.parallelism.model.transformer import Transformer
 
     config = replace(PRESETS["debug"], **overrides)
     with torch.device("meta"):
@@ -141,7 +141,7 @@ def test_flops_of_moe_models_count_the_moe_layers():
 
 
 def test_peak_flops_table_and_unknown_devices():
-    from trainctl.parallelism.flops import mfu, peak_flops
+    from trainctl.parallelism.sizing.flops import mfu, peak_flops
 
     assert peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12
     assert peak_flops("NVIDIA H100 PCIe", "bfloat16") == 756e12

@@ -11,10 +11,10 @@ import torch
 from harness import tiny_job
 
 from trainctl.cli.main import main as trainctl_main
-from trainctl.parallelism.generate import KVCache, encode, forward_cached, generate
-from trainctl.parallelism.hf_export import ExportError, hf_state_dict
-from trainctl.parallelism.model import build_model
-from trainctl.parallelism.pretrained import load_weights, open_checkpoint
+from trainctl.parallelism.checkpoint.hf_export import ExportError, hf_state_dict
+from trainctl.parallelism.checkpoint.pretrained import load_weights, open_checkpoint
+from trainctl.parallelism.model.generate import KVCache, encode, forward_cached, generate
+from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.presets import resolve_model
 
 transformers = pytest.importorskip("transformers")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from harness import tiny_job
 
-from trainctl.parallelism.grid import DIMS, LayoutError, RankGrid
+from trainctl.parallelism.layouts.grid import DIMS, LayoutError, RankGrid
 
 
 def test_coordinates_round_trip_and_tp_is_innermost():
@@ -68,7 +68,7 @@ def mesh_groups(rank: int, world_size: int, shape: dict) -> dict[str, list[int]]
     """Worker: the ranks of this rank's group along every mesh dimension and flattened view."""
     import torch.distributed as dist
 
-    from trainctl.parallelism.mesh import FLATTENED, build_mesh
+    from trainctl.parallelism.layouts.mesh import FLATTENED, build_mesh
 
     pmesh = build_mesh(RankGrid(**shape), "cpu")
     return {name: dist.get_process_group_ranks(pmesh.group(name)) for name in (*DIMS, *FLATTENED)}
@@ -76,7 +76,7 @@ def mesh_groups(rank: int, world_size: int, shape: dict) -> dict[str, list[int]]
 
 @pytest.mark.parametrize("shape", [{"pp": 2, "dp_shard": 2, "tp": 2}, {"dp_replicate": 2, "cp": 2, "tp": 2}])
 def test_device_mesh_groups_match_the_grid(pool, shape):
-    from trainctl.parallelism.mesh import FLATTENED
+    from trainctl.parallelism.layouts.mesh import FLATTENED
 
     grid = RankGrid(**shape)
     per_rank = pool.run(mesh_groups, grid.world_size, shape)

@@ -22,7 +22,7 @@ from harness import (
     tiny_job,
 )
 
-from trainctl.parallelism.data import MicroBatch
+from trainctl.parallelism.data.corpus import MicroBatch
 
 LAYOUT = {"dp_shard": 2}
 SCALED_PARAMETER = "layers.1.ffn_norm.weight"

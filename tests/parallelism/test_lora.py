@@ -11,11 +11,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from harness import run_training, tiny_job
 
-from trainctl.parallelism.checkpoint import save_checkpoint
-from trainctl.parallelism.data import PackedDataset
-from trainctl.parallelism.lora import LoRALinear, is_adapter
-from trainctl.parallelism.model import build_model
-from trainctl.parallelism.pretrained import (
+from trainctl.parallelism.checkpoint.dcp import save_checkpoint
+from trainctl.parallelism.checkpoint.pretrained import (
     CheckpointNotFoundError,
     init_from_problem,
     load_weights,
@@ -23,7 +20,10 @@ from trainctl.parallelism.pretrained import (
     read_model_state,
     write_run_spec,
 )
-from trainctl.parallelism.trainer import Trainer
+from trainctl.parallelism.data.corpus import PackedDataset
+from trainctl.parallelism.engine.trainer import Trainer
+from trainctl.parallelism.model.lora import LoRALinear, is_adapter
+from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.job import JobSpecBody, TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.spec.validate import semantic_violations

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainctl.parallelism.moe import MoEFeedForward, load_balancing_loss, pop_aux_loss, route
+from trainctl.parallelism.model.moe import MoEFeedForward, load_balancing_loss, pop_aux_loss, route
 from trainctl.spec.presets import MoEConfig
 
 

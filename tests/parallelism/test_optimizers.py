@@ -9,9 +9,9 @@ import pytest
 import torch
 from harness import run_training, tiny_job
 
-from trainctl.parallelism.optim import build_optimizer
-from trainctl.parallelism.pretrained import read_model_state
-from trainctl.parallelism.trainer import Trainer
+from trainctl.parallelism.checkpoint.pretrained import read_model_state
+from trainctl.parallelism.engine.optim import build_optimizer
+from trainctl.parallelism.engine.trainer import Trainer
 from trainctl.spec.job import TrainingSpec
 
 STEPS = 6

@@ -7,14 +7,14 @@ import itertools
 import pytest
 import torch
 
-from trainctl.parallelism.model import build_model
-from trainctl.parallelism.pipeline import (
+from trainctl.parallelism.layouts.pipeline import (
     PipelineLayoutError,
     balanced_split,
     local_stage_indices,
     split_pipeline_stages,
     stage_rank,
 )
+from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.presets import PRESETS
 
 
@@ -116,7 +116,7 @@ def single_rank_group(tmp_path):
 
 
 def test_runner_rejects_bad_schedules_and_batches(single_rank_group) -> None:
-    from trainctl.parallelism.pipeline import PipelineRunner
+    from trainctl.parallelism.layouts.pipeline import PipelineRunner
 
     model = build_model(PRESETS["debug"], seed=0)
     one = split_pipeline_stages(model, pp_rank=0, pp=1)

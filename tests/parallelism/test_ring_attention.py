@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainctl.parallelism.context_parallel import (
+from trainctl.parallelism.layouts.context_parallel import (
     make_layout,
     shard_sequence,
     unshard_sequence,
 )
-from trainctl.parallelism.ring_attention import SequenceLayout, ring_attention
+from trainctl.parallelism.layouts.ring_attention import SequenceLayout, ring_attention
 
 # (batch, n_heads, n_kv_heads, seq_len, head_dim, dtype, tolerance on max |error| / max |reference|)
 CASES = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainctl.parallelism.step_report import StepReport
+from trainctl.parallelism.engine.step_report import StepReport
 
 
 def test_round_trip_keeps_every_field():

@@ -11,15 +11,15 @@ import torch
 from harness import tiny_job
 
 from trainctl.cli.main import main as trainctl_main
-from trainctl.parallelism.data import DataError, PackedDataset, ShardedLoader
-from trainctl.parallelism.token_shards import (
+from trainctl.parallelism.data.corpus import DataError, PackedDataset, ShardedLoader
+from trainctl.parallelism.data.token_shards import (
     PrefetchLoader,
     TokenShardDataset,
     build_dataset,
     prepare_shards,
 )
-from trainctl.parallelism.tokenizer import ByteTokenizer
-from trainctl.parallelism.trainer import Trainer
+from trainctl.parallelism.data.tokenizer import ByteTokenizer
+from trainctl.parallelism.engine.trainer import Trainer
 from trainctl.spec.job import DataSpec, JobSpecBody, TrainingJob
 from trainctl.spec.validate import resolve_data_paths, semantic_violations
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from harness import tiny_job
 
-from trainctl.parallelism import checkpoint as ckpt
-from trainctl.parallelism.model import build_model
-from trainctl.parallelism.optim import clip_gradients, lr_multiplier
-from trainctl.parallelism.pipeline import split_pipeline_stages
-from trainctl.parallelism.trainer import StepReport, Trainer
+from trainctl.parallelism.checkpoint import dcp as ckpt
+from trainctl.parallelism.engine.optim import clip_gradients, lr_multiplier
+from trainctl.parallelism.engine.trainer import StepReport, Trainer
+from trainctl.parallelism.layouts.pipeline import split_pipeline_stages
+from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.presets import resolve_model
 
 

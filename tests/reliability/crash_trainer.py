@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from trainctl.parallelism import checkpoint as ckpt
-from trainctl.parallelism.trainer import Trainer
+from trainctl.parallelism.checkpoint import dcp as ckpt
+from trainctl.parallelism.engine.trainer import Trainer
 from trainctl.spec.job import JobSpecBody
 
 CRASH_POINTS = ("shards-written", "before-commit")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainctl.parallelism import checkpoint as ckpt
-from trainctl.parallelism.trainer import Trainer, TrainResult
+from trainctl.parallelism.checkpoint import dcp as ckpt
+from trainctl.parallelism.engine.trainer import Trainer, TrainResult
 from trainctl.spec.job import JobSpecBody
 
 pytestmark = pytest.mark.timeout(300)

@@ -13,7 +13,7 @@ import pytest
 from test_e2e import leftovers, states_of
 
 from trainctl.cli.client import TrainctlClient
-from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import load_job_file
 from trainctl.v1 import training_pb2 as pb

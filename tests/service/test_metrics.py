@@ -13,7 +13,7 @@ from control_plane_fakes import ScriptedRuntime
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainctl.parallelism.step_report import StepReport
+from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.service.metrics import NodeGpus, ServiceMetrics, start_metrics_server
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler

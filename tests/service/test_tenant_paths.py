@@ -13,8 +13,8 @@ import torch
 from secure_service import SecureService, Tokens, bearer, job_message, start_service, stub, write_access_file
 
 from trainctl.cli.export_cmd import resolve_source
-from trainctl.parallelism.checkpoint import save_checkpoint
-from trainctl.parallelism.pretrained import CheckpointNotFoundError, write_run_spec
+from trainctl.parallelism.checkpoint.dcp import save_checkpoint
+from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, write_run_spec
 from trainctl.service.errors import field_violations
 from trainctl.v1 import training_pb2 as pb
 

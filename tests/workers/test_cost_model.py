@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.presets import PRESETS
 from trainctl.workers.placement import place
 from trainctl.workers.placement.cost import (

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from trainctl.cli import topology_cmd
-from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.workers.placement import capacity, place
 from trainctl.workers.topology.discovery import DiscoveryError, parse_fabric_query, parse_topo_matrix
 from trainctl.workers.topology.discovery_node import build_node, node_labels

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import PRESETS
 from trainctl.workers.placement import PlacementError, capacity, place

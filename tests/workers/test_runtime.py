@@ -22,7 +22,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.state import list_actors, list_placement_groups
 from small_jobs import restartable_job
 
-from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.workers.events import EventKind, JobState, JobStatus
 from trainctl.workers.placement import Placement, RankAssignment, place
 from trainctl.workers.rank_group import owned_by

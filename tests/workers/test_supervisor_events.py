@@ -8,8 +8,8 @@ import json
 import pytest
 from ray.exceptions import RayActorError, RayTaskError
 
-from trainctl.parallelism.data import DataError
-from trainctl.parallelism.step_report import StepReport
+from trainctl.parallelism.data.corpus import DataError
+from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.workers.events import EventKind, EventLog, JobState, StragglerStats, read_events, status_of
 from trainctl.workers.supervisor import _failure_class, _Outcome, _StepStats
 

@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from trainctl.parallelism.data import DataError
-from trainctl.parallelism.token_shards import DEFAULT_SHARD_TOKENS, prepare_shards
+from trainctl.parallelism.data.corpus import DataError
+from trainctl.parallelism.data.token_shards import DEFAULT_SHARD_TOKENS, prepare_shards
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

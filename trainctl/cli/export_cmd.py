@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from trainctl.parallelism.hf_export import ExportError, export_checkpoint
-from trainctl.parallelism.pretrained import CheckpointNotFoundError, Pretrained, open_checkpoint
+from trainctl.parallelism.checkpoint.hf_export import ExportError, export_checkpoint
+from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, Pretrained, open_checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -15,10 +15,10 @@ import sys
 import torch
 
 from trainctl.cli.export_cmd import resolve_source
-from trainctl.parallelism.generate import decode, encode, generate
-from trainctl.parallelism.hf_export import ExportError
-from trainctl.parallelism.model import Transformer
-from trainctl.parallelism.pretrained import CheckpointNotFoundError, load_weights
+from trainctl.parallelism.checkpoint.hf_export import ExportError
+from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, load_weights
+from trainctl.parallelism.model.generate import decode, encode, generate
+from trainctl.parallelism.model.transformer import Transformer
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

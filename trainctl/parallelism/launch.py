@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from trainctl.parallelism.distributed import init_distributed, resolve_device, teardown
-from trainctl.parallelism.step_report import StepReport
-from trainctl.parallelism.trainer import Trainer
+from trainctl.parallelism.engine.distributed import init_distributed, resolve_device, teardown
+from trainctl.parallelism.engine.step_report import StepReport
+from trainctl.parallelism.engine.trainer import Trainer
 from trainctl.spec.validate import SpecError, load_job_file, validate_job
 
 

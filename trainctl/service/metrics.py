@@ -28,7 +28,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-from trainctl.parallelism.step_report import StepReport
+from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.workers.events import TERMINAL_STATES, JobState
 
 GRPC_CODES = (

@@ -3,7 +3,7 @@ submit-time check that a job's ranks fit the largest GPU of the pool.
 
 Placement comes from the pool (the placement solver on the whole pool, as if it were empty, and
 whether it fits on the GPUs free now); memory per rank and the modelled step time come from the
-engine's estimator (trainctl.parallelism.estimator: exact local shapes computed from the model's
+engine's estimator (trainctl.parallelism.sizing.estimator: exact local shapes computed from the model's
 configuration, never by building it). The modelled step time is compute at the device's peak FLOP
 rate plus the placement's modelled communication, not overlapped: a lower bound on what the job will
 see. Devices without a known peak (CPUs) get no compute time, and the plan says so.
@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from trainctl.parallelism.device_memory import gpu_memory_bytes
-from trainctl.parallelism.efficiency import with_micro_batch_size
-from trainctl.parallelism.estimator import MemoryEstimate, estimate_memory, flops_per_step, model_plan
-from trainctl.parallelism.flops import peak_flops
-from trainctl.parallelism.grid import DIMS, RankGrid
+from trainctl.parallelism.engine.efficiency import with_micro_batch_size
+from trainctl.parallelism.layouts.grid import DIMS, RankGrid
+from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
+from trainctl.parallelism.sizing.estimator import MemoryEstimate, estimate_memory, flops_per_step, model_plan
+from trainctl.parallelism.sizing.flops import peak_flops
 from trainctl.service.pool import GpuPool
 from trainctl.spec.job import INT64_MAX, JobSpecBody, TrainingJob
 from trainctl.spec.presets import ModelConfig, resolve_model

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainctl.parallelism.grid import DIMS, RankGrid
+from trainctl.parallelism.layouts.grid import DIMS, RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.workers.placement import Placement, RankAssignment, place

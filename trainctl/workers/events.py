@@ -18,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from trainctl.parallelism.step_report import StepReport
+from trainctl.parallelism.engine.step_report import StepReport
 
 EVENTS_FILE = "events.jsonl"
 

@@ -3,7 +3,7 @@
 A RankWorker is told its rank, its planned node and its local GPU index explicitly; nothing is
 inferred from Ray's bundle order. It reports where it actually runs (the node label and the GPU
 slot Ray reserved for it), offers rank 0's rendezvous endpoint, and runs
-`trainctl.parallelism.trainer.Trainer`, forwarding step reports (rank 0), step times (the other
+`trainctl.parallelism.engine.trainer.Trainer`, forwarding step reports (rank 0), step times (the other
 ranks) and log lines to the supervisor.
 
 A worker is either created for its rank inside the job's placement group (``binding`` given), or
@@ -96,8 +96,8 @@ log = logging.getLogger(__name__)
 def preload_engine() -> None:
     """Import the training engine (torch, torch.distributed and the layouts): the seconds a fresh
     rank spends before its first step, paid by a pooled worker while it waits for a job."""
-    import trainctl.parallelism.distributed  # noqa: F401
-    import trainctl.parallelism.trainer  # noqa: F401
+    import trainctl.parallelism.engine.distributed  # noqa: F401
+    import trainctl.parallelism.engine.trainer  # noqa: F401
 
 
 class RankWorker:
@@ -180,8 +180,8 @@ class RankWorker:
         the other ranks' step times (at the same steps) to ``record_step_time``, and log lines to
         ``record_log``, tagged with this rank and the group ``generation``.
         """
-        from trainctl.parallelism.distributed import init_distributed, teardown
-        from trainctl.parallelism.trainer import Trainer
+        from trainctl.parallelism.engine.distributed import init_distributed, teardown
+        from trainctl.parallelism.engine.trainer import Trainer
         from trainctl.spec.job import JobSpecBody
 
         binding = self._bound()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.workers.nodes import cluster_nodes

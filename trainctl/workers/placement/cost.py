@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from math import ceil
 from typing import Literal
 
-from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.presets import ModelConfig
 from trainctl.workers.placement.fabric import LEVELS, FabricIndex, SlotId
 

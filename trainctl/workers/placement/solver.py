@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import product
 
-from trainctl.parallelism.grid import RankGrid
+from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.presets import ModelConfig, resolve_model
 from trainctl.workers.placement.cost import (
     SPLIT_DIMS,

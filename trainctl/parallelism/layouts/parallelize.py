@@ -22,12 +22,12 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from trainctl.parallelism.context_parallel import apply_context_parallel
-from trainctl.parallelism.data_parallel import DPMode, ZeroOneSharding, apply_data_parallel
-from trainctl.parallelism.expert_parallel import apply_expert_parallel, expert_parameters
-from trainctl.parallelism.mesh import ParallelMesh
-from trainctl.parallelism.pipeline import PipelineChunk, split_pipeline_stages
-from trainctl.parallelism.tensor_parallel import apply_tensor_parallel
+from trainctl.parallelism.layouts.context_parallel import apply_context_parallel
+from trainctl.parallelism.layouts.data_parallel import DPMode, ZeroOneSharding, apply_data_parallel
+from trainctl.parallelism.layouts.expert_parallel import apply_expert_parallel, expert_parameters
+from trainctl.parallelism.layouts.mesh import ParallelMesh
+from trainctl.parallelism.layouts.pipeline import PipelineChunk, split_pipeline_stages
+from trainctl.parallelism.layouts.tensor_parallel import apply_tensor_parallel
 from trainctl.spec.job import JobSpecBody
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")

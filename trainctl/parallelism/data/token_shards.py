@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainctl.parallelism.data import (
+from trainctl.parallelism.data.corpus import (
     DataError,
     MicroBatch,
     PackedDataset,
@@ -39,7 +39,7 @@ from trainctl.parallelism.data import (
     ShardedLoader,
     token_dtype,
 )
-from trainctl.parallelism.tokenizer import load_tokenizer
+from trainctl.parallelism.data.tokenizer import load_tokenizer
 from trainctl.spec.job import DataSpec
 from trainctl.spec.validate import resolve_data_paths
 

@@ -14,7 +14,7 @@ from math import prod
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from trainctl.parallelism.grid import DIMS, RankGrid
+from trainctl.parallelism.layouts.grid import DIMS, RankGrid
 
 FLATTENED: dict[str, tuple[str, ...]] = {
     "dp": ("dp_replicate", "dp_shard"),

@@ -36,24 +36,25 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainctl.parallelism import checkpoint as ckpt
-from trainctl.parallelism import efficiency, pretrained
-from trainctl.parallelism.context_parallel import shard_batch_for_cp
-from trainctl.parallelism.data import MicroBatch, ShardedLoader
-from trainctl.parallelism.distributed import resolve_device
-from trainctl.parallelism.expert_parallel import reduce_expert_gradients
-from trainctl.parallelism.flops import mfu, peak_flops, training_flops_per_token
-from trainctl.parallelism.grid import RankGrid
-from trainctl.parallelism.loss import cross_entropy
-from trainctl.parallelism.mesh import ParallelMesh, build_mesh
-from trainctl.parallelism.model import build_model
-from trainctl.parallelism.moe import pop_aux_loss
-from trainctl.parallelism.optim import build_optimizer, build_scheduler, clip_gradients
-from trainctl.parallelism.parallelize import ParallelModel, parallelize
-from trainctl.parallelism.pipeline import PipelineRunner
-from trainctl.parallelism.step_report import StepReport
-from trainctl.parallelism.tensor_parallel import loss_context
-from trainctl.parallelism.token_shards import PrefetchLoader, build_dataset, build_loader
+from trainctl.parallelism.checkpoint import dcp as ckpt
+from trainctl.parallelism.checkpoint import pretrained
+from trainctl.parallelism.data.corpus import MicroBatch, ShardedLoader
+from trainctl.parallelism.data.token_shards import PrefetchLoader, build_dataset, build_loader
+from trainctl.parallelism.engine import efficiency
+from trainctl.parallelism.engine.distributed import resolve_device
+from trainctl.parallelism.engine.loss import cross_entropy
+from trainctl.parallelism.engine.optim import build_optimizer, build_scheduler, clip_gradients
+from trainctl.parallelism.engine.step_report import StepReport
+from trainctl.parallelism.layouts.context_parallel import shard_batch_for_cp
+from trainctl.parallelism.layouts.expert_parallel import reduce_expert_gradients
+from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.layouts.mesh import ParallelMesh, build_mesh
+from trainctl.parallelism.layouts.parallelize import ParallelModel, parallelize
+from trainctl.parallelism.layouts.pipeline import PipelineRunner
+from trainctl.parallelism.layouts.tensor_parallel import loss_context
+from trainctl.parallelism.model.moe import pop_aux_loss
+from trainctl.parallelism.model.transformer import build_model
+from trainctl.parallelism.sizing.flops import mfu, peak_flops, training_flops_per_token
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import resolve_model
 

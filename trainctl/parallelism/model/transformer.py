@@ -119,10 +119,10 @@ class FeedForward(nn.Module):
 
 def _moe_feed_forward(config: ModelConfig) -> nn.Module:
     try:
-        from trainctl.parallelism.moe import MoEFeedForward
+        from trainctl.parallelism.model.moe import MoEFeedForward
     except ImportError as exc:
         raise NotImplementedError(
-            "MoE models need trainctl.parallelism.moe.MoEFeedForward, which is not available in this build"
+            "MoE models need trainctl.parallelism.model.moe.MoEFeedForward, which is not available in this build"
         ) from exc
     return MoEFeedForward(config.dim, config.ffn_dim, config.moe)
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from trainctl.parallelism.ring_attention import SequenceLayout, ring_attention
+from trainctl.parallelism.layouts.ring_attention import SequenceLayout, ring_attention
 
 
 def _check_divisible(seq_len: int, cp: int, load_balance: bool) -> None:

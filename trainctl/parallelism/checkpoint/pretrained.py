@@ -23,10 +23,10 @@ import torch.distributed.checkpoint as dcp
 from pydantic import ValidationError
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from trainctl.parallelism import checkpoint as ckpt
+from trainctl.parallelism.checkpoint import dcp as ckpt
 from trainctl.parallelism.errors import ConfigurationError
-from trainctl.parallelism.lora import apply_lora, merge_lora_state
-from trainctl.parallelism.model import build_model
+from trainctl.parallelism.model.lora import apply_lora, merge_lora_state
+from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig, UnknownPresetError, resolve_model
 

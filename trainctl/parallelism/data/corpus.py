@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from trainctl.parallelism.data.tokenizer import Tokenizer, load_tokenizer
 from trainctl.parallelism.errors import ConfigurationError
-from trainctl.parallelism.tokenizer import Tokenizer, load_tokenizer
 from trainctl.spec.job import DataSpec
 from trainctl.spec.validate import resolve_data_paths
 

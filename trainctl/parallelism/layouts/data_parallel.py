@@ -28,7 +28,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from trainctl.parallelism.mesh import ParallelMesh
+from trainctl.parallelism.layouts.mesh import ParallelMesh
 from trainctl.spec.job import ParallelismSpec
 
 DPMode = Literal["none", "ddp", "zero1", "zero2", "fsdp", "hsdp"]

@@ -35,9 +35,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.nn.functional import all_to_all_single
 from torch.distributed.tensor import DTensor, Shard
 
-from trainctl.parallelism.grid import LayoutError
-from trainctl.parallelism.mesh import ParallelMesh
-from trainctl.parallelism.moe import GroupedExperts, MoEFeedForward
+from trainctl.parallelism.layouts.grid import LayoutError
+from trainctl.parallelism.layouts.mesh import ParallelMesh
+from trainctl.parallelism.model.moe import GroupedExperts, MoEFeedForward
 from trainctl.spec.job import JobSpecBody
 
 

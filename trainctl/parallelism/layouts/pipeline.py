@@ -39,8 +39,8 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
-from trainctl.parallelism.loss import cross_entropy
-from trainctl.parallelism.moe import MoEFeedForward, pop_aux_loss
+from trainctl.parallelism.engine.loss import cross_entropy
+from trainctl.parallelism.model.moe import MoEFeedForward, pop_aux_loss
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
 """Pipeline schedule names, as in the spec's `parallelism.pp_schedule`."""

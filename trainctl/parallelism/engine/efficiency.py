@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainctl.parallelism.estimator import estimate_all
-from trainctl.parallelism.parallelize import ParallelModel
+from trainctl.parallelism.layouts.parallelize import ParallelModel
+from trainctl.parallelism.sizing.estimator import estimate_all
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig
 

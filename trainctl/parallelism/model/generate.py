@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainctl.parallelism.model import Transformer, apply_rope, repeat_kv, rope_cos_sin
-from trainctl.parallelism.tokenizer import load_tokenizer
+from trainctl.parallelism.data.tokenizer import load_tokenizer
+from trainctl.parallelism.model.transformer import Transformer, apply_rope, repeat_kv, rope_cos_sin
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trainctl.parallelism.pretrained import Pretrained, load_weights
+from trainctl.parallelism.checkpoint.pretrained import Pretrained, load_weights
 from trainctl.spec.presets import ModelConfig
 
 LAYER_NAMES = {
