@@ -274,3 +274,24 @@ def test_every_pod_shares_the_run_directories(built, overlay) -> None:
         mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
         claim = mounts[f"{data_dir}/runs"]["persistentVolumeClaim"]["claimName"]
         assert "ReadWriteMany" in claims[claim]["spec"]["accessModes"], (pod.where, claim)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_path_a_job_names_is_confined_to_the_read_only_datasets_volume(built, overlay) -> None:
+    """The service runs with --data-root (not the opt-out), and every container that reads job data (the
+    service, which validates the files, the Ray head and every worker, where the ranks read them) mounts
+    the datasets PVC read-only at that root."""
+    docs = built[overlay]
+    data_root = objects(docs, "ConfigMap")["trainctl-settings"]["data"]["TRAINCTL_DATA_ROOT"]
+    (cluster,) = objects(docs, "RayCluster").values()
+    (sidecar,) = [c for c in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"] if c["name"] == "trainctl"]
+    assert "--data-root=$(TRAINCTL_DATA_ROOT)" in sidecar["args"]
+    assert not any(a.startswith("--allow-any-data-path") for a in sidecar["args"])
+    claims = objects(docs, "PersistentVolumeClaim")
+    for pod in pod_templates(docs):
+        volumes = {v["name"]: v for v in pod.spec["volumes"]}
+        for container in pod.spec["containers"]:
+            (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == data_root]
+            claim = volumes[mount["name"]]["persistentVolumeClaim"]
+            assert mount.get("readOnly") is True and claim.get("readOnly") is True, (pod.where, container["name"])
+            assert "ReadWriteMany" in claims[claim["claimName"]]["spec"]["accessModes"], (pod.where, claim)
