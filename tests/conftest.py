@@ -40,7 +40,6 @@ SLOW_TESTS = (
     "parallelism/test_equivalence_pp_ep.py::test_resume_under_another_layout_continues_the_run",
     "parallelism/test_dp_equivalence.py::test_data_parallel_matches_single_process[hsdp-2x2]",
     "parallelism/test_dp_equivalence.py::test_data_parallel_matches_single_process[fsdp-dp4]",
-    "parallelism/test_dp_equivalence.py::test_harness_detects_a_different_run",
     "parallelism/test_dp_equivalence.py::test_activation_checkpointing_composes_with_fsdp",
     "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[tp2_sp]",
     "parallelism/test_equivalence_tp_cp.py::test_layout_matches_single_process[tp4]",
@@ -50,6 +49,8 @@ SLOW_TESTS = (
     "parallelism/test_equivalence_tp_cp.py::test_resume_dp4_checkpoint_under_tp2",
     "parallelism/test_equivalence_tp_cp.py::test_sp_pipeline_stage_boundaries_carry_local_shards[2]",
     "parallelism/test_estimator.py::test_param_grad_optimizer_bytes_are_exact[pp2-tp2-sgd]",
+    "parallelism/test_equivalence_cp_pp.py::test_cp_pp_layout_matches_single_process[cp2_zigzag_pp2_tp2_sp]",
+    "parallelism/test_equivalence_cp_pp.py::test_cp_pp_layout_matches_single_process[fsdp2_cp2_zigzag_pp2]",
     "parallelism/test_launch.py::test_torchrun_trains_and_checkpoints",  # torchrun starts 2 processes
 )
 """Test ids (below tests/, prefixes) that are `slow` without using a Ray fixture."""
