@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from harness import assert_equivalent, run_layout, run_reference, tiny_job
-from torch.distributed.device_mesh import init_device_mesh
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from trainctl.parallelism.engine.trainer import Trainer
@@ -32,7 +33,7 @@ from trainctl.parallelism.layouts.tensor_parallel import (
 )
 from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.job import JobSpecBody
-from trainctl.spec.presets import PRESETS
+from trainctl.spec.presets import PRESETS, ModelConfig
 
 # tp4 needs the kv heads divisible by 4 (the debug preset has 2): the reference uses the same model.
 KV4 = {"n_kv_heads": 4}
@@ -106,17 +107,36 @@ def test_cp_model_defaults_to_its_shard_positions(pool, load_balance):
         assert explicit < 1e-5 and default < 1e-5, (explicit, default)
 
 
+def _full_model_step(config: ModelConfig) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The single-process reference: a model (seed 3) after one backward on a seed-0 batch; with its batch."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (2, 33))
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    full = build_model(config, seed=3)
+    F.cross_entropy(full(inputs).flatten(0, 1), labels.flatten()).backward()
+    return full, inputs, labels
+
+
+def _largest_grad_rel_err(model: nn.Module, full: nn.Module, cp_mesh: DeviceMesh | None = None) -> float:
+    """Largest relative difference of `model`'s gradients from `full`'s (averaged over `cp_mesh` first)."""
+    worst = 0.0
+    for name, param in model.named_parameters():
+        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+        if cp_mesh is not None:
+            dist.all_reduce(grad, group=cp_mesh.get_group())
+            grad = grad / cp_mesh.size()
+        want = full.get_parameter(name).grad
+        worst = max(worst, float((grad - want).abs().max() / want.abs().max()))
+    return worst
+
+
 def _sp_pipeline_stages(rank: int, world_size: int, cp: int) -> dict[str, float]:
     """Two pipeline stages of one model under tp x cp with SP, run back to back on every rank.
 
     Returns the stage-0 output type and the largest relative differences from the full model.
     """
-    torch.manual_seed(0)
     config = PRESETS["debug"]
-    tokens = torch.randint(0, config.vocab_size, (2, 33))
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    full = build_model(config, seed=3)
-    F.cross_entropy(full(inputs).flatten(0, 1), labels.flatten()).backward()
+    full, inputs, labels = _full_model_step(config)
 
     mesh = init_device_mesh("cpu", (cp, world_size // cp), mesh_dim_names=("cp", "tp"))
     model = build_model(config, seed=3)
@@ -131,14 +151,7 @@ def _sp_pipeline_stages(rank: int, world_size: int, cp: int) -> dict[str, float]
     with loss_context(True):
         loss = F.cross_entropy(stages[1](hidden).flatten(0, 1), labels.flatten())
         loss.backward()
-    worst = 0.0
-    for name, param in model.named_parameters():
-        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
-        if cp > 1:
-            dist.all_reduce(grad, group=mesh["cp"].get_group())
-            grad = grad / cp
-        want = full.get_parameter(name).grad
-        worst = max(worst, float((grad - want).abs().max() / want.abs().max()))
+    worst = _largest_grad_rel_err(model, full, mesh["cp"] if cp > 1 else None)
     return {
         "plain_boundary": float(not isinstance(hidden, DTensor) and hidden.shape[1] == 32 // world_size),
         "grad_rel_err": worst,
@@ -154,21 +167,12 @@ def test_sp_pipeline_stage_boundaries_carry_local_shards(pool, cp):
 
 def _moe_tp_grads(rank: int, world_size: int, sequence_parallel: bool) -> float:
     """Largest relative gradient difference of a TP-sharded MoE model from the full one (one step)."""
-    torch.manual_seed(0)
     config = PRESETS["debug-moe"]
-    tokens = torch.randint(0, config.vocab_size, (2, 33))
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    full = build_model(config, seed=3)
-    F.cross_entropy(full(inputs).flatten(0, 1), labels.flatten()).backward()
+    full, inputs, labels = _full_model_step(config)
     model = apply_tensor_parallel(build_model(config, seed=3), init_device_mesh("cpu", (world_size,)), sequence_parallel)
     with loss_context(True):
         F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten()).backward()
-    worst = 0.0
-    for name, param in model.named_parameters():
-        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
-        want = full.get_parameter(name).grad
-        worst = max(worst, float((grad - want).abs().max() / want.abs().max()))
-    return worst
+    return _largest_grad_rel_err(model, full)
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

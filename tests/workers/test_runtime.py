@@ -89,6 +89,15 @@ def states_of(events) -> list[JobState]:
     return [e.state for e in events if e.kind is EventKind.STATE]
 
 
+def succeeded_after_one_restart(events, status):
+    """Assert the job succeeded after exactly one restart of its rank group; returns the RESTARTING event."""
+    assert status.state is JobState.SUCCEEDED, status.reason
+    assert states_of(events) == [
+        JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.RUNNING, JobState.SUCCEEDED
+    ]
+    return next(e for e in events if e.state is JobState.RESTARTING)
+
+
 def leftovers(job_id: str) -> tuple[list[str], list[str]]:
     """Alive actors and non-removed placement groups of a job, per Ray's state API."""
     actors = [
@@ -171,13 +180,9 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runtime, tmp
     killed_at = time.time()
     more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
     events += more
-    assert status.state is JobState.SUCCEEDED, status.reason
-    restart = next(e for e in events if e.state is JobState.RESTARTING)
+    restart = succeeded_after_one_restart(events, status)
     assert restart.reason.startswith("rank 1 died") and "restart 1 of 2" in restart.reason
     assert restart.time - killed_at < 10  # detected within seconds
-    assert states_of(events) == [
-        JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.RUNNING, JobState.SUCCEEDED
-    ]
     first, second = steps_of(events, 0), steps_of(events, 1)
     resumed = min(second) - 1
     assert resumed >= 2 and resumed % 2 == 0, "resumes after a complete checkpoint (every 2 steps)"
@@ -239,11 +244,7 @@ def test_rank_killed_mid_checkpoint_resumes_from_the_previous_checkpoint(runtime
     os.kill(pids[0], signal.SIGCONT)
     more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
     events += more
-    assert status.state is JobState.SUCCEEDED, status.reason
-    assert states_of(events) == [
-        JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.RUNNING, JobState.SUCCEEDED
-    ]
-    restart = next(e for e in events if e.state is JobState.RESTARTING)
+    restart = succeeded_after_one_restart(events, status)
     assert restart.reason.startswith("rank 1 died"), restart.reason
     first, second = steps_of(events, 0), steps_of(events, 1)
     assert min(second) - 1 == saving - 2, f"resumes from the checkpoint before the interrupted step-{saving} save"
@@ -346,11 +347,7 @@ def test_lost_node_restarts_on_a_spare_node_from_its_checkpoint(embedded_ray, ru
         removed_at = time.time()
         more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
     events += more
-    assert status.state is JobState.SUCCEEDED, status.reason
-    assert states_of(events) == [
-        JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.RUNNING, JobState.SUCCEEDED
-    ]
-    restart = next(e for e in events if e.state is JobState.RESTARTING)
+    restart = succeeded_after_one_restart(events, status)
     assert " died" in restart.reason and restart.time - removed_at < 10, restart.reason  # a rank death, at once
     [replan] = kinds_of(events, EventKind.REPLAN)
     assert replan.lost_nodes == ["spare-a"] and "waiting for a new placement of rank(s) 0,1" in replan.message

@@ -13,15 +13,14 @@ import os
 import sys
 from pathlib import Path
 
+from trainctl.cli.subcommand import register_command, run_alone
 from trainctl.parallelism.data.corpus import DataError
 from trainctl.parallelism.data.token_shards import DEFAULT_SHARD_TOKENS, prepare_shards
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `data` (with `prepare`) to the main parser; returns its parser."""
-    parser = subparsers.add_parser("data", help="prepare training data (pre-tokenized token shards)")
-    add_arguments(parser)
-    return parser
+    return register_command(subparsers, "data", "prepare training data (pre-tokenized token shards)", add_arguments)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,9 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="trainctl data", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_alone("data", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

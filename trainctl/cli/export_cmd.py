@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from trainctl.cli.subcommand import register_command, run_alone
 from trainctl.parallelism.checkpoint.hf_export import ExportError, export_checkpoint
 from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, Pretrained, open_checkpoint
 
@@ -44,9 +45,7 @@ def resolve_source(source: str, server: str | None) -> Pretrained:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `export` to the main parser; returns its parser."""
-    parser = subparsers.add_parser("export", help="write a job's trained model as Hugging Face Llama safetensors")
-    add_arguments(parser)
-    return parser
+    return register_command(subparsers, "export", "write a job's trained model as Hugging Face Llama safetensors", add_arguments)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,10 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="trainctl export", description=__doc__.splitlines()[0])
-    parser.add_argument("--server", help="service address for job ids")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_alone("export", __doc__, add_arguments, run, argv, job_ids=True)
 
 
 if __name__ == "__main__":

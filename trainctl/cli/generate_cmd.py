@@ -15,6 +15,7 @@ import sys
 import torch
 
 from trainctl.cli.export_cmd import resolve_source
+from trainctl.cli.subcommand import register_command, run_alone
 from trainctl.parallelism.checkpoint.hf_export import ExportError
 from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, load_weights
 from trainctl.parallelism.model.generate import decode, encode, generate
@@ -23,9 +24,7 @@ from trainctl.parallelism.model.transformer import Transformer
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `generate` to the main parser; returns its parser."""
-    parser = subparsers.add_parser("generate", help="sample text from a job's checkpoint")
-    add_arguments(parser)
-    return parser
+    return register_command(subparsers, "generate", "sample text from a job's checkpoint", add_arguments)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,10 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="trainctl generate", description=__doc__.splitlines()[0])
-    parser.add_argument("--server", help="service address for job ids")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_alone("generate", __doc__, add_arguments, run, argv, job_ids=True)
 
 
 if __name__ == "__main__":

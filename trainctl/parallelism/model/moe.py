@@ -3,7 +3,8 @@
 `MoEFeedForward(dim, ffn_dim, moe_config)` replaces a block's dense SwiGLU. Module names are fixed
 (TP plans, expert parallelism and checkpoints refer to them): `router` (a bias-free linear gate),
 `experts` (`GroupedExperts`: SwiGLU weights `w1`, `w3` of shape [experts, dim, ffn_dim] and `w2` of
-shape [experts, ffn_dim, dim]) and `shared_expert` (an always-on SwiGLU, or None).
+shape [experts, ffn_dim, dim]) and `shared_expert` (an always-on dense SwiGLU, the
+`FeedForward` of dense blocks, or None).
 
 Routing: softmax over all experts in float32, then top-k. With top_k > 1 the k weights are
 renormalised to sum to 1 (Mixtral); with top_k == 1 the raw probability is kept (Switch), so the
@@ -33,20 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from trainctl.parallelism.model.transformer import FeedForward
 from trainctl.spec.presets import MoEConfig
-
-
-class SwiGLU(nn.Module):
-    """Dense SwiGLU (`w2(silu(w1 x) * w3 x)`), used as the shared expert."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class GroupedExperts(nn.Module):
@@ -140,7 +129,7 @@ class MoEFeedForward(nn.Module):
         self.aux_loss_coef = moe_config.aux_loss_coef
         self.router = nn.Linear(dim, moe_config.num_experts, bias=False)
         self.experts = GroupedExperts(moe_config.num_experts, dim, ffn_dim)
-        self.shared_expert = SwiGLU(dim, ffn_dim) if moe_config.shared_expert else None
+        self.shared_expert = FeedForward(dim, ffn_dim) if moe_config.shared_expert else None
         self.dispatcher: Dispatcher = LocalDispatcher()
         self.aux_loss: Tensor | None = None
 
