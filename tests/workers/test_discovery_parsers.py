@@ -190,6 +190,7 @@ def test_malformed_topo_matrix(mutate, message: str) -> None:
         parse_topo_matrix(text, "bad.txt")
 
 
+# A table of malformed inputs, one row per parser error the message must name.
 @pytest.mark.parametrize(
     ("parser", "text", "message"),
     [

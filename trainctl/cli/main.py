@@ -272,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainctl", description="Distributed LLM training service.")
     parser.add_argument("--server", help=f"service address (default: ${SERVER_ENV} or {DEFAULT_SERVER})")
     sub = parser.add_subparsers(dest="command", required=True)
+    # One declaration per command below: a deliberate table of parsers.
 
     serve = sub.add_parser("serve", help="run the service")
     serve.add_argument("--address", default="127.0.0.1:50051", help="gRPC listen address HOST:PORT")

@@ -1,7 +1,8 @@
 """trainctl's Grafana dashboards: fleet / service overview, one job's training, cluster and placement.
 
 Queries read only the metrics of `trainctl.service.metrics` (plus `up` for the scrape target, job
-"trainctl"). `deploy/render.py` writes them to deploy/grafana/dashboards/<uid>.json.
+"trainctl"). `deploy/render.py` writes them to deploy/grafana/dashboards/<uid>.json. Each dashboard is a
+declaration: panels and rows look alike by design.
 """
 
 from __future__ import annotations

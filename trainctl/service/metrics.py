@@ -113,6 +113,7 @@ class ServiceMetrics:
         self._jobs: dict[str, _JobSeries] = {}
         self._oldest_queued_at: float | None = None
         r = registry
+        # The metric catalogue: one declaration per metric, a deliberate table (rows look alike by design).
 
         self.build_info = Info("trainctl_build", "Version of the running trainctl service.", registry=r)
         self.build_info.info({
