@@ -9,7 +9,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-SCHEMAS = REPO.parent / "shared" / "schemas"
+SCHEMAS = REPO / "tests" / "fixtures" / "schemas"
 
 
 def require_tool(name: str, install_hint: str) -> str:

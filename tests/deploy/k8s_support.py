@@ -1,4 +1,4 @@
-"""Building the kustomize overlays and validating what they emit against ../shared/schemas (strict)."""
+"""Building the kustomize overlays and validating what they emit against tests/fixtures/schemas (strict)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "PrometheusRule"): SCHEMAS / "monitoring.coreos.com" / "prometheusrule_v1.json",
 }
 CORE_FILES = {("v1", "ConfigMap"): "configmap-v1.json", ("v1", "Secret"): "secret-v1.json",
-              ("v1", "Service"): "service-v1.json", ("apps/v1", "Deployment"): "deployment-apps-v1.json"}
+              ("v1", "Service"): "service-v1.json"}
 # Core kinds without a standalone file: their definition in the same strict _definitions.json.
 CORE_DEFINITIONS = {("v1", "Namespace"): "io.k8s.api.core.v1.Namespace",
                     ("v1", "ServiceAccount"): "io.k8s.api.core.v1.ServiceAccount",
@@ -49,17 +49,23 @@ def _definitions() -> dict[str, Any]:
     return json.loads(DEFINITIONS.read_text())
 
 
+def _schema_file(path: Path, api_version: str, kind: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise AssertionError(f"schema for {api_version} {kind} missing: {path} (see {SCHEMAS / 'SOURCES.md'})")
+    return json.loads(path.read_text())
+
+
 @cache
 def validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
     key = (api_version, kind)
     if key in CRD_SCHEMAS:
-        schema = json.loads(CRD_SCHEMAS[key].read_text())
+        schema = _schema_file(CRD_SCHEMAS[key], api_version, kind)
     elif key in CORE_FILES:
-        schema = json.loads((KUBE_STRICT / CORE_FILES[key]).read_text())
+        schema = _schema_file(KUBE_STRICT / CORE_FILES[key], api_version, kind)
     elif key in CORE_DEFINITIONS:
         schema = {"$ref": f"/api/_definitions.json#/$defs/{CORE_DEFINITIONS[key]}"}
     else:
-        raise AssertionError(f"no schema in ../shared/schemas for {api_version} {kind}")
+        raise AssertionError(f"no schema in {SCHEMAS} for {api_version} {kind}: copy it in (see its SOURCES.md)")
     registry = Registry().with_resource("/api/_definitions.json", Resource.from_contents(_definitions()))
     return jsonschema.Draft7Validator(schema, registry=registry)
 

@@ -1,4 +1,4 @@
-"""The kustomize overlays: they build, every object passes its strict schema from ../shared/schemas,
+"""The kustomize overlays: they build, every object passes its strict schema from tests/fixtures/schemas,
 and the objects agree with each other and with the project (selectors, ports, volumes, images, Ray
 version, CLI flags, generated monitoring objects, the topology-labels init container)."""
 
