@@ -203,7 +203,8 @@ def test_a_configuration_error_on_the_ranks_fails_the_job_at_once_without_restar
     corpus.write_text("ten bytes!")  # fewer than one sample of seq_len + 1 = 33 tokens: only the ranks find out
     job = restartable_job("misconfigured", steps=4)
     job.spec.data.paths = [str(corpus)]
-    runtime.start_job(job_id, job, plan(("node-0", 0), ("node-1", 0)), tmp_path / "run")
+    # node-1 GPUs 0 and 1 may be held by pool_partly_taken for the whole module: plan on slots no one holds
+    runtime.start_job(job_id, job, plan(("node-0", 2), ("node-2", 2)), tmp_path / "run")
     events, status = follow(runtime, job_id, finished)
     assert status.state is JobState.FAILED and status.restarts == 0
     assert status.reason.startswith("configuration error on rank 0: spec.data.paths: the 1 files hold 10 tokens"), status.reason
