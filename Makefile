@@ -28,9 +28,10 @@ demo: install
 promtool:
 	command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
 
+# One pytest process per test directory (tests/run_groups.py says why), then the combined count.
 test: install promtool
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -p no:cacheprovider --durations=25 tests
+	$(PY) tests/run_groups.py --durations=10
 
 # Everything not marked slow (tests/conftest.py marks the tests on Ray clusters, services and long engine
 # runs). pytest exits 5 when it collects nothing, so an empty tier fails.
