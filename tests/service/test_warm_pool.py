@@ -56,9 +56,14 @@ def loaded_pool(service: Service, cluster: EmbeddedRay, slots: list[tuple[str, i
     pool = pool_of(service)
     wait_for(lambda: set(slots) <= set(pool.idle_slots()), f"the pool has a worker on each of {slots}", timeout=90)
     pool.wait_loaded(timeout=120)
-    alive = {name for name, state in warm_actors(cluster).items() if state == "ALIVE"}
-    assert sorted(parse_warm_name(name) for name in alive) == pool.idle_slots()
-    return alive
+
+    def alive() -> set[str]:
+        return {name for name, state in warm_actors(cluster).items() if state == "ALIVE"}
+
+    # Ray's state API lags a worker the keeper has just started (for a slot the previous test freed).
+    wait_for(lambda: sorted(parse_warm_name(name) for name in alive()) == pool.idle_slots(),
+             "every idle pooled worker is an ALIVE actor", timeout=30)
+    return alive()
 
 
 def placement_of(service: Service, job_id: str) -> list[dict]:
