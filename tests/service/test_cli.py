@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -199,3 +200,31 @@ def test_logs_into_a_pipe_closed_early_ends_quietly(tmp_path: Path, api: ApiServ
     reader.stdout.close()
     _, err = reader.communicate(timeout=60)
     assert reader.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+
+
+CLIENT_IMPORTS = """
+import sys
+from trainctl.cli.main import main
+job_id = sys.argv[2]  # argv: -c, the server, the job
+codes = [main(["validate", "examples/demo.yaml"]), main(["list"]), main(["get", job_id]), main(["logs", job_id])]
+try:
+    main(["--help"])
+except SystemExit:
+    pass
+print(codes, sorted({m.split(".")[0] for m in sys.modules} & {"torch", "ray"}))
+"""
+
+
+def test_client_commands_import_neither_torch_nor_ray(
+    tmp_path: Path, api: ApiServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--help`, validate, list, get and logs start without the engine or Ray (they load in seconds)."""
+    assert main(["submit", str(_spec(tmp_path, "light", steps=2))]) == 0
+    job_id = _submitted_id(capsys.readouterr().out)
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT_IMPORTS, api.target, job_id],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "TRAINCTL_SERVER": api.target},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[0, 0, 0, 0] []", done.stdout

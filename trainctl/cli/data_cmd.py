@@ -4,6 +4,8 @@ Train from the result with `data: {format: tokens, paths: [DIR]}`; the token str
 training run) is the same as `format: text` with the same paths, tokenizer and max_files.
 
 `register(subparsers)` adds the command to the main parser; `python -m trainctl.cli.data_cmd` runs it alone.
+The engine (torch) is imported when the command runs, not when the parser is built, so `trainctl --help`
+and the client commands start without it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import sys
 from pathlib import Path
 
 from trainctl.cli.subcommand import register_command, run_alone
-from trainctl.parallelism.data.corpus import DataError
-from trainctl.parallelism.data.token_shards import DEFAULT_SHARD_TOKENS, prepare_shards
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -31,14 +31,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prep.add_argument("--tokenizer", default="byte", help="byte, or the path of a tokenizer.json")
     prep.add_argument("--max-files", type=int, default=None, help="read at most this many files (sorted by path)")
     prep.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer processes")
-    prep.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file")
+    prep.add_argument("--shard-tokens", type=int, default=None,
+                      help="tokens per shard file (default: the engine's DEFAULT_SHARD_TOKENS)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainctl.parallelism.data.corpus import DataError
+    from trainctl.parallelism.data.token_shards import DEFAULT_SHARD_TOKENS, prepare_shards
+
     try:
         result = prepare_shards(
             args.paths, args.out, tokenizer=args.tokenizer, max_files=args.max_files, workers=args.workers,
-            shard_tokens=args.shard_tokens,
+            shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
         )
     except (DataError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

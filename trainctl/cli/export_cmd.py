@@ -5,6 +5,8 @@ JOB is a job id on the server (its run directory's newest checkpoint, with the j
 recorded beside the checkpoints). LoRA runs are exported with the adapters merged.
 
 `register(subparsers)` adds the command to the main parser; `python -m trainctl.cli.export_cmd` runs it alone.
+The engine (torch) is imported when the command runs, not when the parser is built, so `trainctl --help`
+and the client commands start without it.
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from trainctl.cli.subcommand import register_command, run_alone
-from trainctl.parallelism.checkpoint.hf_export import ExportError, export_checkpoint
-from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, Pretrained, open_checkpoint
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    from trainctl.parallelism.checkpoint.pretrained import Pretrained
+
+DTYPES = ("bfloat16", "float16", "float32")
+"""Dtypes the weights may be written in (torch's names)."""
 
 
 def resolve_source(source: str, server: str | None) -> Pretrained:
     """A checkpoint path, or a job id looked up on the server (its run directory and spec)."""
+    from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, open_checkpoint
+
     if Path(source).expanduser().exists():
         return open_checkpoint(source)
     import grpc
@@ -51,13 +56,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="JOB|CHECKPOINT_DIR", help="job id, checkpoint, checkpoint root or run directory")
     parser.add_argument("--out", required=True, type=Path, help="output directory (model.safetensors, config.json)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of the written weights")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the written weights")
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from trainctl.parallelism.checkpoint.hf_export import ExportError, export_checkpoint
+    from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError
+
     try:
         source = resolve_source(args.source, getattr(args, "server", None))
-        files = export_checkpoint(source, args.out, DTYPES[args.dtype])
+        files = export_checkpoint(source, args.out, getattr(torch, args.dtype))
     except (CheckpointNotFoundError, ExportError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

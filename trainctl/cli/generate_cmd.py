@@ -5,6 +5,8 @@ recomputes the whole sequence each step instead of using the KV cache (same gree
 Runs on CUDA when available (`--device`).
 
 `register(subparsers)` adds the command to the main parser; `python -m trainctl.cli.generate_cmd` runs it alone.
+The engine (torch) is imported when the command runs, not when the parser is built, so `trainctl --help`
+and the client commands start without it.
 """
 
 from __future__ import annotations
@@ -12,14 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from trainctl.cli.export_cmd import resolve_source
 from trainctl.cli.subcommand import register_command, run_alone
-from trainctl.parallelism.checkpoint.hf_export import ExportError
-from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, load_weights
-from trainctl.parallelism.model.generate import decode, encode, generate
-from trainctl.parallelism.model.transformer import Transformer
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -39,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from trainctl.parallelism.checkpoint.hf_export import ExportError
+    from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, load_weights
+    from trainctl.parallelism.model.generate import decode, encode, generate
+    from trainctl.parallelism.model.transformer import Transformer
+
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
     try:
         source = resolve_source(args.source, getattr(args, "server", None))

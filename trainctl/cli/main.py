@@ -21,8 +21,6 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import importlib  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
@@ -34,6 +32,7 @@ from typing import Any  # noqa: E402
 import grpc  # noqa: E402
 import yaml  # noqa: E402
 
+from trainctl.cli import data_cmd, export_cmd, generate_cmd, topology_cmd  # noqa: E402
 from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient  # noqa: E402
 from trainctl.cli.progress import follow, state_name  # noqa: E402
 from trainctl.service.convert import job_from_proto  # noqa: E402
@@ -344,11 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("rest", nargs=argparse.REMAINDER)
     token.set_defaults(handler=cmd_token, needs_client=False)
 
-    if importlib.util.find_spec("trainctl.cli.topology_cmd") is not None:
-        topology_cmd = importlib.import_module("trainctl.cli.topology_cmd")
-        topology_cmd.register(sub).set_defaults(dispatch=topology_cmd.run)
-    for name in ("data_cmd", "export_cmd", "generate_cmd"):  # issue 8: data prepare, export, generate
-        command = importlib.import_module(f"trainctl.cli.{name}")
+    for command in (topology_cmd, data_cmd, export_cmd, generate_cmd):  # command groups that run themselves
         command.register(sub).set_defaults(dispatch=command.run)
     return parser
 
