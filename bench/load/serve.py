@@ -1,8 +1,8 @@
 """The service under load: what `trainctl serve` runs, with every GPU of the pool held.
 
-`Service(ServiceConfig(...)).start()` is exactly what `trainctl serve` starts: the embedded single-node
-Ray (4 simulated GPUs), the SQLite store, the scheduler loop, the gRPC server with its interceptor
-chain (auth, undecodable requests, errors and RPC metrics), the access file and the data-root policy,
+`Service(ServiceConfig(...)).start()` is exactly what `trainctl serve --gpus-per-node 4` starts: the
+embedded single-node Ray (4 simulated GPUs, the pool docs/benchmarks.md measured on), the SQLite
+store, the scheduler loop, the gRPC server with its interceptor chain (auth, undecodable requests, errors and RPC metrics), the access file and the data-root policy,
 and the Prometheus endpoint. The one difference: once it serves, every GPU of the pool is reserved
 for a placeholder, so admitted jobs stay QUEUED and nothing trains (the scheduler still runs its
 admission pass on every tick and records why each job waits). Prints `serving on HOST:PORT` when
@@ -35,7 +35,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ServiceConfig(
         address="127.0.0.1:0", data_dir=args.data_dir, metrics_port=args.metrics_port,
-        tokens_file=args.tokens_file, data_roots=[args.data_root],
+        tokens_file=args.tokens_file, data_roots=[args.data_root], embedded_gpus_per_node=4,
     )
     service = Service(config).start()
     slots = [{"rank": i, "node": n, "gpu": g} for i, (n, g) in enumerate(sorted(service.pool.free_slots()))]

@@ -28,15 +28,19 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    """`trainctl serve --ray-address ADDRESS --topology FILE --data-dir DIR` on a fixed loopback port."""
+    """`trainctl serve --ray-address ADDRESS --topology FILE --data-dir DIR` on a fixed loopback port
+    (no --ray-address / --topology where None: the service starts its own embedded Ray)."""
 
-    def __init__(self, ray_address: str, topology: Path, data_dir: Path, *extra: str) -> None:
+    def __init__(self, ray_address: str | None, topology: Path | None, data_dir: Path, *extra: str) -> None:
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         self.data_dir = data_dir
         self._args = [
             str(BIN / "trainctl"), "serve", f"--address={self.target}", f"--data-dir={data_dir}",
-            "--metrics-port=0", f"--ray-address={ray_address}", f"--topology={topology}", *extra,
+            "--metrics-port=0",
+            *([f"--ray-address={ray_address}"] if ray_address is not None else []),
+            *([f"--topology={topology}"] if topology is not None else []),
+            *extra,
         ]
         self.proc: subprocess.Popen | None = None
         self.starts = 0

@@ -1,6 +1,7 @@
 """The `trainctl` command.
 
     trainctl serve [--address HOST:PORT] [--data-dir DIR] [--metrics-port N] [--ray-address ADDR] [--topology FILE] [--warm-pool]
+                   [--nodes N] [--gpus-per-node G]
     trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
     trainctl cancel JOB                  trainctl logs JOB [-f]              trainctl plan FILE
     trainctl validate FILE               trainctl demo
@@ -99,6 +100,13 @@ def _age(ts: Any) -> str:
     return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m" if seconds < 7200 else f"{seconds // 3600}h"
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _load(path: str) -> Any:
     try:
         return load_job_file(path)
@@ -116,9 +124,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert or args.tls_key else None
+    sizes = (("embedded_nodes", args.nodes), ("embedded_gpus_per_node", args.gpus_per_node))
+    embedded = {name: value for name, value in sizes if value is not None}  # unset: ServiceConfig's defaults
     config = ServiceConfig(
         address=args.address, data_dir=args.data_dir, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-        ray_address=args.ray_address,
+        ray_address=args.ray_address, **embedded,
         topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
         allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool,
     )
@@ -281,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Prometheus listen address (0.0.0.0 in a pod, so Prometheus can scrape it)")
     serve.add_argument("--ray-address", help="Ray cluster to use (default: start an embedded local Ray)")
     serve.add_argument("--topology", type=Path, help="topology map file (default: simulated from the Ray cluster)")
+    serve.add_argument("--nodes", type=_positive_int,
+                       help="simulated nodes of the embedded Ray started without --ray-address (default 1)")
+    serve.add_argument("--gpus-per-node", type=_positive_int,
+                       help="simulated GPU slots per embedded node, one rank each (default 8)")
     serve.add_argument("--tokens-file", type=Path, help="access file with token hashes, tenants, quotas (default: auth off)")
     serve.add_argument("--tls-cert", type=Path)
     serve.add_argument("--tls-key", type=Path)

@@ -44,8 +44,10 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_DATA_DIR = ".trainctl"
 DEFAULT_METRICS_PORT = 9464
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["TrainingService"].full_name
-EMBEDDED_GPUS = 4
-"""Simulated GPUs of the single-node embedded Ray `trainctl serve` starts with no --ray-address."""
+EMBEDDED_NODES = 1
+EMBEDDED_GPUS_PER_NODE = 8
+"""Simulated GPUs per node of the embedded Ray `trainctl serve` starts with no --ray-address: one
+8-GPU node holds every example the README runs (ranks take no CPU, so 8 slots fit a 2-core machine)."""
 STREAM_SHARE = 4
 """One tenant may hold at most 1/STREAM_SHARE of the handler threads with open streams (WatchJob)."""
 
@@ -60,7 +62,9 @@ class ServiceConfig:
     """0 turns the Prometheus endpoint off."""
     metrics_host: str = "127.0.0.1"
     ray_address: str | None = None
-    """None starts an embedded single-node Ray on loopback."""
+    """None starts an embedded Ray on loopback (`embedded_nodes` x `embedded_gpus_per_node` simulated GPUs)."""
+    embedded_nodes: int = EMBEDDED_NODES
+    embedded_gpus_per_node: int = EMBEDDED_GPUS_PER_NODE
     topology: Path | None = None
     """Topology map file; None uses a simulated map of the Ray cluster."""
     tokens_file: Path | None = None
@@ -135,7 +139,7 @@ class Service:
     def start(self) -> Service:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # an embedded Ray binds loopback only
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        from trainctl.workers.embedded import start_local
+        from trainctl.workers.embedded import start_embedded
         from trainctl.workers.runtime import RayRuntime
 
         config = self.config
@@ -146,7 +150,7 @@ class Service:
         paths = JobPathPolicy(config.data_roots, runs_dir)
         ray_address = config.ray_address
         if ray_address is None:
-            self._embedded = start_local(EMBEDDED_GPUS)
+            self._embedded = start_embedded(config.embedded_nodes, config.embedded_gpus_per_node)
             ray_address = self._embedded.address
             self._topology = self._topology or self._embedded.topology
         self._runtime = RayRuntime(ray_address, warm_pool=config.warm_pool)

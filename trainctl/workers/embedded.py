@@ -5,7 +5,7 @@ Each node is a real Ray node (its own raylet) started with ``ray.cluster_utils.C
 simulated topology map, and offering one ``trainctl_gpu_<i>`` slot resource per simulated GPU (no
 Ray ``GPU`` resource, so torch never touches CUDA). The first node is the head; it also offers the
 ``trainctl_control`` resource job supervisors run on. ``trainctl serve``
-with no configuration uses the single-node form, `start_local`.
+with no --ray-address starts one (``--nodes`` x ``--gpus-per-node``, 1 x 8 by default).
 """
 
 from __future__ import annotations
@@ -213,8 +213,3 @@ def _label_value(text: str) -> str:
     """``text`` with characters Ray label values do not allow replaced by '.' (at most 63 characters)."""
     value = re.sub(r"[^A-Za-z0-9_.-]", ".", text).strip("._-")
     return value[:63].rstrip("._-") or "none"
-
-
-def start_local(gpus: int = 4, *, dashboard: bool = False) -> EmbeddedRay:
-    """The single-node embedded Ray that ``trainctl serve`` starts with no configuration."""
-    return start_embedded(1, gpus, dashboard=dashboard)
