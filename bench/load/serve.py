@@ -2,10 +2,11 @@
 
 `Service(ServiceConfig(...)).start()` is exactly what `trainctl serve --gpus-per-node 4` starts: the
 embedded single-node Ray (4 simulated GPUs, the pool docs/benchmarks.md measured on), the SQLite
-store, the scheduler loop, the gRPC server with its interceptor chain (auth, undecodable requests, errors and RPC metrics), the access file and the data-root policy,
-and the Prometheus endpoint. The one difference: once it serves, every GPU of the pool is reserved
-for a placeholder, so admitted jobs stay QUEUED and nothing trains (the scheduler still runs its
-admission pass on every tick and records why each job waits). Prints `serving on HOST:PORT` when
+store, the scheduler loop, the gRPC server with its interceptor chain (auth, undecodable requests,
+errors and RPC metrics), the access file and the data-root policy, and the Prometheus endpoint. The
+one difference: once it serves, every GPU of the pool is reserved for a placeholder, so admitted jobs
+stay QUEUED and nothing trains (the scheduler still runs its admission pass on every tick and records
+why each job waits). Prints `serving on HOST:PORT` when
 ready; SIGTERM stops it gracefully.
 
     .venv/bin/python bench/load/serve.py --data-dir DIR --tokens-file FILE --data-root DIR --metrics-port N
