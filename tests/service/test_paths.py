@@ -201,3 +201,20 @@ def test_a_server_with_tenants_needs_data_roots_or_the_loud_opt_out(tmp_path: Pa
     with caplog.at_level("WARNING", logger="trainctl.service.paths"):
         check_confinement(True, [], True)
     assert "--allow-any-data-path" in caplog.text and caplog.records[0].levelname == "WARNING"
+
+
+def test_from_pretrained_is_confined_like_every_path(runs: dict[str, Path], tmp_path: Path) -> None:
+    root, runs_dir = runs["root"], runs["runs"]
+    outside = tmp_path / "elsewhere" / "model"
+    outside.mkdir(parents=True)
+    policy = policy_of([root], runs_dir)
+    field = "spec.model.from_pretrained"
+    assert job_fields(policy, model={"from_pretrained": str(root / "corpus")}) == {}
+    assert job_fields(policy, model={"from_pretrained": str(runs_dir / "job-mine")}) == {}
+    assert "outside the data roots" in job_fields(policy, model={"from_pretrained": str(outside)})[field]
+    assert "absolute path" in job_fields(policy, model={"from_pretrained": "relative/model"})[field]
+    for each in (policy, policy_of([], runs_dir)):  # with and without data roots
+        theirs = job_fields(each, model={"from_pretrained": str(runs_dir / "job-theirs" / "checkpoints")})[field]
+        assert "not yours" in theirs
+        via_link = job_fields(each, model={"from_pretrained": str(root / "corpus" / "theirs")})[field]
+        assert "job-theirs" not in via_link and "not yours" in via_link

@@ -28,7 +28,13 @@ from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobRecord, JobStore
 from trainctl.service.tenancy import Principal, TenantUsage, admission_violation
 from trainctl.spec.job import TrainingJob
-from trainctl.spec.validate import FieldViolation, SpecError, data_violations, semantic_violations
+from trainctl.spec.validate import (
+    FieldViolation,
+    SpecError,
+    data_violations,
+    pretrained_violations,
+    semantic_violations,
+)
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.workers.events import ACTIVE_STATES, JobState
@@ -103,14 +109,15 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
     def _checked(self, job: TrainingJob, principal: Principal) -> tuple[TrainingJob, list[FieldViolation]]:
         """`job` with its `init_from: job:<id>` resolved, and every rule it breaks: the spec's semantics,
         the path rule (paths.JobPathPolicy) and then, only for paths it let through, the data and the
-        init_from checkpoint they name (exist, are readable, hold one sample, fit the model)."""
+        init_from checkpoint or from_pretrained directory they name (exist, are readable, hold one sample,
+        fit the model)."""
         violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=False)
         confinement = self.paths.violations(job.spec, principal, self._tenant_of)
         if confinement:
             return job, violations + confinement
         reference = job_reference(job.spec.init_from)
         job = job.model_copy(update={"spec": self.paths.resolve(job.spec)})
-        violations += data_violations(job.spec.data)
+        violations += data_violations(job.spec.data) + pretrained_violations(job)
         if job.spec.init_from is not None and job.spec.init_from.strip():
             problem = init_from_problem(job.spec.init_from, job.spec)
             if problem is not None:

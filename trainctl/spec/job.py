@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 API_VERSION = "trainctl/v1"
 KIND = "TrainingJob"
@@ -101,8 +101,13 @@ class MoESpec(StrictModel):
     """Every `interval`-th decoder layer is an MoE layer (1 = all of them)."""
 
 
+DEFAULT_PRESET = "debug"
+SHAPE_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta", "norm_eps", "moe")
+"""The ModelSpec fields that override a preset's shape."""
+
+
 class ModelSpec(StrictModel):
-    preset: str = Field(default="debug", max_length=64)
+    preset: str = Field(default=DEFAULT_PRESET, max_length=64)
     """Named model shape (see `trainctl.spec.presets.PRESETS`); fields below override it."""
     vocab_size: count(MAX_VOCAB) | None = None
     """Vocabulary size (at most 4,194,304); the byte tokenizer needs at least 256."""
@@ -122,6 +127,26 @@ class ModelSpec(StrictModel):
     """RMSNorm epsilon."""
     moe: MoESpec | None = None
     """Mixture-of-experts settings; None keeps the preset's (dense presets have none)."""
+    from_pretrained: PathText | None = None
+    """A local Hugging Face model directory (config.json + model.safetensors or a sharded index): the
+    model's shape comes from its config.json and its initial weights from its safetensors files
+    (families llama, mistral, qwen2, qwen3). Excludes `preset` and the shape fields above, and
+    `spec.init_from`."""
+
+    @model_validator(mode="after")
+    def _pretrained_excludes_shape(self) -> ModelSpec:
+        if self.from_pretrained is None:
+            return self
+        set_fields = [name for name in SHAPE_FIELDS if getattr(self, name) is not None]
+        if self.preset != DEFAULT_PRESET:
+            set_fields.insert(0, "preset")
+        if set_fields:
+            named = ", ".join(f"spec.model.{name}" for name in set_fields)
+            raise ValueError(
+                f"spec.model.from_pretrained and {named} are mutually exclusive: the shape comes from the "
+                "directory's config.json"
+            )
+        return self
 
 
 class DataSpec(StrictModel):
@@ -290,7 +315,17 @@ class JobSpecBody(StrictModel):
     service resolves it to that job's run directory). Optimizer state and data position start fresh."""
     lora: LoRASpec | None = None
     """Low-rank adapters: freeze the model and train only adapters on `target_modules` (usually with
-    init_from); checkpoints then hold only the adapters. None: train every parameter."""
+    init_from or model.from_pretrained); checkpoints then hold only the adapters. None: train every
+    parameter."""
+
+    @model_validator(mode="after")
+    def _one_weight_source(self) -> JobSpecBody:
+        if self.init_from is not None and self.model.from_pretrained is not None:
+            raise ValueError(
+                "spec.init_from and spec.model.from_pretrained are mutually exclusive: the initial weights come "
+                "from one of them"
+            )
+        return self
 
 
 class TrainingJob(StrictModel):

@@ -1,10 +1,17 @@
-"""Model shapes: named presets and the resolved `ModelConfig` the engine builds from."""
+"""Model shapes: named presets and the resolved `ModelConfig` the engine builds from.
+
+`resolve_model` gives a preset (with the spec's overrides) or, for `spec.model.from_pretrained`, the
+shape a Hugging Face model directory's config.json describes (`trainctl.spec.hf_config`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from trainctl.spec.hf_config import PretrainedConfigError, read_hf_config
 from trainctl.spec.job import ModelSpec
+
+__all__ = ["PRESETS", "ModelConfig", "MoEConfig", "PretrainedConfigError", "RopeScaling", "UnknownPresetError", "resolve_model"]
 
 
 @dataclass(frozen=True)
@@ -19,8 +26,28 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1-style RoPE frequency scaling (`rope_type: llama3`): low frequencies divided by `factor`,
+    high ones kept, the band between interpolated smoothly."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """A fully resolved Llama-style decoder shape (optionally with MoE feed-forward layers)."""
+    """A fully resolved Llama-style decoder shape (optionally with MoE feed-forward layers).
+
+    Features beyond Llama 2 (all off in the presets): `tie_embeddings` (the output projection is the
+    token embedding), `qkv_bias` (bias on the q/k/v projections, Qwen2), `qk_norm` (RMSNorm over each
+    query/key head before RoPE, Qwen3), `explicit_head_dim` (head size independent of dim / n_heads),
+    `rope_scaling`. `hf_family` is the Hugging Face `model_type` an imported model came from (export
+    writes that family back; None: a trainctl preset, exported as Llama) and `sliding_window` the
+    window its config.json declares (the engine attends causally over the whole sequence, so a job's
+    seq_len must not exceed it).
+    """
 
     vocab_size: int
     dim: int
@@ -31,10 +58,18 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     moe: MoEConfig | None = None
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    explicit_head_dim: int | None = None
+    rope_scaling: RopeScaling | None = None
+    hf_family: str | None = None
+    sliding_window: int | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        """Size of one attention head: `explicit_head_dim`, else dim // n_heads."""
+        return self.explicit_head_dim if self.explicit_head_dim is not None else self.dim // self.n_heads
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer `layer` uses an MoE feed-forward."""
@@ -72,7 +107,14 @@ class UnknownPresetError(ValueError):
 
 
 def resolve_model(spec: ModelSpec) -> ModelConfig:
-    """The preset named by `spec`, with every field the spec sets overriding it."""
+    """The shape of `spec.from_pretrained`'s config.json (`PretrainedConfigError` if it has none usable),
+    else the preset named by `spec` with every field the spec sets overriding it."""
+    if spec.from_pretrained is not None:
+        fields = read_hf_config(spec.from_pretrained)
+        rope, moe = fields.pop("rope_scaling"), fields.pop("moe", None)
+        return ModelConfig(
+            **fields, rope_scaling=None if rope is None else RopeScaling(**rope), moe=None if moe is None else MoEConfig(**moe)
+        )
     if spec.preset not in PRESETS:
         raise UnknownPresetError(f"unknown model preset {spec.preset!r}; known: {', '.join(sorted(PRESETS))}")
     config = PRESETS[spec.preset]
@@ -84,3 +126,4 @@ def resolve_model(spec: ModelSpec) -> ModelConfig:
     if spec.moe is not None:
         overrides["moe"] = MoEConfig(**spec.moe.model_dump())
     return replace(config, **overrides)
+

@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from trainctl.spec.job import DataSpec, TrainingJob
-from trainctl.spec.presets import ModelConfig, UnknownPresetError, resolve_model
+from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
 
 STDLIB_CORPUS = "@stdlib"
 
@@ -82,7 +82,10 @@ def resolve_data_paths(patterns: list[str]) -> list[Path]:
 
 
 def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check_data: bool = True) -> list[FieldViolation]:
-    """Rules that relate fields: layout vs. model shape, batch arithmetic, resources, data."""
+    """Rules that relate fields: layout vs. model shape, batch arithmetic, resources, data.
+
+    With check_data False no file is read: a `spec.model.from_pretrained` model's shape rules are then
+    left to `pretrained_violations`, which the service calls once the path rule let the path through."""
     spec = job.spec
     par = spec.parallelism
     train = spec.training
@@ -91,11 +94,15 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
     def bad(field: str, description: str) -> None:
         out.append(FieldViolation(field, description))
 
-    try:
-        model: ModelConfig | None = resolve_model(spec.model)
-    except UnknownPresetError as exc:
-        bad("spec.model.preset", str(exc))
-        model = None
+    model: ModelConfig | None = None
+    if spec.model.from_pretrained is not None:
+        if check_data:
+            out.extend(pretrained_violations(job))
+    else:
+        try:
+            model = resolve_model(spec.model)
+        except UnknownPresetError as exc:
+            bad("spec.model.preset", str(exc))
 
     world = par.world_size
     if spec.resources.gpus != world:
@@ -161,6 +168,21 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
     return out
 
 
+def pretrained_violations(job: TrainingJob) -> list[FieldViolation]:
+    """`spec.model.from_pretrained`: the directory holds a config.json of a supported family, and the
+    model it describes fits the layout and the data (reads config.json, not the weights)."""
+    directory = job.spec.model.from_pretrained
+    if directory is None:
+        return []
+    if not directory.strip():
+        return [FieldViolation("spec.model.from_pretrained", "must be a Hugging Face model directory, not empty")]
+    try:
+        model = resolve_model(job.spec.model)
+    except PretrainedConfigError as exc:
+        return [FieldViolation("spec.model.from_pretrained", str(exc))]
+    return _model_violations(model, job)
+
+
 def _efficiency_violations(job: TrainingJob) -> list[FieldViolation]:
     """Rules of the optimizer kernel, LoRA and init_from fields."""
     spec = job.spec
@@ -198,10 +220,18 @@ def _model_violations(model: ModelConfig, job: TrainingJob) -> list[FieldViolati
     def bad(field: str, description: str) -> None:
         out.append(FieldViolation(f"spec.model.{field}", description))
 
-    if model.dim % model.n_heads:
+    if model.explicit_head_dim is None and model.dim % model.n_heads:
         bad("dim", f"{model.dim} is not divisible by n_heads {model.n_heads}")
     elif model.head_dim % 2:
-        bad("dim", f"head dimension dim / n_heads = {model.head_dim} must be even for rotary embeddings")
+        bad("dim", f"head dimension {model.head_dim} must be even for rotary embeddings")
+    seq_len = job.spec.data.seq_len
+    if model.sliding_window is not None and seq_len > model.sliding_window:
+        out.append(FieldViolation(
+            "spec.data.seq_len",
+            f"{seq_len} exceeds the model's config.json sliding_window {model.sliding_window} "
+            f"(spec.model.from_pretrained): the engine attends over the whole sequence, which equals the "
+            f"model's sliding-window attention only for seq_len <= sliding_window",
+        ))
     if model.n_heads % model.n_kv_heads:
         bad("n_kv_heads", f"n_heads {model.n_heads} is not divisible by n_kv_heads {model.n_kv_heads}")
     if model.n_heads % par.tp:

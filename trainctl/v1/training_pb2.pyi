@@ -145,7 +145,7 @@ class MoESpec(_message.Message):
     def __init__(self, num_experts: _Optional[int] = ..., top_k: _Optional[int] = ..., shared_expert: _Optional[bool] = ..., aux_loss_coef: _Optional[float] = ..., interval: _Optional[int] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("preset", "vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta", "norm_eps", "moe")
+    __slots__ = ("preset", "vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta", "norm_eps", "moe", "from_pretrained")
     PRESET_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class ModelSpec(_message.Message):
     ROPE_THETA_FIELD_NUMBER: _ClassVar[int]
     NORM_EPS_FIELD_NUMBER: _ClassVar[int]
     MOE_FIELD_NUMBER: _ClassVar[int]
+    FROM_PRETRAINED_FIELD_NUMBER: _ClassVar[int]
     preset: str
     vocab_size: int
     dim: int
@@ -166,7 +167,8 @@ class ModelSpec(_message.Message):
     rope_theta: float
     norm_eps: float
     moe: MoESpec
-    def __init__(self, preset: _Optional[str] = ..., vocab_size: _Optional[int] = ..., dim: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., n_kv_heads: _Optional[int] = ..., ffn_dim: _Optional[int] = ..., rope_theta: _Optional[float] = ..., norm_eps: _Optional[float] = ..., moe: _Optional[_Union[MoESpec, _Mapping]] = ...) -> None: ...
+    from_pretrained: str
+    def __init__(self, preset: _Optional[str] = ..., vocab_size: _Optional[int] = ..., dim: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., n_kv_heads: _Optional[int] = ..., ffn_dim: _Optional[int] = ..., rope_theta: _Optional[float] = ..., norm_eps: _Optional[float] = ..., moe: _Optional[_Union[MoESpec, _Mapping]] = ..., from_pretrained: _Optional[str] = ...) -> None: ...
 
 class StringList(_message.Message):
     __slots__ = ("values",)
