@@ -56,6 +56,7 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from trainctl.parallelism.engine.distributed import teardown
+from trainctl.parallelism.layouts.parallelize import canonical_name
 from trainctl.spec.job import JobSpecBody
 
 DEFAULT_TIMEOUT = 240.0
@@ -247,7 +248,8 @@ def full_named_grads(trainer: Any) -> dict[str, torch.Tensor]:
     stages contribute their own parameters (all-gathered across ranks).
     """
     mine: dict[str, torch.Tensor] = {}
-    for name, param in trainer.model.named_parameters():
+    named = [(canonical_name(n), p) for part in trainer.model.parts for n, p in part.named_parameters(remove_duplicate=False)]
+    for name, param in named:  # a tied embedding under both its names, as each pipeline stage holds it
         grad = param.grad
         if grad is None:
             continue

@@ -1,78 +1,63 @@
-"""Export trained weights in the Hugging Face Llama layout: `model.safetensors` + `config.json`.
+"""Export trained weights in the Hugging Face layout: `model.safetensors` + `config.json`.
 
-Names map one to one (`tok_embeddings` -> `model.embed_tokens`, `attention.wq` -> `self_attn.q_proj`,
-`feed_forward.w1/w3/w2` -> `mlp.gate_proj/up_proj/down_proj`, `attention_norm` / `ffn_norm` ->
-`input_layernorm` / `post_attention_layernorm`, `norm` -> `model.norm`, `output` -> `lm_head`).
-
-RoPE: the engine rotates interleaved pairs (dims 2i, 2i+1 of a head share frequency i); HF Llama
-rotates halves (`rotate_half`: dims i and i + head_dim/2). Both use frequency theta^(-2i/head_dim) for
-pair i, so permuting the output rows of `wq` and `wk` within each head (pair i's two rows go to
-positions i and i + head_dim/2) gives identical attention scores: q.k is a sum over dims, permuted
-alike on both sides. LoRA runs are exported merged (`pretrained.load_weights`). MoE models have no
-Llama form and are refused.
+Names and the RoPE permutation of the q/k side: `hf_names`. A model imported with
+`spec.model.from_pretrained` is written back as its own family (`ModelConfig.hf_family`: llama,
+mistral, qwen2 or qwen3: `architectures`, `model_type`, q/k/v biases, q/k norms, head_dim, RoPE
+scaling, sliding_window); trainctl presets are written as Llama. Tied embeddings are written once
+(`model.embed_tokens`, no `lm_head`, `tie_word_embeddings: true`). LoRA runs are exported merged
+(`pretrained.load_weights`). MoE models have no dense form and are refused.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from trainctl.parallelism.checkpoint.hf_names import hf_name, interleaved_to_halves, rope_heads
 from trainctl.parallelism.checkpoint.pretrained import Pretrained, load_weights
+from trainctl.spec.hf_config import ARCHITECTURES
 from trainctl.spec.presets import ModelConfig
 
-LAYER_NAMES = {
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-    "attention_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-}
-TOP_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+DEFAULT_FAMILY = "llama"
 
 
 class ExportError(ValueError):
-    """The checkpoint cannot be written in the Llama layout (the message says why)."""
-
-
-def interleaved_to_halves(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder a q/k projection's output rows from interleaved-pair RoPE to rotate-half RoPE."""
-    rows, cols = weight.shape
-    head_dim = rows // n_heads
-    return weight.reshape(n_heads, head_dim // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    """The checkpoint cannot be written in a Hugging Face layout (the message says why)."""
 
 
 def hf_state_dict(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """The engine's plain weights renamed (and q/k permuted) to the HF Llama names."""
+    """The engine's plain weights renamed (and the q/k side permuted) to the HF names."""
     if config.moe is not None:
-        raise ExportError("MoE models have no Hugging Face Llama form; export supports dense models only")
+        raise ExportError("MoE models have no dense Hugging Face form; export supports dense models only")
     out: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
-        if name in TOP_NAMES:
-            out[TOP_NAMES[name]] = tensor
-            continue
-        head, layer, rest = (name.split(".", 2) + ["", ""])[:3]
-        if head != "layers" or rest not in LAYER_NAMES:
-            raise ExportError(f"parameter {name!r} has no place in the Llama layout")
-        if rest == "attention.wq.weight":
-            tensor = interleaved_to_halves(tensor, config.n_heads)
-        elif rest == "attention.wk.weight":
-            tensor = interleaved_to_halves(tensor, config.n_kv_heads)
-        out[f"model.layers.{layer}.{LAYER_NAMES[rest]}"] = tensor
+        if name == "output.weight" and config.tie_embeddings:
+            continue  # the embedding is the output head
+        target = hf_name(name)
+        if target is None:
+            raise ExportError(f"parameter {name!r} has no place in the Hugging Face layout")
+        heads = rope_heads(name, config)
+        out[target] = tensor if heads is None else interleaved_to_halves(tensor, heads)
     return {k: v.detach().contiguous() for k, v in out.items()}
 
 
+def _rope_parameters(config: ModelConfig) -> dict:
+    if config.rope_scaling is None:
+        return {"rope_type": "default", "rope_theta": config.rope_theta}
+    return {"rope_type": "llama3", "rope_theta": config.rope_theta, **asdict(config.rope_scaling)}
+
+
 def hf_config(config: ModelConfig, max_positions: int, dtype: torch.dtype) -> dict:
-    """config.json for `LlamaForCausalLM` (rope_theta under both the v4 and the v5 key)."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    """config.json of the model's family (rope settings under both the v4 and the v5 keys)."""
+    family = config.hf_family or DEFAULT_FAMILY
+    rope = _rope_parameters(config)
+    out = {
+        "architectures": [ARCHITECTURES[family]],
+        "model_type": family,
         "vocab_size": config.vocab_size,
         "hidden_size": config.dim,
         "intermediate_size": config.ffn_dim,
@@ -83,15 +68,23 @@ def hf_config(config: ModelConfig, max_positions: int, dtype: torch.dtype) -> di
         "hidden_act": "silu",
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_parameters": rope,
+        "rope_scaling": None if config.rope_scaling is None else rope,
         "max_position_embeddings": max_positions,
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
+        "tie_word_embeddings": config.tie_embeddings,
         "torch_dtype": str(dtype).removeprefix("torch."),
         "bos_token_id": None,
         "eos_token_id": None,
     }
+    if family in ("llama", "qwen3"):
+        out.update(attention_bias=False)
+    if family == "llama":
+        out.update(mlp_bias=False)
+    if family == "mistral":
+        out.update(sliding_window=config.sliding_window)
+    if family in ("qwen2", "qwen3"):
+        out.update(use_sliding_window=False, sliding_window=None)
+    return out
 
 
 def export_checkpoint(source: Pretrained, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> list[Path]:

@@ -7,7 +7,8 @@ a `step_*` checkpoint, a checkpoint root (its newest complete checkpoint) or a j
 
 `load_weights(path)` returns the full, merged model weights: for a LoRA run (whose checkpoints hold
 only adapters) the base comes from the run's own `init_from`, recursively, and the adapters are
-merged in. Reading uses DCP without a process group (every caller reads the whole model, as the
+merged in; a LoRA run on a Hugging Face model (`spec.model.from_pretrained`) takes its base from
+that directory (`hf_import`). Reading uses DCP without a process group (every caller reads the whole model, as the
 engine builds the whole model on CPU before sharding it).
 """
 
@@ -24,11 +25,12 @@ from pydantic import ValidationError
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from trainctl.parallelism.checkpoint import dcp as ckpt
+from trainctl.parallelism.checkpoint.hf_import import read_model_weights
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.model.lora import apply_lora, merge_lora_state
 from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.job import JobSpecBody
-from trainctl.spec.presets import ModelConfig, UnknownPresetError, resolve_model
+from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
 
 RUN_SPEC = "job.json"
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -90,7 +92,7 @@ def open_checkpoint(path: str | Path, job: JobSpecBody | None = None) -> Pretrai
             raise CheckpointNotFoundError(f"{spec_file}: not a readable job record: {exc}") from exc
     try:
         config = resolve_model(job.model)
-    except UnknownPresetError as exc:
+    except (UnknownPresetError, PretrainedConfigError) as exc:
         raise CheckpointNotFoundError(f"{step_dir}: the model it was written for is unknown: {exc}") from exc
     return Pretrained(path=step_dir, job=job, config=config)
 
@@ -100,7 +102,8 @@ def _weight_shape(config: ModelConfig) -> dict[str, object]:
     moe = config.moe
     return {
         "vocab_size": config.vocab_size, "dim": config.dim, "n_layers": config.n_layers, "n_heads": config.n_heads,
-        "n_kv_heads": config.n_kv_heads, "ffn_dim": config.ffn_dim,
+        "n_kv_heads": config.n_kv_heads, "ffn_dim": config.ffn_dim, "head_dim": config.head_dim,
+        "qkv_bias": config.qkv_bias, "qk_norm": config.qk_norm, "tie_embeddings": config.tie_embeddings,
         "moe": None if moe is None else (moe.num_experts, moe.shared_expert, moe.interval),
     }
 
@@ -152,7 +155,10 @@ def load_weights(pretrained: Pretrained, _depth: int = 0) -> dict[str, torch.Ten
         return state
     if _depth >= MAX_CHAIN:
         raise CheckpointNotFoundError(f"{pretrained.path}: init_from chain longer than {MAX_CHAIN}")
-    if job.init_from is None:  # adapters on a fresh model: its initialisation is reproducible
+    if job.model.from_pretrained is not None:  # adapters on a Hugging Face model
+        fresh = build_model(pretrained.config, job.training.seed)
+        base = read_model_weights(job.model.from_pretrained, fresh, pretrained.config)
+    elif job.init_from is None:  # adapters on a fresh model: its initialisation is reproducible
         base = build_model(pretrained.config, job.training.seed).state_dict()
     else:
         base = load_weights(open_checkpoint(job.init_from), _depth + 1)
@@ -164,25 +170,35 @@ def load_weights(pretrained: Pretrained, _depth: int = 0) -> dict[str, torch.Ten
     return merge_lora_state({**base, **state}, job.lora)
 
 
-def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Copy `weights` into a plain model; the names and shapes must match exactly."""
+def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str, field: str = "spec.init_from") -> None:
+    """Copy `weights` into a plain model; the names and shapes must match exactly (errors name `field`)."""
     own = model.state_dict()
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
     if missing or unexpected:
         raise ConfigurationError(
-            f"spec.init_from: {source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            f"{field}: {source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
     for name, tensor in weights.items():
         if tuple(tensor.shape) != tuple(own[name].shape):
             raise ConfigurationError(
-                f"spec.init_from: {source}: {name} has shape {tuple(tensor.shape)}, the model needs {tuple(own[name].shape)}"
+                f"{field}: {source}: {name} has shape {tuple(tensor.shape)}, the model needs {tuple(own[name].shape)}"
             )
     model.load_state_dict(weights)
 
 
 def prepare_model(model: torch.nn.Module, job: JobSpecBody) -> None:
-    """The Trainer's hook before parallelizing: load `init_from`'s weights, then add LoRA adapters."""
+    """The Trainer's hook before parallelizing: load `init_from`'s or `model.from_pretrained`'s weights,
+    then add LoRA adapters."""
+    directory = job.model.from_pretrained
+    if directory is not None:
+        config = model.config
+        if config.sliding_window is not None and job.data.seq_len > config.sliding_window:
+            raise ConfigurationError(
+                f"spec.data.seq_len: {job.data.seq_len} exceeds config.json sliding_window {config.sliding_window} "
+                f"of spec.model.from_pretrained {directory}"
+            )
+        load_into(model, read_model_weights(directory, model, config), directory, field="spec.model.from_pretrained")
     if job.init_from is not None:
         try:
             source = open_checkpoint(job.init_from)

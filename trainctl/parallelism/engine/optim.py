@@ -75,17 +75,21 @@ def build_scheduler(optimizer: torch.optim.Optimizer, spec: TrainingSpec) -> Lam
     return LambdaLR(optimizer, lambda step: lr_multiplier(step, spec))
 
 
-def global_grad_norm(params: Iterable[nn.Parameter], pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def global_grad_norm(
+    params: Iterable[nn.Parameter], pp_group: dist.ProcessGroup | None = None, duplicates: Iterable[nn.Parameter] = ()
+) -> torch.Tensor:
     """The L2 norm of all gradients of the whole model, identical on every rank (float32).
 
     DTensor gradients (FSDP, TP, EP shards) are reduced over their own mesh, grouped by mesh and
     placements; plain gradients are complete replicas (DDP / ZeRO-1 / single process) and count once.
-    Pipeline stages hold disjoint parameters, so the squares are summed over `pp_group`.
+    Pipeline stages hold disjoint parameters, so the squares are summed over `pp_group`; `duplicates`
+    (the last stage's copy of tied embeddings) are left out.
     """
     grouped: dict[tuple, list[torch.Tensor]] = {}
     device = None
+    skip = {id(p) for p in duplicates}
     for p in params:
-        if p.grad is None:
+        if p.grad is None or id(p) in skip:
             continue
         g = p.grad
         device = g.device
@@ -103,11 +107,16 @@ def global_grad_norm(params: Iterable[nn.Parameter], pp_group: dist.ProcessGroup
 
 
 @torch.no_grad()
-def clip_gradients(params: Iterable[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None = None) -> float:
-    """Scale all gradients so their global norm is at most `max_norm` (0 disables); returns the norm
-    before clipping."""
+def clip_gradients(
+    params: Iterable[nn.Parameter],
+    max_norm: float,
+    pp_group: dist.ProcessGroup | None = None,
+    duplicates: Iterable[nn.Parameter] = (),
+) -> float:
+    """Scale all gradients so their global norm (`duplicates` counted elsewhere) is at most `max_norm`
+    (0 disables); returns the norm before clipping."""
     params = list(params)
-    total = global_grad_norm(params, pp_group)
+    total = global_grad_norm(params, pp_group, duplicates)
     if max_norm > 0:
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for p in params:

@@ -226,6 +226,8 @@ class Trainer:
         if self.model.expert_parallel:
             reduce_expert_gradients(self.model.parts)
         self._align_grad_placements()
+        if self.model.tied is not None:
+            self.model.tied.reduce_gradients()
         return loss
 
     @torch.no_grad()
@@ -274,7 +276,8 @@ class Trainer:
         """Clip by the global gradient norm, step every optimizer and scheduler, clear gradients;
         returns the norm before clipping."""
         pp_group = self.pmesh.group("pp") if self.pmesh is not None and self.grid.pp > 1 else None
-        norm = clip_gradients(self.model.parameters(), self.job.training.grad_clip, pp_group)
+        duplicates = self.model.tied.duplicates if self.model.tied is not None else ()
+        norm = clip_gradients(self.model.parameters(), self.job.training.grad_clip, pp_group, duplicates)
         for opt in self.optimizers:
             opt.step()
         for sharding in self.model.zero1:

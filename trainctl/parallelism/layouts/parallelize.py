@@ -9,6 +9,7 @@
     5. activation checkpointing (none / selective = every other block / full = every block)
     6. torch.compile            (each decoder block, in place: names do not change)
     7. FSDP / ZeRO / DDP        (data_parallel.apply_data_parallel; EP experts are left out of it)
+    8. tied embeddings under PP (tied_embeddings.TiedEmbeddingSync: first/last stage gradient sum)
 
 The model is built whole on CPU from the training seed and only then cut, so every layout starts
 from bit-identical weights (see model.init_weights).
@@ -28,6 +29,7 @@ from trainctl.parallelism.layouts.expert_parallel import apply_expert_parallel, 
 from trainctl.parallelism.layouts.mesh import ParallelMesh
 from trainctl.parallelism.layouts.pipeline import PipelineChunk, split_pipeline_stages
 from trainctl.parallelism.layouts.tensor_parallel import apply_tensor_parallel
+from trainctl.parallelism.layouts.tied_embeddings import TiedEmbeddingSync
 from trainctl.spec.job import JobSpecBody
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -57,6 +59,8 @@ class ParallelModel:
     """With PP: this rank's `PipelineChunk`s, whose `.module` is the final (wrapped) part."""
     expert_parallel: bool = False
     """Experts are sharded over EP groups; their gradients need `expert_parallel.reduce_expert_gradients`."""
+    tied: TiedEmbeddingSync | None = None
+    """With PP and tied embeddings: the first / last stage copies whose gradients are summed."""
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(canonical name, parameter) over all parts."""
@@ -137,4 +141,7 @@ def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, 
         if mode == "zero1"
         else []
     )
-    return ParallelModel(parts=parts, dp_mode=mode, zero1=zero1, chunks=chunks, expert_parallel=par.ep > 1)
+    pmodel = ParallelModel(parts=parts, dp_mode=mode, zero1=zero1, chunks=chunks, expert_parallel=par.ep > 1)
+    if par.pp > 1 and getattr(getattr(model, "config", None), "tie_embeddings", False):
+        pmodel.tied = TiedEmbeddingSync(pmodel.named_parameters(), pmesh)
+    return pmodel

@@ -19,6 +19,12 @@ Pipeline stages under SP exchange plain local sequence shards [batch, seq / tp, 
 the embedding wraps its input as a sequence-sharded DTensor, one without the output head unwraps its
 result, so the stage boundary carries ordinary tensors and positions still span the whole sequence.
 
+Models with `qkv_bias` shard the q/k/v biases with their rows (ColwiseParallel does). `qk_norm`'s
+`attention.q_norm` / `k_norm` run on the local heads: their weights are replicated DTensors and their
+inputs head-sharded (`SequenceParallel` on dim 2), so their gradients are summed over the TP ranks.
+With `tie_embeddings` the embedding and the output head are both sharded on the vocabulary (dim 0 of
+the one matrix) and re-tied to one DTensor after sharding.
+
 MoE blocks (`moe` instead of `feed_forward`) keep their MoE module replicated across TP ranks: its
 input is gathered to full (replicated) activations and, under SP, its output is re-sharded.
 """
@@ -42,6 +48,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
+from trainctl.parallelism.model.transformer import tie_embeddings
+
 
 def _block_plan(block: nn.Module, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     """Plan for one decoder block, keyed by module names relative to the block."""
@@ -52,6 +60,9 @@ def _block_plan(block: nn.Module, sequence_parallel: bool) -> dict[str, Parallel
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=between, use_local_output=not sequence_parallel),
     }
+    if hasattr(block.attention, "q_norm"):
+        plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+        plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
     if sequence_parallel:
         plan["attention_norm"] = SequenceParallel()
         plan["ffn_norm"] = SequenceParallel()
@@ -137,6 +148,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         raise ValueError(f"apply_tensor_parallel needs a 1-d TP mesh, got {tp_mesh.ndim} dims")
     check_tensor_parallel(model, tp_mesh.size())
     parallelize_module(model, tp_mesh, _top_plan(model, sequence_parallel))
+    tie_embeddings(model)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, _block_plan(block, sequence_parallel))
     if sequence_parallel and getattr(model, "tok_embeddings", "absent") is None:

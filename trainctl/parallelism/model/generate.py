@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from trainctl.parallelism.data.tokenizer import load_tokenizer
-from trainctl.parallelism.model.transformer import Transformer, apply_rope, repeat_kv, rope_cos_sin
+from trainctl.parallelism.model.transformer import Transformer, repeat_kv
 
 
 @dataclass
@@ -52,14 +52,12 @@ def forward_cached(model: Transformer, tokens: torch.Tensor, cache: KVCache) -> 
     past = cache.length
     b, s = tokens.shape
     positions = torch.arange(past, past + s, device=tokens.device)
-    cos, sin = rope_cos_sin(positions, model.config.head_dim, model.config.rope_theta)
+    cos, sin = model.rope(positions)
     h = model.tok_embeddings(tokens)
     for name, layer in model.layers.items():
         attn = layer.attention
         x = layer.attention_norm(h)
-        q = apply_rope(attn.wq(x).view(b, s, -1, attn.head_dim), cos, sin).transpose(1, 2)
-        k = apply_rope(attn.wk(x).view(b, s, -1, attn.head_dim), cos, sin).transpose(1, 2)
-        v = attn.wv(x).view(b, s, -1, attn.head_dim).transpose(1, 2)
+        q, k, v = (t.transpose(1, 2) for t in attn.project(x, cos, sin))
         if name in cache.keys:
             k = torch.cat([cache.keys[name], k], dim=2)
             v = torch.cat([cache.values[name], v], dim=2)

@@ -3,8 +3,15 @@
 Module names are a contract: tensor-parallel plans, pipeline splitting, checkpoints and the estimator
 refer to them (see docs/architecture.md):
 
-    tok_embeddings, layers["0".."n-1"]{attention_norm, attention{wq, wk, wv, wo, core}, ffn_norm,
-    feed_forward{w1, w2, w3} | moe}, norm, output
+    tok_embeddings, layers["0".."n-1"]{attention_norm, attention{wq, wk, wv, [q_norm, k_norm], wo, core},
+    ffn_norm, feed_forward{w1, w2, w3} | moe}, norm, output
+
+Optional features (ModelConfig): `qkv_bias` gives wq/wk/wv a bias; `qk_norm` adds `attention.q_norm` /
+`k_norm`, RMSNorms over each head's head_dim applied to q and k before RoPE; `explicit_head_dim` sets the
+head size; `rope_scaling` rescales the RoPE frequencies (Llama 3.1 `llama3` rule); `tie_embeddings`
+makes `output.weight` the very Parameter `tok_embeddings.weight` (both names stay in the state dict;
+`tie_embeddings` re-ties them after a layout replaced parameters, and pipeline stages keep one copy on
+the first and one on the last stage, whose gradients layouts/tied_embeddings.py sums).
 
 A pipeline stage deletes the layers it does not own (names stay) and sets `tok_embeddings`, `norm`
 and `output` to None where absent; `forward` then takes / returns hidden states.
@@ -24,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainctl.spec.presets import ModelConfig
+from trainctl.spec.presets import ModelConfig, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -44,9 +51,27 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None, device: torch.device) -> torch.Tensor:
+    """Per rotary pair i, its angular frequency theta^(-2i/head_dim), rescaled by `scaling` (Llama 3.1:
+    wavelengths above original_max / low_freq_factor divided by `factor`, those below original_max /
+    high_freq_factor kept, the band between interpolated)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    if scaling is None:
+        return inv_freq
+    original = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    smooth = (original / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= original / scaling.high_freq_factor) & (wavelen <= original / scaling.low_freq_factor)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary cos/sin tables for explicit `positions` ([seq] or [batch, seq]) -> [..., seq, head_dim/2]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    inv_freq = rope_frequencies(head_dim, theta, scaling, positions.device)
     angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq
     return angles.cos(), angles.sin()
 
@@ -88,18 +113,29 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.head_dim = config.head_dim
-        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
-        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        bias = config.qkv_bias
+        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=bias)
+        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=bias)
+        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
         self.core = CausalAttentionCore()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v [batch, seq, heads, head_dim] of `x`: projected, q/k normed (qk_norm) and rotated."""
         b, s = x.shape[0], x.shape[1]
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        q, k, v = self.project(x, cos, sin)
         out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
@@ -161,12 +197,17 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(config, i) for i in range(config.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(config.dim, config.norm_eps)
         self.output: nn.Linear | None = nn.Linear(config.dim, config.vocab_size, bias=False)
+        tie_embeddings(self)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary cos/sin tables of `positions` for this model."""
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         if positions is None:
             positions = torch.arange(h.shape[1], device=h.device)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        cos, sin = self.rope(positions)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         if self.norm is not None:
@@ -174,6 +215,16 @@ class Transformer(nn.Module):
         if self.output is not None:
             h = self.output(h)
         return h
+
+
+def tie_embeddings(model: nn.Module) -> None:
+    """With `config.tie_embeddings`, make `output.weight` the Parameter `tok_embeddings.weight` (when the
+    model or stage holds both); call again after a layout replaced parameters (tensor parallel)."""
+    config = getattr(model, "config", None)
+    if config is None or not config.tie_embeddings:
+        return
+    if getattr(model, "tok_embeddings", None) is not None and getattr(model, "output", None) is not None:
+        model.output.weight = model.tok_embeddings.weight
 
 
 def _param_seed(seed: int, name: str) -> int:
@@ -184,7 +235,7 @@ def _param_seed(seed: int, name: str) -> int:
 def init_weights(model: nn.Module, seed: int, n_layers: int) -> None:
     """Initialise every parameter from a generator seeded by (seed, its fully-qualified name).
 
-    Norm weights are ones; embeddings and projections N(0, 0.02); the residual-output projections
+    Norm weights are ones, biases zeros; embeddings and projections N(0, 0.02); the residual-output projections
     (attention.wo, feed_forward.w2 and anything named w2/wo under moe) are scaled by 1/sqrt(2 n_layers).
     Parameters must be plain full tensors (call before parallelizing).
     """
@@ -193,6 +244,9 @@ def init_weights(model: nn.Module, seed: int, n_layers: int) -> None:
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
+                continue
+            if name.endswith(".bias"):
+                param.zero_()
                 continue
             residual = {"wo", "w2"} & set(name.split(".")[-2:])
             std = residual_std if residual else 0.02
