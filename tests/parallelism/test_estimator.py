@@ -116,6 +116,8 @@ def test_flops_per_step_follows_the_documented_formula(corpus):
         ({}, None),
         ({"n_layers": 5, "moe": MoEConfig(num_experts=4, top_k=2, shared_expert=True, interval=2)}, LoRASpec(target_modules=["wq", "w2", "wo"])),
         ({"n_heads": 8, "n_kv_heads": 2, "moe": MoEConfig(num_experts=2, top_k=1)}, LoRASpec(rank=3, target_modules=["w1", "wv"])),
+        ({"qkv_bias": True, "qk_norm": True, "explicit_head_dim": 24, "tie_embeddings": True}, None),
+        ({"qkv_bias": True, "tie_embeddings": True}, LoRASpec(rank=2, target_modules=["wq", "wo"])),
     ],
 )
 def test_full_shapes_from_the_configuration_match_the_model(overrides, lora):
@@ -128,9 +130,30 @@ def test_full_shapes_from_the_configuration_match_the_model(overrides, lora):
         model = Transformer(config)
     if lora is not None:
         apply_lora(model, lora, seed=0)
-    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}  # tied: both names
     assert full_shapes(config, lora) == expected
     assert list(full_shapes(config, lora)) == list(expected)
+
+
+HF_CASES = {
+    "llama-tied-single": ("llama", {}),
+    "qwen2-bias-tied-pp2-tp2": ("qwen2", {"pp": 2, "tp": 2}),
+    "qwen3-qknorm-tp2-fsdp2": ("qwen3", {"tp": 2, "dp_shard": 2}),
+}
+
+
+@pytest.mark.parametrize(("family", "layout"), HF_CASES.values(), ids=HF_CASES.keys())
+def test_estimates_of_imported_models_are_exact(pool, corpus, tmp_path, family, layout):
+    """Tied embeddings (one matrix, or a copy per end stage under PP), q/k/v biases and q/k norms."""
+    from hf_models import save_family
+
+    directory = save_family(family, tmp_path / family)
+    body = tiny_job(corpus, steps=1, model={"from_pretrained": str(directory)}, **layout)
+    measured = pool.run(measure, body.parallelism.world_size, body.model_dump_json())
+    config = resolve_model(body.model)
+    for rank, got in enumerate(measured):
+        est = estimate_memory(config, body, rank)
+        assert (est.params_bytes, est.grads_bytes, est.optimizer_bytes) == (got["params"], got["grads"], got["optimizer"]), rank
 
 
 def test_flops_of_moe_models_count_the_moe_layers():

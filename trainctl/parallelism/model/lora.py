@@ -30,12 +30,15 @@ ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 
 
 class LoRALinear(nn.Linear):
-    """A bias-free linear layer with a frozen base weight and a trainable low-rank update."""
+    """A linear layer with a frozen base weight (and bias, if any) and a trainable low-rank update."""
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
         super().__init__(base.in_features, base.out_features, bias=False, device="meta")
         self.weight = base.weight
         self.weight.requires_grad_(False)
+        if base.bias is not None:  # q/k/v biases (qkv_bias): frozen like the weight
+            self.bias = base.bias
+            self.bias.requires_grad_(False)
         dtype, device = base.weight.dtype, base.weight.device
         self.lora_a = nn.Parameter(torch.zeros(rank, base.in_features, dtype=dtype, device=device))
         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, dtype=dtype, device=device))
@@ -44,7 +47,7 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         update = F.linear(F.linear(self.dropout(x), self.lora_a), self.lora_b)
-        return F.linear(x, self.weight) + self.scale * update
+        return F.linear(x, self.weight, self.bias) + self.scale * update
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rank={self.lora_a.shape[0]}, scale={self.scale:g}"

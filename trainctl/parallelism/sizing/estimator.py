@@ -5,9 +5,11 @@ on the rank, following what the engine does (formulas in docs/engine.md):
 
 1. Full shapes from the configuration (`full_shapes`; no module is built).
 2. Pipeline: the rank keeps the layers of its stages (pipeline.balanced_split), the embedding on the
-   first stage, the final norm and output on the last.
-3. Tensor parallel (tensor_parallel's plan): wq, wk, wv, w1, w3, tok_embeddings and output are split
-   on dim 0, wo and w2 on dim 1; norms and MoE layers are replicated across TP ranks.
+   first stage, the final norm and output on the last (tied embeddings: one matrix without PP, a
+   copy on the first and on the last stage with PP).
+3. Tensor parallel (tensor_parallel's plan): wq, wk, wv (and their biases), w1, w3, tok_embeddings and
+   output are split on dim 0, wo and w2 on dim 1; norms (q/k norms too) and MoE layers are replicated
+   across TP ranks.
 4. Expert parallel: the experts' stacked weights are split on dim 0 (experts) over the EP group.
 5. FSDP / ZeRO-2 / HSDP (`fully_shard`): every dense parameter is split on dim 0 over dp_shard x cp;
    FSDP2 pads dim 0 to a multiple of the shard count, so parameter and gradient storage is
@@ -75,14 +77,14 @@ class LocalParam:
 def _block_shapes(config: ModelConfig, layer: int) -> list[tuple[str, tuple[int, ...]]]:
     """(name within the block, full shape) of decoder layer `layer`'s parameters, in module order."""
     d, f, hd = config.dim, config.ffn_dim, config.head_dim
-    shapes = [
-        ("attention_norm.weight", (d,)),
-        ("attention.wq.weight", (config.n_heads * hd, d)),
-        ("attention.wk.weight", (config.n_kv_heads * hd, d)),
-        ("attention.wv.weight", (config.n_kv_heads * hd, d)),
-        ("attention.wo.weight", (d, config.n_heads * hd)),
-        ("ffn_norm.weight", (d,)),
-    ]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("attention_norm.weight", (d,))]
+    for proj, heads in (("wq", config.n_heads), ("wk", config.n_kv_heads), ("wv", config.n_kv_heads)):
+        shapes.append((f"attention.{proj}.weight", (heads * hd, d)))
+        if config.qkv_bias:
+            shapes.append((f"attention.{proj}.bias", (heads * hd,)))
+    if config.qk_norm:
+        shapes += [("attention.q_norm.weight", (hd,)), ("attention.k_norm.weight", (hd,))]
+    shapes += [("attention.wo.weight", (d, config.n_heads * hd)), ("ffn_norm.weight", (d,))]
     moe = config.moe
     if moe is None or not config.is_moe_layer(layer):
         return [*shapes, ("feed_forward.w1.weight", (f, d)), ("feed_forward.w2.weight", (d, f)), ("feed_forward.w3.weight", (f, d))]
@@ -99,18 +101,21 @@ def _block_shapes(config: ModelConfig, layer: int) -> list[tuple[str, tuple[int,
 
 def full_shapes(config: ModelConfig, lora: LoRASpec | None = None) -> dict[str, tuple[int, ...]]:
     """Every parameter's full shape, by name, in the order of `Transformer(config).named_parameters()`,
-    LoRA adapters right after the weight they adapt.
+    LoRA adapters right after the weight they adapt. `output.weight` is listed also when tied to the
+    embedding (a pipeline's last stage holds its own copy; `_stage_names` drops it where it is shared).
 
     Computed from the configuration (the model is never built): cost is linear in n_layers, whatever
     the sizes (tests/parallelism/test_estimator.py checks it against the model on the meta device)."""
     adapted = {f"{PARENTS[t]}.{t}" for t in lora.target_modules} if lora is not None else set()
     shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (config.vocab_size, config.dim)}
     for layer in range(config.n_layers):
-        for name, shape in _block_shapes(config, layer):
+        block = _block_shapes(config, layer)
+        for i, (name, shape) in enumerate(block):
             shapes[f"layers.{layer}.{name}"] = shape
-            module = name.removesuffix(".weight")
-            if module in adapted:
-                out_features, in_features = shape
+            module = name.rsplit(".", 1)[0]
+            last_of_module = i + 1 == len(block) or block[i + 1][0].rsplit(".", 1)[0] != module
+            if module in adapted and last_of_module:  # adapters follow the weight (and bias) they adapt
+                out_features, in_features = dict(block)[f"{module}.weight"]
                 shapes[f"layers.{layer}.{module}.lora_a"] = (lora.rank, in_features)
                 shapes[f"layers.{layer}.{module}.lora_b"] = (out_features, lora.rank)
     shapes["norm.weight"] = (config.dim,)
@@ -131,13 +136,15 @@ class ModelPlan:
 
     shapes: Mapping[str, tuple[int, ...]]
     stage_layers: tuple[range, ...]
+    tied: bool = False
+    """The output head is the embedding (one parameter where a part holds both)."""
 
 
 def model_plan(config: ModelConfig, job: JobSpecBody) -> ModelPlan:
     """The `ModelPlan` of a model under a job's LoRA and pipeline settings."""
     par = job.parallelism
     stages = balanced_split(config.n_layers, par.pp * par.pp_virtual_stages) if par.pp > 1 else [range(config.n_layers)]
-    return ModelPlan(shapes=full_shapes(config, job.lora), stage_layers=tuple(stages))
+    return ModelPlan(shapes=full_shapes(config, job.lora), stage_layers=tuple(stages), tied=config.tie_embeddings)
 
 
 def _stage_names(plan: ModelPlan, job: JobSpecBody, pp_rank: int) -> list[list[str]]:
@@ -145,7 +152,7 @@ def _stage_names(plan: ModelPlan, job: JobSpecBody, pp_rank: int) -> list[list[s
     par = job.parallelism
     names = list(plan.shapes)
     if par.pp == 1:
-        return [names]
+        return [[name for name in names if not (plan.tied and name == "output.weight")]]
     num_stages = par.pp * par.pp_virtual_stages
     ranges = plan.stage_layers
     out = []
