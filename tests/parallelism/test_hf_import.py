@@ -6,11 +6,12 @@ layout trains an imported model exactly as one process does (losses and gradient
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from harness import assert_equivalent, run_layout, run_reference, tiny_job
+from harness import assert_equivalent, run_layout, run_reference, run_training, tiny_job
 from hf_models import FAMILIES, build_family, save_family
 from safetensors.torch import load_file, save_file
 
@@ -143,3 +144,53 @@ LAYOUTS = {
 def test_imported_models_train_alike_under_every_layout(pool, corpus, hf_dirs: dict[str, Path], family: str, layout: str) -> None:
     body = tiny_job(corpus, model={"from_pretrained": str(hf_dirs[family])}, **LAYOUTS[layout])
     assert_equivalent(run_layout(pool, body), run_reference(pool, body))
+
+
+def _engine_logits(run: Path) -> torch.Tensor:
+    from trainctl.parallelism.checkpoint.pretrained import load_weights, open_checkpoint
+
+    source = open_checkpoint(run)
+    model = build_model(source.config, 0)
+    model.load_state_dict(load_weights(source))
+    with torch.no_grad():
+        return model.eval()(TOKENS)
+
+
+def test_tied_pp_checkpoints_resume_in_one_process_and_export(pool, corpus, hf_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """qwen2 (tied, biased) trained under pp2 x dp2 checkpoints at step 2; one process resumes it exactly; the
+    run exports as qwen2 and reloads in transformers with the engine's logits."""
+    from trainctl.cli.main import main as trainctl_main
+    from trainctl.parallelism.checkpoint import dcp as ckpt
+
+    body = tiny_job(corpus, steps=4, model={"from_pretrained": str(hf_dirs["qwen2"])}, pp=2, dp_shard=2)
+    body.checkpoint.interval_steps = 2
+    full = run_training(pool, body, str(tmp_path / "full"))
+    resume_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "full" / "step_00000002", resume_dir / "step_00000002")
+    single = tiny_job(corpus, steps=4, model={"from_pretrained": str(hf_dirs["qwen2"])})
+    single.checkpoint.interval_steps = 2
+    resumed = run_training(pool, single, str(resume_dir))
+    assert resumed.resumed_from_step == 2
+    assert resumed.losses == pytest.approx(full.losses[2:], rel=1e-5)
+    assert [s for s, _ in ckpt.complete_checkpoints(tmp_path / "full")] == [2, 4]
+
+    out = tmp_path / "hf"
+    assert trainctl_main(["export", str(tmp_path / "full"), "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen2"
+    assert relative(hf_logits(out), _engine_logits(tmp_path / "full")) <= 1e-5
+
+
+def test_lora_on_a_hugging_face_base_exports_merged(pool, corpus, hf_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """The adapters' checkpoint names no base; load_weights finds it in from_pretrained (q/k/v biases kept)."""
+    from trainctl.cli.main import main as trainctl_main
+
+    body = tiny_job(corpus, steps=2, model={"from_pretrained": str(hf_dirs["qwen2"])}, dp_shard=2)
+    body.lora = {"rank": 4, "target_modules": ["wq", "wv", "w2"]}
+    body = JobSpecBody.model_validate(body.model_dump())
+    result = run_training(pool, body, str(tmp_path / "run"))
+    assert result.steps_completed == 2
+    out = tmp_path / "hf"
+    assert trainctl_main(["export", str(tmp_path / "run"), "--out", str(out)]) == 0
+    merged = _engine_logits(tmp_path / "run")
+    assert relative(hf_logits(out), merged) <= 1e-5
+    assert relative(merged, hf_logits(hf_dirs["qwen2"])) > 1e-4  # the adapters changed the model
