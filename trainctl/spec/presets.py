@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainctl.spec.job import ModelSpec
+from trainctl.spec.job import ModelSpec, MoEAuxLoss
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,7 @@ class MoEConfig:
     shared_expert: bool = False
     aux_loss_coef: float = 0.01
     interval: int = 1
+    aux_loss: MoEAuxLoss = "per_layer_sum"
 
 
 @dataclass(frozen=True)
