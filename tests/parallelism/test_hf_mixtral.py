@@ -216,3 +216,18 @@ def test_saved_mixtral_runs_under_expert_parallel_with_the_same_logits(pool, hf_
     for tokens, logits in pool.run(_ep_logits, 2, str(hf_dir)):
         with torch.no_grad():
             assert rel_err(logits, hf(input_ids=tokens).logits) <= LOGITS_RTOL
+
+
+@pytest.mark.parametrize("top_k", [2, 3])
+def test_routing_is_mixtrals_bit_for_bit(top_k: int) -> None:
+    from trainctl.parallelism.model.moe import route
+
+    modeling = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
+    config = transformers.MixtralConfig(**{**HF_MIXTRAL, "num_experts_per_tok": top_k})
+    router = modeling.MixtralTopKRouter(config)
+    torch.nn.init.normal_(router.weight, std=0.5)
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(2))
+    logits, weights, indices = router(x)
+    ours = route(torch.nn.functional.linear(x, router.weight), top_k)
+    assert torch.equal(ours.indices, indices) and torch.equal(ours.weights, weights)
+    assert torch.equal(ours.probs, torch.softmax(logits.float(), dim=-1))
