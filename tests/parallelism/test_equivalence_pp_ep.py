@@ -4,7 +4,9 @@ Every case trains 4 optimizer steps through the real Trainer (shared worker pool
 compares, at every step, the global loss (1e-5 relative) and every parameter's full gradient (5e-5
 relative error per tensor) with the single-process run of the same job. Covered: every pipeline
 schedule (GPipe, 1F1B, interleaved, zero-bubble with one and with two stages per rank) and MoE with
-top-2 and top-1 routing, a shared expert, and dense layers between MoE layers (moe.interval 2).
+top-2 and top-1 routing, a shared expert, dense layers between MoE layers (moe.interval 2), and the
+`transformers` aux-loss convention (one statistic over all layers, carried across pipeline stages),
+with a large coefficient so a wrong aux loss shows in the loss and the router gradients.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ MOE8 = {"preset": "debug-moe", "moe": {"num_experts": 8, "top_k": 2}}
 MOE_SHARED = {"preset": "debug-moe", "moe": {"num_experts": 4, "top_k": 2, "shared_expert": True}}
 MOE_TOP1 = {"preset": "debug-moe", "moe": {"num_experts": 4, "top_k": 1}}
 MOE_EVERY_OTHER = {"preset": "debug-moe", "moe": {"num_experts": 4, "top_k": 2, "interval": 2}}
+MOE_HF_AUX = {"preset": "debug-moe", "moe": {"num_experts": 4, "top_k": 2, "aux_loss": "transformers", "aux_loss_coef": 0.5}}
 
 LAYOUTS = {
     "pp2-gpipe": ({}, {"pp": 2, "pp_schedule": "gpipe"}),
@@ -35,6 +38,11 @@ LAYOUTS = {
     "moe-ep4": (MOE8, {"dp_shard": 4, "ep": 4}),
     "dp2-tp2-pp2": ({}, {"dp_shard": 2, "tp": 2, "pp": 2, "pp_schedule": "1f1b"}),
     "moe-pp2-tp2-ep2": (MOE, {"dp_shard": 2, "ep": 2, "tp": 2, "pp": 2, "pp_schedule": "1f1b"}),
+    "moe-transformers-aux-ep2": (MOE_HF_AUX, {"dp_shard": 2, "ep": 2}),
+    "moe-transformers-aux-pp2-interleaved-v2": (
+        MOE_HF_AUX, {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2}
+    ),
+    "moe-transformers-aux-pp2-tp2-ep2": (MOE_HF_AUX, {"dp_shard": 2, "ep": 2, "tp": 2, "pp": 2, "pp_schedule": "1f1b"}),
 }
 
 

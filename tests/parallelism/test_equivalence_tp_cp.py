@@ -47,6 +47,10 @@ CASES = {
     "cp2_zigzag": ({"cp": 2, "cp_load_balance": True}, None),
     "cp4_zigzag": ({"cp": 4, "cp_load_balance": True}, None),
     "moe_tp2_sp": ({"tp": 2, "sequence_parallel": True}, {"preset": "debug-moe"}),
+    "moe_transformers_aux_tp2_sp": (
+        {"tp": 2, "sequence_parallel": True},
+        {"preset": "debug-moe", "moe": {"num_experts": 4, "top_k": 2, "aux_loss": "transformers", "aux_loss_coef": 0.5}},
+    ),
     "fsdp2_tp2_sp_cp2": (
         {"dp_shard": 2, "tp": 2, "sequence_parallel": True, "cp": 2, "cp_load_balance": True, "zero_stage": 3}, None
     ),

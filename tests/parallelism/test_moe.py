@@ -87,3 +87,44 @@ def test_aux_loss_is_stored_scaled_and_popped_once() -> None:
 def test_top_k_larger_than_experts_is_rejected() -> None:
     with pytest.raises(ValueError, match="top_k 5 exceeds num_experts 4"):
         MoEFeedForward(8, 16, MoEConfig(num_experts=4, top_k=5))
+
+
+def _router_logits_and_aux(config: MoEConfig) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A debug-moe model's router logits (per MoE layer) and its aux loss on one forward."""
+    from dataclasses import replace
+
+    from trainctl.parallelism.model.transformer import build_model
+    from trainctl.spec.presets import PRESETS
+
+    model = build_model(replace(PRESETS["debug-moe"], n_layers=3, moe=config), seed=5)
+    logits: list[torch.Tensor] = []
+    for layer in model.layers.values():
+        layer.moe.router.register_forward_hook(lambda _m, _a, out: logits.append(out))
+    model(torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3)))
+    aux = pop_aux_loss(model)
+    assert aux is not None
+    return logits, aux
+
+
+@pytest.mark.parametrize("top_k", [2, 3])
+def test_transformers_convention_equals_mixtral_load_balancing_loss(top_k: int) -> None:
+    transformers_mixtral = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
+    config = MoEConfig(num_experts=4, top_k=top_k, aux_loss_coef=0.3, aux_loss="transformers")
+    logits, aux = _router_logits_and_aux(config)
+    theirs = 0.3 * transformers_mixtral.load_balancing_loss_func(tuple(logits), 4, top_k)
+    torch.testing.assert_close(aux, theirs, rtol=1e-6, atol=0.0)
+    # Same gradient into every layer's router logits.
+    torch.testing.assert_close(torch.autograd.grad(aux, logits, retain_graph=True), torch.autograd.grad(theirs, logits))
+    # Not the per-layer convention: that one sums per-layer values (1.0 each when balanced, not top_k in all).
+    per_layer = sum(load_balancing_loss(route(x, top_k), 4) for x in logits)
+    assert not torch.allclose(aux, 0.3 * per_layer)
+
+
+def test_per_layer_sum_convention_sums_each_layers_loss() -> None:
+    logits, aux = _router_logits_and_aux(MoEConfig(num_experts=4, top_k=2, aux_loss_coef=0.3))
+    torch.testing.assert_close(aux, sum(0.3 * load_balancing_loss(route(x, 2), 4) for x in logits))
+
+
+def test_unknown_aux_loss_convention_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown moe aux_loss 'switch'"):
+        MoEFeedForward(8, 16, MoEConfig(num_experts=4, top_k=2, aux_loss="switch"))

@@ -14,7 +14,10 @@ RICH = {
     "spec": {
         "model": {
             "preset": "debug-moe", "dim": 96, "n_heads": 6, "n_kv_heads": 3, "rope_theta": 5e5, "norm_eps": 1e-6,
-            "moe": {"num_experts": 8, "top_k": 1, "shared_expert": True, "aux_loss_coef": 0.0, "interval": 2},
+            "moe": {
+                "num_experts": 8, "top_k": 1, "shared_expert": True, "aux_loss_coef": 0.0, "interval": 2,
+                "aux_loss": "transformers",
+            },
         },
         "data": {"paths": ["/data/*.txt", "@stdlib"], "tokenizer": "byte", "seq_len": 64, "seed": -7, "max_files": None},
         "parallelism": {

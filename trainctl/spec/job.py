@@ -88,6 +88,10 @@ class Metadata(StrictModel):
         return value
 
 
+MoEAuxLoss = Literal["per_layer_sum", "transformers"]
+"""Conventions for the MoE load-balancing loss (`MoESpec.aux_loss`)."""
+
+
 class MoESpec(StrictModel):
     num_experts: count(MAX_EXPERTS) = 8
     """Routed experts per MoE layer (at most 1024)."""
@@ -96,7 +100,14 @@ class MoESpec(StrictModel):
     shared_expert: bool = False
     """Add one always-on expert beside the routed ones (DeepSeek-style)."""
     aux_loss_coef: float = Field(default=0.01, ge=0.0)
-    """Weight of the Switch-style load-balancing loss added to the language-model loss."""
+    """Weight of the Switch-style load-balancing loss added to the language-model loss (its meaning
+    depends on `aux_loss`)."""
+    aux_loss: MoEAuxLoss = "per_layer_sum"
+    """How the load-balancing loss is formed per micro-batch. `per_layer_sum`: each MoE layer's
+    `E * sum_e f_e * P_e` (1.0 when balanced), summed over layers. `transformers`: Hugging Face
+    Mixtral's `load_balancing_loss_func`, one `E * sum_e f_e * P_e` over all layers' router
+    statistics together, with `f_e` per top-k slot (top_k when balanced), so `aux_loss_coef` is
+    Mixtral's `router_aux_loss_coef`."""
     interval: count(MAX_LAYERS) = 1
     """Every `interval`-th decoder layer is an MoE layer (1 = all of them)."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trainctl.spec.hf_config import PretrainedConfigError, read_hf_config
-from trainctl.spec.job import ModelSpec
+from trainctl.spec.job import ModelSpec, MoEAuxLoss
 
 __all__ = ["PRESETS", "ModelConfig", "MoEConfig", "PretrainedConfigError", "RopeScaling", "UnknownPresetError", "resolve_model"]
 
@@ -23,6 +23,7 @@ class MoEConfig:
     shared_expert: bool = False
     aux_loss_coef: float = 0.01
     interval: int = 1
+    aux_loss: MoEAuxLoss = "per_layer_sum"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class MoEAuxLoss(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MOE_AUX_LOSS_UNSPECIFIED: _ClassVar[MoEAuxLoss]
+    MOE_AUX_LOSS_PER_LAYER_SUM: _ClassVar[MoEAuxLoss]
+    MOE_AUX_LOSS_TRANSFORMERS: _ClassVar[MoEAuxLoss]
+
 class DataFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DATA_FORMAT_UNSPECIFIED: _ClassVar[DataFormat]
@@ -75,6 +81,9 @@ class JobView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_VIEW_UNSPECIFIED: _ClassVar[JobView]
     JOB_VIEW_BASIC: _ClassVar[JobView]
     JOB_VIEW_FULL: _ClassVar[JobView]
+MOE_AUX_LOSS_UNSPECIFIED: MoEAuxLoss
+MOE_AUX_LOSS_PER_LAYER_SUM: MoEAuxLoss
+MOE_AUX_LOSS_TRANSFORMERS: MoEAuxLoss
 DATA_FORMAT_UNSPECIFIED: DataFormat
 DATA_FORMAT_TEXT: DataFormat
 DATA_FORMAT_TOKENS: DataFormat
@@ -131,18 +140,20 @@ class ObjectMeta(_message.Message):
     def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class MoESpec(_message.Message):
-    __slots__ = ("num_experts", "top_k", "shared_expert", "aux_loss_coef", "interval")
+    __slots__ = ("num_experts", "top_k", "shared_expert", "aux_loss_coef", "interval", "aux_loss")
     NUM_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     SHARED_EXPERT_FIELD_NUMBER: _ClassVar[int]
     AUX_LOSS_COEF_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    AUX_LOSS_FIELD_NUMBER: _ClassVar[int]
     num_experts: int
     top_k: int
     shared_expert: bool
     aux_loss_coef: float
     interval: int
-    def __init__(self, num_experts: _Optional[int] = ..., top_k: _Optional[int] = ..., shared_expert: _Optional[bool] = ..., aux_loss_coef: _Optional[float] = ..., interval: _Optional[int] = ...) -> None: ...
+    aux_loss: MoEAuxLoss
+    def __init__(self, num_experts: _Optional[int] = ..., top_k: _Optional[int] = ..., shared_expert: _Optional[bool] = ..., aux_loss_coef: _Optional[float] = ..., interval: _Optional[int] = ..., aux_loss: _Optional[_Union[MoEAuxLoss, str]] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
     __slots__ = ("preset", "vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta", "norm_eps", "moe", "from_pretrained")

@@ -16,9 +16,11 @@ one or more stages per rank). All four run on CPU / gloo with torch 2.13.
 Loss. Each micro-batch's loss is the mean over its tokens (plus the MoE aux loss of that
 micro-batch), the schedule backpropagates each and divides gradients by the number of micro-batches,
 so gradients and the returned loss equal the single-process mean over the rank's batch. For MoE
-models every stage returns `(hidden, aux)` where `aux` is the running sum of the aux losses of the
-micro-batch so far; the last stage adds it to the language-model loss, and its gradient flows back
-through the pipeline to every stage's routers.
+models every stage returns `(hidden, aux)` where `aux` is the running sum of the MoE layers'
+aux-loss states (`moe.AuxLoss`: their scaled losses, or for the `transformers` convention their
+per-expert router statistics, which the loss needs over all layers together) of the micro-batch so
+far; the last stage adds `AuxLoss.value` of it to the language-model loss, and its gradient flows
+back through the pipeline to every stage's routers.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from torch.distributed.pipelining import (
 )
 
 from trainctl.parallelism.engine.loss import cross_entropy
-from trainctl.parallelism.model.moe import MoEFeedForward, pop_aux_loss
+from trainctl.parallelism.model.moe import AuxLoss, aux_loss_of, pop_aux_state
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
 """Pipeline schedule names, as in the spec's `parallelism.pp_schedule`."""
@@ -161,14 +163,15 @@ def split_pipeline_stages(
 
 # ---- running ---------------------------------------------------------------------------------------
 class AuxCarrier:
-    """Makes a stage of an MoE model carry the micro-batch's aux-loss sum to the next stage.
+    """Makes a stage of an MoE model carry the micro-batch's summed aux-loss state to the next stage.
 
     Forward hooks on the stage module (so DDP / FSDP wrappers stay visible to the schedule): the
     pre-hook takes `(hidden, aux)` from the previous stage and passes `hidden` on; the post-hook
-    returns `(output, aux + this stage's aux losses)`. The first stage starts the sum at zero.
+    returns `(output, aux + this stage's MoE layers' states)`. The first stage starts at zero.
     """
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, aux: AuxLoss):
+        self._aux = aux
         self._incoming: Tensor | None = None
         module.register_forward_pre_hook(self._before, prepend=True)
         module.register_forward_hook(self._after)
@@ -184,8 +187,8 @@ class AuxCarrier:
         total = self._incoming
         self._incoming = None
         if total is None:
-            total = torch.zeros((), device=output.device, dtype=torch.float32)
-        local = pop_aux_loss(module)
+            total = self._aux.zero_state(output.device)
+        local = pop_aux_state(module)
         return output, total if local is None else total + local
 
 
@@ -230,15 +233,15 @@ class PipelineRunner:
         self.is_last = any(c.is_last for c in chunks)
         self._last_rank = dist.get_global_rank(group, stage_rank(chunks[0].num_stages - 1, pp))
         self._device = device
-        carries_aux = any(isinstance(m, MoEFeedForward) for c in chunks for m in c.module.modules())
+        aux = next((found for c in chunks if (found := aux_loss_of(c.module)) is not None), None)
 
         def stage_loss(output: Tensor | tuple[Tensor, Tensor], labels: Tensor) -> Tensor:
-            if carries_aux:
-                logits, aux = output
-                return loss_fn(logits, labels) + aux
+            if aux is not None:
+                logits, state = output
+                return loss_fn(logits, labels) + aux.value(state)
             return loss_fn(output, labels)
 
-        self._carriers = [AuxCarrier(c.module) for c in chunks] if carries_aux else []
+        self._carriers = [AuxCarrier(c.module, aux) for c in chunks] if aux is not None else []
         stages = [PipelineStage(c.module, c.index, c.num_stages, device, group=group) for c in chunks]
         if schedule == "gpipe":
             self.schedule = ScheduleGPipe(stages[0], n_microbatches, loss_fn=stage_loss)

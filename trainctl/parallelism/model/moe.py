@@ -10,13 +10,22 @@ Routing: softmax over all experts in float32, then top-k. With top_k > 1 the k w
 renormalised to sum to 1 (Mixtral); with top_k == 1 the raw probability is kept (Switch), so the
 router still gets a gradient from the language-model loss.
 
-Load balancing: the Switch Transformer auxiliary loss generalised to top-k,
-`aux = coef * E * sum_e f_e * P_e`, with `f_e` the fraction of the k*T token-to-expert assignments
-that go to expert e and `P_e` the mean router probability of e over the T tokens of one forward
-(one micro-batch on one rank). Every MoE layer stores its aux loss on itself after each forward;
-`pop_aux_loss(model)` sums and clears them, and the caller adds the sum to the language-model loss
-of the same micro-batch. Because the loss is taken per micro-batch on local tokens and micro-batches
-have the same size under every layout, DP, EP, TP and PP reproduce the single-process result.
+Load balancing (spec `moe.aux_loss`, `AuxLoss`): the Switch Transformer auxiliary loss generalised
+to top-k, taken per forward (one micro-batch on one rank), in one of two conventions:
+
+- `per_layer_sum`: per MoE layer `coef * E * sum_e f_e * P_e`, `f_e` the fraction of the layer's k*T
+  token-to-expert assignments that go to expert e and `P_e` the mean router probability of e over
+  its T tokens (coef when balanced); summed over layers.
+- `transformers`: Hugging Face Mixtral's `load_balancing_loss_func` times `router_aux_loss_coef`:
+  `coef * E * sum_e (C_e / N) * (S_e / N)` with `C_e` the assignments to e and `S_e` the router
+  probabilities of e summed over all MoE layers and `N` the layers' tokens (coef * top_k when balanced).
+
+Both are formed from additive per-layer states (`AuxLoss.layer_state`: the layer's scalar loss, or
+its [C (E), S (E), T] statistics), so a pipeline stage passes the sum of its layers' states to the
+next and the last stage takes `AuxLoss.value` of the total. Every MoE layer stores its state on
+itself after each forward; `pop_aux_loss(model)` (or `pop_aux_state`) sums and clears them, and the
+caller adds the loss to the language-model loss of the same micro-batch. Because micro-batches have
+the same size under every layout, DP, EP, TP and PP reproduce the single-process result.
 
 Dispatch is dropless: assignments are sorted by expert, each expert runs on its contiguous slice,
 and results are weighted and summed back per token. Where the experts run is delegated to a
@@ -117,6 +126,52 @@ def load_balancing_loss(routing: Routing, num_experts: int) -> Tensor:
     return num_experts * torch.sum(fraction * mean_prob)
 
 
+AUX_LOSS_CONVENTIONS = ("per_layer_sum", "transformers")
+"""Values of `MoEConfig.aux_loss` (spec `moe.aux_loss`)."""
+
+
+@dataclass(frozen=True)
+class AuxLoss:
+    """The load-balancing loss of one micro-batch, built from the MoE layers' additive states."""
+
+    convention: str
+    coef: float
+    num_experts: int
+
+    def __post_init__(self) -> None:
+        if self.convention not in AUX_LOSS_CONVENTIONS:
+            raise ValueError(f"unknown moe aux_loss {self.convention!r}; known: {', '.join(AUX_LOSS_CONVENTIONS)}")
+
+    @classmethod
+    def of(cls, config: MoEConfig) -> AuxLoss:
+        return cls(config.aux_loss, config.aux_loss_coef, config.num_experts)
+
+    @property
+    def state_size(self) -> int:
+        """Length of a layer's (and of a sum of layers') 1-d float32 state."""
+        return 1 if self.convention == "per_layer_sum" else 2 * self.num_experts + 1
+
+    def zero_state(self, device: torch.device) -> Tensor:
+        return torch.zeros(self.state_size, device=device, dtype=torch.float32)
+
+    def layer_state(self, routing: Routing) -> Tensor:
+        """One layer's contribution: [its scaled Switch loss] (per_layer_sum), or [assignments per
+        expert (E), router probability sums per expert (E), tokens] (transformers)."""
+        if self.convention == "per_layer_sum":
+            return (self.coef * load_balancing_loss(routing, self.num_experts)).reshape(1)
+        counts = torch.bincount(routing.indices.reshape(-1), minlength=self.num_experts).to(torch.float32)
+        rows = routing.probs.new_full((1,), routing.probs.shape[0])
+        return torch.cat([counts, routing.probs.sum(dim=0), rows])
+
+    def value(self, state: Tensor) -> Tensor:
+        """The aux loss (coefficient included) of a summed state."""
+        if self.convention == "per_layer_sum":
+            return state[0]
+        e = self.num_experts
+        counts, prob_sums, rows = state[:e], state[e : 2 * e], state[2 * e]
+        return self.coef * (torch.sum((counts / rows) * (prob_sums / rows)) * e)
+
+
 class MoEFeedForward(nn.Module):
     """Top-k routed SwiGLU experts with an optional shared expert and a load-balancing aux loss."""
 
@@ -126,18 +181,18 @@ class MoEFeedForward(nn.Module):
             raise ValueError(f"moe top_k {moe_config.top_k} exceeds num_experts {moe_config.num_experts}")
         self.num_experts = moe_config.num_experts
         self.top_k = moe_config.top_k
-        self.aux_loss_coef = moe_config.aux_loss_coef
+        self.aux = AuxLoss.of(moe_config)
         self.router = nn.Linear(dim, moe_config.num_experts, bias=False)
         self.experts = GroupedExperts(moe_config.num_experts, dim, ffn_dim)
         self.shared_expert = FeedForward(dim, ffn_dim) if moe_config.shared_expert else None
         self.dispatcher: Dispatcher = LocalDispatcher()
-        self.aux_loss: Tensor | None = None
+        self.aux_state: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         routing = route(self.router(tokens), self.top_k)
-        self.aux_loss = self.aux_loss_coef * load_balancing_loss(routing, self.num_experts)
+        self.aux_state = self.aux.layer_state(routing)
 
         flat_experts = routing.indices.reshape(-1)
         order = torch.argsort(flat_experts, stable=True)
@@ -151,12 +206,25 @@ class MoEFeedForward(nn.Module):
         return out.reshape(shape)
 
 
-def pop_aux_loss(module: nn.Module) -> Tensor | None:
-    """Sum of the aux losses the MoE layers under `module` stored in their last forward, clearing
-    them; None when `module` ran no MoE layer since the last call."""
+def aux_loss_of(module: nn.Module) -> AuxLoss | None:
+    """The aux-loss form of the MoE layers under `module` (None when it holds none)."""
+    return next((sub.aux for sub in module.modules() if isinstance(sub, MoEFeedForward)), None)
+
+
+def pop_aux_state(module: nn.Module) -> Tensor | None:
+    """Sum of the aux-loss states the MoE layers under `module` stored in their last forward,
+    clearing them; None when `module` ran no MoE layer since the last call."""
     total: Tensor | None = None
     for sub in module.modules():
-        if isinstance(sub, MoEFeedForward) and sub.aux_loss is not None:
-            total = sub.aux_loss if total is None else total + sub.aux_loss
-            sub.aux_loss = None
+        if isinstance(sub, MoEFeedForward) and sub.aux_state is not None:
+            total = sub.aux_state if total is None else total + sub.aux_state
+            sub.aux_state = None
     return total
+
+
+def pop_aux_loss(module: nn.Module) -> Tensor | None:
+    """The aux loss of the MoE layers under `module` from their last forward (clearing their
+    states); None when `module` ran no MoE layer since the last call."""
+    state = pop_aux_state(module)
+    aux = aux_loss_of(module)
+    return None if state is None or aux is None else aux.value(state)
