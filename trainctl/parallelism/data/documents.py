@@ -18,6 +18,7 @@ spec field and the file and line / record.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -134,7 +135,13 @@ def _column_batches(batches: Iterator[Any], schema_names: list[str], path: Path,
             row += 1
 
 
+def _require_pyarrow(spec: DataSpec) -> None:
+    if importlib.util.find_spec("pyarrow") is None:
+        raise DataError(f"spec.data.format: {spec.format} needs the 'pyarrow' package, which is not installed")
+
+
 def _parquet_records(path: Path, spec: DataSpec) -> Iterator[Record]:
+    _require_pyarrow(spec)
     import pyarrow.parquet as pq
 
     try:
@@ -147,6 +154,7 @@ def _parquet_records(path: Path, spec: DataSpec) -> Iterator[Record]:
 
 
 def _arrow_records(path: Path, spec: DataSpec) -> Iterator[Record]:
+    _require_pyarrow(spec)
     import pyarrow as pa
 
     try:
