@@ -17,7 +17,7 @@ from trainctl.cli.main import main as trainctl_main
 from trainctl.parallelism.data.chat import ChatError
 from trainctl.parallelism.data.corpus import IGNORE_INDEX, DataError, ShardedLoader
 from trainctl.parallelism.data.dataset import build_dataset, cache_root
-from trainctl.parallelism.data.token_shards import TokenShardDataset, prepare_shards
+from trainctl.parallelism.data.token_shards import TokenShardDataset
 from trainctl.parallelism.data.tokenizer import ByteTokenizer, load_tokenizer
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.spec.job import DataSpec
