@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from data_sources import build_tokenizer, conversations, documents, write_format, write_jsonl
+from harness import tiny_job
 
 from trainctl.cli.main import main as trainctl_main
 from trainctl.parallelism.data.chat import ChatError
@@ -19,8 +20,9 @@ from trainctl.parallelism.data.corpus import IGNORE_INDEX, DataError, ShardedLoa
 from trainctl.parallelism.data.dataset import build_dataset, cache_root
 from trainctl.parallelism.data.token_shards import TokenShardDataset
 from trainctl.parallelism.data.tokenizer import ByteTokenizer, load_tokenizer
+from trainctl.parallelism.engine.trainer import Trainer
 from trainctl.parallelism.errors import ConfigurationError
-from trainctl.spec.job import DataSpec
+from trainctl.spec.job import DataSpec, JobSpecBody
 
 FORMATS = ["jsonl", "parquet", "arrow"]
 VOCAB = 256
@@ -236,3 +238,32 @@ def test_tokenizer_auto_is_the_model_directory_else_byte(tmp_path, tokenizers):
     np.testing.assert_array_equal(stream(byte)[0], want)
     model = build_dataset(spec, VOCAB, model_dir=tokenizers[True])
     assert stream(model)[0].max() < 64 and json.loads((Path(tokenizers[True]) / "tokenizer_config.json").read_text())
+
+
+def _train_and_record(rank: int, world_size: int, body_json: str, checkpoint_dir: str, steps: int) -> list[list[int]]:
+    """Resume from the newest checkpoint (if any), train `steps` recording this rank's input rows, save."""
+    trainer = Trainer(JobSpecBody.model_validate_json(body_json), rank=rank, world_size=world_size, device="cpu",
+                      checkpoint_dir=checkpoint_dir)
+    trainer.maybe_resume()
+    rows = []
+    for _ in range(steps):
+        batch = trainer.loader.next_batch()
+        rows += [row.tolist() for micro in batch for row in micro.inputs]
+        trainer.forward_backward(batch)
+        trainer.optimizer_step()
+    trainer.save_checkpoint()
+    return rows
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_trainer_resumed_under_another_dp_size_trains_every_sample_once(pool, tmp_path, tokenizers, fmt):
+    path = write_format(fmt, tmp_path / fmt, [{"messages": c} for c in conversations(80, seed=6)])
+    data = {"paths": [path], "format": fmt, "messages_field": "messages", "tokenizer": tokenizers[True]}
+    ckpt = str(tmp_path / "ckpt")
+    first = pool.run(_train_and_record, 2, tiny_job("", data=data, dp_shard=2).model_dump_json(), ckpt, 2)
+    second = pool.run(_train_and_record, 4, tiny_job("", data=data, dp_shard=4).model_dump_json(), ckpt, 2)
+    trained = [row for rows in first + second for row in rows]
+    dataset = build_dataset(tiny_job("", data=data).data, VOCAB)
+    want = [row[:-1].tolist() for row in dataset.samples(0, 4 * 8)]
+    assert sorted(trained) == sorted(want)
+    assert len({tuple(r) for r in trained}) == len(trained)
