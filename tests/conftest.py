@@ -55,6 +55,12 @@ SLOW_TESTS = (
     "parallelism/test_equivalence_cp_pp.py::test_cp_pp_layout_matches_single_process[cp2_zigzag_pp2_tp2_sp]",
     "parallelism/test_equivalence_cp_pp.py::test_cp_pp_layout_matches_single_process[fsdp2_cp2_zigzag_pp2]",
     "parallelism/test_launch.py::test_torchrun_trains_and_checkpoints",  # torchrun starts 2 processes
+    "parallelism/test_equivalence_masked.py::test_gradient_accumulation_does_not_change_the_masked_objective",
+    "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[ddp2]",
+    "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[tp2_sp]",
+    "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[cp2_zigzag]",
+    "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[pp2]",
+    "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[dp2_pp2]",
 )
 """Test ids (below tests/, prefixes) that are `slow` without using a Ray fixture."""
 

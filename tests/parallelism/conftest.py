@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 import torch
 from harness import WorkerPool, tiny_job
 
+from trainctl.parallelism.data.dataset import CACHE_ENV
 from trainctl.parallelism.engine.trainer import Trainer
 
 WORDS = ["the", "model", "trains", "on", "text", "and", "every", "rank", "must", "agree", "on", "the", "loss", "while", "gradients", "flow", "through", "shards", "stages", "and", "rings", "of", "attention", "so", "that", "one", "process", "and", "many", "compute", "the", "same", "numbers"]
@@ -24,6 +26,21 @@ def _one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Cached token shards (data formats jsonl / parquet / arrow) under the session's temporary
+    directory, for this process and the worker processes it starts after (autouse: before `pool`)."""
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("data-cache"))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = before
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ import torch
 from harness import tiny_job
 
 from trainctl.parallelism.data.corpus import ShardedLoader
-from trainctl.parallelism.data.token_shards import PrefetchLoader, build_dataset
+from trainctl.parallelism.data.dataset import build_dataset
+from trainctl.parallelism.data.token_shards import PrefetchLoader
 from trainctl.parallelism.engine import efficiency
 from trainctl.parallelism.engine.trainer import StepReport, Trainer
 from trainctl.spec.job import DataSpec, TrainingJob

@@ -12,12 +12,8 @@ from harness import tiny_job
 
 from trainctl.cli.main import main as trainctl_main
 from trainctl.parallelism.data.corpus import DataError, PackedDataset, ShardedLoader
-from trainctl.parallelism.data.token_shards import (
-    PrefetchLoader,
-    TokenShardDataset,
-    build_dataset,
-    prepare_shards,
-)
+from trainctl.parallelism.data.dataset import build_dataset
+from trainctl.parallelism.data.token_shards import PrefetchLoader, TokenShardDataset, prepare_shards
 from trainctl.parallelism.data.tokenizer import ByteTokenizer
 from trainctl.parallelism.engine.trainer import Trainer
 from trainctl.spec.job import DataSpec, JobSpecBody, TrainingJob

@@ -1,7 +1,10 @@
-"""`trainctl data prepare PATHS... --out DIR`: tokenize text files in parallel into memory-mapped shards.
+"""`trainctl data prepare PATHS... --out DIR`: tokenize a corpus into memory-mapped token shards.
 
+`--format` text (files, tokenized in parallel), jsonl, parquet or arrow (`datasets.save_to_disk`
+directories; records streamed); `--messages-field` makes the records chat conversations, rendered
+with the tokenizer directory's chat template, with assistant-only loss masks stored beside the tokens.
 Train from the result with `data: {format: tokens, paths: [DIR]}`; the token stream (and so the
-training run) is the same as `format: text` with the same paths, tokenizer and max_files.
+training run) is the same as reading the source with the same format, fields, tokenizer and max_files.
 
 `register(subparsers)` adds the command to the main parser; `python -m trainctl.cli.data_cmd` runs it alone.
 The engine (torch) is imported when the command runs, not when the parser is built, so `trainctl --help`
@@ -25,10 +28,16 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="data_command", required=True)
-    prep = actions.add_parser("prepare", help="tokenize text files into memory-mapped token shards")
-    prep.add_argument("paths", nargs="+", help="glob patterns of text files (@stdlib: the Python standard library)")
+    prep = actions.add_parser("prepare", help="tokenize text, JSONL, Parquet or Arrow data into memory-mapped token shards")
+    prep.add_argument("paths", nargs="+", help="glob patterns of files (@stdlib: the Python standard library); "
+                      "directories for --format arrow")
     prep.add_argument("--out", required=True, type=Path, help="output directory")
-    prep.add_argument("--tokenizer", default="byte", help="byte, or the path of a tokenizer.json")
+    prep.add_argument("--format", default="text", choices=["text", "jsonl", "parquet", "arrow"], help="source format")
+    prep.add_argument("--text-field", default="text", help="jsonl / parquet / arrow: the field holding each record's text")
+    prep.add_argument("--messages-field", default=None,
+                      help="chat data: the field holding each record's {role, content} messages (assistant-only loss masks)")
+    prep.add_argument("--tokenizer", default="byte",
+                      help="byte, the path of a tokenizer.json, or a Hugging Face tokenizer (or model) directory")
     prep.add_argument("--max-files", type=int, default=None, help="read at most this many files (sorted by path)")
     prep.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer processes")
     prep.add_argument("--shard-tokens", type=int, default=None,
@@ -36,18 +45,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainctl.parallelism.data.corpus import DataError
     from trainctl.parallelism.data.token_shards import DEFAULT_SHARD_TOKENS, prepare_shards
+    from trainctl.parallelism.errors import ConfigurationError
 
     try:
         result = prepare_shards(
             args.paths, args.out, tokenizer=args.tokenizer, max_files=args.max_files, workers=args.workers,
-            shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
+            shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS, format=args.format, text_field=args.text_field,
+            messages_field=args.messages_field,
         )
-    except (DataError, ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ConfigurationError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"prepared {result.tokens} tokens from {result.files} files in {result.shards} shards under {result.out_dir}")
+    masks = " with loss masks" if result.masked else ""
+    print(f"prepared {result.tokens} tokens{masks} from {result.files} files in {result.shards} shards under {result.out_dir}")
     return 0
 
 

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, load_weights
     from trainctl.parallelism.model.generate import decode, encode, generate
     from trainctl.parallelism.model.transformer import Transformer
+    from trainctl.spec.job import resolve_tokenizer
 
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
     try:
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             model = Transformer(source.config)
         model.load_state_dict(load_weights(source), assign=True)
         model.to(device)
-        tokenizer = source.job.data.tokenizer
+        tokenizer = resolve_tokenizer(source.job.data, source.job.model.from_pretrained)
         prompt = torch.tensor([encode(tokenizer, args.prompt)], device=device)
         out = generate(
             model, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -117,7 +117,7 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             return job, violations + confinement
         reference = job_reference(job.spec.init_from)
         job = job.model_copy(update={"spec": self.paths.resolve(job.spec)})
-        violations += data_violations(job.spec.data) + pretrained_violations(job)
+        violations += data_violations(job.spec.data, model_dir=job.spec.model.from_pretrained) + pretrained_violations(job)
         if job.spec.init_from is not None and job.spec.init_from.strip():
             problem = init_from_problem(job.spec.init_from, job.spec)
             if problem is not None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.service.tenancy import Principal
-from trainctl.spec.job import JobSpecBody
+from trainctl.spec.job import TOKENIZER_AUTO, JobSpecBody
 from trainctl.spec.validate import STDLIB_CORPUS, FieldViolation, resolve_data_paths
 
 log = logging.getLogger(__name__)
@@ -177,14 +177,14 @@ class JobPathPolicy:
         check, which would expand a hostile glob such as `/**` over the whole filesystem unconfined."""
         caller = _Caller(principal, tenant_of)
         out = []
-        glob = spec.data.format == "text"  # token-shard paths are directories, named literally
+        glob = spec.data.format in ("text", "jsonl", "parquet")  # token-shard and arrow paths are directories, named literally
         for i, pattern in enumerate(spec.data.paths):
             if pattern == STDLIB_CORPUS:
                 continue
             problem = self._path_problem(pattern, caller, glob=glob)
             if problem:
                 out.append(FieldViolation(f"spec.data.paths[{i}]", problem))
-        if spec.data.tokenizer != "byte":
+        if spec.data.tokenizer not in ("byte", TOKENIZER_AUTO):  # auto: the model directory, checked as such
             problem = self._path_problem(spec.data.tokenizer, caller, glob=False)
             if problem:
                 out.append(FieldViolation("spec.data.tokenizer", problem))

@@ -160,25 +160,54 @@ class ModelSpec(StrictModel):
         return self
 
 
+DataFormat = Literal["text", "tokens", "jsonl", "parquet", "arrow"]
+
+MAX_FIELD_NAME = 256
+FieldName = Annotated[str, Field(min_length=1, max_length=MAX_FIELD_NAME)]
+
+TOKENIZER_AUTO = "auto"
+"""`data.tokenizer` value meaning "the model's": the `from_pretrained` model directory when the job
+has one, else `byte` (`resolve_tokenizer`)."""
+
+
 class DataSpec(StrictModel):
     paths: list[PathText] = Field(default_factory=lambda: ["@stdlib"], max_length=MAX_DATA_PATHS)
-    """Glob patterns of text files. `@stdlib` means the Python standard library's .py files, a corpus
-    present on every machine."""
-    tokenizer: PathText = "byte"
-    """`byte` (a 256-symbol byte-level tokenizer) or the path of a local tokenizer.json."""
+    """Glob patterns of text, JSONL or Parquet files; directories for `tokens` and `arrow`. `@stdlib`
+    means the Python standard library's .py files, a corpus present on every machine."""
+    tokenizer: PathText = TOKENIZER_AUTO
+    """`auto` (the model's: its `from_pretrained` directory when set, else `byte`), `byte` (a
+    256-symbol byte-level tokenizer), the path of a local tokenizer.json, or a directory of Hugging
+    Face tokenizer files (tokenizer.json, tokenizer_config.json with its chat template) loaded through
+    `transformers.AutoTokenizer`."""
     seq_len: count(MAX_SEQ_LEN) = 128
     """Tokens per training sample (at most 2,097,152)."""
     seed: Int64 = 0
     """Seed of the sample order; the same seed gives the same order on any layout."""
     max_files: count(MAX_FILES) | None = 2000
     """Read at most this many files (sorted by path) of the matched set; None reads all."""
-    format: Literal["text", "tokens"] = "text"
-    """`text`: tokenize the files at start-up. `tokens`: `paths` name directories of pre-tokenized,
-    memory-mapped token shards written by `trainctl data prepare` (tokenizer and max_files are then
-    those recorded at preparation)."""
+    format: DataFormat = "text"
+    """`text`: each file is one document, tokenized at start-up. `tokens`: `paths` name directories of
+    pre-tokenized, memory-mapped token shards written by `trainctl data prepare` (tokenizer and
+    max_files are then those recorded at preparation). `jsonl` (one JSON object per line), `parquet`
+    and `arrow` (directories written by `datasets.Dataset.save_to_disk`): one document per record,
+    streamed once into cached token shards that every rank memory-maps."""
+    text_field: FieldName = "text"
+    """jsonl / parquet / arrow: the field (column) holding each record's text."""
+    messages_field: FieldName | None = None
+    """jsonl / parquet / arrow chat data: the field holding each record's conversation, a list of
+    {role, content} messages, rendered with the tokenizer's chat template; the loss then covers the
+    assistant tokens only. Set, it replaces `text_field`; needs a Hugging Face tokenizer directory."""
     prefetch: count(MAX_PREFETCH, 0) = 2
     """Batches a background thread prepares ahead of the training step (pinned memory on CUDA); 0
     loads each batch when it is needed."""
+
+
+def resolve_tokenizer(data: DataSpec, model_dir: str | None) -> str:
+    """The tokenizer `data.tokenizer` names: `auto` is `model_dir` (a Hugging Face model directory,
+    `spec.model.from_pretrained`) when given, else `byte`; any other value is itself."""
+    if data.tokenizer != TOKENIZER_AUTO:
+        return data.tokenizer
+    return model_dir if model_dir else "byte"
 
 
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]

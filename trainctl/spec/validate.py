@@ -16,7 +16,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from trainctl.spec.job import DataSpec, TrainingJob
+from trainctl.spec import data_sources
+from trainctl.spec.job import DataSpec, TrainingJob, resolve_tokenizer
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
 
 STDLIB_CORPUS = "@stdlib"
@@ -163,7 +164,7 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
         out.extend(_model_violations(model, job))
 
     if check_data:
-        out.extend(data_violations(spec.data))
+        out.extend(data_violations(spec.data, model_dir=spec.model.from_pretrained))
     out.extend(_efficiency_violations(job))
     return out
 
@@ -242,7 +243,7 @@ def _model_violations(model: ModelConfig, job: TrainingJob) -> list[FieldViolati
         bad("ffn_dim", f"{model.ffn_dim} is not divisible by tp = {par.tp}")
     if model.vocab_size % par.tp:
         bad("vocab_size", f"{model.vocab_size} is not divisible by tp = {par.tp} (vocab-parallel embedding)")
-    if job.spec.data.tokenizer == "byte" and model.vocab_size < 256:
+    if resolve_tokenizer(job.spec.data, job.spec.model.from_pretrained) == "byte" and model.vocab_size < 256:
         bad("vocab_size", f"{model.vocab_size} is smaller than the byte tokenizer's 256 symbols")
     stages = par.pp * par.pp_virtual_stages
     if model.n_layers < stages:
@@ -365,14 +366,42 @@ def _path_part(part: object) -> str:
 # ---- the files the data spec names, and what they can give (submit-time, cheap) ------------------------
 
 
-def data_violations(data: DataSpec) -> list[FieldViolation]:
-    """The files `data` names exist and are readable (text files, or token-shard directories with an
-    index; the tokenizer file), and hold at least one sample (`corpus_capacity_violations`). A service
-    with confinement calls it only for paths its rule let through (trainctl.service.paths)."""
-    out = _data_violations(data.paths) if data.format == "text" else _shard_violations(data.paths)
-    if data.tokenizer != "byte" and not Path(data.tokenizer).is_file():
-        out.append(FieldViolation("spec.data.tokenizer", f"tokenizer file {data.tokenizer!r} does not exist"))
-    return out or corpus_capacity_violations(data)
+def data_violations(data: DataSpec, *, model_dir: str | None = None) -> list[FieldViolation]:
+    """The files `data` names exist and are readable (text, JSONL or Parquet files, token-shard
+    directories with an index, save_to_disk directories; the tokenizer file or directory), record data
+    has its field (`data_sources`), chat data has a tokenizer with a chat template, and the corpus holds
+    at least one sample (`corpus_capacity_violations`). `model_dir` is the job's from_pretrained
+    directory (what `tokenizer: auto` means). A service with confinement calls it only for paths its
+    rule let through (trainctl.service.paths)."""
+    if data.format == "tokens":
+        out = _shard_violations(data.paths)
+    elif data.format == "arrow":
+        out = [FieldViolation(f, p) for f, p in data_sources.arrow_problems(data)]
+    else:
+        out = _data_violations(data.paths)
+    tokenizer = resolve_tokenizer(data, model_dir)
+    tokenizer_path = Path(tokenizer).expanduser()
+    if tokenizer != "byte" and not (tokenizer_path.is_file() or tokenizer_path.is_dir()):
+        out.append(FieldViolation("spec.data.tokenizer", f"tokenizer file or directory {tokenizer!r} does not exist"))
+    if data.messages_field is not None:
+        if data.format in ("text", "tokens"):
+            out.append(FieldViolation("spec.data.messages_field", f"chat records need format jsonl, parquet or arrow, not {data.format}"))
+        elif not tokenizer_path.is_dir():
+            out.append(FieldViolation(
+                "spec.data.messages_field",
+                f"chat records are rendered with the model's chat template: spec.data.tokenizer must be a Hugging Face "
+                f"tokenizer directory (or the from_pretrained model's), not {tokenizer!r}",
+            ))
+    if out:
+        return out
+    if data.format in ("jsonl", "parquet"):
+        files = resolve_data_paths(data.paths)[: data.max_files]
+        check = data_sources.jsonl_problem if data.format == "jsonl" else data_sources.parquet_problem
+        problem = check(files, data)
+        return [FieldViolation(*problem)] if problem else []
+    if data.format == "arrow":
+        return []
+    return corpus_capacity_violations(data, tokenizer)
 
 
 MAX_TOKENS_PER_BYTE = 3
@@ -381,14 +410,15 @@ the decoded text, and an invalid byte decodes to U+FFFD, three bytes. Used only 
 tokens from its size without tokenizing it."""
 
 
-def corpus_capacity_violations(data: DataSpec) -> list[FieldViolation]:
+def corpus_capacity_violations(data: DataSpec, tokenizer: str | None = None) -> list[FieldViolation]:
     """`spec.data.seq_len` against what the data can give: the corpus must hold one sample of seq_len + 1
     tokens. Counted exactly from file sizes (byte tokenizer) or the shards' index (format tokens); for a
     tokenizer file, bounded from file sizes (MAX_TOKENS_PER_BYTE), so only a corpus too small under any
-    tokenization is refused here and the ranks catch the rest. Call it once the paths are known valid."""
+    tokenization is refused here and the ranks catch the rest. `tokenizer` is the resolved
+    `data.tokenizer` (default: `data.tokenizer` resolved without a model directory). Call it once the paths are known valid (formats text and tokens)."""
     need = data.seq_len + 1
     try:
-        tokens, what = _corpus_tokens(data)
+        tokens, what = _corpus_tokens(data, tokenizer or resolve_tokenizer(data, None))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [FieldViolation("spec.data.paths", f"cannot size the corpus: {exc!r}")]
     if tokens >= need:
@@ -396,14 +426,14 @@ def corpus_capacity_violations(data: DataSpec) -> list[FieldViolation]:
     return [FieldViolation("spec.data.seq_len", f"a sample needs seq_len + 1 = {need} tokens but {what}")]
 
 
-def _corpus_tokens(data: DataSpec) -> tuple[int, str]:
+def _corpus_tokens(data: DataSpec, tokenizer: str) -> tuple[int, str]:
     """Tokens the corpus holds (exact, or an upper bound for a tokenizer file) and how that was counted."""
     if data.format == "tokens":
         tokens = sum(_indexed_tokens(Path(os.path.expanduser(path))) for path in data.paths)
         return tokens, f"the shards hold {tokens} tokens"
     files = resolve_data_paths(data.paths)[: data.max_files]
     size = sum(path.stat().st_size for path in files)
-    if data.tokenizer == "byte":
+    if tokenizer == "byte":
         return size, f"the {len(files)} files hold {size} bytes, one token each"
     bound = size * MAX_TOKENS_PER_BYTE
     return bound, f"the {len(files)} files hold {size} bytes, at most {bound} tokens under any tokenizer"

@@ -21,6 +21,9 @@ class DataFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DATA_FORMAT_UNSPECIFIED: _ClassVar[DataFormat]
     DATA_FORMAT_TEXT: _ClassVar[DataFormat]
     DATA_FORMAT_TOKENS: _ClassVar[DataFormat]
+    DATA_FORMAT_JSONL: _ClassVar[DataFormat]
+    DATA_FORMAT_PARQUET: _ClassVar[DataFormat]
+    DATA_FORMAT_ARROW: _ClassVar[DataFormat]
 
 class PipelineSchedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -87,6 +90,9 @@ MOE_AUX_LOSS_TRANSFORMERS: MoEAuxLoss
 DATA_FORMAT_UNSPECIFIED: DataFormat
 DATA_FORMAT_TEXT: DataFormat
 DATA_FORMAT_TOKENS: DataFormat
+DATA_FORMAT_JSONL: DataFormat
+DATA_FORMAT_PARQUET: DataFormat
+DATA_FORMAT_ARROW: DataFormat
 PIPELINE_SCHEDULE_UNSPECIFIED: PipelineSchedule
 PIPELINE_SCHEDULE_GPIPE: PipelineSchedule
 PIPELINE_SCHEDULE_1F1B: PipelineSchedule
@@ -188,7 +194,7 @@ class StringList(_message.Message):
     def __init__(self, values: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DataSpec(_message.Message):
-    __slots__ = ("paths", "tokenizer", "seq_len", "seed", "max_files", "all_files", "format", "prefetch")
+    __slots__ = ("paths", "tokenizer", "seq_len", "seed", "max_files", "all_files", "format", "prefetch", "text_field", "messages_field")
     PATHS_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +203,8 @@ class DataSpec(_message.Message):
     ALL_FILES_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_FIELD_NUMBER: _ClassVar[int]
     paths: StringList
     tokenizer: str
     seq_len: int
@@ -205,7 +213,9 @@ class DataSpec(_message.Message):
     all_files: bool
     format: DataFormat
     prefetch: int
-    def __init__(self, paths: _Optional[_Union[StringList, _Mapping]] = ..., tokenizer: _Optional[str] = ..., seq_len: _Optional[int] = ..., seed: _Optional[int] = ..., max_files: _Optional[int] = ..., all_files: _Optional[bool] = ..., format: _Optional[_Union[DataFormat, str]] = ..., prefetch: _Optional[int] = ...) -> None: ...
+    text_field: str
+    messages_field: str
+    def __init__(self, paths: _Optional[_Union[StringList, _Mapping]] = ..., tokenizer: _Optional[str] = ..., seq_len: _Optional[int] = ..., seed: _Optional[int] = ..., max_files: _Optional[int] = ..., all_files: _Optional[bool] = ..., format: _Optional[_Union[DataFormat, str]] = ..., prefetch: _Optional[int] = ..., text_field: _Optional[str] = ..., messages_field: _Optional[str] = ...) -> None: ...
 
 class ParallelismSpec(_message.Message):
     __slots__ = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "sequence_parallel", "zero_stage", "pp_schedule", "pp_virtual_stages", "cp_load_balance")

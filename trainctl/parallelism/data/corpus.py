@@ -11,6 +11,12 @@ The loader's position is a GLOBAL SAMPLE OFFSET: global batch `t` is global samp
 contiguous slice `[r * B / dp, (r + 1) * B / dp)` of it. The offset does not depend on the layout, so a
 checkpoint taken under one layout resumes under any other. Context- and tensor-parallel peers (same
 dp coordinate) read the same samples.
+
+Loss masks. A masked dataset (chat data: only the assistant's tokens are trained on) also gives a
+mask per sample token; the loader sets the targets the loss leaves out to `IGNORE_INDEX` and gives
+every micro-batch `loss_tokens`, the number of targets the loss covers in the WHOLE global batch
+(computed from the batch's masks on every rank, no collective), which the engine divides the summed
+token losses by. Unmasked datasets give `loss_tokens = None` and the engine's per-micro-batch mean.
 """
 
 from __future__ import annotations
@@ -21,10 +27,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trainctl.parallelism.data.tokenizer import Tokenizer, load_tokenizer
+from trainctl.parallelism.data.tokenizer import Tokenizer, document_tokens, load_tokenizer
 from trainctl.parallelism.errors import ConfigurationError
-from trainctl.spec.job import DataSpec
+from trainctl.spec.job import DataSpec, resolve_tokenizer
 from trainctl.spec.validate import resolve_data_paths
+
+IGNORE_INDEX = -100
+"""Target id of a position the loss leaves out (PyTorch's and transformers' convention)."""
 
 
 class DataError(ConfigurationError):
@@ -66,10 +75,13 @@ class SampleOrder:
 
 
 class PackedDataset:
-    """Token stream of the spec's files, packed into samples of `seq_len + 1` tokens."""
+    """Token stream of the spec's files (one document each), packed into samples of `seq_len + 1` tokens."""
+
+    masked = False
+    """Every target counts (text has no loss mask)."""
 
     def __init__(self, spec: DataSpec, vocab_size: int, tokenizer: Tokenizer | None = None):
-        tokenizer = tokenizer or load_tokenizer(spec.tokenizer)
+        tokenizer = tokenizer or load_tokenizer(resolve_tokenizer(spec, None))
         if tokenizer.vocab_size > vocab_size:
             raise DataError(
                 f"spec.model.vocab_size: {vocab_size} is smaller than the tokenizer's vocabulary ({tokenizer.vocab_size})"
@@ -82,7 +94,7 @@ class PackedDataset:
         chunks = []
         for path in files:
             try:
-                chunks.append(tokenizer.encode(path.read_bytes()))
+                chunks.append(document_tokens(tokenizer, path.read_bytes()))
             except OSError as exc:
                 raise DataError(f"spec.data.paths: cannot read {path}: {exc.strerror}") from exc
         tokens = np.concatenate(chunks)
@@ -108,13 +120,21 @@ class PackedDataset:
         ids = [self.sample_id(i) for i in range(start, start + count)]
         return torch.from_numpy(self.tokens[ids].astype(np.int64))
 
+    def sample_masks(self, start: int, count: int) -> None:
+        """No loss masks (see `TokenShardDataset.sample_masks`)."""
+        return None
+
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Inputs and next-token targets, both [micro_batch_size, seq_len] int64."""
+    """Inputs and next-token targets, both [micro_batch_size, seq_len] int64 (targets the loss leaves
+    out are IGNORE_INDEX)."""
 
     inputs: torch.Tensor
     targets: torch.Tensor
+    loss_tokens: int | None = None
+    """Targets the loss covers in the whole global batch this micro-batch belongs to; None when the
+    data has no mask (every target counts, and the loss is the per-micro-batch mean)."""
 
 
 class ShardedLoader:
@@ -155,8 +175,13 @@ class ShardedLoader:
         """This rank's micro-batches of the next global batch; advances the offset by one global batch."""
         start = self.offset + self.dp_rank * self.per_rank
         samples = self.dataset.samples(start, self.per_rank)
+        targets = samples[:, 1:]
+        loss_tokens = None
+        if self.dataset.masked:
+            targets = targets.masked_fill(~self.dataset.sample_masks(start, self.per_rank)[:, 1:], IGNORE_INDEX)
+            loss_tokens = int(self.dataset.sample_masks(self.offset, self.global_batch_size)[:, 1:].sum())
         self.offset += self.global_batch_size
         return [
-            MicroBatch(inputs=chunk[:, :-1].contiguous(), targets=chunk[:, 1:].contiguous())
-            for chunk in samples.split(self.micro_batch_size)
+            MicroBatch(inputs=x[:, :-1].contiguous(), targets=y.contiguous(), loss_tokens=loss_tokens)
+            for x, y in zip(samples.split(self.micro_batch_size), targets.split(self.micro_batch_size), strict=True)
         ]

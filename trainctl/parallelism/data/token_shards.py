@@ -2,15 +2,20 @@
 
 On disk (written by `prepare_shards`, the engine of `trainctl data prepare`):
 
-    DIR/index.json           {"version", "tokenizer", "vocab_size", "dtype", "files", "shards": [{"file", "tokens"}]}
+    DIR/index.json           {"version", "tokenizer", "vocab_size", "dtype", "masked", "files",
+                              "shards": [{"file", "tokens", "mask"?}]}
     DIR/shard_00000.bin      raw little-endian token ids (uint16 when the vocabulary fits, else int32)
+    DIR/mask_00000.bin       chat data only: one uint8 per token, 1 where the token is a target the
+                             loss covers (the assistant's), 0 elsewhere
 
-The token stream is the files of the text corpus, sorted, each tokenized whole and concatenated: the
-same stream `data.PackedDataset` builds at start-up, so training from shards equals training from
-text. Files are tokenized in parallel (a process pool, results consumed in file order) and written
-shard by shard, so memory stays bounded by the pool's in-flight files. `TokenShardDataset` memory-maps
-the shards (nothing is read until a sample is) and serves the same packed samples in the same seeded
-order, so the loader's global sample offset means the same thing for both formats.
+The token stream is the documents of the source, in order, each tokenized (`documents.token_stream`:
+EOS after each when the tokenizer has one) and concatenated: the same stream `data.PackedDataset`
+builds at start-up for text and the one the jsonl / parquet / arrow formats cache (`data.dataset`),
+so training from shards equals training from the source. Text files are tokenized in parallel (a
+process pool, results consumed in file order); records of the other formats are streamed in one
+process. Either way shards are written one at a time, so memory stays bounded. `TokenShardDataset`
+memory-maps the shards (nothing is read until a sample is) and serves the same packed samples in the
+same seeded order, so the loader's global sample offset means the same thing for every format.
 
 `PrefetchLoader` wraps a `data.ShardedLoader`: one background thread prepares the next `depth`
 batches (pinned memory on CUDA) while the step runs; `offset` stays the global sample offset of the
@@ -24,7 +29,7 @@ import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +44,9 @@ from trainctl.parallelism.data.corpus import (
     ShardedLoader,
     token_dtype,
 )
-from trainctl.parallelism.data.tokenizer import load_tokenizer
+from trainctl.parallelism.data.documents import source_files, token_stream
+from trainctl.parallelism.data.tokenizer import document_tokens, load_tokenizer
 from trainctl.spec.job import DataSpec
-from trainctl.spec.validate import resolve_data_paths
 
 INDEX = "index.json"
 FORMAT_VERSION = 1
@@ -56,6 +61,8 @@ class PrepareResult:
     files: int
     tokens: int
     shards: int
+    masked: bool
+    """Whether loss masks were written beside the tokens (chat data)."""
 
 
 def _encode_file(args: tuple[str, str]) -> np.ndarray:
@@ -64,16 +71,61 @@ def _encode_file(args: tuple[str, str]) -> np.ndarray:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror}") from exc
-    return load_tokenizer(tokenizer_name).encode(data)
+    return document_tokens(load_tokenizer(tokenizer_name), data)
 
 
-def _encoded(files: list[Path], tokenizer: str, workers: int) -> Iterator[np.ndarray]:
+def _encoded_text(files: list[Path], tokenizer: str, workers: int) -> Iterator[tuple[np.ndarray, None]]:
+    """Text files tokenized in a process pool, results in file order."""
     jobs = [(tokenizer, str(p)) for p in files]
     if workers <= 1:
-        yield from map(_encode_file, jobs)
+        for job in jobs:
+            yield _encode_file(job), None
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        yield from pool.map(_encode_file, jobs, chunksize=max(1, len(jobs) // (8 * workers)))
+        for tokens in pool.map(_encode_file, jobs, chunksize=max(1, len(jobs) // (8 * workers))):
+            yield tokens, None
+
+
+class ShardWriter:
+    """Writes a token stream (and its loss mask) into shards of `shard_tokens` under `out`."""
+
+    def __init__(self, out: Path, dtype: np.dtype, shard_tokens: int, masked: bool):
+        self.out = out
+        self.dtype = dtype
+        self.shard_tokens = shard_tokens
+        self.masked = masked
+        self.shards: list[dict[str, Any]] = []
+        self._tokens: list[np.ndarray] = []
+        self._masks: list[np.ndarray] = []
+        self._buffered = 0
+
+    def add(self, tokens: np.ndarray, mask: np.ndarray | None) -> None:
+        """Append one document (mask None: every token counts)."""
+        self._tokens.append(tokens)
+        if self.masked:
+            self._masks.append(np.ones(len(tokens), dtype=np.uint8) if mask is None else mask.astype(np.uint8))
+        self._buffered += len(tokens)
+        self._flush(final=False)
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Write what is buffered; the shard list for the index."""
+        self._flush(final=True)
+        return self.shards
+
+    def _flush(self, final: bool) -> None:
+        while self._buffered >= self.shard_tokens or (final and self._buffered):
+            tokens = np.concatenate(self._tokens)
+            n = min(self.shard_tokens, len(tokens))
+            entry: dict[str, Any] = {"file": f"shard_{len(self.shards):05d}.bin", "tokens": int(n)}
+            tokens[:n].astype(self.dtype).tofile(self.out / entry["file"])
+            self._tokens = [tokens[n:]] if len(tokens) > n else []
+            if self.masked:
+                masks = np.concatenate(self._masks)
+                entry["mask"] = f"mask_{len(self.shards):05d}.bin"
+                masks[:n].tofile(self.out / entry["mask"])
+                self._masks = [masks[n:]] if len(masks) > n else []
+            self.shards.append(entry)
+            self._buffered = len(tokens) - n
 
 
 def prepare_shards(
@@ -84,76 +136,81 @@ def prepare_shards(
     max_files: int | None = None,
     workers: int = 1,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    format: str = "text",
+    text_field: str = "text",
+    messages_field: str | None = None,
 ) -> PrepareResult:
-    """Tokenize the files `patterns` match (sorted, at most `max_files`) into shards under `out_dir`."""
+    """Tokenize the documents of `patterns` under `format` (text: the files, sorted, at most
+    `max_files`, tokenized by `workers` processes; jsonl / parquet / arrow: their records, streamed in
+    this process) into shards under `out_dir`; chat records (`messages_field`) also write masks."""
     if shard_tokens < 1:
         raise ValueError(f"--shard-tokens must be at least 1, got {shard_tokens}")
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
-    files = resolve_data_paths(patterns)
-    if max_files is not None:
-        files = files[:max_files]
-    if not files:
-        raise DataError(f"data paths {patterns} match no files")
-    vocab_size = load_tokenizer(tokenizer).vocab_size
-    dtype = token_dtype(vocab_size)
+    if format == "tokens":
+        raise ValueError("token shards are prepared already")
+    spec = DataSpec(
+        paths=patterns, tokenizer=tokenizer, max_files=max_files, format=format, text_field=text_field,
+        messages_field=messages_field,
+    )
+    files = source_files(spec)
+    tok = load_tokenizer(tokenizer)
+    dtype = token_dtype(tok.vocab_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if (out / INDEX).exists():
         (out / INDEX).unlink()  # the directory is not a valid dataset until the new index is written
-    shards: list[dict[str, Any]] = []
-    buffer: list[np.ndarray] = []
-    buffered = 0
-
-    def flush(final: bool) -> None:
-        nonlocal buffer, buffered
-        while buffered >= shard_tokens or (final and buffered):
-            joined = np.concatenate(buffer)
-            take = joined[:shard_tokens]
-            name = f"shard_{len(shards):05d}.bin"
-            take.astype(dtype).tofile(out / name)
-            shards.append({"file": name, "tokens": int(len(take))})
-            rest = joined[shard_tokens:]
-            buffer, buffered = ([rest] if len(rest) else []), len(rest)
-
-    for tokens in _encoded(files, tokenizer, workers):
-        buffer.append(tokens)
-        buffered += len(tokens)
-        flush(final=False)
-    flush(final=True)
+    masked = messages_field is not None
+    writer = ShardWriter(out, dtype, shard_tokens, masked)
+    stream = _encoded_text(files, tokenizer, workers) if format == "text" else token_stream(spec, tok, files)
+    for tokens, mask in stream:
+        writer.add(tokens, mask)
+    shards = writer.finish()
+    if not shards:
+        raise DataError(f"spec.data.paths: {patterns} hold no documents ({len(files)} files read)")
     index = {
-        "version": FORMAT_VERSION, "tokenizer": tokenizer, "vocab_size": vocab_size, "dtype": dtype.name,
-        "files": [str(p) for p in files], "shards": shards,
+        "version": FORMAT_VERSION, "tokenizer": tokenizer, "vocab_size": tok.vocab_size, "dtype": dtype.name,
+        "masked": masked, "files": [str(p) for p in files], "shards": shards,
     }
     tmp = out / f".{INDEX}.tmp"
     tmp.write_text(json.dumps(index, indent=1))
     tmp.replace(out / INDEX)
-    return PrepareResult(out_dir=out, files=len(files), tokens=sum(s["tokens"] for s in shards), shards=len(shards))
+    return PrepareResult(
+        out_dir=out, files=len(files), tokens=sum(s["tokens"] for s in shards), shards=len(shards), masked=masked
+    )
 
 
 class TokenShardDataset:
-    """The packed samples of prepared shard directories (`spec.data.paths`, in order), memory-mapped."""
+    """The packed samples of prepared shard directories, memory-mapped: `roots` in order (default:
+    `spec.data.paths`). Directories with masks (chat) make the dataset `masked`; unmasked ones then
+    count every token."""
 
-    def __init__(self, spec: DataSpec, vocab_size: int):
+    def __init__(self, spec: DataSpec, vocab_size: int, roots: list[tuple[str, Path]] | None = None):
+        if roots is None:
+            roots = [(f"spec.data.paths[{i}]", Path(os.path.expanduser(raw))) for i, raw in enumerate(spec.paths)]
         self.maps: list[np.memmap] = []
-        for i, raw in enumerate(spec.paths):
-            root = Path(os.path.expanduser(raw))
+        self.mask_maps: list[np.memmap | None] = []
+        for field, root in roots:
             try:
                 index = json.loads((root / INDEX).read_text())
             except (OSError, ValueError) as exc:
                 raise DataError(
-                    f"spec.data.paths[{i}]: {raw!r} is not a token-shard directory ({exc}); build it with `trainctl data prepare`"
+                    f"{field}: {str(root)!r} is not a token-shard directory ({exc}); build it with `trainctl data prepare`"
                 ) from exc
             if index.get("version") != FORMAT_VERSION:
-                raise DataError(f"spec.data.paths[{i}]: {raw!r} has index version {index.get('version')}, expected {FORMAT_VERSION}")
+                raise DataError(f"{field}: {str(root)!r} has index version {index.get('version')}, expected {FORMAT_VERSION}")
             if not isinstance(index, dict) or not isinstance(index.get("vocab_size"), int):
-                raise DataError(f"spec.data.paths[{i}]: {raw!r} has a malformed {INDEX} (no integer vocab_size)")
+                raise DataError(f"{field}: {str(root)!r} has a malformed {INDEX} (no integer vocab_size)")
             if index["vocab_size"] > vocab_size:
                 raise DataError(
-                    f"spec.model.vocab_size: {vocab_size} is smaller than the vocabulary the shards in {raw!r} were "
+                    f"spec.model.vocab_size: {vocab_size} is smaller than the vocabulary the shards in {str(root)!r} were "
                     f"tokenized with ({index['vocab_size']})"
                 )
-            self.maps.extend(_mapped_shards(root, index, f"spec.data.paths[{i}]"))
+            tokens, masks = _mapped_shards(root, index, field)
+            self.maps.extend(tokens)
+            self.mask_maps.extend(masks)
+        self.masked = any(m is not None for m in self.mask_maps)
+        """Whether some targets are left out of the loss (`sample_masks`)."""
         self.starts = np.cumsum([0] + [len(m) for m in self.maps])
         total = int(self.starts[-1])
         self.sample_len = spec.seq_len + 1
@@ -166,50 +223,66 @@ class TokenShardDataset:
         """Which packed sample the `global_index`-th sample of the seeded stream is (as `PackedDataset`)."""
         return self.order.sample_id(global_index)
 
-    def tokens(self, start: int, length: int) -> np.ndarray:
-        """Tokens [start, start + length) of the concatenated stream (int64)."""
-        out = np.empty(length, dtype=np.int64)
+    def _read(self, maps: list[np.memmap | None], start: int, length: int, dtype: type) -> np.ndarray:
+        out = np.ones(length, dtype=dtype)  # a shard without a mask counts every token
         filled = 0
         shard = int(np.searchsorted(self.starts, start, side="right")) - 1
         while filled < length:
             lo = start + filled - int(self.starts[shard])
-            piece = self.maps[shard][lo : lo + length - filled]
-            out[filled : filled + len(piece)] = piece
-            filled += len(piece)
+            n = min(length - filled, len(self.maps[shard]) - lo)
+            mapped = maps[shard]
+            if mapped is not None:
+                out[filled : filled + n] = mapped[lo : lo + n]
+            filled += n
             shard += 1
         return out
+
+    def tokens(self, start: int, length: int) -> np.ndarray:
+        """Tokens [start, start + length) of the concatenated stream (int64)."""
+        return self._read(self.maps, start, length, np.int64)  # type: ignore[arg-type]
 
     def samples(self, start: int, count: int) -> torch.Tensor:
         """Global samples [start, start + count) as an int64 tensor [count, seq_len + 1]."""
         rows = [self.tokens(self.sample_id(i) * self.sample_len, self.sample_len) for i in range(start, start + count)]
         return torch.from_numpy(np.stack(rows))
 
+    def sample_masks(self, start: int, count: int) -> torch.Tensor | None:
+        """Loss masks of global samples [start, start + count) as a bool tensor [count, seq_len + 1]
+        (True: the token is a target the loss covers); None when the dataset is not masked."""
+        if not self.masked:
+            return None
+        rows = [
+            self._read(self.mask_maps, self.sample_id(i) * self.sample_len, self.sample_len, np.uint8)
+            for i in range(start, start + count)
+        ]
+        return torch.from_numpy(np.stack(rows)).bool()
 
-def _mapped_shards(root: Path, index: dict[str, Any], field: str) -> list[np.memmap]:
-    """The shards `index` lists, memory-mapped, each checked against its recorded token count."""
-    maps = []
+
+def _mapped_shards(root: Path, index: dict[str, Any], field: str) -> tuple[list[np.memmap], list[np.memmap | None]]:
+    """The shards `index` lists and their masks (None where absent), memory-mapped, each checked
+    against its recorded token count."""
+    maps, masks = [], []
     try:
         dtype = np.dtype(index["dtype"])
         for shard in index["shards"]:
-            name = shard["file"]
-            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                raise DataError(f"{field}: {str(root)!r} has an {INDEX} naming shard {name!r}, not a file in the directory")
-            mapped = np.memmap(root / name, dtype=dtype, mode="r")
-            if len(mapped) != shard["tokens"]:
-                raise DataError(f"{field}: {shard['file']} holds {len(mapped)} tokens, index says {shard['tokens']}")
+            names = [shard["file"]] + ([shard["mask"]] if "mask" in shard else [])
+            for name in names:
+                if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                    raise DataError(f"{field}: {str(root)!r} has an {INDEX} naming shard {name!r}, not a file in the directory")
+            mapped = np.memmap(root / shard["file"], dtype=dtype, mode="r")
+            mask = np.memmap(root / shard["mask"], dtype=np.uint8, mode="r") if "mask" in shard else None
+            for arr, name in ((mapped, shard["file"]), (mask, shard.get("mask"))):
+                if arr is not None and len(arr) != shard["tokens"]:
+                    raise DataError(f"{field}: {name} holds {len(arr)} entries, index says {shard['tokens']}")
             maps.append(mapped)
+            masks.append(mask)
     except DataError:
         raise
     except (KeyError, TypeError) as exc:
         raise DataError(f"{field}: {str(root)!r} has a malformed {INDEX}: {exc!r}") from exc
     except (OSError, ValueError) as exc:  # a shard missing, unreadable or empty
         raise DataError(f"{field}: cannot map a shard of {str(root)!r}: {exc}") from exc
-    return maps
-
-
-def build_dataset(spec: DataSpec, vocab_size: int) -> PackedDataset | TokenShardDataset:
-    """The dataset `spec.data.format` names."""
-    return TokenShardDataset(spec, vocab_size) if spec.format == "tokens" else PackedDataset(spec, vocab_size)
+    return maps, masks
 
 
 class PrefetchLoader:
@@ -242,7 +315,7 @@ class PrefetchLoader:
     def _load(self) -> list[MicroBatch]:
         batch = self.loader.next_batch()
         if self.pin_memory:
-            batch = [MicroBatch(m.inputs.pin_memory(), m.targets.pin_memory()) for m in batch]
+            batch = [replace(m, inputs=m.inputs.pin_memory(), targets=m.targets.pin_memory()) for m in batch]
         return batch
 
     def _drain(self) -> None:

@@ -4,7 +4,8 @@ Conventions that make every layout compute what one process computes:
 
 - Every rank computes the mean cross-entropy over its local tokens for each micro-batch; the step's
   objective is the mean over its `n_micro` micro-batches (gradient accumulation). MoE layers' aux
-  losses are added per micro-batch.
+  losses are added per micro-batch. With a loss mask (chat data) the cross-entropy is instead the sum
+  over the global batch's covered targets divided by their count (engine/loss.py).
 - Gradients are averaged over dp_replicate x dp_shard x cp (data_parallel); TP peers hold one shard of
   the same gradient; pipeline stages hold disjoint parameters.
 - The reported loss is the global mean of that objective (cross-entropy + MoE aux), all-reduced
@@ -39,10 +40,11 @@ from torch.optim.lr_scheduler import LambdaLR
 from trainctl.parallelism.checkpoint import dcp as ckpt
 from trainctl.parallelism.checkpoint import pretrained
 from trainctl.parallelism.data.corpus import MicroBatch, ShardedLoader
-from trainctl.parallelism.data.token_shards import PrefetchLoader, build_dataset, build_loader
+from trainctl.parallelism.data.dataset import build_dataset
+from trainctl.parallelism.data.token_shards import PrefetchLoader, build_loader
 from trainctl.parallelism.engine import efficiency
 from trainctl.parallelism.engine.distributed import resolve_device
-from trainctl.parallelism.engine.loss import cross_entropy
+from trainctl.parallelism.engine.loss import cross_entropy, masked_loss_scale, summed_cross_entropy
 from trainctl.parallelism.engine.optim import build_optimizer, build_scheduler, clip_gradients
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.parallelism.layouts.context_parallel import shard_batch_for_cp
@@ -138,6 +140,7 @@ class Trainer:
         )
         self._write_run_spec()
         self.loader = self._build_loader()
+        self._loss_scale: float | None = None  # this step's masked-loss factor (None: unmasked data)
         self.pipeline = self._build_pipeline()
         self.step = 0
         self.flops_per_token = training_flops_per_token(self.config, self.job.data.seq_len)
@@ -168,7 +171,7 @@ class Trainer:
     def _build_loader(self) -> ShardedLoader | PrefetchLoader:
         """This data-parallel rank's loader (CP, TP and PP peers read the same samples)."""
         job = self.job
-        dataset = build_dataset(job.data, self.config.vocab_size)
+        dataset = build_dataset(job.data, self.config.vocab_size, job.model.from_pretrained)
         dp_group = self.grid.group(("dp_replicate", "dp_shard"), self.rank)
         return build_loader(
             dataset,
@@ -190,8 +193,14 @@ class Trainer:
             n_microbatches=self.loader.n_micro,
             group=self.pmesh.group("pp"),
             device=self.device,
-            loss_fn=cross_entropy,
+            loss_fn=self._pipeline_loss,
         )
+
+    def _pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The last stage's micro-batch loss; masked, times n_micro because the schedule divides by it."""
+        if self._loss_scale is None:
+            return cross_entropy(logits, targets)
+        return summed_cross_entropy(logits, targets) * (self._loss_scale * self.loader.n_micro)
 
     # ---- one step, in pieces (tests call these directly) -------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -240,6 +249,8 @@ class Trainer:
                 p.grad = g.redistribute(p.device_mesh, p.placements)
 
     def _forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        loss_tokens = micro_batches[0].loss_tokens
+        self._loss_scale = None if loss_tokens is None else masked_loss_scale(loss_tokens, self.grid.dp * self.grid.cp)
         if self.pipeline is not None:
             # Under CP the stages exchange [batch, seq / cp, dim] shards; each stage takes its shard's
             # positions from the pre-hook context_parallel installs, so only tokens and labels go in.
@@ -256,7 +267,10 @@ class Trainer:
             with self._grad_sync(part, last=i == n - 1), self._loss_context():
                 with self.autocast():
                     logits = part(inputs, positions)
-                loss = cross_entropy(logits, targets)
+                if self._loss_scale is not None:  # masked: this micro-batch's share of the global objective
+                    loss = summed_cross_entropy(logits, targets) * (self._loss_scale * n)
+                else:
+                    loss = cross_entropy(logits, targets)
                 aux = pop_aux_loss(part)
                 if aux is not None:
                     loss = loss + aux

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainctl.parallelism.data.tokenizer import load_tokenizer
+from trainctl.parallelism.data.tokenizer import TransformersTokenizer, load_tokenizer
 from trainctl.parallelism.model.transformer import Transformer, repeat_kv
 
 
@@ -115,7 +115,10 @@ def generate(
 
 
 def decode(tokenizer: str, ids: list[int]) -> str:
-    """Text of `ids` under the spec's tokenizer (`byte`, or a tokenizer.json); bad UTF-8 is replaced."""
+    """Text of `ids` under the spec's tokenizer (`byte`, a tokenizer.json or a tokenizer directory); bad
+    UTF-8 is replaced."""
+    if Path(tokenizer).expanduser().is_dir():  # a Hugging Face tokenizer directory
+        return TransformersTokenizer(Path(tokenizer).expanduser()).hf.decode(ids)
     if tokenizer == "byte":
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
     from tokenizers import Tokenizer

@@ -1,0 +1,47 @@
+"""CreateJob answers INVALID_ARGUMENT for record data that is bad at submit time (the first JSONL line,
+a Parquet file's missing column), naming the spec field and the file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from control_plane_fakes import ApiServer, ScriptedRuntime, start_api_server
+from small_jobs import small_job
+
+from trainctl.cli.client import TrainctlClient
+from trainctl.service.convert import job_to_proto
+from trainctl.service.errors import field_violations
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TrainctlClient]:
+    server: ApiServer = start_api_server(tmp_path / "service", ScriptedRuntime())
+    try:
+        with TrainctlClient(server.target, token="") as c:
+            yield c
+    finally:
+        server.stop()
+
+
+def test_a_first_jsonl_line_that_is_not_json_is_invalid_argument(client: TrainctlClient, tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text("{oops\n")
+    job = small_job("bad-jsonl", data={"paths": [str(tmp_path / "a.jsonl")], "format": "jsonl"})
+    with pytest.raises(grpc.RpcError) as info:
+        client.create_job(job_to_proto(job))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [v.field for v in field_violations(info.value)] == ["spec.data.paths"]
+    assert "a.jsonl line 1 is not JSON" in info.value.details()
+
+
+def test_a_parquet_file_without_the_column_is_invalid_argument(client: TrainctlClient, tmp_path: Path) -> None:
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "a.parquet")
+    job = small_job("bad-parquet", data={"paths": [str(tmp_path / "a.parquet")], "format": "parquet"})
+    with pytest.raises(grpc.RpcError) as info:
+        client.create_job(job_to_proto(job))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [v.field for v in field_violations(info.value)] == ["spec.data.text_field"]

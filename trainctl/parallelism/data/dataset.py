@@ -1,0 +1,105 @@
+"""The one dataset interface over every format, and the token-shard cache the record formats stream into.
+
+`build_dataset(spec, vocab_size, model_dir)` returns a dataset with `n_samples`, `sample_id`,
+`samples(start, count)`, `sample_masks(start, count)` and `masked` (what `ShardedLoader` reads):
+
+- `text`: `PackedDataset` (tokenized in memory at start-up, as before).
+- `tokens`: `TokenShardDataset` over the prepared directories.
+- `jsonl`, `parquet`, `arrow`: streamed once through `token_shards.prepare_shards` (the code of
+  `trainctl data prepare`, so reading a format directly and preparing it give one token stream by
+  construction) into a cache directory, then memory-mapped like `tokens`.
+
+The cache. Directory `<cache root>/<key>`, where the root is `$TRAINCTL_DATA_CACHE` (default
+`~/.cache/trainctl/data`) and the key a SHA-256 of what determines the stream: format, fields,
+tokenizer (name and the bytes of its files, weights excluded), the source files (path, size,
+mtime) and the shard format version. One process per machine builds it: ranks take an exclusive
+`flock` on `<key>.lock`; the first finds no directory, writes `<key>.tmp-<pid>` and renames it into
+place (atomic); the others wait on the lock, then map what it wrote. A changed source file or
+tokenizer gives a new key; stale entries are left for the operator to delete.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from trainctl.parallelism.data.corpus import PackedDataset
+from trainctl.parallelism.data.documents import source_files
+from trainctl.parallelism.data.token_shards import FORMAT_VERSION, INDEX, TokenShardDataset, prepare_shards
+from trainctl.parallelism.data.tokenizer import load_tokenizer
+from trainctl.spec.job import DataSpec, resolve_tokenizer
+
+CACHE_ENV = "TRAINCTL_DATA_CACHE"
+DEFAULT_CACHE = "~/.cache/trainctl/data"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
+"""Files of a model directory left out of the tokenizer's fingerprint (weights, not tokenizer files)."""
+
+
+def build_dataset(spec: DataSpec, vocab_size: int, model_dir: str | None = None) -> PackedDataset | TokenShardDataset:
+    """The dataset `spec.format` names. `model_dir` is the job's `from_pretrained` directory, what
+    `tokenizer: auto` means."""
+    tokenizer = resolve_tokenizer(spec, model_dir)
+    if spec.format == "tokens":
+        return TokenShardDataset(spec, vocab_size)
+    if spec.format == "text":
+        return PackedDataset(spec, vocab_size, load_tokenizer(tokenizer))
+    root = cached_shards(spec, tokenizer)
+    return TokenShardDataset(spec, vocab_size, roots=[("spec.data.paths", root)])
+
+
+def cache_root() -> Path:
+    """Where cached token shards live on this machine."""
+    return Path(os.path.expanduser(os.environ.get(CACHE_ENV) or DEFAULT_CACHE))
+
+
+def cache_key(spec: DataSpec, tokenizer: str) -> str:
+    """What determines the token stream of `spec` under `tokenizer`, hashed."""
+    files = source_files(spec)
+    digest = hashlib.sha256()
+    head = {
+        "version": FORMAT_VERSION, "format": spec.format, "text_field": spec.text_field,
+        "messages_field": spec.messages_field, "tokenizer": tokenizer,
+    }
+    digest.update(json.dumps(head, sort_keys=True).encode())
+    for path in files:
+        stat = path.stat()
+        digest.update(f"\0{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    _hash_tokenizer(digest, tokenizer)
+    return digest.hexdigest()[:32]
+
+
+def _hash_tokenizer(digest: hashlib._Hash, tokenizer: str) -> None:
+    path = Path(tokenizer).expanduser()
+    if path.is_file():
+        digest.update(path.read_bytes())
+    elif path.is_dir():
+        for item in sorted(path.iterdir()):
+            if item.is_file() and not item.name.endswith(WEIGHT_SUFFIXES):
+                digest.update(item.name.encode() + b"\0" + item.read_bytes())
+
+
+def cached_shards(spec: DataSpec, tokenizer: str) -> Path:
+    """The cache directory holding `spec`'s token stream, built here if no process built it yet."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    key = cache_key(spec, tokenizer)
+    target = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / INDEX).is_file():
+            building = root / f"{key}.tmp-{os.getpid()}"
+            shutil.rmtree(building, ignore_errors=True)
+            try:
+                prepare_shards(
+                    spec.paths, building, tokenizer=tokenizer, max_files=spec.max_files, format=spec.format,
+                    text_field=spec.text_field, messages_field=spec.messages_field,
+                )
+                shutil.rmtree(target, ignore_errors=True)  # a directory left without an index
+                building.rename(target)
+            finally:
+                shutil.rmtree(building, ignore_errors=True)
+    return target
