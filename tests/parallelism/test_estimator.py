@@ -145,10 +145,10 @@ HF_CASES = {
 @pytest.mark.parametrize(("family", "layout"), HF_CASES.values(), ids=HF_CASES.keys())
 def test_estimates_of_imported_models_are_exact(pool, corpus, tmp_path, family, layout):
     """Tied embeddings (one matrix, or a copy per end stage under PP), q/k/v biases and q/k norms."""
-    from hf_models import save_family
+    from hf_models import BYTES, save_family
 
     directory = save_family(family, tmp_path / family)
-    body = tiny_job(corpus, steps=1, model={"from_pretrained": str(directory)}, **layout)
+    body = tiny_job(corpus, steps=1, model={"from_pretrained": str(directory)}, data=BYTES, **layout)
     measured = pool.run(measure, body.parallelism.world_size, body.model_dump_json())
     config = resolve_model(body.model)
     for rank, got in enumerate(measured):

@@ -43,13 +43,13 @@ def test_export_loads_in_transformers_with_the_same_logits(base_run: Path, tmp_p
     assert not torch.allclose(expected[:, 0], expected[:, -1])  # positions matter: RoPE is exercised
 
 
-def test_bf16_export_and_moe_refusal(base_run: Path, tmp_path: Path) -> None:
+def test_bf16_export_and_refusal_of_moe_that_mixtral_cannot_hold(base_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "bf16"
     assert trainctl_main(["export", str(base_run), "--out", str(out), "--dtype", "bfloat16"]) == 0
     hf = transformers.LlamaForCausalLM.from_pretrained(str(out), dtype=torch.bfloat16)
     assert next(hf.parameters()).dtype == torch.bfloat16
-    moe = resolve_model(tiny_job("unused", model={"preset": "debug-moe"}).model)
-    with pytest.raises(ExportError, match="MoE"):
+    moe = resolve_model(tiny_job("unused", model={"preset": "debug-moe", "moe": {"num_experts": 4, "shared_expert": True}}).model)
+    with pytest.raises(ExportError, match="spec.model.moe.shared_expert: Mixtral has no shared expert"):
         hf_state_dict(build_model(moe, 0).state_dict(), moe)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from harness import assert_equivalent, run_layout, run_reference, run_training, tiny_job
-from hf_models import FAMILIES, build_family, save_family
+from hf_models import BYTES, FAMILIES, build_family, save_family
 from safetensors.torch import load_file, save_file
 
 from trainctl.parallelism.checkpoint.hf_export import hf_config, hf_state_dict
@@ -142,7 +142,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_imported_models_train_alike_under_every_layout(pool, corpus, hf_dirs: dict[str, Path], family: str, layout: str) -> None:
-    body = tiny_job(corpus, model={"from_pretrained": str(hf_dirs[family])}, **LAYOUTS[layout])
+    body = tiny_job(corpus, model={"from_pretrained": str(hf_dirs[family])}, data=BYTES, **LAYOUTS[layout])
     assert_equivalent(run_layout(pool, body), run_reference(pool, body))
 
 
@@ -162,12 +162,12 @@ def test_tied_pp_checkpoints_resume_in_one_process_and_export(pool, corpus, hf_d
     from trainctl.cli.main import main as trainctl_main
     from trainctl.parallelism.checkpoint import dcp as ckpt
 
-    body = tiny_job(corpus, steps=4, model={"from_pretrained": str(hf_dirs["qwen2"])}, pp=2, dp_shard=2)
+    body = tiny_job(corpus, steps=4, model={"from_pretrained": str(hf_dirs["qwen2"])}, data=BYTES, pp=2, dp_shard=2)
     body.checkpoint.interval_steps = 2
     full = run_training(pool, body, str(tmp_path / "full"))
     resume_dir = tmp_path / "resumed"
     shutil.copytree(tmp_path / "full" / "step_00000002", resume_dir / "step_00000002")
-    single = tiny_job(corpus, steps=4, model={"from_pretrained": str(hf_dirs["qwen2"])})
+    single = tiny_job(corpus, steps=4, model={"from_pretrained": str(hf_dirs["qwen2"])}, data=BYTES)
     single.checkpoint.interval_steps = 2
     resumed = run_training(pool, single, str(resume_dir))
     assert resumed.resumed_from_step == 2
@@ -184,7 +184,7 @@ def test_lora_on_a_hugging_face_base_exports_merged(pool, corpus, hf_dirs: dict[
     """The adapters' checkpoint names no base; load_weights finds it in from_pretrained (q/k/v biases kept)."""
     from trainctl.cli.main import main as trainctl_main
 
-    body = tiny_job(corpus, steps=2, model={"from_pretrained": str(hf_dirs["qwen2"])}, dp_shard=2)
+    body = tiny_job(corpus, steps=2, model={"from_pretrained": str(hf_dirs["qwen2"])}, data=BYTES, dp_shard=2)
     body.lora = {"rank": 4, "target_modules": ["wq", "wv", "w2"]}
     body = JobSpecBody.model_validate(body.model_dump())
     result = run_training(pool, body, str(tmp_path / "run"))
@@ -194,3 +194,15 @@ def test_lora_on_a_hugging_face_base_exports_merged(pool, corpus, hf_dirs: dict[
     merged = _engine_logits(tmp_path / "run")
     assert relative(hf_logits(out), merged) <= 1e-5
     assert relative(merged, hf_logits(hf_dirs["qwen2"])) > 1e-4  # the adapters changed the model
+
+
+def test_tokenizer_auto_needs_tokenizer_files_in_the_model_directory(corpus, hf_dirs: dict[str, Path]) -> None:
+    """`tokenizer: auto` is the model's tokenizer; a model directory without one is refused at submit."""
+    from trainctl.spec.job import TrainingJob
+    from trainctl.spec.validate import semantic_violations
+
+    body = tiny_job(corpus, model={"from_pretrained": str(hf_dirs["llama"])})
+    problems = semantic_violations(TrainingJob.model_validate({"metadata": {"name": "hf"}, "spec": body.model_dump()}), check_data=True)
+    assert [(v.field, "auto names the from_pretrained model directory" in v.description) for v in problems] == [
+        ("spec.data.tokenizer", True)
+    ]

@@ -11,23 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 from harness import tiny_job
+from safetensors.torch import load_file
 
 from trainctl.cli.main import main as trainctl_main
-from trainctl.parallelism.checkpoint.hf_export import ExportError, interleaved_to_halves
-from trainctl.parallelism.checkpoint.hf_moe import (
-    MixtralWeightsError,
-    engine_state_dict,
-    halves_to_interleaved,
-    mixtral_state_dict,
-    read_safetensors_dir,
-)
+from trainctl.parallelism.checkpoint.hf_export import ExportError, hf_state_dict
+from trainctl.parallelism.checkpoint.hf_import import read_model_weights
+from trainctl.parallelism.checkpoint.hf_moe import MixtralWeightsError, engine_state_dict, mixtral_state_dict
+from trainctl.parallelism.checkpoint.hf_names import halves_to_interleaved, interleaved_to_halves
 from trainctl.parallelism.checkpoint.pretrained import load_weights, open_checkpoint
 from trainctl.parallelism.engine.trainer import Trainer
 from trainctl.parallelism.model.generate import encode, generate
 from trainctl.parallelism.model.moe import pop_aux_loss
 from trainctl.parallelism.model.transformer import build_model
-from trainctl.spec.hf_mixtral import MixtralConfigError, mixtral_hf_config, mixtral_model_config
-from trainctl.spec.presets import PRESETS, MoEConfig
+from trainctl.spec.hf_config import PretrainedConfigError
+from trainctl.spec.hf_mixtral import MixtralConfigError, mixtral_hf_config
+from trainctl.spec.job import ModelSpec
+from trainctl.spec.presets import PRESETS, MoEConfig, resolve_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,10 +65,17 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _engine_from_hf(directory: Path) -> torch.nn.Module:
-    config = mixtral_model_config(json.loads((directory / "config.json").read_text()), seq_len=32)
+    """The model `spec.model.from_pretrained: directory` trains (shape from config.json, weights read)."""
+    config = resolve_model(ModelSpec(from_pretrained=str(directory)))
     model = build_model(config, 0)
-    model.load_state_dict(engine_state_dict(read_safetensors_dir(directory), config))
+    model.load_state_dict(read_model_weights(directory, model, config))
     return model.eval()
+
+
+def _config_dir(tmp_path: Path, config: dict) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
 
 
 def _tokens(seed: int = 0) -> torch.Tensor:
@@ -113,7 +119,7 @@ def test_export_loads_as_mixtral_with_the_same_logits_and_greedy_text(moe_run: P
 def test_export_refuses_what_mixtral_cannot_represent(moe: MoEConfig, field: str) -> None:
     config = replace(PRESETS["debug-moe"], moe=moe)
     with pytest.raises(ExportError, match=field):
-        mixtral_state_dict(build_model(config, 0).state_dict(), config)
+        hf_state_dict(build_model(config, 0).state_dict(), config)
     with pytest.raises(MixtralConfigError, match=field):
         mixtral_hf_config(config, max_positions=2048, dtype="float32")
 
@@ -127,7 +133,7 @@ def test_per_layer_sum_coefficient_is_exported_at_the_balanced_equivalent() -> N
 
 # ---- import ----------------------------------------------------------------------------------------
 def test_saved_mixtral_maps_into_the_engine_with_the_same_logits_and_aux_loss(hf_dir: Path) -> None:
-    names = set(read_safetensors_dir(hf_dir))
+    names = set(load_file(str(hf_dir / "model.safetensors")))
     assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in names  # what save_pretrained writes
     hf = transformers.MixtralForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     ours = _engine_from_hf(hf_dir)
@@ -158,8 +164,8 @@ def test_export_and_import_mappings_are_inverse() -> None:
 
 
 def test_bad_weights_are_named(hf_dir: Path) -> None:
-    config = mixtral_model_config(json.loads((hf_dir / "config.json").read_text()), seq_len=32)
-    weights = read_safetensors_dir(hf_dir)
+    config = resolve_model(ModelSpec(from_pretrained=str(hf_dir)))
+    weights = load_file(str(hf_dir / "model.safetensors"))
     with pytest.raises(MixtralWeightsError, match="model.layers.0.block_sparse_moe.gate.weight.*shape"):
         engine_state_dict({**weights, "model.layers.0.block_sparse_moe.gate.weight": torch.zeros(3, 64)}, config)
     with pytest.raises(MixtralWeightsError, match="experts \\[1\\] have no w2"):
@@ -171,29 +177,29 @@ def test_bad_weights_are_named(hf_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"sliding_window": 16}, "sliding_window = 16"),
-        ({"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
         ({"num_experts_per_tok": 1}, "num_experts_per_tok = 1"),
-        ({"tie_word_embeddings": True}, "tie_word_embeddings"),
-        ({"router_jitter_noise": 0.1}, "router_jitter_noise"),
+        ({"tie_word_embeddings": True}, "tie_word_embeddings = true"),
+        ({"router_jitter_noise": 0.1}, "router_jitter_noise = 0.1"),
+        ({"attention_dropout": 0.1}, "attention_dropout = 0.1"),
         ({"head_dim": 32}, "head_dim = 32"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rope_parameters.rope_type = 'yarn'"),
-        ({"model_type": "llama"}, "model_type = 'llama'"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "RoPE scaling type 'yarn'"),
+        ({"architectures": ["LlamaForCausalLM"]}, "architectures"),
     ],
 )
-def test_unsupported_mixtral_settings_are_refused_by_key(change: dict, message: str) -> None:
-    config = {"model_type": "mixtral", **HF_MIXTRAL, **change}
-    with pytest.raises(MixtralConfigError, match=f"spec.model.from_pretrained: {message}"):
-        mixtral_model_config(config, seq_len=32, where="spec.model.from_pretrained")
+def test_unsupported_mixtral_settings_are_refused_by_key(tmp_path: Path, change: dict, message: str) -> None:
+    directory = _config_dir(tmp_path, {"model_type": "mixtral", **HF_MIXTRAL, **change})
+    with pytest.raises(PretrainedConfigError, match=f"config.json: {message}"):
+        resolve_model(ModelSpec(from_pretrained=str(directory)))
 
 
-def test_config_keys_map_both_ways() -> None:
-    config = mixtral_model_config({"model_type": "mixtral", **HF_MIXTRAL, "sliding_window": 4096}, seq_len=32)
+def test_config_keys_map_both_ways(tmp_path: Path) -> None:
+    config = resolve_model(ModelSpec(from_pretrained=str(_config_dir(tmp_path / "in", {"model_type": "mixtral", **HF_MIXTRAL, "sliding_window": 4096}))))
     assert (config.dim, config.n_layers, config.n_heads, config.n_kv_heads, config.ffn_dim) == (64, 3, 4, 2, 96)
     assert (config.rope_theta, config.norm_eps, config.moe.num_experts, config.moe.top_k) == (1e4, 1e-6, 4, 2)
-    assert mixtral_model_config(mixtral_hf_config(config, max_positions=64, dtype="float32"), seq_len=32) == config
-    with pytest.raises(MixtralConfigError, match="sliding_window = 4096"):  # no seq_len: cannot show it never masks
-        mixtral_model_config({"model_type": "mixtral", **HF_MIXTRAL, "sliding_window": 4096})
+    assert (config.moe.aux_loss, config.moe.aux_loss_coef, config.sliding_window) == ("transformers", 0.02, 4096)
+    written = mixtral_hf_config(config, max_positions=64, dtype="float32")
+    assert resolve_model(ModelSpec(from_pretrained=str(_config_dir(tmp_path / "out", written)))) == config
 
 
 def _ep_logits(rank: int, world_size: int, hf_dir: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
-"""`trainctl export JOB|CHECKPOINT_DIR --out DIR`: the trained model as Hugging Face safetensors
-(`LlamaForCausalLM`, or `MixtralForCausalLM` for an MoE model).
+"""`trainctl export JOB|CHECKPOINT_DIR --out DIR`: the trained model as Hugging Face safetensors in its
+family (an imported model's own, `MixtralForCausalLM` for MoE, `LlamaForCausalLM` for presets).
 
 JOB is a job id on the server (its run directory's newest checkpoint, with the job's spec); a path is a
 `step_*` checkpoint, a checkpoint root or a run directory (its spec from the `job.json` the Trainer
@@ -51,7 +51,7 @@ def resolve_source(source: str, server: str | None) -> Pretrained:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `export` to the main parser; returns its parser."""
-    return register_command(subparsers, "export", "write a job's trained model as Hugging Face safetensors (Llama, or Mixtral for MoE)", add_arguments)
+    return register_command(subparsers, "export", "write a job's trained model as Hugging Face safetensors (its family; Mixtral for MoE, Llama for presets)", add_arguments)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,13 +64,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from trainctl.parallelism.checkpoint.hf_export import ExportError, export_checkpoint
-    from trainctl.parallelism.checkpoint.hf_moe import export_mixtral
     from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError
 
     try:
         source = resolve_source(args.source, getattr(args, "server", None))
-        export = export_mixtral if source.config.moe is not None else export_checkpoint
-        files = export(source, args.out, getattr(torch, args.dtype))
+        files = export_checkpoint(source, args.out, getattr(torch, args.dtype))
     except (CheckpointNotFoundError, ExportError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -10,8 +10,9 @@ config naming `architectures` must name that family's causal-LM class. Both the 
 (`rope_theta`, `rope_scaling`) and the v5 key (`rope_parameters`) are read. Refused by name: other
 model types and architectures, `hidden_act` other than silu, biases on o_proj or the MLP, RoPE scaling
 other than `llama3`, sliding-window attention that is actually used (Qwen `use_sliding_window`,
-non-full `layer_types`). A Mistral `sliding_window` is kept in the fields: a job whose seq_len does
-not exceed it attends exactly as full causal attention (spec.validate checks that).
+non-full `layer_types`). A Mistral or Mixtral `sliding_window` is kept in the fields: a job whose
+seq_len does not exceed it attends exactly as full causal attention (spec.validate checks that).
+Mixtral's MoE settings come back as the `moe` dict (`MoEConfig` fields).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from trainctl.spec.job import MAX_DIM, MAX_FFN_DIM, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB
+from trainctl.spec.job import MAX_DIM, MAX_EXPERTS, MAX_FFN_DIM, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB
 
 CONFIG_FILE = "config.json"
 MAX_CONFIG_BYTES = 1 << 20
@@ -189,10 +190,49 @@ def _qwen3(config: dict) -> Fields:
     return dense_fields(config, qk_norm=True)
 
 
-FAMILIES: dict[str, FamilyParser] = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "qwen3": _qwen3}
+MIXTRAL_DEFAULTS = {"rope_theta": 1e6, "rms_norm_eps": 1e-5, "num_local_experts": 8, "num_experts_per_tok": 2,
+                    "router_aux_loss_coef": 0.001}
+"""transformers' MixtralConfig defaults for keys a config.json may leave out."""
+
+
+def _mixtral(config: dict) -> Fields:
+    """Mixtral: Mistral's attention, every layer a top-k MoE without shared expert. The router's
+    auxiliary loss is taken in the transformers convention with `router_aux_loss_coef`. Refused by key:
+    router jitter, attention dropout, tied embeddings, a head_dim other than hidden_size / heads, RoPE
+    scaling, and top-1 routing (Mixtral renormalises the one weight to 1.0, the engine keeps the router
+    probability)."""
+    config = {**MIXTRAL_DEFAULTS, **{k: v for k, v in config.items() if v is not None or k == "sliding_window"}}
+    for key, why in (("router_jitter_noise", "router jitter is not supported"), ("attention_dropout", "the engine has no dropout")):
+        if config.get(key) not in (None, 0, 0.0):
+            raise PretrainedConfigError(f"{key} = {config[key]!r}: {why}")
+    fields = _mistral(config)
+    if fields["tie_embeddings"]:
+        raise PretrainedConfigError("tie_word_embeddings = true: not supported for Mixtral")
+    if fields["explicit_head_dim"] is not None:
+        raise PretrainedConfigError(f"head_dim = {config['head_dim']!r}: must be hidden_size / num_attention_heads")
+    if fields["rope_scaling"] is not None:
+        raise PretrainedConfigError("RoPE scaling is not supported for Mixtral")
+    experts = _int(config, "num_local_experts", MAX_EXPERTS)
+    top_k = config["num_experts_per_tok"]
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 2 <= top_k <= experts:
+        raise PretrainedConfigError(
+            f"num_experts_per_tok = {top_k!r}: must be an integer in [2, num_local_experts = {experts}] (top-1: Mixtral "
+            "renormalises the weight to 1.0, the engine keeps the router probability)"
+        )
+    coef = config["router_aux_loss_coef"]
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not 0 <= coef <= 1:
+        raise PretrainedConfigError(f"router_aux_loss_coef must be a number in [0, 1], got {coef!r}")
+    fields["moe"] = {"num_experts": experts, "top_k": top_k, "aux_loss_coef": float(coef), "aux_loss": "transformers"}
+    return fields
+
+
+FAMILIES: dict[str, FamilyParser] = {
+    "llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "qwen3": _qwen3, "mixtral": _mixtral,
+}
 """Parsers of config.json by `model_type`."""
 
 ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 """The causal-LM class of each family (`architectures` in config.json; export writes it)."""

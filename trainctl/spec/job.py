@@ -141,7 +141,7 @@ class ModelSpec(StrictModel):
     from_pretrained: PathText | None = None
     """A local Hugging Face model directory (config.json + model.safetensors or a sharded index): the
     model's shape comes from its config.json and its initial weights from its safetensors files
-    (families llama, mistral, qwen2, qwen3). Excludes `preset` and the shape fields above, and
+    (families llama, mistral, qwen2, qwen3, mixtral). Excludes `preset` and the shape fields above, and
     `spec.init_from`."""
 
     @model_validator(mode="after")

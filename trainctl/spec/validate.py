@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from trainctl.spec import data_sources
-from trainctl.spec.job import DataSpec, TrainingJob, resolve_tokenizer
+from trainctl.spec.job import TOKENIZER_AUTO, DataSpec, TrainingJob, resolve_tokenizer
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
 
 STDLIB_CORPUS = "@stdlib"
@@ -366,6 +366,10 @@ def _path_part(part: object) -> str:
 # ---- the files the data spec names, and what they can give (submit-time, cheap) ------------------------
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+"""Files of a Hugging Face tokenizer directory; a directory with none of them holds no tokenizer."""
+
+
 def data_violations(data: DataSpec, *, model_dir: str | None = None) -> list[FieldViolation]:
     """The files `data` names exist and are readable (text, JSONL or Parquet files, token-shard
     directories with an index, save_to_disk directories; the tokenizer file or directory), record data
@@ -383,6 +387,12 @@ def data_violations(data: DataSpec, *, model_dir: str | None = None) -> list[Fie
     tokenizer_path = Path(tokenizer).expanduser()
     if tokenizer != "byte" and not (tokenizer_path.is_file() or tokenizer_path.is_dir()):
         out.append(FieldViolation("spec.data.tokenizer", f"tokenizer file or directory {tokenizer!r} does not exist"))
+    elif tokenizer_path.is_dir() and not any((tokenizer_path / name).is_file() for name in TOKENIZER_FILES):
+        meaning = "tokenizer: auto names the from_pretrained model directory " if data.tokenizer == TOKENIZER_AUTO else "directory "
+        out.append(FieldViolation(
+            "spec.data.tokenizer",
+            f"{meaning}{tokenizer!r}, which holds none of {', '.join(TOKENIZER_FILES)}; name a tokenizer (or byte)",
+        ))
     if data.messages_field is not None:
         if data.format in ("text", "tokens"):
             out.append(FieldViolation("spec.data.messages_field", f"chat records need format jsonl, parquet or arrow, not {data.format}"))

@@ -2,10 +2,11 @@
 
 Names and the RoPE permutation of the q/k side: `hf_names`. A model imported with
 `spec.model.from_pretrained` is written back as its own family (`ModelConfig.hf_family`: llama,
-mistral, qwen2 or qwen3: `architectures`, `model_type`, q/k/v biases, q/k norms, head_dim, RoPE
+mistral, qwen2, qwen3 or mixtral: `architectures`, `model_type`, q/k/v biases, q/k norms, head_dim, RoPE
 scaling, sliding_window); trainctl presets are written as Llama. Tied embeddings are written once
 (`model.embed_tokens`, no `lm_head`, `tie_word_embeddings: true`). LoRA runs are exported merged
-(`pretrained.load_weights`). MoE models have no dense form and are refused.
+(`pretrained.load_weights`). MoE models are written as Mixtral (`hf_moe`, `spec.hf_mixtral`); what
+Mixtral cannot represent (a shared expert, dense layers between MoE layers, top-1) is refused by field.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from trainctl.parallelism.checkpoint.hf_moe import MixtralWeightsError, mixtral_state_dict
 from trainctl.parallelism.checkpoint.hf_names import hf_name, interleaved_to_halves, rope_heads
 from trainctl.parallelism.checkpoint.pretrained import Pretrained, load_weights
 from trainctl.spec.hf_config import ARCHITECTURES
+from trainctl.spec.hf_mixtral import MixtralConfigError, mixtral_hf_config
 from trainctl.spec.presets import ModelConfig
 
 DEFAULT_FAMILY = "llama"
@@ -32,7 +35,10 @@ class ExportError(ValueError):
 def hf_state_dict(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """The engine's plain weights renamed (and the q/k side permuted) to the HF names."""
     if config.moe is not None:
-        raise ExportError("MoE models have no dense Hugging Face form; export supports dense models only")
+        try:
+            return mixtral_state_dict(weights, config)
+        except (MixtralConfigError, MixtralWeightsError) as exc:
+            raise ExportError(str(exc)) from exc
     out: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
         if name == "output.weight" and config.tie_embeddings:
@@ -53,6 +59,11 @@ def _rope_parameters(config: ModelConfig) -> dict:
 
 def hf_config(config: ModelConfig, max_positions: int, dtype: torch.dtype) -> dict:
     """config.json of the model's family (rope settings under both the v4 and the v5 keys)."""
+    if config.moe is not None:
+        try:
+            return mixtral_hf_config(config, max_positions=max_positions, dtype=str(dtype).removeprefix("torch."))
+        except MixtralConfigError as exc:
+            raise ExportError(str(exc)) from exc
     family = config.hf_family or DEFAULT_FAMILY
     rope = _rope_parameters(config)
     out = {
@@ -91,10 +102,11 @@ def export_checkpoint(source: Pretrained, out_dir: str | Path, dtype: torch.dtyp
     """Write `model.safetensors` and `config.json` of `source` (merged weights) into `out_dir`."""
     out = Path(out_dir)
     weights = {k: v.to(dtype) for k, v in hf_state_dict(load_weights(source), source.config).items()}
+    max_positions = max(2048, source.job.data.seq_len)
+    config = hf_config(source.config, max_positions, dtype)
     out.mkdir(parents=True, exist_ok=True)
     model_file = out / "model.safetensors"
     save_file(weights, str(model_file), metadata={"format": "pt", "source": str(source.path)})
     config_file = out / "config.json"
-    max_positions = max(2048, source.job.data.seq_len)
-    config_file.write_text(json.dumps(hf_config(source.config, max_positions, dtype), indent=2) + "\n")
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
     return [model_file, config_file]

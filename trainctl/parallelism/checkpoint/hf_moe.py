@@ -1,4 +1,4 @@
-"""Hugging Face Mixtral weights <-> the engine's MoE model: export, and the import name mapping.
+"""Hugging Face Mixtral weights <-> the engine's MoE model: the name mapping both ways.
 
 Checkpoint names (what transformers 5's `MixtralForCausalLM.save_pretrained` writes, and what
 `trainctl export` writes): attention, norms, embeddings and head as in Llama (`hf_export`), and per
@@ -12,26 +12,22 @@ to the per-expert names when loading and saving; `from_pretrained` accepts both 
 
 Routing is the same computation on both sides for top_k >= 2 (float32 softmax of the linear gate,
 top-k, weights divided by their sum); q/k rows are permuted between interleaved-pair and
-rotate-half RoPE as in `hf_export`. Config mapping and refusals: `trainctl.spec.hf_mixtral`.
+rotate-half RoPE as in `hf_names`. Reading a directory's tensors: `hf_import`. Config mapping and refusals: `trainctl.spec.hf_mixtral`.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from trainctl.parallelism.checkpoint.hf_export import (
+from trainctl.parallelism.checkpoint.hf_names import (
     LAYER_NAMES,
     TOP_NAMES,
-    ExportError,
+    halves_to_interleaved,
     interleaved_to_halves,
 )
-from trainctl.parallelism.checkpoint.pretrained import Pretrained, load_weights
-from trainctl.spec.hf_mixtral import MixtralConfigError, check_mixtral_representable, mixtral_hf_config
+from trainctl.spec.hf_mixtral import check_mixtral_representable
 from trainctl.spec.presets import ModelConfig
 
 ATTENTION_NAMES = {k: v for k, v in LAYER_NAMES.items() if not k.startswith("feed_forward.")}
@@ -46,19 +42,10 @@ class MixtralWeightsError(ValueError):
     """Mixtral weights that do not fit the model (the message names the tensor)."""
 
 
-def halves_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Inverse of `hf_export.interleaved_to_halves`: rotate-half q/k rows back to interleaved pairs."""
-    rows, cols = weight.shape
-    head_dim = rows // n_heads
-    return weight.reshape(n_heads, 2, head_dim // 2, cols).transpose(1, 2).reshape(rows, cols)
-
-
 def mixtral_state_dict(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """The engine's plain weights under the per-expert Mixtral checkpoint names (q/k permuted)."""
-    try:
-        check_mixtral_representable(config)
-    except MixtralConfigError as exc:
-        raise ExportError(str(exc)) from exc
+    """The engine's plain weights under the per-expert Mixtral checkpoint names (q/k permuted);
+    `MixtralConfigError` if Mixtral cannot represent the model."""
+    check_mixtral_representable(config)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
         if name in TOP_NAMES:
@@ -67,7 +54,7 @@ def mixtral_state_dict(weights: dict[str, torch.Tensor], config: ModelConfig) ->
         head, layer, rest = (name.split(".", 2) + ["", ""])[:3]
         prefix = f"model.layers.{layer}."
         if head != "layers":
-            raise ExportError(f"parameter {name!r} has no place in the Mixtral layout")
+            raise MixtralWeightsError(f"parameter {name!r} has no place in the Mixtral layout")
         if rest in ATTENTION_NAMES:
             if rest == "attention.wq.weight":
                 tensor = interleaved_to_halves(tensor, config.n_heads)
@@ -81,26 +68,8 @@ def mixtral_state_dict(weights: dict[str, torch.Tensor], config: ModelConfig) ->
             for expert, matrix in enumerate(tensor):
                 out[f"{prefix}block_sparse_moe.experts.{expert}.{which}.weight"] = matrix.T
         else:
-            raise ExportError(f"parameter {name!r} has no place in the Mixtral layout")
+            raise MixtralWeightsError(f"parameter {name!r} has no place in the Mixtral layout")
     return {k: v.detach().contiguous() for k, v in out.items()}
-
-
-def export_mixtral(source: Pretrained, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> list[Path]:
-    """Write `model.safetensors` and `config.json` (MixtralForCausalLM) of `source` into `out_dir`."""
-    try:
-        hf_config = mixtral_hf_config(
-            source.config, max_positions=max(2048, source.job.data.seq_len), dtype=str(dtype).removeprefix("torch.")
-        )
-    except MixtralConfigError as exc:
-        raise ExportError(str(exc)) from exc
-    weights = {k: v.to(dtype) for k, v in mixtral_state_dict(load_weights(source), source.config).items()}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model_file = out / "model.safetensors"
-    save_file(weights, str(model_file), metadata={"format": "pt", "source": str(source.path)})
-    config_file = out / "config.json"
-    config_file.write_text(json.dumps(hf_config, indent=2) + "\n")
-    return [model_file, config_file]
 
 
 def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -112,8 +81,9 @@ def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Te
 def engine_state_dict(hf_weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Mixtral weights (per-expert or fused names) as the engine MoE model's state dict, float32.
 
-    Every tensor must be used and every engine parameter filled; shapes are checked against `config`
-    (from `spec.hf_mixtral.mixtral_model_config`). Errors name the HF tensor."""
+    Every tensor given must have a place in the model and each layer's experts must be complete;
+    router and expert shapes are checked against `config` (the `mixtral` family of `spec.hf_config`).
+    Errors name the HF tensor."""
     moe = check_mixtral_representable(config)
     dim, ffn, n_experts = config.dim, config.ffn_dim, moe.num_experts
     out: dict[str, torch.Tensor] = {}
@@ -157,20 +127,3 @@ def engine_state_dict(hf_weights: dict[str, torch.Tensor], config: ModelConfig) 
             raise MixtralWeightsError(f"{prefix}: experts {missing} have no {which} tensor")
         out[f"{prefix}moe.experts.{which}"] = torch.stack([per_expert[e] for e in range(n_experts)])
     return {k: v.contiguous() for k, v in out.items()}
-
-
-def read_safetensors_dir(directory: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a Hugging Face model directory: `model.safetensors`, or the shards its
-    `model.safetensors.index.json` lists."""
-    root = Path(directory)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (root / "model.safetensors").is_file():
-        shards = ["model.safetensors"]
-    else:
-        raise MixtralWeightsError(f"{root}: neither model.safetensors nor model.safetensors.index.json")
-    weights: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        weights.update(load_file(str(root / shard)))
-    return weights
