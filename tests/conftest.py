@@ -17,6 +17,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported:
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 import pytest  # noqa: E402
@@ -79,8 +80,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedRay]:
-    """An embedded Ray on loopback for one test module, shaped by the module's `cluster` marker."""
+def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Cached token shards (data formats jsonl / parquet / arrow) under the module's temporary directory,
+    for this process and the processes it starts afterwards (a module's `cluster` and its ranks)."""
+    from trainctl.parallelism.data.dataset import CACHE_ENV
+
+    before = os.environ.get(CACHE_ENV)
+    root = tmp_path_factory.mktemp("data-cache")
+    os.environ[CACHE_ENV] = str(root)
+    try:
+        yield root
+    finally:
+        if before is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = before
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest, data_cache: Path) -> Iterator[EmbeddedRay]:
+    """An embedded Ray on loopback for one test module, shaped by the module's `cluster` marker; its
+    ranks cache token shards in the module's `data_cache`."""
     from trainctl.workers.embedded import FAST_NODE_FAILURE_DETECTION, start_embedded
 
     marker = request.node.get_closest_marker("cluster")

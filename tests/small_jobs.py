@@ -36,3 +36,21 @@ def restartable_job(
         name, steps=steps, labels=labels, parallelism={"dp_replicate": 2}, training={"micro_batch_size": 2},
         checkpoint={"interval_steps": interval}, scheduling={"max_restarts": max_restarts},
     )
+
+
+def single_process_losses(job: TrainingJob) -> list[float]:
+    """Every step's loss of `job`'s spec trained in this process on one rank (no checkpoint): what
+    every layout of the job must reproduce."""
+    import torch
+
+    from trainctl.parallelism.engine.trainer import Trainer
+
+    body = job.spec.model_copy(deep=True)
+    body.parallelism = type(body.parallelism)()
+    body.resources.gpus = 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return Trainer(body, device="cpu").run().losses
+    finally:
+        torch.set_num_threads(before)

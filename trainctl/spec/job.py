@@ -180,7 +180,12 @@ class DataSpec(StrictModel):
     Face tokenizer files (tokenizer.json, tokenizer_config.json with its chat template) loaded through
     `transformers.AutoTokenizer`."""
     seq_len: count(MAX_SEQ_LEN) = 128
-    """Tokens per training sample (at most 2,097,152)."""
+    """Tokens per training sample (at most 2,097,152). Samples are cut from the token stream with no
+    regard to documents (packing, the pre-training convention of Megatron-LM and torchtitan): a sample
+    may hold several documents (separated by EOS when the tokenizer has one), attention is causal over
+    the whole sample (across document boundaries) and positions run over the sample; a long document
+    continues in other samples. Nothing is padded. Why there is no document masking: docs/engine.md,
+    Training data."""
     seed: Int64 = 0
     """Seed of the sample order; the same seed gives the same order on any layout."""
     max_files: count(MAX_FILES) | None = 2000

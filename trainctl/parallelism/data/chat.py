@@ -36,18 +36,18 @@ class ChatError(ConfigurationError):
 
 
 def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
-    """`messages` as a list of {role, content} dicts, or ChatError naming `where` (file and record)."""
+    """`messages` as a list of {role, content} dicts, or ChatError naming the spec field and `where` (file and record)."""
     if not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not messages:
-        raise ChatError(f"{where}: the conversation is not a non-empty list of messages")
+        raise ChatError(f"spec.data.messages_field: {where}: the conversation is not a non-empty list of messages")
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise ChatError(f"{where}: message {i} is not a {{role, content}} mapping")
+            raise ChatError(f"spec.data.messages_field: {where}: message {i} is not a {{role, content}} mapping")
         if message["role"] not in ROLES:
-            raise ChatError(f"{where}: message {i} has unknown role {message['role']!r} (known: {', '.join(sorted(ROLES))})")
+            raise ChatError(f"spec.data.messages_field: {where}: message {i} has unknown role {message['role']!r} (known: {', '.join(sorted(ROLES))})")
         out.append(dict(message))
     if not any(m["role"] == "assistant" for m in out):
-        raise ChatError(f"{where}: the conversation has no assistant message, so nothing to train on")
+        raise ChatError(f"spec.data.messages_field: {where}: the conversation has no assistant message, so nothing to train on")
     return out
 
 
@@ -70,7 +70,7 @@ def conversation_tokens(hf_tokenizer: Any, messages: list[dict[str, Any]], where
     except ChatError:
         raise
     except Exception as exc:  # the template's own errors (jinja2 exceptions, raise_exception calls)
-        raise ChatError(f"{where}: the chat template cannot render this conversation: {exc}") from exc
+        raise ChatError(f"spec.data.messages_field: {where}: the chat template cannot render this conversation: {exc}") from exc
 
 
 def _marked(hf_tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
@@ -99,7 +99,7 @@ def _by_prefixes(hf_tokenizer: Any, messages: list[dict[str, Any]], where: str) 
         through = _render(hf_tokenizer, messages[: i + 1], False)
         if not (through.startswith(before) and full.startswith(through)):
             raise ChatError(
-                f"{where}: the chat template renders message {i} differently in a prefix of the conversation than in the "
+                f"spec.data.tokenizer: {where}: the chat template renders message {i} differently in a prefix of the conversation than in the "
                 "whole, so its assistant tokens cannot be found without {% generation %} markers; add them to the template"
             )
         spans.append((len(before), len(through)))

@@ -1,5 +1,6 @@
 """Test data in every format: a tiny local Hugging Face tokenizer with a chat template, documents and
-conversations written as text, JSONL, Parquet and Arrow (`datasets.save_to_disk`).
+conversations written as text, JSONL, Parquet and Arrow (`datasets.save_to_disk`), and the
+`spec.data` sections of jobs that train on them (`format_data`).
 
 The tokenizer is a `tokenizers` WordLevel model over the engine tests' WORDS plus chat special
 tokens (fits the debug model's 256-token vocabulary), wrapped in `PreTrainedTokenizerFast` and saved
@@ -108,3 +109,17 @@ def write_format(fmt: str, root: Path, records: list[dict[str, Any]]) -> str:
     if fmt == "arrow":
         return str(write_arrow(root / "arrow", records))
     raise ValueError(fmt)
+
+
+DATA_KINDS = ("jsonl", "parquet", "arrow", "chat-jsonl")
+"""What `format_data` writes: text records in each record format, and chat records in JSONL."""
+
+
+def format_data(kind: str, root: Path, tokenizer: Path, n: int = 80, seed: int = 0) -> dict[str, Any]:
+    """Write `n` records of `kind` (one of DATA_KINDS) under `root`; the `spec.data` section that
+    trains on them with `tokenizer` (a `build_tokenizer` directory)."""
+    if kind == "chat-jsonl":
+        path = write_format("jsonl", root, [{"messages": c, "id": i} for i, c in enumerate(conversations(n, seed))])
+        return {"paths": [path], "format": "jsonl", "messages_field": "messages", "tokenizer": str(tokenizer)}
+    path = write_format(kind, root, [{"body": d, "id": i} for i, d in enumerate(documents(n, seed))])
+    return {"paths": [path], "format": kind, "text_field": "body", "tokenizer": str(tokenizer)}
