@@ -20,7 +20,7 @@ import grpc
 import pytest
 import yaml
 from control_plane_fakes import ScriptedRuntime
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from proto_strategies import messages
 from spec_strategies import BASE, mutated_documents, values
@@ -113,6 +113,7 @@ def yaml_payloads() -> st.SearchStrategy[bytes]:
 
 @FUZZ
 @given(payload=yaml_payloads())
+@example(payload=b"' ':")  # a blank key: its field must still be printed visibly
 def test_validate_cli_answers_any_file_with_a_status_and_error_lines(tmp_path_factory: pytest.TempPathFactory, payload: bytes) -> None:
     path = tmp_path_factory.getbasetemp() / "fuzzed.yaml"
     path.write_bytes(payload)

@@ -355,13 +355,14 @@ def _bounded_spec_text(path: str | os.PathLike[str]) -> str:
 
 
 def _path_part(part: object) -> str:
-    """One key of a field path as printable text on one line, shortened to MAX_PATH_PART characters."""
+    """One key of a field path as printable text on one line, shortened to MAX_PATH_PART characters; a
+    key that is empty, starts or ends with blanks or holds ": " is quoted, so it stays visible."""
     text = str(part)
     if not text.isprintable():
         text = text.encode("unicode_escape").decode("ascii")
+    if not text or text != text.strip() or ": " in text:
+        text = repr(text)
     return text if len(text) <= MAX_PATH_PART else text[:MAX_PATH_PART] + "..."
-
-
 
 # ---- the files the data spec names, and what they can give (submit-time, cheap) ------------------------
 
