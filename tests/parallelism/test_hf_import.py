@@ -1,7 +1,8 @@
 """Hugging Face models in the engine (`spec.model.from_pretrained`): import gives transformers' own
 logits for every family, export of an imported model reloads in transformers unchanged, sharded
-checkpoints load, every bad file is a ConfigurationError naming the field, file and tensor, and every
-layout trains an imported model exactly as one process does (losses and gradients, each step)."""
+checkpoints load, every bad file is a ConfigurationError naming the field, file and tensor, and a
+tp2 x dp2 and a pp2 layout train each family's imported model exactly as one process does (losses
+and gradients, each step)."""
 
 from __future__ import annotations
 
@@ -139,9 +140,18 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("family", FAMILIES)
-def test_imported_models_train_alike_under_every_layout(pool, corpus, hf_dirs: dict[str, Path], family: str, layout: str) -> None:
+CASES = [
+    ("llama", "tp2_fsdp2"), ("llama", "pp2"),  # tied embeddings re-tied under TP, synced across stages
+    ("mistral", "tp2_sp_ddp2"), ("mistral", "pp2_fsdp2"),
+    ("qwen2", "tp2_fsdp2"), ("qwen2", "pp2_fsdp2"),  # q/k/v biases sharded with their rows; tied
+    ("qwen3", "tp2_sp_ddp2"), ("qwen3", "pp2"),  # q/k norms per head under TP + SP
+    ("mixtral", "tp2_fsdp2"), ("mixtral", "pp2_fsdp2"),
+]
+"""Every family under a tp2 x dp2 and a pp2 layout, each layout and data-parallel kind covered twice."""
+
+
+@pytest.mark.parametrize(("family", "layout"), CASES, ids=[f"{f}-{layout}" for f, layout in CASES])
+def test_imported_models_train_alike_under_tp_dp_and_pp(pool, corpus, hf_dirs: dict[str, Path], family: str, layout: str) -> None:
     body = tiny_job(corpus, model={"from_pretrained": str(hf_dirs[family])}, data=BYTES, **LAYOUTS[layout])
     assert_equivalent(run_layout(pool, body), run_reference(pool, body))
 
