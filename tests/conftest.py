@@ -85,16 +85,10 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     for this process and the processes it starts afterwards (a module's `cluster` and its ranks)."""
     from trainctl.parallelism.data.dataset import CACHE_ENV
 
-    before = os.environ.get(CACHE_ENV)
     root = tmp_path_factory.mktemp("data-cache")
-    os.environ[CACHE_ENV] = str(root)
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(root))
         yield root
-    finally:
-        if before is None:
-            os.environ.pop(CACHE_ENV, None)
-        else:
-            os.environ[CACHE_ENV] = before
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,15 +31,9 @@ def _one_torch_thread() -> Iterator[None]:
 def _data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Cached token shards (data formats jsonl / parquet / arrow) under the session's temporary
     directory, for this process and the worker processes it starts after (autouse: before `pool`)."""
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("data-cache"))
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("data-cache")))
         yield
-    finally:
-        if before is None:
-            os.environ.pop(CACHE_ENV, None)
-        else:
-            os.environ[CACHE_ENV] = before
 
 
 @pytest.fixture(scope="session")

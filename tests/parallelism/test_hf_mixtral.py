@@ -14,7 +14,7 @@ from harness import tiny_job
 from safetensors.torch import load_file
 
 from trainctl.cli.main import main as trainctl_main
-from trainctl.parallelism.checkpoint.hf_export import ExportError, hf_state_dict
+from trainctl.parallelism.checkpoint.hf_export import ExportError, hf_config, hf_state_dict
 from trainctl.parallelism.checkpoint.hf_import import read_model_weights
 from trainctl.parallelism.checkpoint.hf_moe import MixtralWeightsError, engine_state_dict, mixtral_state_dict
 from trainctl.parallelism.checkpoint.hf_names import halves_to_interleaved, interleaved_to_halves
@@ -24,7 +24,7 @@ from trainctl.parallelism.model.generate import encode, generate
 from trainctl.parallelism.model.moe import pop_aux_loss
 from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.hf_config import PretrainedConfigError
-from trainctl.spec.hf_mixtral import MixtralConfigError, mixtral_hf_config
+from trainctl.spec.hf_mixtral import MixtralConfigError, mixtral_keys
 from trainctl.spec.job import ModelSpec
 from trainctl.spec.presets import PRESETS, MoEConfig, resolve_model
 
@@ -121,14 +121,14 @@ def test_export_refuses_what_mixtral_cannot_represent(moe: MoEConfig, field: str
     with pytest.raises(ExportError, match=field):
         hf_state_dict(build_model(config, 0).state_dict(), config)
     with pytest.raises(MixtralConfigError, match=field):
-        mixtral_hf_config(config, max_positions=2048, dtype="float32")
+        mixtral_keys(config)
 
 
 def test_per_layer_sum_coefficient_is_exported_at_the_balanced_equivalent() -> None:
     per_layer = replace(PRESETS["debug-moe"], moe=MoEConfig(num_experts=4, top_k=2, aux_loss_coef=0.01))
-    assert mixtral_hf_config(per_layer, max_positions=64, dtype="float32")["router_aux_loss_coef"] == pytest.approx(0.01 * 4 / 2)
+    assert mixtral_keys(per_layer)["router_aux_loss_coef"] == pytest.approx(0.01 * 4 / 2)
     native = replace(per_layer, moe=replace(per_layer.moe, aux_loss="transformers"))
-    assert mixtral_hf_config(native, max_positions=64, dtype="float32")["router_aux_loss_coef"] == 0.01
+    assert mixtral_keys(native)["router_aux_loss_coef"] == 0.01
 
 
 # ---- import ----------------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def test_config_keys_map_both_ways(tmp_path: Path) -> None:
     assert (config.dim, config.n_layers, config.n_heads, config.n_kv_heads, config.ffn_dim) == (64, 3, 4, 2, 96)
     assert (config.rope_theta, config.norm_eps, config.moe.num_experts, config.moe.top_k) == (1e4, 1e-6, 4, 2)
     assert (config.moe.aux_loss, config.moe.aux_loss_coef, config.sliding_window) == ("transformers", 0.02, 4096)
-    written = mixtral_hf_config(config, max_positions=64, dtype="float32")
+    written = hf_config(config, 64, torch.float32)
     assert resolve_model(ModelSpec(from_pretrained=str(_config_dir(tmp_path / "out", written)))) == config
 
 

@@ -1,8 +1,8 @@
 """The Hugging Face Mixtral `config.json` of an engine MoE model, without torch.
 
 Reading a Mixtral config.json is the `mixtral` entry of `trainctl.spec.hf_config.FAMILIES`.
-`mixtral_hf_config(config, ...)` is the config.json `trainctl export` writes for an MoE model: the
-same keys the other way. Mixtral has every layer sparse and no shared expert, so a model with either
+`mixtral_keys(config)` are the Mixtral keys `trainctl export` adds to the decoder's config.json
+(`parallelism.checkpoint.hf_export.hf_config`) for an MoE model. Mixtral has every layer sparse and no shared expert, so a model with either
 (`moe.interval` > 1, `moe.shared_expert`) or with top-1 routing is refused by name. The aux-loss
 coefficient is written as `router_aux_loss_coef` unchanged for the `transformers` convention; for
 `per_layer_sum` it is scaled by n_layers / top_k, the factor between the two conventions when every
@@ -39,37 +39,17 @@ def check_mixtral_representable(config: ModelConfig) -> MoEConfig:
     return moe
 
 
-def mixtral_hf_config(config: ModelConfig, *, max_positions: int, dtype: str) -> dict[str, Any]:
-    """config.json for `MixtralForCausalLM` (rope theta under both the v4 and the v5 key).
-
-    `output_router_logits` is true when the aux loss is on, so training the export in transformers
-    keeps the load-balancing term."""
+def mixtral_keys(config: ModelConfig) -> dict[str, Any]:
+    """The config.json keys of `MixtralForCausalLM` beyond the decoder's (which export writes for every
+    family). `output_router_logits` is true when the aux loss is on, so training the export in
+    transformers keeps the load-balancing term."""
     moe = check_mixtral_representable(config)
     coef = moe.aux_loss_coef if moe.aux_loss == "transformers" else moe.aux_loss_coef * config.n_layers / moe.top_k
     return {
-        "architectures": ["MixtralForCausalLM"],
-        "model_type": "mixtral",
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.dim,
-        "intermediate_size": config.ffn_dim,
-        "num_hidden_layers": config.n_layers,
-        "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.n_kv_heads,
-        "head_dim": config.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": config.norm_eps,
-        "rope_theta": config.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-        "max_position_embeddings": max_positions,
-        "sliding_window": config.sliding_window,
-        "tie_word_embeddings": False,
         "attention_dropout": 0.0,
         "num_local_experts": moe.num_experts,
         "num_experts_per_tok": moe.top_k,
         "router_aux_loss_coef": coef,
         "output_router_logits": coef > 0,
         "router_jitter_noise": 0.0,
-        "torch_dtype": dtype,
-        "bos_token_id": None,
-        "eos_token_id": None,
     }

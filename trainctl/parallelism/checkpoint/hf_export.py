@@ -22,7 +22,7 @@ from trainctl.parallelism.checkpoint.hf_moe import MixtralWeightsError, mixtral_
 from trainctl.parallelism.checkpoint.hf_names import hf_name, interleaved_to_halves, rope_heads
 from trainctl.parallelism.checkpoint.pretrained import Pretrained, load_weights
 from trainctl.spec.hf_config import ARCHITECTURES
-from trainctl.spec.hf_mixtral import MixtralConfigError, mixtral_hf_config
+from trainctl.spec.hf_mixtral import MixtralConfigError, mixtral_keys
 from trainctl.spec.presets import ModelConfig
 
 DEFAULT_FAMILY = "llama"
@@ -59,12 +59,7 @@ def _rope_parameters(config: ModelConfig) -> dict:
 
 def hf_config(config: ModelConfig, max_positions: int, dtype: torch.dtype) -> dict:
     """config.json of the model's family (rope settings under both the v4 and the v5 keys)."""
-    if config.moe is not None:
-        try:
-            return mixtral_hf_config(config, max_positions=max_positions, dtype=str(dtype).removeprefix("torch."))
-        except MixtralConfigError as exc:
-            raise ExportError(str(exc)) from exc
-    family = config.hf_family or DEFAULT_FAMILY
+    family = "mixtral" if config.moe is not None else config.hf_family or DEFAULT_FAMILY
     rope = _rope_parameters(config)
     out = {
         "architectures": [ARCHITECTURES[family]],
@@ -91,8 +86,13 @@ def hf_config(config: ModelConfig, max_positions: int, dtype: torch.dtype) -> di
         out.update(attention_bias=False)
     if family == "llama":
         out.update(mlp_bias=False)
-    if family == "mistral":
+    if family in ("mistral", "mixtral"):
         out.update(sliding_window=config.sliding_window)
+    if family == "mixtral":
+        try:
+            out.update(mixtral_keys(config))
+        except MixtralConfigError as exc:
+            raise ExportError(str(exc)) from exc
     if family in ("qwen2", "qwen3"):
         out.update(use_sliding_window=False, sliding_window=None)
     return out
