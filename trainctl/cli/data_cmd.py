@@ -17,8 +17,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import get_args
 
 from trainctl.cli.subcommand import register_command, run_alone
+from trainctl.spec.job import DataFormat
+
+SOURCE_FORMATS = [f for f in get_args(DataFormat) if f != "tokens"]
+"""What `data prepare` reads: every spec.data.format but its own output."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -32,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prep.add_argument("paths", nargs="+", help="glob patterns of files (@stdlib: the Python standard library); "
                       "directories for --format arrow")
     prep.add_argument("--out", required=True, type=Path, help="output directory")
-    prep.add_argument("--format", default="text", choices=["text", "jsonl", "parquet", "arrow"], help="source format")
+    prep.add_argument("--format", default="text", choices=SOURCE_FORMATS, help="source format")
     prep.add_argument("--text-field", default="text", help="jsonl / parquet / arrow: the field holding each record's text")
     prep.add_argument("--messages-field", default=None,
                       help="chat data: the field holding each record's {role, content} messages (assistant-only loss masks)")

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trainctl.parallelism.checkpoint.hf_moe import MixtralWeightsError, mixtral_state_dict
+from trainctl.parallelism.checkpoint.hf_moe import MixtralWeightsError, mixtral_tensors
 from trainctl.parallelism.checkpoint.hf_names import hf_name, interleaved_to_halves, rope_heads
 from trainctl.parallelism.checkpoint.pretrained import Pretrained, load_weights
 from trainctl.spec.hf_config import ARCHITECTURES
-from trainctl.spec.hf_mixtral import MixtralConfigError, mixtral_keys
+from trainctl.spec.hf_mixtral import MixtralConfigError, check_mixtral_representable, mixtral_keys
 from trainctl.spec.presets import ModelConfig
 
 DEFAULT_FAMILY = "llama"
@@ -33,21 +33,25 @@ class ExportError(ValueError):
 
 
 def hf_state_dict(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """The engine's plain weights renamed (and the q/k side permuted) to the HF names."""
-    if config.moe is not None:
-        try:
-            return mixtral_state_dict(weights, config)
-        except (MixtralConfigError, MixtralWeightsError) as exc:
-            raise ExportError(str(exc)) from exc
+    """The engine's plain weights renamed (and the q/k side permuted) to the HF names; MoE routers and
+    experts under Mixtral's per-expert names (`hf_moe`)."""
     out: dict[str, torch.Tensor] = {}
-    for name, tensor in weights.items():
-        if name == "output.weight" and config.tie_embeddings:
-            continue  # the embedding is the output head
-        target = hf_name(name)
-        if target is None:
-            raise ExportError(f"parameter {name!r} has no place in the Hugging Face layout")
-        heads = rope_heads(name, config)
-        out[target] = tensor if heads is None else interleaved_to_halves(tensor, heads)
+    try:
+        if config.moe is not None:
+            check_mixtral_representable(config)
+        for name, tensor in weights.items():
+            if name == "output.weight" and config.tie_embeddings:
+                continue  # the embedding is the output head
+            if ".moe." in name:
+                out.update(mixtral_tensors(name, tensor))
+                continue
+            target = hf_name(name)
+            if target is None:
+                raise ExportError(f"parameter {name!r} has no place in the Hugging Face layout")
+            heads = rope_heads(name, config)
+            out[target] = tensor if heads is None else interleaved_to_halves(tensor, heads)
+    except (MixtralConfigError, MixtralWeightsError) as exc:
+        raise ExportError(str(exc)) from exc
     return {k: v.detach().contiguous() for k, v in out.items()}
 
 

@@ -7,7 +7,7 @@ tensor is read on its own through `safetensors.safe_open` (memory-mapped, so onl
 bytes are touched). Names map through `hf_names` and the q/k side is permuted from rotate-half to the
 engine's interleaved RoPE layout. With `tie_embeddings`, `output.weight` is the embedding. A
 Mixtral layer's router and experts are read from all of that layer's `block_sparse_moe.` (or fused
-`mlp.experts.`) tensors and stacked by `hf_moe.engine_state_dict`.
+`mlp.experts.`) tensors and stacked by `hf_moe.moe_state_dict`.
 
 Every problem is a `ConfigurationError` naming `spec.model.from_pretrained`, the file and the tensor:
 a shard file named in the index that is missing, a truncated or corrupt safetensors file, a tensor
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from trainctl.parallelism.checkpoint.hf_moe import MixtralWeightsError, engine_state_dict
+from trainctl.parallelism.checkpoint.hf_moe import MixtralWeightsError, moe_state_dict
 from trainctl.parallelism.checkpoint.hf_names import halves_to_interleaved, hf_name, rope_heads
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.spec.presets import ModelConfig
@@ -145,7 +145,7 @@ def _read_moe(files: Mapping[str, Path], layers: list[str], config: ModelConfig,
     prefixes = tuple(f"model.layers.{layer}.{block}." for layer in layers for block in ("block_sparse_moe", "mlp"))
     sources = {name: name for name in files if name.startswith(prefixes)}
     try:
-        return engine_state_dict(_read(files, sources, directory), config)
+        return moe_state_dict(_read(files, sources, directory), config)
     except MixtralWeightsError as exc:
         raise ConfigurationError(f"{FIELD}: {directory}: {exc}") from None
 

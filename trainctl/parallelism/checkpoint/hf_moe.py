@@ -1,18 +1,18 @@
-"""Hugging Face Mixtral weights <-> the engine's MoE model: the name mapping both ways.
+"""Hugging Face Mixtral router and expert tensors <-> the engine's MoE parameters, both ways.
 
 Checkpoint names (what transformers 5's `MixtralForCausalLM.save_pretrained` writes, and what
-`trainctl export` writes): attention, norms, embeddings and head as in Llama (`hf_export`), and per
+`trainctl export` writes): attention, norms, embeddings and head as in Llama (`hf_names`), and per
 MoE layer `model.layers.N.block_sparse_moe.gate.weight` [E, dim] (the engine's `moe.router.weight`)
 and `model.layers.N.block_sparse_moe.experts.J.w1/w3.weight` [ffn, dim], `...w2.weight` [dim, ffn]
 (expert J's gate, up and down projections: `moe.experts.w1[J].T`, `w3[J].T`, `w2[J].T`).
 transformers 5 holds experts fused in memory (`mlp.experts.gate_up_proj` [E, 2 ffn, dim] = the
 concatenation of w1 and w3 per expert, `mlp.experts.down_proj` [E, dim, ffn]) and converts from and
 to the per-expert names when loading and saving; `from_pretrained` accepts both forms, and so does
-`engine_state_dict` (under `block_sparse_moe.` or `mlp.`).
+`moe_state_dict` (under `block_sparse_moe.` or `mlp.`); `mixtral_tensors` writes per-expert names.
 
 Routing is the same computation on both sides for top_k >= 2 (float32 softmax of the linear gate,
-top-k, weights divided by their sum); q/k rows are permuted between interleaved-pair and
-rotate-half RoPE as in `hf_names`. Reading a directory's tensors: `hf_import`. Config mapping and refusals: `trainctl.spec.hf_mixtral`.
+top-k, weights divided by their sum). Reading a directory's tensors: `hf_import`; writing them:
+`hf_export`. Config mapping and refusals: `trainctl.spec.hf_mixtral`.
 """
 
 from __future__ import annotations
@@ -21,55 +21,29 @@ import re
 
 import torch
 
-from trainctl.parallelism.checkpoint.hf_names import (
-    LAYER_NAMES,
-    TOP_NAMES,
-    halves_to_interleaved,
-    interleaved_to_halves,
-)
 from trainctl.spec.hf_mixtral import check_mixtral_representable
 from trainctl.spec.presets import ModelConfig
 
-ATTENTION_NAMES = {k: v for k, v in LAYER_NAMES.items() if not k.startswith("feed_forward.")}
-"""Engine -> HF names inside a decoder layer shared with Llama (attention and the two norms)."""
-HF_ATTENTION_NAMES = {v: k for k, v in ATTENTION_NAMES.items()}
-HF_TOP_NAMES = {v: k for k, v in TOP_NAMES.items()}
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _HF_MOE = re.compile(r"(?:block_sparse_moe|mlp)\.(gate\.weight|experts\.gate_up_proj|experts\.down_proj|experts\.(\d+)\.(w[123])\.weight)")
+EXPERT_MATRICES = ("moe.experts.w1", "moe.experts.w2", "moe.experts.w3")
 
 
 class MixtralWeightsError(ValueError):
     """Mixtral weights that do not fit the model (the message names the tensor)."""
 
 
-def mixtral_state_dict(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """The engine's plain weights under the per-expert Mixtral checkpoint names (q/k permuted);
-    `MixtralConfigError` if Mixtral cannot represent the model."""
-    check_mixtral_representable(config)
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in weights.items():
-        if name in TOP_NAMES:
-            out[TOP_NAMES[name]] = tensor
-            continue
-        head, layer, rest = (name.split(".", 2) + ["", ""])[:3]
-        prefix = f"model.layers.{layer}."
-        if head != "layers":
-            raise MixtralWeightsError(f"parameter {name!r} has no place in the Mixtral layout")
-        if rest in ATTENTION_NAMES:
-            if rest == "attention.wq.weight":
-                tensor = interleaved_to_halves(tensor, config.n_heads)
-            elif rest == "attention.wk.weight":
-                tensor = interleaved_to_halves(tensor, config.n_kv_heads)
-            out[prefix + ATTENTION_NAMES[rest]] = tensor
-        elif rest == "moe.router.weight":
-            out[prefix + "block_sparse_moe.gate.weight"] = tensor
-        elif rest in ("moe.experts.w1", "moe.experts.w2", "moe.experts.w3"):
-            which = rest.rsplit(".", 1)[1]
-            for expert, matrix in enumerate(tensor):
-                out[f"{prefix}block_sparse_moe.experts.{expert}.{which}.weight"] = matrix.T
-        else:
-            raise MixtralWeightsError(f"parameter {name!r} has no place in the Mixtral layout")
-    return {k: v.detach().contiguous() for k, v in out.items()}
+def mixtral_tensors(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Engine MoE parameter `name` (`layers.N.moe.router.weight` or `layers.N.moe.experts.w1/w2/w3`)
+    under the per-expert Mixtral checkpoint names."""
+    _, layer, rest = (name.split(".", 2) + ["", ""])[:3]
+    prefix = f"model.layers.{layer}.block_sparse_moe."
+    if rest == "moe.router.weight":
+        return {prefix + "gate.weight": tensor}
+    if rest in EXPERT_MATRICES:
+        which = rest.rsplit(".", 1)[1]
+        return {f"{prefix}experts.{expert}.{which}.weight": matrix.T for expert, matrix in enumerate(tensor)}
+    raise MixtralWeightsError(f"parameter {name!r} has no place in the Mixtral layout")
 
 
 def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -78,10 +52,11 @@ def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Te
     return tensor
 
 
-def engine_state_dict(hf_weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Mixtral weights (per-expert or fused names) as the engine MoE model's state dict, float32.
+def moe_state_dict(hf_weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Mixtral router and expert tensors (per-expert or fused names) as the engine's MoE parameters,
+    float32 (attention, norms and embeddings map through `hf_names`).
 
-    Every tensor given must have a place in the model and each layer's experts must be complete;
+    Every tensor given must be a router or expert tensor and each layer's experts must be complete;
     router and expert shapes are checked against `config` (the `mixtral` family of `spec.hf_config`).
     Errors name the HF tensor."""
     moe = check_mixtral_representable(config)
@@ -90,24 +65,14 @@ def engine_state_dict(hf_weights: dict[str, torch.Tensor], config: ModelConfig) 
     experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
     for name, tensor in hf_weights.items():
         tensor = tensor.float()
-        if name in HF_TOP_NAMES:
-            out[HF_TOP_NAMES[name]] = tensor
-            continue
         layer_match = _HF_LAYER.fullmatch(name)
         if layer_match is None or int(layer_match.group(1)) >= config.n_layers:
             raise MixtralWeightsError(f"tensor {name!r} has no place in a {config.n_layers}-layer Mixtral model")
         layer, rest = layer_match.groups()
         prefix = f"layers.{int(layer)}."
         moe_match = _HF_MOE.fullmatch(rest)
-        if rest in HF_ATTENTION_NAMES:
-            engine = HF_ATTENTION_NAMES[rest]
-            if engine == "attention.wq.weight":
-                tensor = halves_to_interleaved(_expect(name, tensor, (config.n_heads * config.head_dim, dim)), config.n_heads)
-            elif engine == "attention.wk.weight":
-                tensor = halves_to_interleaved(_expect(name, tensor, (config.n_kv_heads * config.head_dim, dim)), config.n_kv_heads)
-            out[prefix + engine] = tensor
-        elif moe_match is None:
-            raise MixtralWeightsError(f"tensor {name!r} has no place in the engine's Mixtral model")
+        if moe_match is None:
+            raise MixtralWeightsError(f"tensor {name!r} is not a Mixtral router or expert tensor")
         elif moe_match.group(1) == "gate.weight":
             out[prefix + "moe.router.weight"] = _expect(name, tensor, (n_experts, dim))
         elif moe_match.group(1) == "experts.gate_up_proj":

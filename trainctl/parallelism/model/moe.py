@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, get_args
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from trainctl.parallelism.model.transformer import FeedForward
+from trainctl.spec.job import MoEAuxLoss
 from trainctl.spec.presets import MoEConfig
 
 
@@ -126,7 +127,7 @@ def load_balancing_loss(routing: Routing, num_experts: int) -> Tensor:
     return num_experts * torch.sum(fraction * mean_prob)
 
 
-AUX_LOSS_CONVENTIONS = ("per_layer_sum", "transformers")
+AUX_LOSS_CONVENTIONS = get_args(MoEAuxLoss)
 """Values of `MoEConfig.aux_loss` (spec `moe.aux_loss`)."""
 
 
