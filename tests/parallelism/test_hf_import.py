@@ -17,7 +17,8 @@ from hf_models import BYTES, FAMILIES, build_family, save_family
 from safetensors.torch import load_file, save_file
 
 from trainctl.parallelism.checkpoint.hf_export import hf_config, hf_state_dict
-from trainctl.parallelism.checkpoint.pretrained import prepare_model
+from trainctl.parallelism.checkpoint.pretrained import pretrained_skeleton
+from trainctl.parallelism.engine.model_setup import fill_pretrained
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.model.transformer import Transformer, build_model
 from trainctl.spec.job import JobSpecBody
@@ -34,9 +35,11 @@ def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def imported(directory: Path, seq_len: int = 32) -> Transformer:
+    """What one process trains: the meta-device skeleton, given storage, filled from the directory."""
     job = JobSpecBody.model_validate({"model": {"from_pretrained": str(directory)}, "data": {"seq_len": seq_len}})
-    model = build_model(resolve_model(job.model), seed=3)
-    prepare_model(model, job)
+    config = resolve_model(job.model)
+    model = pretrained_skeleton(config, job)
+    fill_pretrained([model], job, config, torch.device("cpu"))
     return model.eval()
 
 

@@ -1,6 +1,7 @@
-"""A rank killed mid-run on record data (chat JSONL: cached token shards with loss masks) resumes from
-its checkpoint with no sample repeated or skipped, through the real service in this process on an
-embedded 2-node Ray (1 simulated GPU per node).
+"""A rank killed mid-run on record data (each format: JSONL text, Parquet, a `datasets` Arrow directory,
+and chat JSONL with loss masks, all read through cached token shards) resumes from its checkpoint
+with no sample repeated or skipped, through the real service in this process on an embedded 2-node
+Ray (1 simulated GPU per node).
 
 What the ranks trained is observed two ways: every checkpoint's data position (the global sample
 offset the engine saves) is `step x global_batch_size`, and every step's loss, before the kill and
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed.checkpoint as dcp
-from data_sources import build_tokenizer, format_data
+from data_sources import DATA_KINDS, build_tokenizer, format_data
 from fault_support import assert_nothing_left, kind, rank_pids, read_until, states_of
 from small_jobs import restartable_job, single_process_losses
 
@@ -38,11 +39,12 @@ def data_offset(checkpoint: Path) -> int:
     return int(state["train"]["data_offset"])
 
 
+@pytest.mark.parametrize("data_kind", DATA_KINDS)
 def test_killed_rank_resumes_record_data_without_repeating_or_skipping_a_sample(
-    client: TrainctlClient, service: Service, cluster: EmbeddedRay, tmp_path: Path
+    client: TrainctlClient, service: Service, cluster: EmbeddedRay, tmp_path: Path, data_kind: str
 ) -> None:
-    data = format_data("chat-jsonl", tmp_path / "data", build_tokenizer(tmp_path / "tokenizer"))
-    spec = restartable_job("chat-resume", STEPS, labels={"suite": "data-resume"}).model_copy(deep=True)
+    data = format_data(data_kind, tmp_path / "data", build_tokenizer(tmp_path / "tokenizer"))
+    spec = restartable_job(f"{data_kind}-resume", STEPS, labels={"suite": "data-resume"}).model_copy(deep=True)
     spec.spec.data = spec.spec.data.model_validate({**spec.spec.data.model_dump(), **data, "seed": 7})
     spec.spec.checkpoint.keep_last = STEPS  # every checkpoint stays, to read its data position
     batch = spec.spec.training.global_batch_size

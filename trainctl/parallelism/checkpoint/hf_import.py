@@ -1,25 +1,27 @@
 """Weights of a local Hugging Face model directory (`spec.model.from_pretrained`) in the engine's names.
 
-`read_hf_weights(directory, config, shapes)` reads exactly the tensors named in `shapes` (engine names ->
-expected shapes): a caller that owns part of the model (a pipeline stage) names only its part. Files:
-`model.safetensors`, or `model.safetensors.index.json` and the shards its `weight_map` names; each
-tensor is read on its own through `safetensors.safe_open` (memory-mapped, so only the named tensors'
-bytes are touched). Names map through `hf_names` and the q/k side is permuted from rotate-half to the
-engine's interleaved RoPE layout. With `tie_embeddings`, `output.weight` is the embedding. A
-Mixtral layer's router and experts are read from all of that layer's `block_sparse_moe.` (or fused
-`mlp.experts.`) tensors and stacked by `hf_moe.moe_state_dict`.
+`HFWeights(directory, config)` opens the directory once and reads engine parameters, or regions of
+them, on demand: `read(name, shape, region)` returns rows/columns `region` (slices of the engine's
+global tensor `name` of `shape`) and touches only those bytes of the dense tensors (safetensors
+slices of a memory-mapped file). A sharded rank asks for exactly the region it owns
+(`owned_region`), so its host memory is about its shard. Files: `model.safetensors`, or
+`model.safetensors.index.json` and the shards its `weight_map` names.
+
+Names map through `hf_names`; the q/k side is permuted from rotate-half to the engine's interleaved
+RoPE layout within each head, so a region of q/k rows is read in whole heads and then cut. With
+`tie_embeddings`, `output.weight` is the embedding. A Mixtral layer's router and experts are built
+from all of that layer's `block_sparse_moe.` (or fused `mlp.experts.`) tensors by
+`hf_moe.moe_state_dict` and then cut, one MoE layer at a time (so a rank's peak is its shard plus one
+layer's experts). `read_hf_weights` reads whole tensors (export, LoRA bases, one process).
 
 Every problem is a `ConfigurationError` naming `spec.model.from_pretrained`, the file and the tensor:
 a shard file named in the index that is missing, a truncated or corrupt safetensors file, a tensor
 that is missing or has the wrong shape.
-
-The engine builds the whole model on CPU before sharding it, so the Trainer reads whole tensors (per
-rank, the whole model); reading only a TP/FSDP shard's rows would need the model materialised on the
-meta device first, which the engine does not do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +37,9 @@ from trainctl.spec.presets import ModelConfig
 FIELD = "spec.model.from_pretrained"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+SAFETENSORS_ERRORS = (SafetensorError, OSError, ValueError, KeyError, TypeError)
+
+Region = tuple[slice, ...]
 
 
 def weight_files(directory: str | Path) -> dict[str, Path]:
@@ -56,23 +61,17 @@ def weight_files(directory: str | Path) -> dict[str, Path]:
         return dict.fromkeys(handle.keys(), single)
 
 
-class _opened:
+@contextlib.contextmanager
+def _opened(path: Path):
     """`safe_open(path)` whose failures are ConfigurationErrors naming the file."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        if not self.path.is_file():
-            raise ConfigurationError(f"{FIELD}: {self.path}: the shard file named in {INDEX_FILE} does not exist")
-        try:
-            self._cm = safe_open(str(self.path), framework="pt")
-            return self._cm.__enter__()
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise ConfigurationError(f"{FIELD}: {self.path}: not a readable safetensors file (truncated or corrupt?): {exc}") from None
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._cm.__exit__(*exc_info)
+    if not path.is_file():
+        raise ConfigurationError(f"{FIELD}: {path}: the shard file named in {INDEX_FILE} does not exist")
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ConfigurationError(f"{FIELD}: {path}: not a readable safetensors file (truncated or corrupt?): {exc}") from None
+    with handle as opened:
+        yield opened
 
 
 def source_name(name: str, config: ModelConfig) -> str:
@@ -85,69 +84,115 @@ def source_name(name: str, config: ModelConfig) -> str:
     return target
 
 
+def whole(shape: tuple[int, ...]) -> Region:
+    """The region covering a whole tensor of `shape`."""
+    return tuple(slice(0, size) for size in shape)
+
+
+class HFWeights:
+    """An open Hugging Face model directory whose tensors are read by engine name and region (a
+    context manager). One safetensors file is mapped at a time: reading from another file unmaps the
+    previous one, so the file pages a rank has touched leave its resident memory (read in file order,
+    as parameters come, each file is opened once)."""
+
+    def __init__(self, directory: str | Path, config: ModelConfig):
+        self.directory = directory
+        self.config = config
+        self.files = weight_files(directory)
+        self._stack = contextlib.ExitStack()
+        self._open: tuple[Path, object] | None = None  # (the mapped file, its handle)
+        self._moe: tuple[str, dict[str, torch.Tensor]] | None = None  # (layer, its MoE parameters)
+
+    def __enter__(self) -> HFWeights:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._moe = None
+        self._open = None
+        self._stack.close()
+
+    def read(self, name: str, shape: tuple[int, ...], region: Region | None = None) -> torch.Tensor:
+        """Region `region` (default: all) of engine parameter `name`, whose global shape must be
+        `shape`, in the engine's layout (float32 unless stored otherwise)."""
+        region = whole(shape) if region is None else region
+        if ".moe." in name:
+            return self._moe_parameter(name, shape)[region].contiguous()
+        source = source_name(name, self.config)
+        if source not in self.files:
+            raise ConfigurationError(f"{FIELD}: {self.directory}: tensor {source!r} (for {name}) is missing from the safetensors files")
+        path = self.files[source]
+        try:
+            stored = self._handle(path).get_slice(source)
+            stored_shape = tuple(stored.get_shape())
+        except SAFETENSORS_ERRORS as exc:
+            raise ConfigurationError(f"{FIELD}: {path}: cannot read tensor {source!r} (truncated or corrupt?): {exc}") from None
+        if stored_shape != tuple(shape):
+            raise ConfigurationError(
+                f"{FIELD}: {path}: tensor {source!r} has shape {stored_shape}, the model of its config.json needs "
+                f"{tuple(shape)} (for {name})"
+            )
+        try:
+            return self._dense(name, stored, shape, region)
+        except SAFETENSORS_ERRORS as exc:
+            raise ConfigurationError(f"{FIELD}: {path}: cannot read tensor {source!r} (truncated or corrupt?): {exc}") from None
+
+    def _handle(self, path: Path):
+        if self._open is None or self._open[0] != path:
+            self._open = None
+            self._stack.close()
+            self._open = (path, self._stack.enter_context(_opened(path)))
+        return self._open[1]
+
+    def _dense(self, name: str, stored, shape: tuple[int, ...], region: Region) -> torch.Tensor:
+        """`region` of a dense tensor; q/k-side rows are read in whole heads, permuted, then cut."""
+        heads = rope_heads(name, self.config)
+        if heads is None:
+            return stored[region].contiguous()
+        per_head = shape[0] // heads
+        start, stop, _ = region[0].indices(shape[0])
+        first, last = start // per_head, -(-stop // per_head)
+        rows = stored[(slice(first * per_head, last * per_head), *region[1:])]
+        offset = first * per_head
+        return halves_to_interleaved(rows, last - first)[start - offset : stop - offset].contiguous()
+
+    def _moe_parameter(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """MoE parameter `name` from its layer's Mixtral tensors (the last layer read is kept)."""
+        layer = name.split(".")[1]
+        if self._moe is None or self._moe[0] != layer:
+            self._moe = None
+            prefixes = tuple(f"model.layers.{layer}.{block}." for block in ("block_sparse_moe", "mlp"))
+            sources = [source for source in self.files if source.startswith(prefixes)]
+            try:
+                self._moe = (layer, moe_state_dict(self._whole_tensors(sources), self.config))
+            except MixtralWeightsError as exc:
+                raise ConfigurationError(f"{FIELD}: {self.directory}: {exc}") from None
+        tensor = self._moe[1].get(name)
+        if tensor is None:
+            raise ConfigurationError(f"{FIELD}: {self.directory}: no tensor for the engine parameter {name!r}")
+        if tuple(tensor.shape) != tuple(shape):
+            raise ConfigurationError(
+                f"{FIELD}: {self.directory}: the Mixtral router / expert tensors for {name!r} have shape "
+                f"{tuple(tensor.shape)}, the model of its config.json needs {tuple(shape)}"
+            )
+        return tensor
+
+    def _whole_tensors(self, sources: list[str]) -> dict[str, torch.Tensor]:
+        out = {}
+        for source in sources:
+            path = self.files[source]
+            try:
+                out[source] = self._handle(path).get_tensor(source)
+            except SAFETENSORS_ERRORS as exc:
+                raise ConfigurationError(f"{FIELD}: {path}: cannot read tensor {source!r} (truncated or corrupt?): {exc}") from None
+        return out
+
+
 def read_hf_weights(
     directory: str | Path, config: ModelConfig, shapes: Mapping[str, tuple[int, ...]], dtype: torch.dtype = torch.float32
 ) -> dict[str, torch.Tensor]:
-    """The tensors named in `shapes` (engine names), read from `directory` (see the module docstring)."""
-    files = weight_files(directory)
-    dense = {name: source_name(name, config) for name in shapes if ".moe." not in name}
-    out = {name: _dense(name, tensor, config).to(dtype) for name, tensor in _read(files, dense, directory).items()}
-    moe_layers = sorted({name.split(".")[1] for name in shapes if ".moe." in name})
-    if moe_layers:
-        out.update({name: tensor.to(dtype) for name, tensor in _read_moe(files, moe_layers, config, directory).items()})
-    for name, shape in shapes.items():
-        if name not in out:
-            raise ConfigurationError(f"{FIELD}: {directory}: no tensor for the engine parameter {name!r}")
-        if tuple(out[name].shape) != tuple(shape):
-            raise ConfigurationError(
-                f"{FIELD}: {_described(name, config, files, directory)} has shape {tuple(out[name].shape)}, the model of its "
-                f"config.json needs {tuple(shape)} (for {name})"
-            )
-    return {name: out[name] for name in shapes}
-
-
-def _read(files: Mapping[str, Path], sources: Mapping[str, str], directory: str | Path) -> dict[str, torch.Tensor]:
-    """`sources` (key -> HF tensor name) read from their files, by key."""
-    wanted: dict[Path, list[tuple[str, str]]] = {}
-    for key, source in sources.items():
-        if source not in files:
-            raise ConfigurationError(f"{FIELD}: {directory}: tensor {source!r} (for {key}) is missing from the safetensors files")
-        wanted.setdefault(files[source], []).append((key, source))
-    out: dict[str, torch.Tensor] = {}
-    for path, names in sorted(wanted.items()):
-        with _opened(path) as handle:
-            for key, source in names:
-                try:
-                    out[key] = handle.get_tensor(source)
-                except (SafetensorError, OSError, ValueError, KeyError) as exc:
-                    raise ConfigurationError(f"{FIELD}: {path}: cannot read tensor {source!r} (truncated or corrupt?): {exc}") from None
-    return out
-
-
-def _dense(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
-    """An HF tensor in the engine's layout: the q/k side permuted to interleaved RoPE pairs."""
-    heads = rope_heads(name, config)
-    if heads is None or tensor.shape[0] % (2 * heads):
-        return tensor  # a wrongly shaped tensor is reported by the shape check
-    return halves_to_interleaved(tensor, heads).contiguous()
-
-
-def _described(name: str, config: ModelConfig, files: Mapping[str, Path], directory: str | Path) -> str:
-    """Where engine parameter `name` came from: `FILE: tensor 'HF name'`, or the directory for MoE parameters."""
-    if ".moe." in name:
-        return f"{directory}: the Mixtral router / expert tensors for {name!r}"
-    source = source_name(name, config)
-    return f"{files[source]}: tensor {source!r}"
-
-
-def _read_moe(files: Mapping[str, Path], layers: list[str], config: ModelConfig, directory: str | Path) -> dict[str, torch.Tensor]:
-    """The MoE parameters of `layers` from Mixtral tensors (per-expert or fused names, `hf_moe`)."""
-    prefixes = tuple(f"model.layers.{layer}.{block}." for layer in layers for block in ("block_sparse_moe", "mlp"))
-    sources = {name: name for name in files if name.startswith(prefixes)}
-    try:
-        return moe_state_dict(_read(files, sources, directory), config)
-    except MixtralWeightsError as exc:
-        raise ConfigurationError(f"{FIELD}: {directory}: {exc}") from None
+    """The whole tensors named in `shapes` (engine names -> global shapes), read from `directory`."""
+    with HFWeights(directory, config) as weights:
+        return {name: weights.read(name, tuple(shape)).to(dtype) for name, shape in shapes.items()}
 
 
 def read_model_weights(directory: str | Path, model: torch.nn.Module, config: ModelConfig) -> dict[str, torch.Tensor]:

@@ -9,7 +9,9 @@ a `step_*` checkpoint, a checkpoint root (its newest complete checkpoint) or a j
 only adapters) the base comes from the run's own `init_from`, recursively, and the adapters are
 merged in; a LoRA run on a Hugging Face model (`spec.model.from_pretrained`) takes its base from
 that directory (`hf_import`). Reading uses DCP without a process group (every caller reads the whole model, as the
-engine builds the whole model on CPU before sharding it).
+engine builds the whole model on CPU before sharding it). A Trainer starting from a Hugging Face model
+instead builds it on the meta device (`pretrained_skeleton`) and fills it per rank after sharding
+(`sharded_load`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from trainctl.parallelism.checkpoint import dcp as ckpt
 from trainctl.parallelism.checkpoint.hf_import import read_model_weights
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.model.lora import apply_lora, merge_lora_state
-from trainctl.parallelism.model.transformer import build_model
+from trainctl.parallelism.model.transformer import Transformer, build_model
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
 
@@ -187,18 +189,38 @@ def load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: 
     model.load_state_dict(weights)
 
 
+def check_sliding_window(config: ModelConfig, job: JobSpecBody) -> None:
+    """Refuse a sequence longer than a Hugging Face model's `sliding_window` (the engine attends to the
+    whole causal prefix, so within the window both agree exactly)."""
+    if config.sliding_window is not None and job.data.seq_len > config.sliding_window:
+        raise ConfigurationError(
+            f"spec.data.seq_len: {job.data.seq_len} exceeds config.json sliding_window {config.sliding_window} "
+            f"of spec.model.from_pretrained {job.model.from_pretrained}"
+        )
+
+
+def loads_sharded(job: JobSpecBody) -> bool:
+    """Whether `job` starts from a Hugging Face model read shard by shard (`pretrained_skeleton`, then
+    `sharded_load.fill_from_hf` once parallelized): yes unless `init_from` supplies the weights."""
+    return job.model.from_pretrained is not None and job.init_from is None
+
+
+def pretrained_skeleton(config: ModelConfig, job: JobSpecBody) -> torch.nn.Module:
+    """A Hugging Face model's engine model on the meta device, LoRA adapters included: no storage
+    until the parallelized parts are filled."""
+    check_sliding_window(config, job)
+    with torch.device("meta"):
+        model = Transformer(config)
+    if job.lora is not None:
+        apply_lora(model, job.lora, job.training.seed)
+    return model
+
+
 def prepare_model(model: torch.nn.Module, job: JobSpecBody) -> None:
-    """The Trainer's hook before parallelizing: load `init_from`'s or `model.from_pretrained`'s weights,
+    """The Trainer's hook for a model built whole, before parallelizing: load `init_from`'s weights,
     then add LoRA adapters."""
-    directory = job.model.from_pretrained
-    if directory is not None:
-        config = model.config
-        if config.sliding_window is not None and job.data.seq_len > config.sliding_window:
-            raise ConfigurationError(
-                f"spec.data.seq_len: {job.data.seq_len} exceeds config.json sliding_window {config.sliding_window} "
-                f"of spec.model.from_pretrained {directory}"
-            )
-        load_into(model, read_model_weights(directory, model, config), directory, field="spec.model.from_pretrained")
+    if job.model.from_pretrained is not None:
+        check_sliding_window(model.config, job)
     if job.init_from is not None:
         try:
             source = open_checkpoint(job.init_from)

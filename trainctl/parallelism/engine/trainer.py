@@ -45,17 +45,16 @@ from trainctl.parallelism.data.token_shards import PrefetchLoader, build_loader
 from trainctl.parallelism.engine import efficiency
 from trainctl.parallelism.engine.distributed import resolve_device
 from trainctl.parallelism.engine.loss import cross_entropy, masked_loss_scale, summed_cross_entropy
+from trainctl.parallelism.engine.model_setup import build_parallel_model
 from trainctl.parallelism.engine.optim import build_optimizer, build_scheduler, clip_gradients
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.parallelism.layouts.context_parallel import shard_batch_for_cp
 from trainctl.parallelism.layouts.expert_parallel import reduce_expert_gradients
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.parallelism.layouts.mesh import ParallelMesh, build_mesh
-from trainctl.parallelism.layouts.parallelize import ParallelModel, parallelize
 from trainctl.parallelism.layouts.pipeline import PipelineRunner
 from trainctl.parallelism.layouts.tensor_parallel import loss_context
 from trainctl.parallelism.model.moe import pop_aux_loss
-from trainctl.parallelism.model.transformer import build_model
 from trainctl.parallelism.sizing.flops import mfu, peak_flops, training_flops_per_token
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import resolve_model
@@ -132,7 +131,7 @@ class Trainer:
         self.job = efficiency.resolve_micro_batch_size(self.config, job, self.device)
         self.autocast_dtype = torch.bfloat16 if job.training.dtype == "bfloat16" else None
         self.pmesh: ParallelMesh | None = build_mesh(self.grid, self.device.type) if world_size > 1 else None
-        self.model = self._build_parallel_model()
+        self.model = build_parallel_model(self.job, self.config, self.pmesh, self.device)
         self.optimizers, self.schedulers = self._build_optimizers()
         self.state_options = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=job.lora is not None)
         self.job = efficiency.confirm_micro_batch(
@@ -149,13 +148,6 @@ class Trainer:
         )
 
     # ---- setup steps --------------------------------------------------------------------------------
-    def _build_parallel_model(self) -> ParallelModel:
-        """The model built whole from the training seed (pretrained weights, LoRA), then cut and wrapped."""
-        torch.manual_seed(self.job.training.seed)
-        model = build_model(self.config, self.job.training.seed)
-        pretrained.prepare_model(model, self.job)
-        return parallelize(model, self.pmesh, self.job, self.device)
-
     def _build_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[LambdaLR]]:
         """One optimizer and LR schedule per model part (ZeRO-1: over the parameters this rank owns)."""
         optimizers = []

@@ -12,11 +12,16 @@
     8. tied embeddings under PP (tied_embeddings.TiedEmbeddingSync: first/last stage gradient sum)
 
 The model is built whole on CPU from the training seed and only then cut, so every layout starts
-from bit-identical weights (see model.init_weights).
+from bit-identical weights (see model.init_weights). A model on the meta device (a Hugging Face
+model loaded sharded) comes with `materialize(parts)`, which gives the cut parts storage and values
+once they are sharded: before step 7 where data parallelism replicates parameters (none, DDP,
+ZeRO-1: torch DDP needs real tensors), after it where FSDP shards them (a rank then holds, and
+reads, only its TP x FSDP shard).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +29,13 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from trainctl.parallelism.layouts.context_parallel import apply_context_parallel
-from trainctl.parallelism.layouts.data_parallel import DPMode, ZeroOneSharding, apply_data_parallel
+from trainctl.parallelism.layouts.data_parallel import (
+    DPMode,
+    ZeroOneSharding,
+    apply_data_parallel,
+    effective_mode,
+    has_dtensor_params,
+)
 from trainctl.parallelism.layouts.expert_parallel import apply_expert_parallel, expert_parameters
 from trainctl.parallelism.layouts.mesh import ParallelMesh
 from trainctl.parallelism.layouts.pipeline import PipelineChunk, split_pipeline_stages
@@ -96,8 +107,19 @@ def apply_compile(part: nn.Module) -> None:
         block.compile()
 
 
-def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, device: torch.device) -> ParallelModel:
-    """Cut, shard and wrap `model` for this rank; `pmesh` None means a single process."""
+Materialize = Callable[[list[nn.Module]], None]
+"""Gives a meta-device model's parts (cut and sharded) storage on the device and their values."""
+
+
+def parallelize(
+    model: nn.Module,
+    pmesh: ParallelMesh | None,
+    job: JobSpecBody,
+    device: torch.device,
+    materialize: Materialize | None = None,
+) -> ParallelModel:
+    """Cut, shard and wrap `model` for this rank; `pmesh` None means a single process. A model on the
+    meta device needs `materialize` (see the module docstring)."""
     par = job.parallelism
     train = job.training
     if pmesh is None and par.world_size != 1:
@@ -111,7 +133,8 @@ def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, 
         parts = [c.module for c in chunks]
     else:
         parts = [model]
-    parts = [p.to(device) for p in parts]
+    if materialize is None:
+        parts = [p.to(device) for p in parts]
 
     if par.tp > 1:
         for part in parts:
@@ -130,10 +153,18 @@ def parallelize(model: nn.Module, pmesh: ParallelMesh | None, job: JobSpecBody, 
         if train.compile:
             apply_compile(part)
 
+    # torch DDP (none / ddp / zero1 without DTensor parameters) needs real tensors; FSDP shards meta ones.
+    dtensors = any(has_dtensor_params(p, ex) for p, ex in zip(parts, experts, strict=True))
+    mode = effective_mode(par, dtensors)
+    materialize_first = mode == "none" or (mode in ("ddp", "zero1") and not dtensors)
+    if materialize is not None and (pmesh is None or materialize_first):
+        materialize(parts)
     if pmesh is None:
         return ParallelModel(parts=parts, dp_mode="none")
     param_dtype = torch.bfloat16 if train.dtype == "bfloat16" else None
     parts, mode = apply_data_parallel(parts, pmesh, par, param_dtype=param_dtype, ignored=experts)
+    if materialize is not None and not materialize_first:
+        materialize(parts)
     for chunk, part in zip(chunks, parts, strict=False):
         chunk.module = part
     zero1 = (

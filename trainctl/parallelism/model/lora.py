@@ -5,7 +5,8 @@
 the base weight under the same name (`layers.0.attention.wq.weight`) and adds `lora_a` [r, in] and
 `lora_b` [out, r]; every other parameter is frozen. A starts from a seeded Kaiming-uniform draw (one
 generator per parameter name, so every layout starts identically) and B from zeros, so the adapted
-model starts equal to the base. `merge_lora_state(state, spec)` folds adapters into plain weights for
+model starts equal to the base (`initial_adapter`; on a meta-device model the adapters stay empty
+until the loader fills them from it). `merge_lora_state(state, spec)` folds adapters into plain weights for
 export.
 
 Composes with data parallelism (DDP, ZeRO-1, ZeRO-2, FSDP, HSDP: adapters are ordinary parameters of
@@ -81,13 +82,22 @@ def apply_lora(model: nn.Module, spec: LoRASpec, seed: int) -> list[str]:
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         adapted = LoRALinear(getattr(parent, leaf), spec.rank, spec.alpha, spec.dropout)
-        generator = torch.Generator().manual_seed(_seed(seed, name))
-        bound = 1.0 / math.sqrt(adapted.in_features)
-        with torch.no_grad():
-            values = torch.rand(adapted.lora_a.shape, generator=generator) * 2 * bound - bound
-            adapted.lora_a.copy_(values.to(adapted.lora_a.dtype))
+        if not adapted.lora_a.is_meta:
+            with torch.no_grad():
+                adapted.lora_a.copy_(initial_adapter(f"{name}.lora_a", tuple(adapted.lora_a.shape), seed))
         setattr(parent, leaf, adapted)
     return names
+
+
+def initial_adapter(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """The starting value of adapter parameter `name` (`<layer>.lora_a` or `<layer>.lora_b`), float32:
+    A Kaiming-uniform from a generator seeded by (seed, layer name), B zeros. A model built on the meta
+    device (sharded loading) takes its adapters' regions from here."""
+    if name.endswith(".lora_b"):
+        return torch.zeros(shape)
+    generator = torch.Generator().manual_seed(_seed(seed, name.removesuffix(".lora_a")))
+    bound = 1.0 / math.sqrt(shape[1])
+    return torch.rand(shape, generator=generator) * 2 * bound - bound
 
 
 def is_adapter(name: str) -> bool:
