@@ -1,5 +1,6 @@
-"""CreateJob answers INVALID_ARGUMENT for record data that is bad at submit time (the first JSONL line,
-a Parquet file's missing column), naming the spec field and the file."""
+"""CreateJob answers INVALID_ARGUMENT for input that is bad at submit time (the first JSONL line, a
+Parquet file's missing column, an empty dataset, a model directory without config.json, an
+unsupported architecture), naming the spec field and the file."""
 
 from __future__ import annotations
 
@@ -45,3 +46,35 @@ def test_a_parquet_file_without_the_column_is_invalid_argument(client: TrainctlC
         client.create_job(job_to_proto(job))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert [v.field for v in field_violations(info.value)] == ["spec.data.text_field"]
+
+
+def _invalid_argument(client: TrainctlClient, job) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        client.create_job(job_to_proto(job))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return info.value
+
+
+def test_a_model_directory_without_config_json_is_invalid_argument(client: TrainctlClient, tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    error = _invalid_argument(client, small_job("no-config", model={"from_pretrained": str(tmp_path / "model")},
+                                                data={"tokenizer": "byte"}))
+    assert [v.field for v in field_violations(error)] == ["spec.model.from_pretrained"]
+    assert "holds no config.json" in error.details()
+
+
+def test_an_unsupported_architecture_is_invalid_argument(client: TrainctlClient, tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
+    error = _invalid_argument(client, small_job("gpt2", model={"from_pretrained": str(tmp_path / "model")},
+                                                data={"tokenizer": "byte"}))
+    assert [v.field for v in field_violations(error)] == ["spec.model.from_pretrained"]
+    assert "model_type 'gpt2' is not supported" in error.details()
+
+
+def test_an_empty_dataset_is_invalid_argument(client: TrainctlClient, tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text("\n\n")
+    error = _invalid_argument(client, small_job("empty", data={"paths": [str(tmp_path / "a.jsonl")], "format": "jsonl"}))
+    assert [v.field for v in field_violations(error)] == ["spec.data.paths"]
+    assert "hold no records" in error.details()
+    assert list(client.list_jobs()) == []  # nothing was created; the service still answers

@@ -2,8 +2,9 @@
 Ray (2 simulated GPUs per node): a 2-rank job on each of JSONL text, Parquet, an Arrow
 (`save_to_disk`) directory and chat JSONL trains to completion with the losses one process computes on
 the same data (the CLI's `submit --watch` once, the client API for the rest); bad input only a rank can
-find (a JSONL line deep in a file, a chat role, a value in a later Parquet file) fails its job at once
-with the file and line / record named, while the service keeps serving and a job beside it runs on
+find (a JSONL line deep in a file, a chat role, a value in a later Parquet file, a truncated
+safetensors file, a wrongly shaped tensor of a Hugging Face model) fails its job at once with the
+file and line / record / tensor named, while the service keeps serving and a job beside it runs on
 undisturbed."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from data_sources import build_tokenizer, conversations, documents, format_data, write_jsonl, write_parquet
+from safetensors.torch import load_file, save_file
 from small_jobs import single_process_losses, small_job
 from test_e2e import leftovers, states_of
 
@@ -33,9 +35,19 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
-def job(name: str, data: dict, *, gpus: int = 2, steps: int = STEPS) -> TrainingJob:
+def job(name: str, data: dict, *, gpus: int = 2, steps: int = STEPS, model: dict | None = None) -> TrainingJob:
     return small_job(name, gpus=gpus, steps=steps, labels={"suite": "data-formats"}, data={**data, "seq_len": 32, "seed": 4},
-                     training={"lr": 0.005})
+                     training={"lr": 0.005}, **({"model": model} if model else {}))
+
+
+def hf_model(directory: Path) -> Path:
+    """A tiny random Llama written by `transformers`' own `save_pretrained`."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    transformers.LlamaForCausalLM(config).save_pretrained(str(directory))
+    return directory
 
 
 def assert_trained_as_one_process(client: TrainctlClient, job_id: str, spec: TrainingJob) -> None:
@@ -77,8 +89,8 @@ def nothing_left(cluster: EmbeddedRay, job_id: str) -> bool:
 
 
 def bad_inputs(root: Path, tokenizer: Path) -> dict[str, tuple[dict, str]]:
-    """Data sections that pass every submit-time check but not the ranks' reading, and what the job's
-    reason must say."""
+    """Data sections (with a `model` entry: the model section) that pass every submit-time check but
+    not the ranks' reading, and what the job's reason must say."""
     root.mkdir()
     lines = write_jsonl(root / "deep.jsonl", [{"text": d} for d in documents(40)]).read_text().splitlines(keepends=True)
     lines[36] = "{not json\n"
@@ -88,7 +100,22 @@ def bad_inputs(root: Path, tokenizer: Path) -> dict[str, tuple[dict, str]]:
     write_jsonl(root / "chat.jsonl", [{"messages": c} for c in convs])
     write_parquet(root / "a.parquet", [{"text": d} for d in documents(20)])
     write_parquet(root / "b.parquet", [{"text": d} for d in documents(10)] + [{"text": None}])
+    truncated = hf_model(root / "truncated") / "model.safetensors"
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    reshaped = hf_model(root / "reshaped") / "model.safetensors"
+    weights = load_file(str(reshaped))
+    weights["model.layers.1.mlp.down_proj.weight"] = weights["model.layers.1.mlp.down_proj.weight"][:, :-1].contiguous()
+    save_file(weights, str(reshaped), metadata={"format": "pt"})
+    byte_text = {"paths": [str(root / "a.parquet")], "format": "parquet", "tokenizer": "byte"}
     return {
+        "weights-truncated": (
+            {**byte_text, "model": {"from_pretrained": str(truncated.parent)}},
+            f"spec.model.from_pretrained: {truncated}: not a readable safetensors file (truncated or corrupt?)",
+        ),
+        "weights-shape": (
+            {**byte_text, "model": {"from_pretrained": str(reshaped.parent)}},
+            f"spec.model.from_pretrained: {reshaped}: tensor 'model.layers.1.mlp.down_proj.weight' has shape (32, 63)",
+        ),
         "jsonl-line": (
             {"paths": [str(root / "deep.jsonl")], "format": "jsonl"},
             f"spec.data.paths: {root / 'deep.jsonl'} line 37 is not JSON",
@@ -115,7 +142,8 @@ def test_bad_records_fail_their_job_at_once_beside_a_running_job(
         if event.WhichOneof("payload") == "step":
             break
     cases = bad_inputs(tmp_path / "bad", tokenizer)
-    submitted = {name: client.create_job(job(name, data)) for name, (data, _) in cases.items()}
+    submitted = {name: client.create_job(job(name, {k: v for k, v in data.items() if k != "model"}, model=data.get("model")))
+                 for name, (data, _) in cases.items()}
     for name, created in submitted.items():
         events = list(client.watch(created.id))
         status = client.get_job(created.id).status
