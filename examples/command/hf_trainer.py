@@ -56,6 +56,8 @@ def main() -> None:
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(64, config.vocab_size),
                       callbacks=[ReportToTrainctl()])
+    print(f"process {training_args.process_index} of {training_args.world_size} ({training_args.parallel_mode.value})",
+          flush=True)
     last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     trainer.train(resume_from_checkpoint=last)
 
