@@ -97,3 +97,10 @@ def test_bad_command_jobs_are_refused_naming_the_field(
         # The service keeps serving.
         ok = client.CreateJob(pb.CreateJobRequest(job=command_job("ok", root)), metadata=bearer(tokens.alice), timeout=10)
         assert ok.id
+
+
+def test_plan_places_a_command_job_without_estimating_its_memory(service: SecureService, tokens: Tokens, root: Path) -> None:
+    with service.channel() as ch:
+        plan = stub(ch).PlanJob(pb.PlanJobRequest(job=command_job("plan", root)), metadata=bearer(tokens.alice), timeout=10)
+    assert plan.valid and plan.world_size == 2 and len(plan.placement) == 2
+    assert not plan.memory and any("command job" in note for note in plan.notes)
