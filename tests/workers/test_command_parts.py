@@ -105,10 +105,37 @@ def test_kill_tree_ends_the_program_and_what_it_started(tmp_path: Path) -> None:
     assert _alive(program.pid) and _alive(child) and os.getpgid(child) == program.pid
     program.kill_tree(grace=0.5)  # the child ignores SIGTERM: SIGKILL after the grace
     assert program.wait() < 0
+    program.release()
     deadline = time.monotonic() + 5
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(program.pid) and not _alive(child)
+
+
+def test_a_worker_killed_outright_takes_its_programs_whole_tree_with_it(tmp_path: Path) -> None:
+    """SIGKILL of the rank worker (no kill_tree call): the reaper kills the program's group, the child included."""
+    worker = (
+        "import os, sys, time\n"
+        "from trainctl.workers.command.output import RankOutput\n"
+        "from trainctl.workers.command.program import ProgramProcess\n"
+        "tree = \"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        "print(c.pid, flush=True); time.sleep(600)\"\n"
+        "lines = []\n"
+        "program = ProgramProcess([sys.executable, '-c', tree], '.', dict(os.environ), RankOutput(sys.argv[1], 0, lines.append))\n"
+        "while not lines: time.sleep(0.05)\n"
+        "print(program.pid, lines[0], flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(trainctl.__file__).resolve().parents[1])}
+    fake = subprocess.Popen([sys.executable, "-c", worker, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    pids = [int(p) for p in fake.stdout.readline().split()]
+    assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+    fake.kill()
+    fake.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in pids if _alive(pid)] == []
 
 
 def test_a_failed_programs_reason_names_rank_code_and_stderr() -> None:

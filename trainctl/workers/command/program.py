@@ -1,9 +1,12 @@
 """The user's program as a child process of its rank worker, in a session of its own so the whole tree
 (the program and whatever it starts) can be killed through its process group.
 
-The child also asks the kernel to SIGKILL it when the thread that started it dies (``PR_SET_PDEATHSIG``):
-a rank worker killed outright (``ray.kill``, a crash) takes its program with it even when nobody could
-call `ProgramProcess.kill_tree`. stdout and stderr are read line by line into a `RankOutput`.
+A rank worker killed outright (``ray.kill``, a crash, its node's OOM killer) cannot call
+`ProgramProcess.kill_tree`, so two guards outlive it: the program asks the kernel to SIGKILL it when
+the thread that started it dies (``PR_SET_PDEATHSIG``), and a small reaper process (`REAPER`, in a
+session of its own, the standard library only) SIGKILLs the program's whole process group once its
+parent worker is gone; it exits by itself when the group is gone. stdout and stderr are read line by
+line into a `RankOutput`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +26,23 @@ from trainctl.workers.command.output import RankOutput
 PR_SET_PDEATHSIG = 1
 STDERR_TAIL_IN_REASON = 10
 """Last stderr lines quoted in the reason of a program that failed."""
+
+
+REAPER = """
+import os, signal, sys, time
+worker, group = int(sys.argv[1]), int(sys.argv[2])
+while os.getppid() == worker:
+    time.sleep(0.5)
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        sys.exit(0)
+try:
+    os.killpg(group, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+"""
+"""The reaper's program: ``python -c REAPER <worker pid> <program's process group>``."""
 
 
 class ProgramExited(RuntimeError):
@@ -61,6 +82,10 @@ class ProgramProcess:
         )
         self.pid = self._popen.pid
         """The program's PID, also its process group and session id."""
+        self._reaper = subprocess.Popen(  # noqa: S603 - our own guard, no shell
+            [sys.executable, "-c", REAPER, str(os.getpid()), str(self.pid)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
         self._readers = [
             threading.Thread(target=self._read, args=(stream, is_err), name=f"program-{name}", daemon=True)
             for stream, is_err, name in ((self._popen.stdout, False, "stdout"), (self._popen.stderr, True, "stderr"))
@@ -95,6 +120,12 @@ class ProgramProcess:
             time.sleep(0.05)
         _signal_group(self.pid, signal.SIGKILL)
         self._popen.wait()
+
+
+    def release(self) -> None:
+        """Stop the reaper (call once the program's group is gone, after `wait` and `kill_tree`)."""
+        self._reaper.kill()
+        self._reaper.wait()
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:

@@ -81,6 +81,7 @@ def run_program(
             code = slot.process.wait()
             ended = time.time()
             slot.process.kill_tree(PROGRAM_STOP_GRACE)  # whatever it left running in its group
+            slot.process.release()
         if code != 0:
             raise ProgramExited(rank, code, output.stderr_tail(), ended)
         return {"exit_code": code}
