@@ -1,7 +1,8 @@
 """Stand-ins for the files a user points the fine-tuning examples at, so tests validate and plan those
 examples as written, with only their placeholder paths replaced.
 
-`PLACEHOLDERS` are the example paths that stand for the user's files. `write_user_files(root)` writes a
+`PLACEHOLDERS` are the example paths that stand for the user's files (and, for the command job, the
+directory of their training code). `write_user_files(root)` writes a
 stand-in for each under `root`: a Hugging Face Llama model directory (config.json of a tiny model and a
 `tokenizers` WordLevel tokenizer.json with a chat template in tokenizer_config.json; no weights, which
 validation and planning do not read) and one JSONL file each of conversations and of text records.
@@ -17,7 +18,8 @@ from pathlib import Path
 MODEL = "/path/to/your-hf-model"
 CHAT = "/path/to/chat/*.jsonl"
 TEXT = "/path/to/text/*.jsonl"
-PLACEHOLDERS = (MODEL, CHAT, TEXT)
+CODE = "/path/to/your/training-code"
+PLACEHOLDERS = (MODEL, CHAT, TEXT, CODE)
 
 CONFIG = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64,
@@ -55,7 +57,10 @@ def write_user_files(root: Path) -> dict[str, str]:
     (root / "chat" / "train.jsonl").write_text("".join(json.dumps({"messages": turns}) + "\n" for _ in range(64)))
     (root / "text").mkdir()
     (root / "text" / "train.jsonl").write_text("".join(json.dumps({"text": "hello how are you"}) + "\n" for _ in range(64)))
-    return {MODEL: str(model), CHAT: str(root / "chat" / "*.jsonl"), TEXT: str(root / "text" / "*.jsonl")}
+    (root / "code").mkdir()
+    return {
+        MODEL: str(model), CHAT: str(root / "chat" / "*.jsonl"), TEXT: str(root / "text" / "*.jsonl"), CODE: str(root / "code")
+    }
 
 
 def needs_user_files(example: Path) -> bool:

@@ -3,7 +3,7 @@
     trainctl serve [--address HOST:PORT] [--data-dir DIR] [--metrics-port N] [--ray-address ADDR] [--topology FILE] [--warm-pool]
                    [--nodes N] [--gpus-per-node G]
     trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
-    trainctl cancel JOB                  trainctl logs JOB [-f]              trainctl plan FILE
+    trainctl cancel JOB                  trainctl logs JOB [-f] [--rank N]   trainctl plan FILE
     trainctl validate FILE               trainctl demo
     trainctl data prepare PATHS --out DIR   trainctl export JOB|CKPT --out DIR   trainctl generate JOB|CKPT --prompt T
 
@@ -26,7 +26,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
+from collections.abc import Callable, Iterable, Iterator, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -149,8 +149,8 @@ def cmd_submit(args: argparse.Namespace, client: TrainctlClient) -> int:
     return _follow(client, job.id, job.status.total_steps, after=0)
 
 
-def _follow(client: TrainctlClient, job_id: str, total: int, after: int) -> int:
-    follow(client.watch(job_id, after_sequence=after, follow=True), total, sys.stdout)
+def _follow(client: TrainctlClient, job_id: str, total: int, after: int, rank: int | None = None) -> int:
+    follow(of_rank(client.watch(job_id, after_sequence=after, follow=True), rank), total, sys.stdout)
     final = client.get_job(job_id)
     s = final.status
     summary = f"job {job_id} {state_name(s.state)}"
@@ -210,9 +210,17 @@ def cmd_cancel(args: argparse.Namespace, client: TrainctlClient) -> int:
 def cmd_logs(args: argparse.Namespace, client: TrainctlClient) -> int:
     job = client.get_job(args.job)
     if args.follow:
-        return _follow(client, job.id, job.status.total_steps, after=0)
-    follow(client.watch(job.id, follow=False), job.status.total_steps, sys.stdout, force_plain=True)
+        return _follow(client, job.id, job.status.total_steps, after=0, rank=args.rank)
+    events = of_rank(client.watch(job.id, follow=False), args.rank)
+    follow(events, job.status.total_steps, sys.stdout, force_plain=True)
     return EXIT_OK
+
+
+def of_rank(events: Iterable[pb.JobEvent], rank: int | None) -> Iterator[pb.JobEvent]:
+    """`events` without the log lines of other ranks (and of the supervisor) when `rank` is given."""
+    for event in events:
+        if rank is None or event.WhichOneof("payload") != "log" or (event.log.HasField("rank") and event.log.rank == rank):
+            yield event
 
 
 def cmd_plan(args: argparse.Namespace, client: TrainctlClient) -> int:
@@ -330,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", help="a job's events (state changes, steps, log lines)")
     logs.add_argument("job")
     logs.add_argument("-f", "--follow", action="store_true", help="keep following until the job ends")
+    logs.add_argument("--rank", type=int, help="only this rank's log lines (a command job's program output)")
     logs.set_defaults(handler=cmd_logs, needs_client=True)
 
     plan = sub.add_parser("plan", help="dry run: validation, placement, memory, step time")

@@ -46,16 +46,17 @@ class Tracker:
         self._step_times = [*self._step_times[-19:], (now, metrics.step)]
 
     def eta_seconds(self) -> float | None:
-        """Remaining steps times the recent seconds per step (None until two steps were seen)."""
+        """Remaining steps times the recent seconds per step (None until two steps were seen, or when the
+        total is unknown: 0, a command job)."""
         if len(self._step_times) < 2:
             return None
         (t0, s0), (t1, s1) = self._step_times[0], self._step_times[-1]
-        if s1 <= s0:
+        if s1 <= s0 or not self.total_steps:
             return None
         return max(0.0, (self.total_steps - self.step) * (t1 - t0) / (s1 - s0))
 
     def line(self) -> str:
-        parts = [f"step {self.step}/{self.total_steps}"]
+        parts = [f"step {self.step}/{self.total_steps}" if self.total_steps else f"step {self.step}"]
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4f}")
         if self.tokens_per_second is not None:

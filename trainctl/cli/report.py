@@ -144,7 +144,7 @@ def _html(job: pb.Job, png_bytes: bytes) -> str:
     rows = [
         ("Job", f"{job.metadata.name} ({job.id})"),
         ("State", f"{pb.JobState.Name(job.status.state)} {job.status.reason}".strip()),
-        ("Steps", f"{last.step} of {job.status.total_steps}"),
+        ("Steps", f"{last.step} of {job.status.total_steps}" if job.status.total_steps else str(last.step)),
         ("Loss", f"{steps[0].loss:.4g} → {last.loss:.4g}"),
         ("Tokens/s (mean)", f"{sum(m.tokens_per_second for m in steps) / len(steps):,.0f}"),
         ("MFU (mean)", f"{100 * sum(mfu) / len(mfu):.1f}%" if mfu else "unknown on this device"),

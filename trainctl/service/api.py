@@ -34,6 +34,7 @@ from trainctl.spec.validate import (
     data_violations,
     pretrained_violations,
     semantic_violations,
+    working_dir_violations,
 )
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
@@ -117,6 +118,8 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             return job, violations + confinement
         reference = job_reference(job.spec.init_from)
         job = job.model_copy(update={"spec": self.paths.resolve(job.spec)})
+        if job.spec.command is not None:
+            return job, violations + working_dir_violations(job.spec.command)
         violations += data_violations(job.spec.data, model_dir=job.spec.model.from_pretrained) + pretrained_violations(job)
         if job.spec.init_from is not None and job.spec.init_from.strip():
             problem = init_from_problem(job.spec.init_from, job.spec)

@@ -1,7 +1,8 @@
 """The one confinement rule for every path a job names.
 
 A job spec names files the service's workers read: `spec.data.paths` (globs of text files, or token-shard
-directories), `spec.data.tokenizer`, `spec.init_from` and `spec.model.from_pretrained`. `JobPathPolicy` applies one rule to all of them:
+directories), `spec.data.tokenizer`, `spec.init_from`, `spec.model.from_pretrained` and `spec.command.working_dir`.
+`JobPathPolicy` applies one rule to all of them:
 
 - With data roots (`--data-root`), a path must be absolute, have no `..` component, its fixed (non-glob)
   part must lie under a root, and every file a glob matches must still lie under a root once symlinks are
@@ -201,6 +202,11 @@ class JobPathPolicy:
             problem = self._path_problem(pretrained, caller, glob=False)
             if problem:
                 out.append(FieldViolation("spec.model.from_pretrained", problem))
+        working_dir = spec.command.working_dir if spec.command is not None else None
+        if working_dir is not None and working_dir.strip():  # blank: the spec's own rule says so
+            problem = self._path_problem(working_dir, caller, glob=False)
+            if problem:
+                out.append(FieldViolation("spec.command.working_dir", problem))
         return out
 
     def resolve(self, spec: JobSpecBody) -> JobSpecBody:

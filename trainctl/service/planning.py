@@ -55,6 +55,9 @@ def plan_job(job: TrainingJob, pool: GpuPool) -> pb.PlanJobResponse:
         if placement.cost_seconds is not None:
             plan.placement_cost_seconds = placement.cost_seconds
     plan.fits_now = pool.place(job) is not None
+    if job.spec.command is not None:
+        plan.notes.append("a command job runs its own program: no memory or step-time estimate")
+        return plan
     _estimate(job, plan, pool.gpu_model(placement.assignments[0].node) if placement else None)
     return plan
 
@@ -94,9 +97,10 @@ def estimate_ranks(config: ModelConfig, body: JobSpecBody, ranks: Iterable[int])
 
 def fit_violations(job: TrainingJob, pool: GpuPool) -> list[FieldViolation]:
     """The job's largest per-rank estimate against the largest GPU memory of the pool (known GPU models
-    only): a job that cannot fit on its own layout is refused with both numbers."""
+    only): a job that cannot fit on its own layout is refused with both numbers. A command job's memory is
+    its program's, unknown here: never refused."""
     capacity = max((gpu_memory_bytes(pool.gpu_model(node)) or 0 for node, _ in pool.nodes()), default=0)
-    if not capacity or job.spec.resources.device == "cpu":
+    if not capacity or job.spec.resources.device == "cpu" or job.spec.command is not None:
         return []
     config = resolve_model(job.spec.model)
     grid = RankGrid.from_spec(job.spec.parallelism)

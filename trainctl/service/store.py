@@ -256,7 +256,7 @@ class JobStore:
                 " update_time, total_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job_id, seq, key, tenant, job.metadata.name, job.model_dump_json(),
-                    job.spec.scheduling.priority, JobState.QUEUED, "accepted", now, now, job.spec.training.steps,
+                    job.spec.scheduling.priority, JobState.QUEUED, "accepted", now, now, total_steps(job),
                 ),
             )
             db.executemany(
@@ -445,3 +445,8 @@ def _run_script(db: sqlite3.Connection, script: str) -> None:
     for statement in script.split(";"):
         if statement.strip():
             db.execute(statement)
+
+
+def total_steps(job: TrainingJob) -> int:
+    """The steps a job will run: `training.steps`, or 0 (unknown) for a command job, whose program decides."""
+    return 0 if job.spec.command is not None else job.spec.training.steps

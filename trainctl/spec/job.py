@@ -44,6 +44,10 @@ MAX_LABELS = 64
 MAX_LABEL_KEY = 63
 MAX_LABEL_VALUE = 256
 MAX_LABELS_BYTES = 16_384
+MAX_COMMAND_ARGS = 1_024
+MAX_COMMAND_ARG_LENGTH = 16_384
+MAX_ENV_VARS = 256
+MAX_ENV_BYTES = 65_536
 
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 PathText = Annotated[str, Field(max_length=MAX_PATH_LENGTH)]
@@ -327,6 +331,65 @@ class SchedulingSpec(StrictModel):
 LoRATarget = Literal["wq", "wk", "wv", "wo", "w1", "w2", "w3"]
 
 
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES",
+)
+"""Variables a command job's ranks get from trainctl (docs/command-jobs.md); `spec.command.env` may not
+set them, nor any ``TRAINCTL_*`` one."""
+RESERVED_ENV_PREFIX = "TRAINCTL_"
+
+EnvName = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class CommandSpec(StrictModel):
+    """A command job: the user's own program, run on every rank with the environment `torchrun` gives
+    (docs/command-jobs.md). Excludes the built-in engine's `model`, `data`, `training`, `init_from`
+    and `lora`; `parallelism` is only declared, for placement."""
+
+    program: PathText
+    """The program each rank runs: a path, or a name looked up on the rank's PATH; `python` and
+    `python3` mean the rank worker's own interpreter."""
+    args: list[Annotated[str, Field(max_length=MAX_COMMAND_ARG_LENGTH)]] = Field(
+        default_factory=list, max_length=MAX_COMMAND_ARGS
+    )
+    """Arguments passed to the program, as given (no shell; at most 1024 of 16 KiB each)."""
+    working_dir: PathText | None = None
+    """Directory the program runs in, subject to the service's path policy (under a data root when the
+    service has some); None: the job's run directory."""
+    env: dict[EnvName, Annotated[str, Field(max_length=MAX_ENV_BYTES)]] = Field(
+        default_factory=dict, max_length=MAX_ENV_VARS
+    )
+    """Extra environment variables (at most 256, 64 KiB of names and values in all); the variables
+    trainctl sets (RANK, MASTER_ADDR, ..., TRAINCTL_*) cannot be overridden."""
+    no_progress_timeout_seconds: float | None = Field(default=None, gt=0, le=MAX_STEP_TIMEOUT_SECONDS)
+    """A program that has not reported a step (`trainctl.report`) and printed no line for this long
+    counts as hung (its group restarts); None: no such limit. Once it reports steps,
+    `scheduling.step_timeout_seconds` applies as for built-in jobs."""
+
+    @field_validator("program")
+    @classmethod
+    def _program_named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must name the program to run, not be empty")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not ENV_NAME_PATTERN.match(name):
+                raise ValueError(f"{name[:64]!r} is not an environment variable name (letters, digits, '_')")
+            if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
+                raise ValueError(f"{name} is set by trainctl on every rank and cannot be overridden")
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
+        if size > MAX_ENV_BYTES:
+            raise ValueError(f"env holds {size} bytes of names and values; at most {MAX_ENV_BYTES}")
+        return value
+
+
 class LoRASpec(StrictModel):
     rank: count(MAX_LORA_RANK) = 8
     """Rank r of each adapter: W x + (alpha / r) B A x with A [r, in], B [out, r] (at most 4096)."""
@@ -362,6 +425,22 @@ class JobSpecBody(StrictModel):
     """Low-rank adapters: freeze the model and train only adapters on `target_modules` (usually with
     init_from or model.from_pretrained); checkpoints then hold only the adapters. None: train every
     parameter."""
+    command: CommandSpec | None = None
+    """Run this program on every rank instead of the built-in engine (a command job); `model`, `data`,
+    `training`, `init_from` and `lora` must then be left unset. Without a `parallelism` section the
+    layout is `resources.gpus` data-parallel ranks."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _command_layout(cls, data: object) -> object:
+        """A command job without a `parallelism` section declares `resources.gpus` data-parallel ranks."""
+        if not isinstance(data, dict) or data.get("command") is None or data.get("parallelism") is not None:
+            return data
+        resources = data.get("resources")
+        gpus = resources.get("gpus", 1) if isinstance(resources, dict) else getattr(resources, "gpus", 1)
+        if isinstance(gpus, int) and not isinstance(gpus, bool) and 1 <= gpus <= MAX_DEGREE:
+            return {**data, "parallelism": {"dp_replicate": gpus}}
+        return data
 
     @model_validator(mode="after")
     def _one_weight_source(self) -> JobSpecBody:

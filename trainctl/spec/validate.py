@@ -17,7 +17,16 @@ import yaml
 from pydantic import ValidationError
 
 from trainctl.spec import data_sources
-from trainctl.spec.job import TOKENIZER_AUTO, DataSpec, TrainingJob, resolve_tokenizer
+from trainctl.spec.job import (
+    TOKENIZER_AUTO,
+    CommandSpec,
+    DataSpec,
+    JobSpecBody,
+    ModelSpec,
+    TrainingJob,
+    TrainingSpec,
+    resolve_tokenizer,
+)
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
 
 STDLIB_CORPUS = "@stdlib"
@@ -88,9 +97,11 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
     With check_data False no file is read: a `spec.model.from_pretrained` model's shape rules are then
     left to `pretrained_violations`, which the service calls once the path rule let the path through."""
     spec = job.spec
+    if spec.command is not None:
+        return _command_job_violations(spec, pool_gpus=pool_gpus, check_paths=check_data)
     par = spec.parallelism
     train = spec.training
-    out: list[FieldViolation] = []
+    out: list[FieldViolation] = _resource_violations(spec, pool_gpus)
 
     def bad(field: str, description: str) -> None:
         out.append(FieldViolation(field, description))
@@ -104,16 +115,6 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
             model = resolve_model(spec.model)
         except UnknownPresetError as exc:
             bad("spec.model.preset", str(exc))
-
-    world = par.world_size
-    if spec.resources.gpus != world:
-        bad(
-            "spec.resources.gpus",
-            f"{spec.resources.gpus} GPUs requested but the layout pp x dp_replicate x dp_shard x cp x tp = "
-            f"{par.pp} x {par.dp_replicate} x {par.dp_shard} x {par.cp} x {par.tp} = {world} ranks",
-        )
-    if pool_gpus is not None and spec.resources.gpus > pool_gpus:
-        bad("spec.resources.gpus", f"{spec.resources.gpus} GPUs requested but the pool can never hold more than {pool_gpus}")
 
     if par.dp_shard > 1 and par.zero_stage == 0:
         bad("spec.parallelism.zero_stage", "zero_stage 0 (plain DDP) with dp_shard > 1: use dp_replicate for DDP")
@@ -167,6 +168,66 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
         out.extend(data_violations(spec.data, model_dir=spec.model.from_pretrained))
     out.extend(_efficiency_violations(job))
     return out
+
+
+def _resource_violations(spec: JobSpecBody, pool_gpus: int | None) -> list[FieldViolation]:
+    """`resources.gpus` against the layout's world size and the pool."""
+    par = spec.parallelism
+    out = []
+    world = par.world_size
+    if spec.resources.gpus != world:
+        out.append(FieldViolation(
+            "spec.resources.gpus",
+            f"{spec.resources.gpus} GPUs requested but the layout pp x dp_replicate x dp_shard x cp x tp = "
+            f"{par.pp} x {par.dp_replicate} x {par.dp_shard} x {par.cp} x {par.tp} = {world} ranks",
+        ))
+    if pool_gpus is not None and spec.resources.gpus > pool_gpus:
+        out.append(FieldViolation(
+            "spec.resources.gpus", f"{spec.resources.gpus} GPUs requested but the pool can never hold more than {pool_gpus}"
+        ))
+    return out
+
+
+ENGINE_SECTIONS = (("model", ModelSpec), ("data", DataSpec), ("training", TrainingSpec))
+"""The built-in engine's sections, which a command job leaves at their defaults."""
+
+
+def _command_job_violations(spec: JobSpecBody, *, pool_gpus: int | None, check_paths: bool) -> list[FieldViolation]:
+    """A command job: no built-in engine field is set, the declared layout matches `resources.gpus`, and
+    (with ``check_paths``) its working directory exists."""
+    out = _resource_violations(spec, pool_gpus)
+    for section, model in ENGINE_SECTIONS:
+        given, default = getattr(spec, section), model()
+        out.extend(
+            FieldViolation(
+                f"spec.{section}.{name}",
+                "is a built-in engine setting; a job with spec.command runs its own program and cannot set it",
+            )
+            for name in type(given).model_fields
+            if getattr(given, name) != getattr(default, name)
+        )
+    for name in ("init_from", "lora"):
+        if getattr(spec, name) is not None:
+            out.append(FieldViolation(
+                f"spec.{name}", "is a built-in engine setting; a job with spec.command runs its own program and cannot set it"
+            ))
+    if check_paths and spec.command is not None:
+        out.extend(working_dir_violations(spec.command))
+    return out
+
+
+def working_dir_violations(command: CommandSpec) -> list[FieldViolation]:
+    """`spec.command.working_dir`, when set, is an existing directory."""
+    directory = command.working_dir
+    if directory is None:
+        return []
+    if not directory.strip():
+        return [FieldViolation("spec.command.working_dir", "must be a directory, not empty")]
+    path = Path(os.path.expanduser(directory))
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        return [FieldViolation("spec.command.working_dir", f"{directory!r} {what}")]
+    return []
 
 
 def pretrained_violations(job: TrainingJob) -> list[FieldViolation]:

@@ -327,8 +327,29 @@ class LoRASpec(_message.Message):
     target_modules: StringList
     def __init__(self, rank: _Optional[int] = ..., alpha: _Optional[float] = ..., dropout: _Optional[float] = ..., target_modules: _Optional[_Union[StringList, _Mapping]] = ...) -> None: ...
 
+class CommandSpec(_message.Message):
+    __slots__ = ("program", "args", "working_dir", "env", "no_progress_timeout_seconds")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    NO_PROGRESS_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    program: str
+    args: StringList
+    working_dir: str
+    env: _containers.ScalarMap[str, str]
+    no_progress_timeout_seconds: float
+    def __init__(self, program: _Optional[str] = ..., args: _Optional[_Union[StringList, _Mapping]] = ..., working_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., no_progress_timeout_seconds: _Optional[float] = ...) -> None: ...
+
 class JobSpec(_message.Message):
-    __slots__ = ("model", "data", "parallelism", "training", "checkpoint", "resources", "scheduling", "init_from", "lora")
+    __slots__ = ("model", "data", "parallelism", "training", "checkpoint", "resources", "scheduling", "init_from", "lora", "command")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     PARALLELISM_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +359,7 @@ class JobSpec(_message.Message):
     SCHEDULING_FIELD_NUMBER: _ClassVar[int]
     INIT_FROM_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
     model: ModelSpec
     data: DataSpec
     parallelism: ParallelismSpec
@@ -347,7 +369,8 @@ class JobSpec(_message.Message):
     scheduling: SchedulingSpec
     init_from: str
     lora: LoRASpec
-    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., parallelism: _Optional[_Union[ParallelismSpec, _Mapping]] = ..., training: _Optional[_Union[TrainingSpec, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointSpec, _Mapping]] = ..., resources: _Optional[_Union[ResourcesSpec, _Mapping]] = ..., scheduling: _Optional[_Union[SchedulingSpec, _Mapping]] = ..., init_from: _Optional[str] = ..., lora: _Optional[_Union[LoRASpec, _Mapping]] = ...) -> None: ...
+    command: CommandSpec
+    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., parallelism: _Optional[_Union[ParallelismSpec, _Mapping]] = ..., training: _Optional[_Union[TrainingSpec, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointSpec, _Mapping]] = ..., resources: _Optional[_Union[ResourcesSpec, _Mapping]] = ..., scheduling: _Optional[_Union[SchedulingSpec, _Mapping]] = ..., init_from: _Optional[str] = ..., lora: _Optional[_Union[LoRASpec, _Mapping]] = ..., command: _Optional[_Union[CommandSpec, _Mapping]] = ...) -> None: ...
 
 class RankPlacement(_message.Message):
     __slots__ = ("rank", "node", "gpu", "coords")

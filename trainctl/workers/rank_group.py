@@ -12,7 +12,9 @@ worker runs on the node Ray reserved the bundle on. Handed-over workers the grou
 killed; a rank whose worker cannot be bound gets a fresh one in its bundle.
 
 Rendezvous: rank 0 picks its node IP and a free port; every rank joins ``init_distributed`` with it
-(NCCL on GPUs, gloo on CPU).
+(NCCL on GPUs, gloo on CPU). A command job's group (``programs=True``) hands the endpoint to the user's
+program instead, in the torchrun environment (`start_programs`); its workers are threaded so that
+`shutdown` can kill each program's process tree before it kills the workers.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.workers.command.environment import rank_environment
+from trainctl.workers.command.rank_program import PROGRAM_STOP_GRACE, ProgramLaunch
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_worker import RankBinding, RankLocation, RankWorker
 from trainctl.workers.resources import NODE_LABEL, gpu_slot
@@ -97,6 +102,8 @@ class RankGroup:
     use_gpu: bool
     pg: PlacementGroup
     workers: list[Any]
+    programs: bool = False
+    """The ranks run a command job's program (threaded workers, `start_programs`)."""
 
     @classmethod
     def create(
@@ -110,12 +117,13 @@ class RankGroup:
         stop: Callable[[], bool] = lambda: False,
         warm: dict[int, Any] | None = None,
         bind_timeout: float = 30.0,
+        programs: bool = False,
     ) -> RankGroup:
         """Reserve the planned slots and start one RankWorker per rank (ordered by rank).
 
         ``warm`` maps ranks to idle pooled workers of their planned slots; the group takes ownership
         (each is bound or killed). Waiting for the reservation gives up early (PlacementUnavailable)
-        once ``stop()`` is true."""
+        once ``stop()`` is true. ``programs``: the ranks will run a command job's program."""
         warm = dict(warm or {})
         try:
             check_slots(slots)
@@ -135,6 +143,7 @@ class RankGroup:
                 "num_cpus": 0,
                 "resources": {gpu_slot(slot.gpu): 1},
                 "max_restarts": 0,
+                "max_concurrency": 2 if programs else 1,
                 "name": rank_name(job_id, generation, slot.rank),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=slot.rank),
             }
@@ -143,7 +152,7 @@ class RankGroup:
                 options["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
             binding = RankBinding(job_id, generation, slot.rank, len(ordered), pg.id.hex())
             workers.append(actor_cls.options(**options).remote(slot.node, slot.gpu, use_gpu, binding))
-        return cls(job_id, generation, list(ordered), use_gpu, pg, workers)
+        return cls(job_id, generation, list(ordered), use_gpu, pg, workers, programs)
 
     def locations(self, timeout: float) -> list[RankLocation]:
         """Each rank's actual location, in rank order; raises PlacementMismatch if any is off-plan."""
@@ -171,8 +180,42 @@ class RankGroup:
             w.train.remote(host, port, job_json, checkpoint_dir, reporter, self.generation) for w in self.workers
         ]
 
+    def start_programs(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        *,
+        grid: RankGrid,
+        checkpoint_dir: str,
+        log_dir: str,
+        restart_count: int,
+        max_restarts: int,
+        reporter: Any,
+        timeout: float,
+    ) -> list[ray.ObjectRef]:
+        """Start a command job's program on every rank, with ``env`` plus each rank's torchrun
+        environment (rendezvous on rank 0's endpoint); one result ref per rank."""
+        host, port = ray.get(self.workers[0].endpoint.remote(), timeout=timeout)
+        log.info("job %s generation %d: programs rendezvous at %s:%d", self.job_id, self.generation, host, port)
+        refs = []
+        for slot, worker in zip(self.slots, self.workers, strict=True):
+            ranked = rank_environment(
+                self.slots, slot.rank, grid=grid, master_addr=host, master_port=port, restart_count=restart_count,
+                max_restarts=max_restarts, job_id=self.job_id, checkpoint_dir=checkpoint_dir, use_gpu=self.use_gpu,
+            )
+            launch = ProgramLaunch(argv=argv, cwd=cwd, env={**env, **ranked}, log_dir=log_dir)
+            refs.append(worker.run_program.remote(launch, reporter, self.generation))
+        return refs
+
     def shutdown(self) -> None:
-        """Kill every RankWorker and remove the placement group."""
+        """Kill every rank's program tree (command jobs), every RankWorker, and remove the placement group."""
+        if self.programs:
+            stops = [worker.stop_program.remote(PROGRAM_STOP_GRACE) for worker in self.workers]
+            try:
+                ray.wait(stops, num_returns=len(stops), timeout=PROGRAM_STOP_GRACE + 5.0)
+            except RayError as exc:  # a worker already gone: its program died with it
+                log.warning("job %s: stopping the programs: %s", self.job_id, exc)
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         remove_placement_group(self.pg)

@@ -4,7 +4,10 @@ A RankWorker is told its rank, its planned node and its local GPU index explicit
 inferred from Ray's bundle order. It reports where it actually runs (the node label and the GPU
 slot Ray reserved for it), offers rank 0's rendezvous endpoint, and runs
 `trainctl.parallelism.engine.trainer.Trainer`, forwarding step reports (rank 0), step times (the other
-ranks) and log lines to the supervisor.
+ranks) and log lines to the supervisor. For a command job it runs the user's program instead
+(`run_program`, `trainctl.workers.command`): its lines and `trainctl.report` calls go to the supervisor
+the same way, and `stop_program` kills its process tree (the group's workers are then threaded, so that
+call is served while `run_program` waits).
 
 A worker is either created for its rank inside the job's placement group (``binding`` given), or
 pooled: created ahead of any job for one GPU slot of one node, it imports the engine while idle and
@@ -27,6 +30,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group_table
 
+from trainctl.workers.command.rank_program import ProgramLaunch, ProgramSlot, run_program
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.resources import NODE_LABEL, slots_of
 
@@ -110,6 +114,7 @@ class RankWorker:
         self._use_gpu = use_gpu
         self._pooled = binding is None
         self._binding: RankBinding | None = None
+        self._program = ProgramSlot()
         # Before torch is imported: the planned GPU only, or no CUDA at all on simulated GPUs.
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu) if use_gpu else ""
         if binding is None:
@@ -214,6 +219,21 @@ class RankWorker:
             return _as_dict(trainer.run())
         finally:
             teardown()
+
+    def run_program(self, launch: ProgramLaunch, reporter: Any, generation: int) -> dict[str, Any]:
+        """Run a command job's program for this rank until it exits (``{"exit_code": 0}``); a failed
+        program raises ProgramExited (rank, exit code, last stderr lines). Lines and `trainctl.report`
+        calls go to ``reporter`` (the supervisor) like the engine's, tagged with the rank and ``generation``."""
+        return run_program(self._program, self._bound().rank, launch, reporter, generation)
+
+    def stop_program(self, grace: float) -> None:
+        """Kill the program's process tree (SIGTERM, SIGKILL after ``grace`` seconds); a program not
+        started yet never starts."""
+        with self._program.lock:
+            self._program.stopped = True
+            process = self._program.process
+        if process is not None:
+            process.kill_tree(grace)
 
 
 def _exit_with_group(binding: RankBinding) -> None:

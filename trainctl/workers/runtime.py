@@ -141,7 +141,8 @@ class RayRuntime:
             call_timeout=self._call_timeout,
             topology_yaml=None if topology is None else topology.to_yaml(),
             replan_timeout=self._replan_timeout,
-            warm_workers=self.warm_pool.take(slots, use_gpu) if self.warm_pool is not None else {},
+            # Pooled workers preload the engine and serve one call at a time: a command job starts its own.
+            warm_workers=self.warm_pool.take(slots, use_gpu) if self.warm_pool is not None and job.spec.command is None else {},
         )
         actor_cls = ray.remote(concurrency_groups={"control": 4, "reports": 1})(JobSupervisor)
         actor_cls.options(

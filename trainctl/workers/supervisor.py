@@ -10,6 +10,13 @@ FAILS with the reason. A rank that raised the engine's `ConfigurationError` (bad
 tokenizer for this spec), while no rank died, FAILS the job at once: a restart cannot fix it. A cancel
 tears the group down and ends in CANCELLED.
 
+A command job (``spec.command``) runs the user's program on every rank instead of the engine
+(`RankGroup.start_programs`): a program that exits non-zero ends the generation like a dead rank, named
+by the program that ended first ("rank R exited with code C" and its last stderr lines). Its log lines
+count as progress: one that never calls `trainctl.report` is hung only after
+``spec.command.no_progress_timeout_seconds`` without a report or a line; once it reports, the step
+timeout applies.
+
 When a planned node is gone from the Ray cluster, the next generation needs a new plan: the supervisor
 records a REPLAN event naming the lost nodes and waits. The plan comes from `replace_plan` (the
 service's scheduler, which owns the GPU accounting) or, when the supervisor was given a topology map,
@@ -38,7 +45,9 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from trainctl.parallelism.errors import ConfigurationError
+from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.job import TrainingJob
+from trainctl.workers.command.program import ProgramExited
 from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobState, JobStatus, StragglerStats
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
@@ -49,6 +58,8 @@ log = logging.getLogger(__name__)
 
 SUPERVISOR_PREFIX = "trainctl-job-"
 CHECKPOINT_SUBDIR = "checkpoints"
+LOGS_SUBDIR = "logs"
+"""Under the run directory: each command job rank's output file (`trainctl.workers.command.output`)."""
 ROOT_CAUSE_WAIT = 2.0
 """Seconds to wait for the other ranks' outcomes when one fails, to name the rank that died."""
 REASON_CHARS = 300
@@ -182,6 +193,7 @@ class JobSupervisor:
         """Lost nodes while the driver waits for a new plan (None when it waits for none)."""
         self._plan_ready = threading.Event()
         self._progress_at = time.monotonic()
+        self._output_at = time.monotonic()
         self._stepping = False
         self._stats = _StepStats()
         self._thread: threading.Thread | None = None
@@ -262,6 +274,8 @@ class JobSupervisor:
     @ray.method(concurrency_group="reports")
     def record_log(self, generation: int, rank: int, message: str) -> None:
         """A log line from a rank."""
+        if generation == self._generation:
+            self._output_at = time.monotonic()
         self._log.append(EventKind.LOG, rank=rank, generation=generation, message=message)
 
     # ---- the driver thread -----------------------------------------------------------------------
@@ -320,15 +334,10 @@ class JobSupervisor:
             )
             checkpoint_dir = self._run_dir / CHECKPOINT_SUBDIR
             checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            self._progress_at = time.monotonic()
+            self._progress_at = self._output_at = time.monotonic()
             self._stepping = False
             self._stats = _StepStats()
-            refs = group.start(
-                self._job.spec.model_dump_json(),
-                str(checkpoint_dir),
-                ray.get_runtime_context().current_actor,
-                cfg.call_timeout,
-            )
+            refs = self._start(group, checkpoint_dir)
             nodes = sorted({loc.node or "?" for loc in locations})
             self._state(
                 JobState.RUNNING,
@@ -341,6 +350,26 @@ class JobSupervisor:
             return _Outcome.FAILED, f"rank group set-up failed: {_first_line(exc)}"
         finally:
             self._shutdown_group()
+
+    def _start(self, group: RankGroup, checkpoint_dir: Path) -> list[ray.ObjectRef]:
+        """Start the engine, or a command job's program, on every rank; one result ref per rank."""
+        cfg, spec = self._cfg, self._job.spec
+        reporter = ray.get_runtime_context().current_actor
+        if spec.command is None:
+            return group.start(spec.model_dump_json(), str(checkpoint_dir), reporter, cfg.call_timeout)
+        command = spec.command
+        return group.start_programs(
+            [command.program, *command.args],
+            command.working_dir or str(self._run_dir),
+            dict(command.env),
+            grid=RankGrid.from_spec(spec.parallelism),
+            checkpoint_dir=str(checkpoint_dir),
+            log_dir=str(self._run_dir / LOGS_SUBDIR),
+            restart_count=self._log.status(0, 1).restarts,
+            max_restarts=spec.scheduling.max_restarts,
+            reporter=reporter,
+            timeout=cfg.call_timeout,
+        )
 
     def _create_group(self) -> RankGroup | tuple[_Outcome, str]:
         """Reserve the plan's GPUs and create the ranks, or the outcome when that fails. A planned node
@@ -364,6 +393,7 @@ class JobSupervisor:
                     stop=lambda: self._cancel.is_set() or bool(missing_nodes(self._slots)),
                     warm=warm,
                     bind_timeout=cfg.call_timeout,
+                    programs=self._job.spec.command is not None,
                 )
             except PlacementUnavailable as exc:
                 if self._cancel.is_set() or not missing_nodes(self._slots):
@@ -434,7 +464,6 @@ class JobSupervisor:
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, dict[str, Any]] = {}
         pending = list(refs)
-        step_timeout = self._job.spec.scheduling.step_timeout_seconds
         while pending:
             if self._cancel.is_set():
                 return _Outcome.CANCELLED, "cancelled"
@@ -447,14 +476,35 @@ class JobSupervisor:
                     failures.append((rank_of[ref], exc))
             if failures:
                 return self._root_cause(failures, pending, rank_of)
-            idle = time.monotonic() - self._progress_at
-            if pending and self._stepping and idle > step_timeout:
-                return _Outcome.FAILED, (
-                    f"no step progress for {idle:.0f}s (scheduling.step_timeout_seconds={step_timeout:g}); ranks hung"
-                )
-            if pending and not self._stepping and idle > max(step_timeout, self._cfg.startup_grace):
-                return _Outcome.FAILED, f"no first step within {idle:.0f}s of starting the ranks; ranks hung"
+            hung = self._hung() if pending else None
+            if hung is not None:
+                return _Outcome.FAILED, hung
         return _Outcome.SUCCEEDED, _summary(results.get(0, {}), len(refs))
+
+    def _hung(self) -> str | None:
+        """Why the running ranks count as hung, or None: no step progress for the step timeout once steps
+        are reported; before that, no first step within the start-up grace (engine), or no report and
+        no output line for ``spec.command.no_progress_timeout_seconds`` (a command job, when set)."""
+        now = time.monotonic()
+        idle = now - self._progress_at
+        step_timeout = self._job.spec.scheduling.step_timeout_seconds
+        command = self._job.spec.command
+        if self._stepping:
+            if idle > step_timeout:
+                return f"no step progress for {idle:.0f}s (scheduling.step_timeout_seconds={step_timeout:g}); ranks hung"
+            return None
+        if command is None:
+            if idle > max(step_timeout, self._cfg.startup_grace):
+                return f"no first step within {idle:.0f}s of starting the ranks; ranks hung"
+            return None
+        quiet = now - max(self._progress_at, self._output_at)
+        limit = command.no_progress_timeout_seconds
+        if limit is not None and quiet > limit:
+            return (
+                f"no report and no output line for {quiet:.0f}s "
+                f"(spec.command.no_progress_timeout_seconds={limit:g}); program hung"
+            )
+        return None
 
     def _root_cause(
         self,
@@ -500,12 +550,17 @@ def _latest_plan(log: EventLog) -> list[RankAssignment] | None:
 
 def _failure_class(failures: list[tuple[int, BaseException]]) -> tuple[_Outcome, str]:
     """The outcome and reason of a generation whose ranks failed with `failures` (rank, error): a dead
-    rank first (restart), then a rank's configuration error (fail at once), then any other error (restart);
-    the lowest rank of the class is named."""
+    rank first (restart), then a command job's program that exited non-zero (restart; the one that ended
+    first is named), then a rank's configuration error (fail at once), then any other error (restart);
+    otherwise the lowest rank of the class is named."""
     dead = [(rank, exc) for rank, exc in failures if isinstance(exc, RayActorError)]
     if dead:
         rank, exc = min(dead, key=lambda item: item[0])
         return _Outcome.FAILED, f"rank {rank} died: {_first_line(exc)}"
+    exited = [cause for _, exc in failures if isinstance(cause := getattr(exc, "cause", exc), ProgramExited)]
+    if exited:
+        first = min(exited, key=lambda cause: (cause.ended_at, cause.rank))
+        return _Outcome.FAILED, str(first)
     misconfigured = [(rank, cause) for rank, exc in failures if (cause := _configuration_error(exc)) is not None]
     if misconfigured:
         rank, cause = min(misconfigured, key=lambda item: item[0])

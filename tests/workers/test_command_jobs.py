@@ -1,0 +1,171 @@
+"""Command jobs on the embedded multi-node Ray (issue 15): the user's program on every rank with the
+torchrun environment of the placement, its lines and `trainctl.report` calls in the event log, and the
+faults: a SIGKILLed program restarts the group and resumes from its checkpoint, a program that always
+fails FAILS the job naming the rank, exit code and stderr, cancel leaves no process of any tree, and a
+silent program hits the no-progress timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_runtime import assert_nothing_left, finished, follow, plan, states_of, steps_of
+
+from trainctl.spec.job import TrainingJob
+from trainctl.workers.events import EventKind, JobState
+from trainctl.workers.runtime import RayRuntime
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "command"
+ENV_NAMES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "CUDA_VISIBLE_DEVICES", "TRAINCTL_JOB_ID", "TRAINCTL_CHECKPOINT_DIR",
+    "TRAINCTL_LAYOUT", "TRAINCTL_RANK_COORDS", "MY_SETTING",
+)
+
+
+@pytest.fixture(scope="module")
+def runtime(embedded_ray) -> RayRuntime:
+    return RayRuntime(embedded_ray.address, placement_timeout=30)
+
+
+def command_job(name: str, program: str, *args: str, gpus: int = 2, working_dir: Path | None = None,
+                **sections: dict) -> TrainingJob:
+    """A CPU command job of `gpus` ranks running `program args` (never restarted unless `scheduling` says so)."""
+    command = {"program": program, "args": list(args), **sections.pop("command", {})}
+    if working_dir is not None:
+        command["working_dir"] = str(working_dir)
+    spec = {"command": command, "resources": {"gpus": gpus, "device": "cpu"}, "scheduling": {"max_restarts": 0}}
+    for section, values in sections.items():
+        spec[section] = {**spec.get(section, {}), **values}
+    return TrainingJob.model_validate({"metadata": {"name": name}, "spec": spec})
+
+
+def rank_lines(events, rank: int, generation: int | None = None) -> list[str]:
+    return [
+        e.message for e in events
+        if e.kind is EventKind.LOG and e.rank == rank and (generation is None or e.generation == generation)
+    ]
+
+
+def program_pid(events, rank: int, generation: int) -> int:
+    [line] = [m for m in rank_lines(events, rank, generation) if m.startswith("program started")]
+    return int(line.split("(pid ")[1].split(")")[0])
+
+
+def test_ranks_get_the_torchrun_environment_of_the_placement(runtime, tmp_path):
+    dump = tmp_path / "dump_env.py"
+    dump.write_text(
+        "import json, os\n"
+        f"print(json.dumps({{k: os.environ.get(k) for k in {ENV_NAMES!r}}}))\n"
+        "print(os.getcwd())\n"
+    )
+    job = command_job("env", "python", str(dump), gpus=4, parallelism={"dp_replicate": 2, "tp": 2},
+                      command={"env": {"MY_SETTING": "on"}})
+    # Rank order differs from node order and from bundle-friendly order on purpose.
+    where = plan(("node-2", 3), ("node-2", 0), ("node-0", 1), ("node-2", 2))
+    runtime.start_job("cmd-env", job, where, tmp_path / "run")
+    events, status = follow(runtime, "cmd-env", finished)
+    assert status.state is JobState.SUCCEEDED, status.reason
+    envs = {}
+    for rank in range(4):
+        lines = rank_lines(events, rank)
+        envs[rank] = json.loads(next(line for line in lines if line.startswith("{")))
+        assert str((tmp_path / "run").resolve()) in lines, "runs in the job's run directory by default"
+    assert [envs[r]["RANK"] for r in range(4)] == ["0", "1", "2", "3"]
+    assert [envs[r]["LOCAL_RANK"] for r in range(4)] == ["0", "1", "0", "2"]  # node-2 holds ranks 0, 1, 3
+    assert [envs[r]["LOCAL_WORLD_SIZE"] for r in range(4)] == ["3", "3", "1", "3"]
+    assert [envs[r]["GROUP_RANK"] for r in range(4)] == ["0", "0", "1", "0"]
+    assert {envs[r]["MASTER_PORT"] for r in range(4)} == {envs[0]["MASTER_PORT"]}
+    for rank, env in envs.items():
+        assert env["WORLD_SIZE"] == "4" and env["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert env["CUDA_VISIBLE_DEVICES"] == ""  # simulated GPUs: CPU ranks
+        assert env["TRAINCTL_JOB_ID"] == "cmd-env" and env["MY_SETTING"] == "on"
+        assert env["TRAINCTL_CHECKPOINT_DIR"] == str((tmp_path / "run" / "checkpoints").resolve())
+        assert env["TRAINCTL_LAYOUT"] == "pp=1,dp_replicate=2,dp_shard=1,cp=1,tp=2"
+        assert env["TRAINCTL_RANK_COORDS"] == f"pp=0,dp_replicate={rank // 2},dp_shard=0,cp=0,tp={rank % 2}"
+    assert (tmp_path / "run" / "logs" / "rank-3.log").read_text().startswith("{")
+    assert_nothing_left("cmd-env")
+
+
+def test_a_sigkilled_program_restarts_the_group_which_resumes_from_its_checkpoint(runtime, tmp_path):
+    job = command_job("ddp", "python", str(EXAMPLES / "ddp_train.py"), "--steps", "12", "--step-seconds", "0.4",
+                      scheduling={"max_restarts": 2})
+    runtime.start_job("cmd-kill", job, plan(("node-0", 2), ("node-1", 0)), tmp_path)
+    events, _ = follow(runtime, "cmd-kill", lambda events, status: max(steps_of(events, 0), default=0) >= 3)
+    os.kill(program_pid(events, 1, 0), signal.SIGKILL)
+    more, status = follow(runtime, "cmd-kill", finished, cursor=events[-1].seq)
+    events += more
+    assert status.state is JobState.SUCCEEDED, status.reason
+    assert status.restarts == 1
+    assert states_of(events)[-3:] == [JobState.RESTARTING, JobState.RUNNING, JobState.SUCCEEDED]
+    restart = next(e for e in events if e.state is JobState.RESTARTING)
+    assert restart.reason.startswith("rank 1 was killed by SIGKILL"), restart.reason
+    second = steps_of(events, 1)
+    assert min(second) > 3 and max(second) == 12, "generation 1 resumed from the program's own checkpoint"
+    assert any("(restart 1) starts at step" in line for line in rank_lines(events, 0, 1))
+    assert_nothing_left("cmd-kill")
+
+
+def test_a_program_that_always_exits_3_fails_with_its_rank_code_and_stderr(runtime, tmp_path):
+    failing = "import sys; print('about to fail', file=sys.stderr); print('bad config: lr', file=sys.stderr); sys.exit(3)"
+    job = command_job("exit3", sys.executable, "-c", failing, scheduling={"max_restarts": 1})
+    runtime.start_job("cmd-exit3", job, plan(("node-1", 1), ("node-2", 1)), tmp_path)
+    events, status = follow(runtime, "cmd-exit3", finished)
+    assert status.state is JobState.FAILED
+    assert status.restarts == 1
+    assert "exited with code 3" in status.reason and "bad config: lr" in status.reason, status.reason
+    assert status.reason.startswith(("rank 0 exited with code 3", "rank 1 exited with code 3"))
+    assert "giving up after 1 restart(s)" in status.reason
+    assert_nothing_left("cmd-exit3")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its parent's wait() is gone for every purpose but the PID table
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_cancel_kills_every_process_tree_on_every_node(runtime, tmp_path):
+    tree = tmp_path / "tree.py"
+    tree.write_text(
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "pids = os.path.join(os.environ['TRAINCTL_CHECKPOINT_DIR'], f\"pids-{os.environ['RANK']}\")\n"
+        "open(pids + '.tmp', 'w').write(f'{os.getpid()} {child.pid}')\n"
+        "os.replace(pids + '.tmp', pids)\n"
+        "print('tree up', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    runtime.start_job("cmd-cancel", command_job("tree", "python", str(tree)), plan(("node-0", 3), ("node-2", 2)), tmp_path)
+    checkpoints = tmp_path / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not all((checkpoints / f"pids-{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline, "the programs did not start"
+        time.sleep(0.2)
+    pids = [int(p) for r in range(2) for p in (checkpoints / f"pids-{r}").read_text().split()]
+    assert all(_alive(pid) for pid in pids)
+    final = runtime.cancel("cmd-cancel")
+    assert final.state is JobState.CANCELLED
+    assert [pid for pid in pids if _alive(pid)] == []
+    assert_nothing_left("cmd-cancel")
+
+
+def test_a_silent_program_hits_the_no_progress_timeout(runtime, tmp_path):
+    job = command_job("silent", sys.executable, "-c", "print('hello', flush=True); import time; time.sleep(600)",
+                      command={"no_progress_timeout_seconds": 3.0})
+    runtime.start_job("cmd-silent", job, plan(("node-1", 3), ("node-0", 0)), tmp_path)
+    events, status = follow(runtime, "cmd-silent", finished)
+    assert status.state is JobState.FAILED
+    assert "no report and no output line" in status.reason and "no_progress_timeout_seconds=3" in status.reason
+    assert "hello" in rank_lines(events, 0), "its output still shows"
+    assert_nothing_left("cmd-silent")

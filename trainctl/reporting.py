@@ -1,0 +1,34 @@
+"""`trainctl.report`: the one call a command job's program adds to show its steps in trainctl.
+
+Dependency-free (the standard library only: no torch, no Ray), so any program can import it. Each call
+sends one datagram to the program's own rank worker (the Unix socket named by ``TRAINCTL_REPORT_SOCKET``,
+set by trainctl), never to the service; the worker turns it into the step report built-in jobs make
+(docs/command-jobs.md). Outside a trainctl job (the variable unset) a call does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+REPORT_SOCKET_ENV = "TRAINCTL_REPORT_SOCKET"
+
+
+def report(step: int, loss: float, *, tokens: int = 0, lr: float | None = None, grad_norm: float | None = None) -> None:
+    """Report a finished optimizer step: its number, its loss and, optionally, the tokens it trained
+    (over all ranks, like the built-in engine's), its learning rate and gradient norm. Every rank may
+    call it; the first report of each step is the job's, the others time the step on their rank."""
+    path = os.environ.get(REPORT_SOCKET_ENV)
+    if not path:
+        return
+    payload = {"step": int(step), "loss": float(loss), "tokens": int(tokens)}
+    if lr is not None:
+        payload["lr"] = float(lr)
+    if grad_norm is not None:
+        payload["grad_norm"] = float(grad_norm)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(json.dumps(payload).encode(), path)
+        except OSError:  # the worker is gone (the job is stopping): the program's own work goes on
+            return
