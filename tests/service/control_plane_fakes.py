@@ -42,11 +42,14 @@ class ScriptedRuntime:
     """Names of the Ray nodes alive (a test removes one to play a node loss)."""
     plans: list[tuple[str, Any]] = field(default_factory=list)
     """(job id, placement) of every plan handed over by replace_plan."""
+    node_envs: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    """Job id -> the per-node environment it was started with."""
 
-    def start_job(self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path) -> None:
+    def start_job(self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict) -> None:
         if self.fail_start:
             raise RuntimeError("no Ray today")
         self.started.append((job_id, placement))
+        self.node_envs[job_id] = node_env
         self.logs[job_id] = EventLog()
         self.alive.add(job_id)
 

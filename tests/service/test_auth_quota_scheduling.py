@@ -24,7 +24,7 @@ class FakeRuntime:
         self.started: list[str] = []
         self.finished: set[str] = set()
 
-    def start_job(self, job_id: str, job: Any, placement: Any, run_dir: Path) -> None:
+    def start_job(self, job_id: str, job: Any, placement: Any, run_dir: Path, *, node_env: dict) -> None:
         self.started.append(job_id)
 
     def attach(self, job_id: str, run_dir: Path) -> None:

@@ -223,3 +223,25 @@ def test_a_job_that_lost_a_node_waits_for_gpus_then_is_re_placed(tmp_path: Path)
     runtime.run(a, [1.0])
     s.tick()
     assert state(s, a).state == JobState.SUCCEEDED and set(s.pool.holders().values()) == {queued}
+
+
+def test_ranks_are_started_with_the_nccl_settings_of_the_map(tmp_path: Path) -> None:
+    """The scheduler hands the runtime every node's NCCL settings from its topology map (a rail-optimized
+    SuperPOD unit: the node's eight compute NICs in rail order, rings kept on one rail)."""
+    from trainctl.service.pool import GpuPool
+    from trainctl.service.store import JobStore
+    from trainctl.workers.topology.builders import example_maps
+    from trainctl.workers.topology.nccl import nccl_env
+
+    topology = example_maps()["dgx-h100-superpod-su.yaml"]
+    runtime = ScriptedRuntime(nodes={node.name for node in topology.nodes})
+    s = Scheduler(JobStore(tmp_path), GpuPool(topology, "example"), runtime, tmp_path / "runs")
+    a = submit(s, "a", 16)
+    s.tick()
+    assert state(s, a).state == JobState.SCHEDULED
+    nodes = {node for node, _gpu in runtime.started[0][1].slots}
+    assert len(nodes) == 2
+    for node in nodes:
+        assert runtime.node_envs[a][node] == nccl_env(topology, node)
+        assert runtime.node_envs[a][node]["NCCL_CROSS_NIC"] == "0"
+        assert runtime.node_envs[a][node]["NCCL_IB_HCA"].startswith("=mlx5_0:1,")

@@ -24,7 +24,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "command"
 ENV_NAMES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_RESTART_COUNT", "CUDA_VISIBLE_DEVICES", "TRAINCTL_JOB_ID", "TRAINCTL_CHECKPOINT_DIR",
-    "TRAINCTL_LAYOUT", "TRAINCTL_RANK_COORDS", "MY_SETTING",
+    "TRAINCTL_LAYOUT", "TRAINCTL_RANK_COORDS", "MY_SETTING", "NCCL_IB_HCA", "NCCL_CROSS_NIC",
 )
 
 
@@ -65,10 +65,11 @@ def test_ranks_get_the_torchrun_environment_of_the_placement(runtime, tmp_path):
         "print(os.getcwd())\n"
     )
     job = command_job("env", "python", str(dump), gpus=4, parallelism={"dp_replicate": 2, "tp": 2},
-                      command={"env": {"MY_SETTING": "on"}})
+                      command={"env": {"MY_SETTING": "on", "NCCL_CROSS_NIC": "1"}})
     # Rank order differs from node order and from bundle-friendly order on purpose.
     where = plan(("node-2", 3), ("node-2", 0), ("node-0", 1), ("node-2", 2))
-    runtime.start_job("cmd-env", job, where, tmp_path / "run")
+    nccl = {"node-2": {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1", "NCCL_CROSS_NIC": "0"}, "node-0": {"NCCL_CROSS_NIC": "0"}}
+    runtime.start_job("cmd-env", job, where, tmp_path / "run", node_env=nccl)
     events, status = follow(runtime, "cmd-env", finished)
     assert status.state is JobState.SUCCEEDED, status.reason
     envs = {}
@@ -88,6 +89,9 @@ def test_ranks_get_the_torchrun_environment_of_the_placement(runtime, tmp_path):
         assert env["TRAINCTL_CHECKPOINT_DIR"] == str((tmp_path / "run" / "checkpoints").resolve())
         assert env["TRAINCTL_LAYOUT"] == "pp=1,dp_replicate=2,dp_shard=1,cp=1,tp=2"
         assert env["TRAINCTL_RANK_COORDS"] == f"pp=0,dp_replicate={rank // 2},dp_shard=0,cp=0,tp={rank % 2}"
+    # The node's NCCL settings (the map's); the spec's env overrides them.
+    assert [envs[r]["NCCL_IB_HCA"] for r in range(4)] == ["=mlx5_0:1,mlx5_1:1"] * 2 + [None] + ["=mlx5_0:1,mlx5_1:1"]
+    assert {envs[r]["NCCL_CROSS_NIC"] for r in range(4)} == {"1"}
     assert (tmp_path / "run" / "logs" / "rank-3.log").read_text().startswith("{")
     assert_nothing_left("cmd-env")
 

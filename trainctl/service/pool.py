@@ -17,6 +17,7 @@ from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.workers.placement import Placement, RankAssignment, place
 from trainctl.workers.placement.fabric import FabricIndex
+from trainctl.workers.topology.nccl import nccl_env
 
 GpuSlot = tuple[str, int]
 """A GPU by (node name, local GPU index)."""
@@ -113,6 +114,10 @@ class GpuPool:
     def domains(self) -> dict[str, str]:
         """Each node's NVLink domain (the node itself when the map names none)."""
         return {node.name: self.topology.nvlink_group_of(node.name) or node.name for node in self.topology.nodes}
+
+    def nccl_env(self) -> dict[str, dict[str, str]]:
+        """Per node, the NCCL settings its ranks get from the topology map (`topology.nccl.nccl_env`)."""
+        return {node.name: nccl_env(self.topology, node.name) for node in self.topology.nodes}
 
     def gpu_model(self, node: str) -> str | None:
         """The GPU model the map names for `node` (None when it names none)."""

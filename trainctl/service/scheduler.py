@@ -48,7 +48,9 @@ POLL_GRACE_SECONDS = 30.0
 class Runtime(Protocol):
     """What the scheduler needs from trainctl.workers.runtime.RayRuntime."""
 
-    def start_job(self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path) -> None: ...
+    def start_job(
+        self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict[str, dict[str, str]]
+    ) -> None: ...
 
     def attach(self, job_id: str, run_dir: Path) -> None: ...
 
@@ -353,7 +355,7 @@ class Scheduler:
         run_dir = self.runs_dir / record.id
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.runtime.start_job(record.id, record.job, placement, run_dir)
+            self.runtime.start_job(record.id, record.job, placement, run_dir, node_env=self.pool.nccl_env())
         except Exception as exc:
             log.exception("job %s: start failed", record.id)
             self._finish(self._set_state(record, JobState.FAILED, f"could not start the job: {exc}"))

@@ -172,12 +172,16 @@ class RankGroup:
             raise PlacementMismatch("; ".join(wrong))
         return found
 
-    def start(self, job_json: str, checkpoint_dir: str, reporter: Any, timeout: float) -> list[ray.ObjectRef]:
-        """Rendezvous on rank 0 and start training on every rank; one result ref per rank."""
+    def start(
+        self, job_json: str, checkpoint_dir: str, reporter: Any, timeout: float, node_env: dict[str, dict[str, str]]
+    ) -> list[ray.ObjectRef]:
+        """Rendezvous on rank 0 and start training on every rank, each with its node's ``node_env``
+        (NCCL settings); one result ref per rank."""
         host, port = ray.get(self.workers[0].endpoint.remote(), timeout=timeout)
         log.info("job %s generation %d: rendezvous at %s:%d", self.job_id, self.generation, host, port)
         return [
-            w.train.remote(host, port, job_json, checkpoint_dir, reporter, self.generation) for w in self.workers
+            w.train.remote(host, port, job_json, checkpoint_dir, reporter, self.generation, node_env.get(slot.node, {}))
+            for slot, w in zip(self.slots, self.workers, strict=True)
         ]
 
     def start_programs(
@@ -186,6 +190,7 @@ class RankGroup:
         cwd: str,
         env: dict[str, str],
         *,
+        node_env: dict[str, dict[str, str]],
         grid: RankGrid,
         checkpoint_dir: str,
         log_dir: str,
@@ -194,8 +199,9 @@ class RankGroup:
         reporter: Any,
         timeout: float,
     ) -> list[ray.ObjectRef]:
-        """Start a command job's program on every rank, with ``env`` plus each rank's torchrun
-        environment (rendezvous on rank 0's endpoint); one result ref per rank."""
+        """Start a command job's program on every rank, with its node's ``node_env`` (NCCL settings),
+        then ``env`` (the spec's, which may override them), then each rank's torchrun environment
+        (rendezvous on rank 0's endpoint); one result ref per rank."""
         host, port = ray.get(self.workers[0].endpoint.remote(), timeout=timeout)
         log.info("job %s generation %d: programs rendezvous at %s:%d", self.job_id, self.generation, host, port)
         refs = []
@@ -204,7 +210,7 @@ class RankGroup:
                 self.slots, slot.rank, grid=grid, master_addr=host, master_port=port, restart_count=restart_count,
                 max_restarts=max_restarts, job_id=self.job_id, checkpoint_dir=checkpoint_dir, use_gpu=self.use_gpu,
             )
-            launch = ProgramLaunch(argv=argv, cwd=cwd, env={**env, **ranked}, log_dir=log_dir)
+            launch = ProgramLaunch(argv=argv, cwd=cwd, env={**node_env.get(slot.node, {}), **env, **ranked}, log_dir=log_dir)
             refs.append(worker.run_program.remote(launch, reporter, self.generation))
         return refs
 

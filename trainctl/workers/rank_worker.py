@@ -178,8 +178,12 @@ class RankWorker:
         checkpoint_dir: str,
         reporter: Any,
         generation: int,
+        env: dict[str, str],
     ) -> dict[str, Any]:
         """Join the process group and run the training loop; returns the TrainResult as a dict.
+
+        ``env`` (this node's NCCL settings from the topology map) is set in the process before the
+        process group is created.
 
         ``reporter`` is the supervisor's actor handle: rank 0's step reports go to its ``record_step``,
         the other ranks' step times (at the same steps) to ``record_step_time``, and log lines to
@@ -192,6 +196,7 @@ class RankWorker:
         binding = self._bound()
         rank, world_size = binding.rank, binding.world_size
         body = JobSpecBody.model_validate_json(job_json)
+        os.environ.update(env)
         device = init_distributed(
             rank,
             world_size,

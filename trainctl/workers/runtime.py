@@ -118,8 +118,12 @@ class RayRuntime:
         run_dir: str | Path,
         *,
         topology: TopologyMap | None = None,
+        node_env: dict[str, dict[str, str]] | None = None,
     ) -> None:
         """Create the job's supervisor, which reserves the planned GPUs and starts training.
+
+        ``node_env``: per node, environment variables its ranks get (the NCCL settings of the topology
+        map, `topology.nccl.nccl_env`; the scheduler passes them for every node of its map).
 
         After a node loss the supervisor re-places the ranks itself on ``topology`` over the GPU slots
         free in Ray when one is given (a caller that keeps no GPU accounting); without it, it waits
@@ -140,6 +144,7 @@ class RayRuntime:
             placement_timeout=self._placement_timeout,
             call_timeout=self._call_timeout,
             topology_yaml=None if topology is None else topology.to_yaml(),
+            node_env=dict(node_env or {}),
             replan_timeout=self._replan_timeout,
             # Pooled workers preload the engine and serve one call at a time: a command job starts its own.
             warm_workers=self.warm_pool.take(slots, use_gpu) if self.warm_pool is not None and job.spec.command is None else {},

@@ -103,6 +103,9 @@ class SupervisorConfig:
     topology_yaml: str | None = None
     """The topology map (YAML) the supervisor re-places ranks on by itself after a node loss, over the
     GPU slots free in Ray; None: it waits for `JobSupervisor.replace_plan` (the service's scheduler)."""
+    node_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per node, environment its ranks get before the process group or the program starts (the
+    topology map's NCCL settings); a node not named gets none."""
     replan_timeout: float | None = None
     """Seconds to wait for a new plan after a node loss before the job fails; None: until one comes
     or the job is cancelled."""
@@ -356,12 +359,13 @@ class JobSupervisor:
         cfg, spec = self._cfg, self._job.spec
         reporter = ray.get_runtime_context().current_actor
         if spec.command is None:
-            return group.start(spec.model_dump_json(), str(checkpoint_dir), reporter, cfg.call_timeout)
+            return group.start(spec.model_dump_json(), str(checkpoint_dir), reporter, cfg.call_timeout, cfg.node_env)
         command = spec.command
         return group.start_programs(
             [command.program, *command.args],
             command.working_dir or str(self._run_dir),
             dict(command.env),
+            node_env=cfg.node_env,
             grid=RankGrid.from_spec(spec.parallelism),
             checkpoint_dir=str(checkpoint_dir),
             log_dir=str(self._run_dir / LOGS_SUBDIR),
