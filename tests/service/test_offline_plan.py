@@ -24,7 +24,8 @@ from trainctl.spec.presets import resolve_model
 from trainctl.spec.validate import load_job_file, parse_object
 from trainctl.workers.topology.presets import CLUSTER_PRESETS, cluster_preset, cluster_topology
 
-HYBRID = Path(__file__).resolve().parents[2] / "examples" / "hybrid-3d.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+HYBRID = ROOT / "examples" / "hybrid-3d.yaml"
 NOWHERE = "127.0.0.1:9"
 """A server address nothing answers on: an offline plan must not need it."""
 
@@ -87,6 +88,10 @@ def test_the_cli_plans_offline_without_a_server(tmp_path: Path, capsys: pytest.C
     placed = [line.split()[1] for line in by_preset if line.split()[1:2] and line.split()[1].startswith("hgx-h100-n")]
     assert len(placed) == 32 and set(placed) == {node.name for node in cluster_topology("hgx-h100:4").nodes}
     assert f"modelled step time: {expected.step_time_seconds * 1e3:.2f} ms (compute_at_peak" in "\n".join(by_preset)
+    documented = (ROOT / "docs" / "placement.md").read_text().split("## Offline planning", 1)[1].split("```")[1].splitlines()
+    shown = [line for line in documented if line and line != "..."]
+    assert shown == [line for line in by_preset if line in shown or line.startswith(("valid:", "modelled"))], \
+        "docs/placement.md's offline plan output is stale"
     map_file = tmp_path / "hgx.yaml"
     map_file.write_text(cluster_topology("hgx-h100:4").to_yaml())
     assert main(["--server", NOWHERE, "plan", str(HYBRID), "--topology", str(map_file)]) == 0
