@@ -38,6 +38,7 @@ from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient  # no
 from trainctl.cli.progress import follow, state_name  # noqa: E402
 from trainctl.service.convert import job_from_proto  # noqa: E402
 from trainctl.service.errors import field_violations  # noqa: E402
+from trainctl.spec.job import TrainingJob  # noqa: E402
 from trainctl.spec.validate import FieldViolation, SpecError, load_job_file, semantic_violations  # noqa: E402
 from trainctl.v1 import training_pb2 as pb  # noqa: E402
 from trainctl.workers.topology.presets import CLUSTER_PRESETS  # noqa: E402
@@ -244,15 +245,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         rows = [[str(m.rank), *(f"{m.bytes.get(k, 0) / 2**20:.1f}" for k in kinds)] for m in plan.memory]
         print(_table(rows, ["RANK", *(f"{k.upper()} MiB" for k in kinds)]))
     if plan.HasField("step_time_seconds"):
-        terms = sorted(plan.step_time_breakdown.items(), key=lambda kv: (STEP_TERMS.index(kv[0]) if kv[0] in STEP_TERMS else len(STEP_TERMS), kv[0]))
-        parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in terms)
+        terms = plan.step_time_breakdown
+        names = [*(k for k in STEP_TERMS if k in terms), *sorted(set(terms) - set(STEP_TERMS))]
+        parts = ", ".join(f"{k} {terms[k] * 1e3:.2f} ms" for k in names)
         print(f"modelled step time: {plan.step_time_seconds * 1e3:.2f} ms" + (f" ({parts})" if parts else ""))
     for note in plan.notes:
         print(f"note: {note}")
     return EXIT_OK
 
 
-def _offline_plan(args: argparse.Namespace, job: Any) -> tuple[pb.PlanJobResponse, str]:
+def _offline_plan(args: argparse.Namespace, job: TrainingJob) -> tuple[pb.PlanJobResponse, str]:
     """The plan on `--cluster PRESET:N` or `--topology MAP` with no server (the service's own planning,
     so the engine's estimator and torch load here), and the cluster described for the output."""
     from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
@@ -261,11 +263,12 @@ def _offline_plan(args: argparse.Namespace, job: Any) -> tuple[pb.PlanJobRespons
     from trainctl.workers.topology import TopologyError, load_topology
     from trainctl.workers.topology.presets import cluster_topology
 
-    option = f"--cluster {args.cluster}" if args.cluster else f"--topology {args.topology}"
+    flag, value = ("--cluster", args.cluster) if args.cluster else ("--topology", args.topology)
     try:
         topology = cluster_topology(args.cluster) if args.cluster else load_topology(args.topology)
     except TopologyError as exc:
-        raise CliError(f"{option.split()[0]}: {exc}", EXIT_INVALID) from None
+        raise CliError(f"{flag}: {exc}", EXIT_INVALID) from None
+    option = f"{flag} {value}"
     plan = plan_on_map(job, topology, option)
     dtype = job.spec.training.dtype
     gpus = []

@@ -155,7 +155,8 @@ def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None)
         plan.notes.append(f"memory shown for the {len(ranks)} ranks of data-parallel replica 0 (the others match them)")
     estimates, dropped = estimate_ranks(config, estimable(job), ranks)
     if job.spec.training.micro_batch_size == "auto":
-        plan.notes.append("micro_batch_size auto: activations shown for micro-batch 1 (the engine picks the largest that fits)")
+        plan.notes.append("micro_batch_size auto: activations and the pipeline bubble shown for micro-batch 1 (the engine picks "
+                          "the largest that fits)")
     if dropped:
         plan.notes.append("memory shown for the first dp_shard x cp rank of each stage (the largest under FSDP padding); the model is too "
                           "large to estimate every shard")
