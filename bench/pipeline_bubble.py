@@ -17,7 +17,8 @@ references:
   other work (each action starts when its rank is free and its inputs exist). This is what the
   schedule itself costs; measured - schedule is the runtime's overhead (p2p, Python, the model's own
   compute, 4 processes sharing the cores).
-- *formula*: the textbook bubble fraction for m micro-batches and p stages:
+- *formula*: the textbook bubble fraction for m micro-batches and p stages, as `trainctl plan`
+  models it (trainctl.parallelism.sizing.pipeline_bubble.bubble_fraction):
 
     GPipe, 1F1B          (p - 1) / (m + p - 1)
     interleaved (v)      (p - 1) / (v m + p - 1)
@@ -47,6 +48,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
 from trainctl.parallelism.layouts.pipeline import PipelineRunner, split_pipeline_stages
 from trainctl.parallelism.model.transformer import build_model
+from trainctl.parallelism.sizing.pipeline_bubble import bubble_fraction
 from trainctl.spec.presets import PRESETS
 
 
@@ -57,14 +59,6 @@ class Case:
 
 
 CASES = (Case("gpipe", 1), Case("1f1b", 1), Case("interleaved_1f1b", 2), Case("zero_bubble", 1))
-
-
-def theoretical_bubble(case: Case, p: int, m: int, f: float, b: float, w: float) -> float:
-    """Idle fraction of a step for an ideal pipeline with these per-stage times."""
-    if case.schedule == "zero_bubble":
-        idle = (p - 1) * max(f + b - w, 0.0)
-        return idle / (m * (f + b + w) + idle) if f + b + w > 0 else float("nan")
-    return (p - 1) / (case.virtual * m + p - 1)
 
 
 Action = tuple[int, str, int | None]
@@ -282,7 +276,7 @@ def main() -> None:
     for i, case in enumerate(CASES):
         measured = statistics.mean(per_rank[r][i][1] for r in range(args.pp))
         step = statistics.mean(per_rank[r][i][2] for r in range(args.pp))
-        theory = theoretical_bubble(case, args.pp, args.micro, args.f, args.b, args.w)
+        theory = bubble_fraction(case.schedule, args.pp, args.micro, case.virtual, args.f, args.b, args.w)
         replayed_ms, replayed_idle = replay(per_rank[0][i][3], args.pp, case.virtual, args.f, args.b, args.w)
         label = case.schedule + (f" (v={case.virtual})" if case.virtual > 1 else "")
         print(f"{label:<22}{measured:>14.1%}{replayed_idle:>10.1%}{theory:>9.1%}{step:>10.3f}{replayed_ms / 1000:>14.3f}")

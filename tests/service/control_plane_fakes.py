@@ -25,7 +25,7 @@ from trainctl.service.server import build_grpc_server
 from trainctl.service.store import JobStore
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus, status_of
-from trainctl.workers.topology import simulated_topology
+from trainctl.workers.topology import TopologyMap, simulated_topology
 
 
 @dataclass
@@ -117,9 +117,12 @@ class ScriptedRuntime:
         self.state(job_id, end, "done")
 
 
-def make_scheduler(data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4) -> Scheduler:
-    """A scheduler over a fresh store and a simulated `nodes` x `gpus` pool (loop not started)."""
-    pool = GpuPool(simulated_topology(nodes, gpus), "simulated")
+def make_scheduler(
+    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None
+) -> Scheduler:
+    """A scheduler over a fresh store and a pool of `topology`, or by default a simulated `nodes` x `gpus`
+    one (loop not started)."""
+    pool = GpuPool(topology or simulated_topology(nodes, gpus), "simulated" if topology is None else topology.metadata.name)
     return Scheduler(JobStore(data_dir), pool, runtime, data_dir / "runs")
 
 
@@ -137,8 +140,10 @@ class ApiServer:
         self.scheduler.store.close()
 
 
-def start_api_server(data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4) -> ApiServer:
-    scheduler = make_scheduler(data_dir, runtime, nodes, gpus)
+def start_api_server(
+    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None
+) -> ApiServer:
+    scheduler = make_scheduler(data_dir, runtime, nodes, gpus, topology)
     authenticator = Authenticator(None)
     servicer = TrainingServicer(scheduler.store, scheduler, scheduler.pool, authenticator)
     server, health_servicer = build_grpc_server(servicer, authenticator, None, workers=8)

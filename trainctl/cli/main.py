@@ -3,7 +3,7 @@
     trainctl serve [--address HOST:PORT] [--data-dir DIR] [--metrics-port N] [--ray-address ADDR] [--topology FILE] [--warm-pool]
                    [--nodes N] [--gpus-per-node G]
     trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
-    trainctl cancel JOB                  trainctl logs JOB [-f] [--rank N]   trainctl plan FILE
+    trainctl cancel JOB                  trainctl logs JOB [-f] [--rank N]   trainctl plan FILE [--cluster PRESET:N | --topology MAP]
     trainctl validate FILE               trainctl demo
     trainctl data prepare PATHS --out DIR   trainctl export JOB|CKPT --out DIR   trainctl generate JOB|CKPT --prompt T
 
@@ -38,10 +38,14 @@ from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient  # no
 from trainctl.cli.progress import follow, state_name  # noqa: E402
 from trainctl.service.convert import job_from_proto  # noqa: E402
 from trainctl.service.errors import field_violations  # noqa: E402
+from trainctl.spec.job import TrainingJob  # noqa: E402
 from trainctl.spec.validate import FieldViolation, SpecError, load_job_file, semantic_violations  # noqa: E402
 from trainctl.v1 import training_pb2 as pb  # noqa: E402
+from trainctl.workers.topology.presets import CLUSTER_PRESETS  # noqa: E402
 
 EXIT_OK, EXIT_ERROR, EXIT_INVALID = 0, 1, 2
+STEP_TERMS = ("compute_at_peak", "pipeline_bubble", "communication")
+"""The order a plan's modelled step-time terms print in (others follow by name)."""
 
 
 class CliError(Exception):
@@ -223,15 +227,22 @@ def of_rank(events: Iterable[pb.JobEvent], rank: int | None) -> Iterator[pb.JobE
             yield event
 
 
-def cmd_plan(args: argparse.Namespace, client: TrainctlClient) -> int:
-    plan = client.plan_job(_load(args.file))
+def cmd_plan(args: argparse.Namespace) -> int:
+    job = _load(args.file)
+    if args.cluster or args.topology:
+        plan, where = _offline_plan(args, job)
+    else:
+        with TrainctlClient(args.server) as client:
+            plan = client.plan_job(job)
+        where = ""
     if not plan.valid:
-        raise CliError(f"{args.file} is not a valid job", EXIT_INVALID,
+        raise CliError(f"{args.file} is not a valid job" + (f" on {where}" if where else ""), EXIT_INVALID,
                        [FieldViolation(v.field, v.description) for v in plan.violations])
     order = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
     grid = " x ".join(f"{k}{plan.grid[k]}" for k in order if plan.grid.get(k, 1) > 1) or "single rank"
-    print(f"valid: {plan.world_size} ranks ({grid}); pool {plan.pool_gpus} GPUs, {plan.free_gpus} free; "
-          f"{'fits now' if plan.fits_now else 'would queue'}")
+    pool = where or (f"pool {plan.pool_gpus} GPUs, {plan.free_gpus} free; "
+                     f"{'fits now' if plan.fits_now else 'would queue'}")
+    print(f"valid: {plan.world_size} ranks ({grid}); {pool}")
     if plan.placement:
         rows = [[str(p.rank), p.node, str(p.gpu), " ".join(f"{k}={v}" for k, v in sorted(p.coords.items()))] for p in plan.placement]
         print(_table(rows, ["RANK", "NODE", "GPU", "COORDS"]))
@@ -242,11 +253,39 @@ def cmd_plan(args: argparse.Namespace, client: TrainctlClient) -> int:
         rows = [[str(m.rank), *(f"{m.bytes.get(k, 0) / 2**20:.1f}" for k in kinds)] for m in plan.memory]
         print(_table(rows, ["RANK", *(f"{k.upper()} MiB" for k in kinds)]))
     if plan.HasField("step_time_seconds"):
-        parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in plan.step_time_breakdown.items())
+        terms = plan.step_time_breakdown
+        names = [*(k for k in STEP_TERMS if k in terms), *sorted(set(terms) - set(STEP_TERMS))]
+        parts = ", ".join(f"{k} {terms[k] * 1e3:.2f} ms" for k in names)
         print(f"modelled step time: {plan.step_time_seconds * 1e3:.2f} ms" + (f" ({parts})" if parts else ""))
     for note in plan.notes:
         print(f"note: {note}")
     return EXIT_OK
+
+
+def _offline_plan(args: argparse.Namespace, job: TrainingJob) -> tuple[pb.PlanJobResponse, str]:
+    """The plan on `--cluster PRESET:N` or `--topology MAP` with no server (the service's own planning,
+    so the engine's estimator and torch load here), and the cluster described for the output."""
+    from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
+    from trainctl.parallelism.sizing.flops import peak_flops
+    from trainctl.service.planning import plan_on_map
+    from trainctl.workers.topology import TopologyError, load_topology
+    from trainctl.workers.topology.presets import cluster_topology
+
+    flag, value = ("--cluster", args.cluster) if args.cluster else ("--topology", args.topology)
+    try:
+        topology = cluster_topology(args.cluster) if args.cluster else load_topology(args.topology)
+    except TopologyError as exc:
+        raise CliError(f"{flag}: {exc}", EXIT_INVALID) from None
+    option = f"{flag} {value}"
+    plan = plan_on_map(job, topology, option)
+    dtype = job.spec.training.dtype
+    gpus = []
+    for model in dict.fromkeys(node.gpu_model for node in topology.nodes):
+        peak, memory = peak_flops(model, dtype), gpu_memory_bytes(model)
+        gpus.append(f"{model or 'unnamed GPUs'} ("
+                    + (f"peak {peak / 1e12:,.0f} TFLOP/s {dtype}" if peak else f"no known peak for {dtype}")
+                    + (f", {memory / 2**30:.1f} GiB" if memory else ", memory unknown") + ")")
+    return plan, f"{option}: {plan.pool_gpus} GPUs, " + ", ".join(gpus)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -341,9 +380,14 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--rank", type=int, help="only this rank's log lines (a command job's program output)")
     logs.set_defaults(handler=cmd_logs, needs_client=True)
 
-    plan = sub.add_parser("plan", help="dry run: validation, placement, memory, step time")
+    plan = sub.add_parser("plan", help="dry run: validation, placement, memory, step time (on the server's pool, or offline)")
     plan.add_argument("file")
-    plan.set_defaults(handler=cmd_plan, needs_client=True)
+    offline = plan.add_mutually_exclusive_group()
+    offline.add_argument("--cluster", metavar="PRESET:N",
+                         help="plan offline, no server, on N nodes or racks of a named cluster ("
+                              + ", ".join(f"{p.name}: {p.gpus_per_unit} GPUs per {p.unit}" for p in CLUSTER_PRESETS) + ")")
+    offline.add_argument("--topology", type=Path, metavar="MAP", help="plan offline, no server, on a topology map file")
+    plan.set_defaults(handler=cmd_plan, needs_client=False)
 
     validate = sub.add_parser("validate", help="check a job spec locally")
     validate.add_argument("file")

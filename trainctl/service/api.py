@@ -22,7 +22,7 @@ from trainctl.service.auth import Authenticator
 from trainctl.service.convert import job_from_proto, job_to_proto
 from trainctl.service.errors import ApiError, bad_field, failed_precondition, invalid_argument, not_found
 from trainctl.service.paths import JobPathPolicy, job_reference
-from trainctl.service.planning import fit_violations, plan_job
+from trainctl.service.planning import fit_violations, plan_response
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobRecord, JobStore
@@ -221,9 +221,7 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         if not request.HasField("job"):
             raise bad_field("job", "the job to plan is required")
         job, violations = self._violations(request.job, principal)
-        if violations or job is None:
-            return _invalid_plan(violations, self.pool)
-        return plan_job(job, self.pool)
+        return plan_response(job, violations, self.pool)
 
     def GetCluster(self, request: pb.GetClusterRequest, context: grpc.ServicerContext) -> pb.Cluster:  # noqa: N802
         principal = self._principal(context)
@@ -250,15 +248,6 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
 
 
 # ---- conversions ------------------------------------------------------------------------------------
-
-
-def _invalid_plan(violations: list[FieldViolation], pool: GpuPool) -> pb.PlanJobResponse:
-    return pb.PlanJobResponse(
-        valid=False,
-        violations=[pb.Violation(field=v.field, description=v.description) for v in violations],
-        pool_gpus=pool.total,
-        free_gpus=pool.free_count,
-    )
 
 
 def _encode_page_token(seq: int) -> str:

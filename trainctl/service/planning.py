@@ -1,12 +1,19 @@
-"""PlanJob: what a valid job would look like on this pool, without recording anything; and the
+"""PlanJob: what a valid job would look like on this pool, without recording anything; the same plan
+offline, on a topology map alone (`trainctl plan FILE --cluster PRESET:N | --topology MAP`); and the
 submit-time check that a job's ranks fit the largest GPU of the pool.
 
 Placement comes from the pool (the placement solver on the whole pool, as if it were empty, and
 whether it fits on the GPUs free now); memory per rank and the modelled step time come from the
 engine's estimator (trainctl.parallelism.sizing.estimator: exact local shapes computed from the model's
 configuration, never by building it). The modelled step time is compute at the device's peak FLOP
-rate plus the placement's modelled communication, not overlapped: a lower bound on what the job will
-see. Devices without a known peak (CPUs) get no compute time, and the plan says so.
+rate, plus the pipeline bubble of the job's schedule over that compute
+(trainctl.parallelism.sizing.pipeline_bubble), plus the placement's modelled communication, not
+overlapped: a lower bound on compute, an upper bound on exposed communication. Devices without a
+known peak (CPUs) get no compute time, and the plan says so.
+
+`plan_response` is the one answer of both the service's PlanJob and the offline plan; they differ only
+in what they check first (the service also confines paths and reads the data and `init_from`; the
+offline plan has no service, so no tenant paths, no data and no jobs to read).
 
 Cost is bounded whatever the request: the spec's field bounds (trainctl.spec.job) cap the parameter
 count per rank, ranks with the same estimate are estimated once (`rank_classes`), and at most
@@ -23,17 +30,42 @@ from trainctl.parallelism.layouts.grid import DIMS, RankGrid
 from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
 from trainctl.parallelism.sizing.estimator import MemoryEstimate, estimate_memory, flops_per_step, model_plan
 from trainctl.parallelism.sizing.flops import peak_flops
+from trainctl.parallelism.sizing.pipeline_bubble import bubble_seconds
 from trainctl.service.pool import GpuPool
 from trainctl.spec.job import INT64_MAX, JobSpecBody, TrainingJob
 from trainctl.spec.presets import ModelConfig, resolve_model
-from trainctl.spec.validate import FieldViolation
+from trainctl.spec.validate import FieldViolation, pretrained_violations, semantic_violations
 from trainctl.v1 import training_pb2 as pb
+from trainctl.workers.topology import TopologyMap
 
 MAX_MEMORY_RANKS = 64
 """Above this many ranks, memory is estimated for one data-parallel replica."""
 MAX_ESTIMATED_PARAMS = 200_000
 """Parameter shapes one plan's memory estimate may visit (distinct ranks x parameters per rank);
 beyond it only the first shard of each pipeline stage (the largest under FSDP padding) is estimated."""
+
+
+def plan_response(job: TrainingJob | None, violations: list[FieldViolation], pool: GpuPool) -> pb.PlanJobResponse:
+    """PlanJob's answer: the refusal naming every violation, or (with none) the plan of `job` on `pool`."""
+    if violations or job is None:
+        return pb.PlanJobResponse(
+            valid=False,
+            violations=[pb.Violation(field=v.field, description=v.description) for v in violations],
+            pool_gpus=pool.total,
+            free_gpus=pool.free_count,
+        )
+    return plan_job(job, pool)
+
+
+def plan_on_map(job: TrainingJob, topology: TopologyMap, source: str) -> pb.PlanJobResponse:
+    """The plan of `job` on an empty cluster described by `topology` alone, no service involved: the
+    spec's rules against the map's GPU count, the `from_pretrained` directory, the fit on the map's
+    largest GPU, then `plan_response` as the service answers."""
+    pool = GpuPool(topology, source)
+    violations = semantic_violations(job, pool_gpus=pool.total, check_data=False) + pretrained_violations(job)
+    if not violations:
+        violations = fit_violations(job, pool)
+    return plan_response(job, violations, pool)
 
 
 def plan_job(job: TrainingJob, pool: GpuPool) -> pb.PlanJobResponse:
@@ -127,7 +159,8 @@ def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None)
         plan.notes.append(f"memory shown for the {len(ranks)} ranks of data-parallel replica 0 (the others match them)")
     estimates, dropped = estimate_ranks(config, estimable(job), ranks)
     if job.spec.training.micro_batch_size == "auto":
-        plan.notes.append("micro_batch_size auto: activations shown for micro-batch 1 (the engine picks the largest that fits)")
+        plan.notes.append("micro_batch_size auto: activations and the pipeline bubble shown for micro-batch 1 (the engine picks "
+                          "the largest that fits)")
     if dropped:
         plan.notes.append("memory shown for the first dp_shard x cp rank of each stage (the largest under FSDP padding); the model is too "
                           "large to estimate every shard")
@@ -146,5 +179,8 @@ def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None)
         plan.notes.append(f"compute time not modelled: no peak FLOP rate for device {device or 'cpu'!r}")
         return
     compute = flops_per_step(config, job.spec) / grid.world_size / peak
-    plan.step_time_breakdown.update({"compute_at_peak": compute, "communication": communication})
-    plan.step_time_seconds = compute + communication
+    par = job.spec.parallelism
+    micro_batches = job.spec.training.global_batch_size // (grid.dp * estimable(job).training.micro_batch_size)
+    bubble = bubble_seconds(compute, par.pp_schedule, grid.pp, micro_batches, par.pp_virtual_stages)
+    plan.step_time_breakdown.update({"compute_at_peak": compute, "pipeline_bubble": bubble, "communication": communication})
+    plan.step_time_seconds = compute + bubble + communication

@@ -15,6 +15,7 @@ GPU_MEMORY_BYTES: tuple[tuple[str, int], ...] = (
     ("H200", 141 * GB),
     ("H100 NVL", 94 * GB),
     ("H100", 80 * GiB),
+    ("GB200", 186 * GB),  # GB200 NVL72: 13.4 TB of HBM3e over 72 GPUs
     ("B200", 180 * GB),
     ("A100-SXM4-40GB", 40 * GiB),
     ("A100-PCIE-40GB", 40 * GiB),

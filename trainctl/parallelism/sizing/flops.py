@@ -27,6 +27,7 @@ PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("H100", {"bfloat16": 989e12, "float32": 67e12}),
     ("H200", {"bfloat16": 989e12, "float32": 67e12}),
     ("GH200", {"bfloat16": 989e12, "float32": 67e12}),
+    ("GB200", {"bfloat16": 2500e12, "float32": 90e12}),  # the B200 of a GB200 superchip, at 1,200 W
     ("B200", {"bfloat16": 2250e12, "float32": 80e12}),
     ("A100", {"bfloat16": 312e12, "float32": 19.5e12}),
     ("L40S", {"bfloat16": 362e12, "float32": 91.6e12}),

@@ -1,8 +1,10 @@
-"""Generators of the standard fabrics: the example maps in deploy/topologies and the benchmark fleets.
+"""Generators of the standard fabrics: the example maps in deploy/topologies, the benchmark fleets and
+the named cluster presets (presets.py).
 
 Link parameters are nominal datasheet figures (per GPU, per direction): NVLink 4 (H100) 450 GB/s,
-NVLink 5 (GB200) 900 GB/s, ConnectX-7 NDR 400 Gb/s = 50 GB/s, PCIe Gen4 x16 ~25 GB/s. Latencies are
-modelling assumptions (docs/placement.md).
+NVLink 5 (GB200) 900 GB/s, ConnectX-7 NDR 400 Gb/s = 50 GB/s, PCIe Gen4 x16 ~25 GB/s, PCIe Gen5 x16
+~50 GB/s (the same ~80 % of the 32 / 64 GB/s raw rate). Latencies are modelling assumptions
+(docs/placement.md).
 
     python -m trainctl.workers.topology.builders deploy/topologies   # regenerate the example maps
 """
@@ -45,11 +47,16 @@ def rail_optimized_fleet(
     oversubscription: float = 1.0,
     name: str = "h100-fleet",
     gpu_model: str = "H100-SXM5-80GB",
-    nvlink_gbs: float = 450.0,
+    nvlink_gbs: float | None = 450.0,
     nic_gbs: float = 50.0,
+    host_gbs: float | None = None,
+    gpus_per_nic: int = 1,
+    nvlink_pairs: list[tuple[int, int, int]] | None = None,
 ) -> TopologyMap:
-    """HGX nodes in scalable units of `su_nodes`, one rail leaf per GPU index per unit, units grouped
-    `sus_per_pod` to a spine, pods joined by a core. `oversubscription` applies to leaf and spine uplinks."""
+    """HGX nodes in scalable units of `su_nodes`, one rail leaf per NIC index per unit, units grouped
+    `sus_per_pod` to a spine, pods joined by a core. `oversubscription` applies to leaf and spine uplinks.
+    Each node is an NVLink domain, or has no NVLink with `nvlink_gbs` None (then `host_gbs` prices its
+    PCIe hops); a NIC serves `gpus_per_nic` GPUs (`nic_gbs` is per GPU)."""
     return _fleet(
         domains=[[f"{name}-n{i:04d}"] for i in range(nodes)],
         gpus_per_node=gpus_per_node,
@@ -58,8 +65,10 @@ def rail_optimized_fleet(
         oversubscription=oversubscription,
         name=name,
         gpu_model=gpu_model,
-        fabric=_levels(nvlink_gbs, nic_gbs, oversubscription),
-        domain_name=lambda i, members: f"nvl-{members[0]}",
+        fabric=_levels(nvlink_gbs, nic_gbs, oversubscription, host_gbs),
+        domain_name=(lambda i, members: f"nvl-{members[0]}") if nvlink_gbs else None,
+        gpus_per_nic=gpus_per_nic,
+        nvlink_pairs=nvlink_pairs,
     )
 
 
@@ -85,6 +94,30 @@ def nvl72_fleet(
     )
 
 
+def bridged_pcie_fleet(
+    nodes: int,
+    gpus_per_node: int = 8,
+    oversubscription: float = 1.0,
+    name: str = "pcie-h100-nvl",
+    gpu_model: str = "H100 NVL",
+    bridge_links: int = 12,
+) -> TopologyMap:
+    """PCIe servers whose GPUs are NVLink-bridged in pairs (0-1, 2-3, ...; H100 NVL: 3 bridges = NV12),
+    one 400G NIC per pair behind the pair's PCIe switch, in `rail_optimized_fleet`'s switch tree.
+
+    The map has no NVLink domain (a domain is a set of nodes: every GPU pair of it would count as
+    NVLinked), so the cost model prices every GPU-to-GPU hop inside a node at the PCIe `host` level;
+    the bridged pairs are recorded as `nvlink_pairs`, informational until the map models per-pair links.
+    """
+    if gpus_per_node % 2:
+        raise ValueError(f"bridged pairs need an even gpus_per_node, got {gpus_per_node}")
+    pairs = [(g, g + 1, bridge_links) for g in range(0, gpus_per_node, 2)]
+    return rail_optimized_fleet(
+        nodes, gpus_per_node, oversubscription=oversubscription, name=name, gpu_model=gpu_model,
+        nvlink_gbs=None, nic_gbs=50.0 / 2, host_gbs=50.0, gpus_per_nic=2, nvlink_pairs=pairs,  # a pair shares a 400G NIC
+    )
+
+
 def _fleet(
     domains: list[list[str]],
     gpus_per_node: int,
@@ -94,8 +127,14 @@ def _fleet(
     name: str,
     gpu_model: str,
     fabric: Fabric,
-    domain_name: Callable[[int, list[str]], str],
+    domain_name: Callable[[int, list[str]], str] | None,
+    gpus_per_nic: int = 1,
+    nvlink_pairs: list[tuple[int, int, int]] | None = None,
 ) -> TopologyMap:
+    """Nodes in groups (`domains`: NVLink domains named by `domain_name`, or, with None, nodes without
+    NVLink), one 400G NIC per `gpus_per_nic` GPUs on its own rail, rail leaves per scalable unit of
+    `nodes_per_su` nodes, `sus_per_pod` units to a spine, one core."""
+    rails = gpus_per_node // gpus_per_nic
     nodes: list[Node] = []
     nv_domains: list[NvlinkDomain] = []
     switches: list[Switch] = [Switch(name=f"{name}-core", tier="core")]
@@ -107,24 +146,27 @@ def _fleet(
         pod = su // sus_per_pod
         switches += [
             Switch(name=f"{name}-su{su}-rail{r}", tier="leaf", rail=r, parent=f"{name}-pod{pod}-spine")
-            for r in range(gpus_per_node)
+            for r in range(rails)
         ]
     index = 0
     for d, members in enumerate(domains):
-        dname = domain_name(d, members)
-        nv_domains.append(NvlinkDomain(name=dname, nodes=members))
+        dname = domain_name(d, members) if domain_name else None
+        if dname:
+            nv_domains.append(NvlinkDomain(name=dname, nodes=members))
         for node_name in members:
             su = index // nodes_per_su
             nics = [
-                Nic(name=f"mlx5_{g}", rate_gbps=400.0, rail=g, leaf=f"{name}-su{su}-rail{g}", gpus=[g])
-                for g in range(gpus_per_node)
+                Nic(name=f"mlx5_{r}", rate_gbps=400.0, rail=r, leaf=f"{name}-su{su}-rail{r}",
+                    gpus=list(range(r * gpus_per_nic, (r + 1) * gpus_per_nic)))
+                for r in range(rails)
             ]
             numa = {g: g * 2 // gpus_per_node for g in range(gpus_per_node)}
-            nodes.append(
-                Node(name=node_name, gpus=list(range(gpus_per_node)), gpu_model=gpu_model, numa=numa, nvlink_domain=dname, nics=nics)
-            )
+            nodes.append(Node(
+                name=node_name, gpus=list(range(gpus_per_node)), gpu_model=gpu_model, numa=numa, nvlink_domain=dname,
+                nvlink_pairs=nvlink_pairs or [], nics=nics,
+            ))
             index += 1
-    desc = f"{total} nodes x {gpus_per_node} GPUs, {n_su} scalable units, {gpus_per_node} rails, uplinks {oversubscription:g}:1"
+    desc = f"{total} nodes x {gpus_per_node} GPUs, {n_su} scalable units, {rails} rails, uplinks {oversubscription:g}:1"
     return TopologyMap(
         metadata=Metadata(name=name, description=desc),
         spec=TopologySpec(fabric=fabric, nvlink_domains=nv_domains, switches=switches, nodes=nodes),

@@ -1,0 +1,127 @@
+"""Offline planning (issue 17): `trainctl plan FILE --cluster PRESET:N | --topology MAP` with no server
+answers what the service's PlanJob answers on the same map; its step time is compute at the preset
+GPU's peak, the pipeline bubble and the placement's communication; bad clusters and maps are refused
+naming the option, the field or the file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from control_plane_fakes import ScriptedRuntime, start_api_server
+
+from trainctl.cli.client import TrainctlClient
+from trainctl.cli.main import EXIT_INVALID, main
+from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.sizing.estimator import flops_per_step
+from trainctl.parallelism.sizing.flops import peak_flops
+from trainctl.parallelism.sizing.pipeline_bubble import bubble_seconds
+from trainctl.service.planning import plan_on_map
+from trainctl.spec.job import TrainingJob
+from trainctl.spec.presets import resolve_model
+from trainctl.spec.validate import load_job_file, parse_object
+from trainctl.workers.topology.presets import CLUSTER_PRESETS, cluster_preset, cluster_topology
+
+ROOT = Path(__file__).resolve().parents[2]
+HYBRID = ROOT / "examples" / "hybrid-3d.yaml"
+NOWHERE = "127.0.0.1:9"
+"""A server address nothing answers on: an offline plan must not need it."""
+
+
+def resized(job: TrainingJob, **parallelism: int) -> TrainingJob:
+    """`job` with other parallel degrees and the GPU count they make."""
+    data = job.model_dump(mode="json")
+    data["spec"]["parallelism"].update(parallelism)
+    par = data["spec"]["parallelism"]
+    data["spec"]["resources"]["gpus"] = par["pp"] * par["dp_replicate"] * par["dp_shard"] * par["cp"] * par["tp"]
+    return parse_object(data)
+
+
+@pytest.fixture
+def hgx_client(tmp_path: Path) -> Iterator[TrainctlClient]:
+    """A client of an in-process service whose pool is the `hgx-h100:2` map."""
+    api = start_api_server(tmp_path, ScriptedRuntime(), topology=cluster_topology("hgx-h100:2"))
+    try:
+        with TrainctlClient(api.target, token="") as client:
+            yield client
+    finally:
+        api.stop()
+
+
+def test_the_offline_plan_is_the_service_plan_on_the_same_map(hgx_client: TrainctlClient) -> None:
+    topology = cluster_topology("hgx-h100:2")
+    fits = resized(load_job_file(HYBRID), dp_shard=2)  # pp2 x dp_shard2 x tp4 = 16 ranks
+    too_big = load_job_file(HYBRID)  # 32 ranks
+    for job in (fits, too_big):
+        assert plan_on_map(job, topology, "--cluster hgx-h100:2") == hgx_client.plan_job(job)
+    offline = plan_on_map(fits, topology, "--cluster hgx-h100:2")
+    assert offline.valid and len(offline.placement) == 16 and len(offline.memory) == 16
+    assert set(offline.step_time_breakdown) == {"compute_at_peak", "pipeline_bubble", "communication"}
+    assert offline.step_time_seconds == pytest.approx(sum(offline.step_time_breakdown.values()))
+    refused = plan_on_map(too_big, topology, "--cluster hgx-h100:2")
+    assert not refused.valid and [v.field for v in refused.violations] == ["spec.resources.gpus"]
+
+
+@pytest.mark.parametrize("preset", ["hgx-h100:4", "gb200-nvl72:1", "pcie-h100-nvl:4"])
+def test_step_time_is_compute_at_the_preset_peak_plus_bubble_plus_communication(preset: str) -> None:
+    job = resized(load_job_file(HYBRID), pp=4, dp_shard=2)  # 4 stages, 256 / (2 x 2) = 64 micro-batches
+    plan = plan_on_map(job, cluster_topology(preset), preset)
+    grid = RankGrid.from_spec(job.spec.parallelism)
+    peak = peak_flops(cluster_preset(preset.split(":")[0]).gpu_model, job.spec.training.dtype)
+    compute = flops_per_step(resolve_model(job.spec.model), job.spec) / grid.world_size / peak
+    par, training = job.spec.parallelism, job.spec.training
+    micro_batches = training.global_batch_size // (grid.dp * training.micro_batch_size)
+    assert dict(plan.step_time_breakdown) == pytest.approx({
+        "compute_at_peak": compute,
+        "pipeline_bubble": bubble_seconds(compute, par.pp_schedule, par.pp, micro_batches, par.pp_virtual_stages),
+        "communication": plan.placement_cost_seconds,
+    })
+
+
+def test_the_cli_plans_offline_without_a_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--server", NOWHERE, "plan", str(HYBRID), "--cluster", "hgx-h100:4"]) == 0
+    by_preset = capsys.readouterr().out.splitlines()
+    expected = plan_on_map(load_job_file(HYBRID), cluster_topology("hgx-h100:4"), "")
+    assert by_preset[0].startswith("valid: 32 ranks (pp2 x dp_shard4 x tp4); --cluster hgx-h100:4: 32 GPUs, H100-SXM5-80GB")
+    placed = [line.split()[1] for line in by_preset if line.split()[1:2] and line.split()[1].startswith("hgx-h100-n")]
+    assert len(placed) == 32 and set(placed) == {node.name for node in cluster_topology("hgx-h100:4").nodes}
+    assert f"modelled step time: {expected.step_time_seconds * 1e3:.2f} ms (compute_at_peak" in "\n".join(by_preset)
+    documented = (ROOT / "docs" / "placement.md").read_text().split("## Offline planning", 1)[1].split("```")[1].splitlines()
+    shown = [line for line in documented if line and line != "..."]
+    assert shown == [line for line in by_preset if line in shown or line.startswith(("valid:", "modelled"))], \
+        "docs/placement.md's offline plan output is stale"
+    map_file = tmp_path / "hgx.yaml"
+    map_file.write_text(cluster_topology("hgx-h100:4").to_yaml())
+    assert main(["--server", NOWHERE, "plan", str(HYBRID), "--topology", str(map_file)]) == 0
+    by_file = capsys.readouterr().out.splitlines()
+    assert by_file[0].startswith(f"valid: 32 ranks (pp2 x dp_shard4 x tp4); --topology {map_file}: 32 GPUs")
+    assert by_file[1:] == by_preset[1:]
+
+
+def _bad_map(tmp_path: Path) -> Path:
+    path = tmp_path / "broken-map.yaml"
+    data = yaml.safe_load(cluster_topology("hgx-h100:1").to_yaml())
+    data["spec"]["nodes"][0]["nics"][0]["leaf"] = "no-such-leaf"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("option, expected", [
+    (["--cluster", "dgx-a100:4"], ["--cluster: no cluster preset 'dgx-a100'", *(p.name for p in CLUSTER_PRESETS)]),
+    (["--cluster", "hgx-h100:0"], ["--cluster: N='0': hgx-h100 takes a whole number of nodes from 1 to"]),
+    (["--cluster", "gb200-nvl72"], ["--cluster: expected PRESET:N"]),
+    (["--cluster", "hgx-h100:2"], ["not a valid job on --cluster hgx-h100:2: 16 GPUs",
+                                   "spec.resources.gpus: 32 GPUs requested but the pool can never hold more than 16"]),
+    (["--topology", "{tmp}/absent.yaml"], ["--topology: {tmp}/absent.yaml: cannot read topology map"]),
+    (["--topology", "{bad}"], ["--topology: {bad}:", "'no-such-leaf', which is not a switch of the map"]),
+])
+def test_bad_clusters_and_maps_are_refused_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: list[str], expected: list[str]
+) -> None:
+    names = {"tmp": str(tmp_path), "bad": str(_bad_map(tmp_path))}
+    assert main(["--server", NOWHERE, "plan", str(HYBRID), *(o.format(**names) for o in option)]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    for text in expected:
+        assert text.format(**names) in err, err
