@@ -26,6 +26,8 @@ from trainctl.service.planning import fit_violations, plan_job
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobRecord, JobStore
+from trainctl.service.sweep_api import SweepRpcs
+from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, TenantUsage, admission_violation
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import (
@@ -47,8 +49,9 @@ MAX_LABEL_FILTERS = 32
 WATCH_POLL_SECONDS = 0.5
 
 
-class TrainingServicer(pb_grpc.TrainingServiceServicer):
-    """Implements trainctl.v1.TrainingService over a JobStore, a Scheduler and a GpuPool."""
+class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
+    """Implements trainctl.v1.TrainingService over a JobStore, a Scheduler and a GpuPool (the sweep RPCs:
+    trainctl.service.sweep_api, driven by a SweepDriver)."""
 
     def __init__(
         self,
@@ -60,6 +63,7 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         paths: JobPathPolicy | None = None,
         stopping: threading.Event | None = None,
         ray_nodes: Callable[[], dict[str, bool]] | None = None,
+        sweeps: SweepDriver | None = None,
     ):
         self.store = store
         self.scheduler = scheduler
@@ -69,6 +73,8 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         """The confinement rule for every path a job names (no data roots unless the service has some)."""
         self.stopping = stopping or threading.Event()
         self.ray_nodes = ray_nodes
+        self.sweeps = sweeps
+        """The sweep driver, woken when a sweep is created (None: sweeps wait for its next pass)."""
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _principal(self, context: grpc.ServicerContext) -> Principal:
