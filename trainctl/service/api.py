@@ -19,7 +19,7 @@ import grpc
 from trainctl.parallelism.checkpoint.pretrained import init_from_problem
 from trainctl.service import store as st
 from trainctl.service.auth import Authenticator
-from trainctl.service.convert import job_from_proto, job_to_proto
+from trainctl.service.convert import job_from_proto, job_to_proto, timestamp
 from trainctl.service.errors import ApiError, bad_field, failed_precondition, invalid_argument, not_found
 from trainctl.service.paths import JobPathPolicy, job_reference
 from trainctl.service.planning import fit_violations, plan_job
@@ -281,11 +281,6 @@ def _decode_page_token(token: str) -> int:
         raise bad_field("page_token", "not a token this server issued (pass next_page_token unchanged)") from None
 
 
-def _timestamp(target: Any, value: float | None) -> None:
-    if value is not None:
-        target.FromNanoseconds(int(value * 1e9))
-
-
 def record_to_proto(record: JobRecord, metrics: list[dict[str, Any]] | None = None) -> pb.Job:
     """A stored job as the API's Job message."""
     message = job_to_proto(record.job)
@@ -294,7 +289,7 @@ def record_to_proto(record: JobRecord, metrics: list[dict[str, Any]] | None = No
     status.state = pb.JobState.Value(record.state)
     status.reason = record.reason
     for name in ("create_time", "schedule_time", "start_time", "end_time", "update_time"):
-        _timestamp(getattr(status, name), getattr(record, name))
+        timestamp(getattr(status, name), getattr(record, name))
     status.steps_done = record.steps_done
     status.total_steps = record.total_steps
     if record.first_loss is not None:
@@ -326,14 +321,14 @@ def step_to_proto(row: dict[str, Any], out: pb.StepMetrics) -> pb.StepMetrics:
     if row.get("mfu") is not None:
         out.mfu = float(row["mfu"])
     out.breakdown.update({str(k): float(v) for k, v in (row.get("breakdown") or {}).items()})
-    _timestamp(out.time, row.get("time"))
+    timestamp(out.time, row.get("time"))
     return out
 
 
 def event_to_proto(event: st.Event) -> pb.JobEvent:
     """A stored event as the API's JobEvent."""
     message = pb.JobEvent(sequence=event.sequence, job_id=event.job_id)
-    _timestamp(message.time, event.time)
+    timestamp(message.time, event.time)
     payload = event.payload
     if event.type == st.EVENT_STATE:
         message.state_change.from_state = pb.JobState.Value(payload["from"]) if payload.get("from") else 0

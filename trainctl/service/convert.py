@@ -56,6 +56,12 @@ def spec_body_document(message: pb.JobSpec, path: str) -> dict[str, Any]:
     return _message_to_dict(message, JobSpecBody, path)
 
 
+def timestamp(target: Any, value: float | None) -> None:
+    """Set a google.protobuf.Timestamp from epoch seconds; None leaves it unset."""
+    if value is not None:
+        target.FromNanoseconds(int(value * 1e9))
+
+
 # ---- pydantic -> proto ------------------------------------------------------------------------------
 
 

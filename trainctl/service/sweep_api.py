@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from trainctl.service.auth import Authenticator
+from trainctl.service.convert import timestamp
 from trainctl.service.errors import bad_field, failed_precondition, invalid_argument, not_found
 from trainctl.service.planning import fit_violations
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
-from trainctl.service.store import JobStore, SweepNotFound, SweepRecord, SweepState, TrialState
-from trainctl.service.sweep_convert import sweep_from_proto, sweep_record_to_proto
+from trainctl.service.store import JobStore, SweepNotFound, SweepRecord, SweepState, TrialRecord, TrialState
+from trainctl.service.sweep_convert import sweep_from_proto, sweep_to_proto, value_to_proto
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, Quota
 from trainctl.spec.job import TrainingJob
@@ -157,3 +158,46 @@ class SweepRpcs:
             if record.state.terminal or self.stopping.is_set() or not context.is_active():
                 return
             self.store.wait_for_change(WATCH_POLL_SECONDS)
+
+
+# ---- a stored sweep as the API's answer ------------------------------------------------------------
+
+
+def best_trial(record: SweepRecord) -> TrialRecord | None:
+    """The COMPLETE trial with the best objective (the lowest number among equals), or None."""
+    complete = [t for t in record.trials if t.state == TrialState.COMPLETE and t.objective is not None]
+    if not complete:
+        return None
+    sign = -1.0 if record.sweep.spec.objective.direction == "maximize" else 1.0
+    return min(complete, key=lambda t: (sign * t.objective, t.number))
+
+
+def sweep_record_to_proto(record: SweepRecord, jobs: dict[str, tuple[JobState, int]]) -> pb.Sweep:
+    """A stored sweep as the API's Sweep; `jobs` maps each trial job id to its (state, steps done)."""
+    message = sweep_to_proto(record.sweep)
+    message.id = record.id
+    status = message.status
+    status.state = pb.SweepState.Value(f"SWEEP_STATE_{record.state}")
+    status.reason = record.reason
+    for name in ("create_time", "update_time", "end_time"):
+        timestamp(getattr(status, name), getattr(record, name))
+    for trial in record.trials:
+        item = status.trials.add(number=trial.number, job_id=trial.job_id or "", reason=trial.reason)
+        item.state = pb.TrialState.Value(f"TRIAL_STATE_{trial.state}")
+        for path, value in trial.params.items():
+            value_to_proto(value, item.params[path])
+        if trial.objective is not None:
+            item.objective = trial.objective
+        if trial.objective_step is not None:
+            item.objective_step = trial.objective_step
+        if trial.job_id in jobs:
+            job_state, steps = jobs[trial.job_id]
+            item.job_state = pb.JobState.Value(job_state)
+            item.steps_done = steps
+        timestamp(item.create_time, trial.create_time)
+        timestamp(item.end_time, trial.end_time)
+    best = best_trial(record)
+    if best is not None and best.objective is not None:
+        status.best_trial = best.number
+        status.best_objective = best.objective
+    return message

@@ -13,11 +13,9 @@ from typing import Any
 from google.protobuf.message import Message
 
 from trainctl.service.convert import spec_body_document, spec_body_to_proto
-from trainctl.service.store import SweepRecord, TrialRecord, TrialState
 from trainctl.spec.sweep import Sweep, parse_sweep_object
 from trainctl.spec.validate import FieldViolation, SpecError
 from trainctl.v1 import training_pb2 as pb
-from trainctl.workers.events import JobState
 
 _OPTIONAL_SCALARS = {
     "SweepSpec": ("trials", "parallel_trials", "startup_trials", "seed"),
@@ -135,51 +133,3 @@ def _enums(message: Message, path: str) -> dict[str, str]:
 def _scalars(message: Message) -> dict[str, Any]:
     names = _OPTIONAL_SCALARS[message.DESCRIPTOR.name]
     return {name: getattr(message, name) for name in names if message.HasField(name)}
-
-
-# ---- a stored sweep ---------------------------------------------------------------------------------
-
-
-def best_trial(record: SweepRecord) -> TrialRecord | None:
-    """The COMPLETE trial with the best objective (the lowest number among equals), or None."""
-    complete = [t for t in record.trials if t.state == TrialState.COMPLETE and t.objective is not None]
-    if not complete:
-        return None
-    sign = -1.0 if record.sweep.spec.objective.direction == "maximize" else 1.0
-    return min(complete, key=lambda t: (sign * t.objective, t.number))
-
-
-def sweep_record_to_proto(record: SweepRecord, jobs: dict[str, tuple[JobState, int]]) -> pb.Sweep:
-    """A stored sweep as the API's Sweep; `jobs` maps each trial job id to its (state, steps done)."""
-    message = sweep_to_proto(record.sweep)
-    message.id = record.id
-    status = message.status
-    status.state = pb.SweepState.Value(f"SWEEP_STATE_{record.state}")
-    status.reason = record.reason
-    for name in ("create_time", "update_time", "end_time"):
-        _timestamp(getattr(status, name), getattr(record, name))
-    for trial in record.trials:
-        item = status.trials.add(number=trial.number, job_id=trial.job_id or "", reason=trial.reason)
-        item.state = pb.TrialState.Value(f"TRIAL_STATE_{trial.state}")
-        for path, value in trial.params.items():
-            value_to_proto(value, item.params[path])
-        if trial.objective is not None:
-            item.objective = trial.objective
-        if trial.objective_step is not None:
-            item.objective_step = trial.objective_step
-        if trial.job_id in jobs:
-            job_state, steps = jobs[trial.job_id]
-            item.job_state = pb.JobState.Value(job_state)
-            item.steps_done = steps
-        _timestamp(item.create_time, trial.create_time)
-        _timestamp(item.end_time, trial.end_time)
-    best = best_trial(record)
-    if best is not None and best.objective is not None:
-        status.best_trial = best.number
-        status.best_objective = best.objective
-    return message
-
-
-def _timestamp(target: Any, value: float | None) -> None:
-    if value is not None:
-        target.FromNanoseconds(int(value * 1e9))
