@@ -5,6 +5,7 @@ cancel stops the trials."""
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 from control_plane_fakes import ApiServer, ScriptedRuntime, start_api_server
 
 from trainctl.cli.client import TrainctlClient
@@ -167,3 +169,39 @@ def test_sweep_trials_are_labelled_jobs_and_cancel_stops_them(client: TrainctlCl
     with pytest.raises(grpc.RpcError) as caught:
         client.get_sweep("nope")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_cli_sweep_commands(api: ApiServer, runtime: ScriptedRuntime, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainctl.cli.main import main
+
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({"apiVersion": "trainctl/v1", "kind": "Sweep", **DOCUMENT}))
+    assert main(["--server", api.target, "sweep", "create", str(spec)]) == 0
+    sweep_id = capsys.readouterr().out.split()[1]
+    deadline = time.monotonic() + 10
+    while len(api.scheduler.store.get_sweep(sweep_id).trials) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    first = api.scheduler.store.get_sweep(sweep_id).trials[0]
+    runtime.wait_started(first.job_id)
+    runtime.run(first.job_id, [3.0, 2.0, 1.5, 1.25])
+    while api.scheduler.store.get_sweep(sweep_id).trials[0].objective is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert main(["--server", api.target, "sweep", "get", sweep_id]) == 0
+    out = capsys.readouterr().out
+    assert f"best: trial 0 ({first.job_id}) objective 1.25" in out and "COMPLETE" in out
+    assert main(["--server", api.target, "sweep", "get", sweep_id, "-o", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["status"]["trials"][0]["params"] == first.params and document["kind"] == "Sweep"
+    assert main(["--server", api.target, "list", "--label", f"{SWEEP_LABEL}={sweep_id}"]) == 0
+    assert first.job_id in capsys.readouterr().out
+    assert main(["--server", api.target, "sweep", "list"]) == 0
+    assert sweep_id in capsys.readouterr().out
+    assert main(["--server", api.target, "sweep", "cancel", sweep_id]) == 0
+    assert "CANCELLED" in capsys.readouterr().out
+    assert main(["--server", api.target, "sweep", "watch", sweep_id]) == 1  # ended, not SUCCEEDED
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"kind": "Sweep", **changed("spec.parameters.0.low", 0.0)}))
+    assert main(["--server", api.target, "sweep", "create", str(bad)]) == 2
+    assert "spec.parameters[0].low: a log range must lie above 0" in capsys.readouterr().err
