@@ -79,7 +79,7 @@ def new_study(sweep: Sweep, seed_offset: int) -> optuna.Study:
 class SweepDriver:
     """Advances every RUNNING sweep of `store`, creating and cancelling trial jobs through `scheduler`."""
 
-    def __init__(self, store: JobStore, scheduler: Scheduler, *, interval: float = 1.0):
+    def __init__(self, store: JobStore, scheduler: Scheduler, *, interval: float = 0.5):
         self.store = store
         self.scheduler = scheduler
         self.interval = interval
@@ -187,28 +187,37 @@ class SweepDriver:
         return trial
 
     def _follow(self, record: SweepRecord, search: _Study, trial: TrialRecord) -> None:
-        """Report a running trial's new steps; settle it when its job ended, prune it when the rule says so."""
+        """Report a running trial's new steps one by one, asking the early-stopping rule after each while
+        its job runs (so a trial is stopped at the first step the rule condemns, however late this pass);
+        settle it when its job ended. A job that ran to its end before the rule condemned it completes."""
         assert trial.job_id is not None
-        objective = record.sweep.spec.objective
+        spec = record.sweep.spec
         handle = search.handles[trial.number]
-        job = self.store.get_job(trial.job_id)
-        last: tuple[int, float] | None = None
+        job = self.store.get_job(trial.job_id)  # read before the steps: a job that ended has all of its steps
+        prunable = spec.early_stopping.rule != "none" and not job.terminal
         for row in self.store.step_metrics(job.id, after_step=search.reported.get(trial.number, 0)):
-            if row.get(objective.metric) is not None:
-                last = (int(row["step"]), float(row[objective.metric]))
-                handle.report(last[1], last[0])
-            search.reported[trial.number] = int(row["step"])
+            step = search.reported[trial.number] = int(row["step"])
+            if row.get(spec.objective.metric) is None:
+                continue
+            value = float(row[spec.objective.metric])
+            handle.report(value, step)
+            if prunable and handle.should_prune():
+                self._prune(record, search, trial, job.id, step, value)
+                return
         if job.terminal:
             self._settle(record, search, trial, job.state, job.reason)
-            return
-        if last is None or record.sweep.spec.early_stopping.rule == "none" or not handle.should_prune():
-            return
-        step, value = last
-        reason = f"pruned at step {step}: {objective.metric} {value:.6g} is worse than the early-stopping rule allows"
+
+    def _prune(self, record: SweepRecord, search: _Study, trial: TrialRecord, job_id: str, step: int, value: float) -> None:
+        """Settle the trial as PRUNED, then cancel its job with the same reason (recover() re-sends the
+        cancel if the service dies in between)."""
+        spec = record.sweep.spec
+        reason = (
+            f"pruned at step {step}: {spec.objective.metric} {value:.6g} is worse than the "
+            f"{spec.early_stopping.rule.replace('_', ' ')} rule allows"
+        )
         if self.store.finish_trial(record.id, trial.number, TrialState.PRUNED, reason=reason, objective=value, objective_step=step):
-            search.study.tell(handle, state=optuna.trial.TrialState.PRUNED)
-            search.handles.pop(trial.number)
-            self.scheduler.request_cancel(job.id, reason)
+            search.study.tell(search.handles.pop(trial.number), state=optuna.trial.TrialState.PRUNED)
+            self.scheduler.request_cancel(job_id, reason)
             log.info("sweep %s: trial %d %s", record.id, trial.number, reason)
 
     def _settle(self, record: SweepRecord, search: _Study, trial: TrialRecord, state: JobState, job_reason: str) -> None:
