@@ -205,3 +205,37 @@ def test_cli_sweep_commands(api: ApiServer, runtime: ScriptedRuntime, tmp_path: 
     bad.write_text(yaml.safe_dump({"kind": "Sweep", **changed("spec.parameters.0.low", 0.0)}))
     assert main(["--server", api.target, "sweep", "create", str(bad)]) == 2
     assert "spec.parameters[0].low: a log range must lie above 0" in capsys.readouterr().err
+
+
+def test_sweep_report(api: ApiServer, runtime: ScriptedRuntime, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainctl.cli.main import main
+    from trainctl.cli.sweep_report import PANELS, build_sweep_figure
+
+    with TrainctlClient(api.target, token="") as client:
+        created = client.create_sweep(parse_sweep_object(DOCUMENT))
+        assert main(["--server", api.target, "report", created.id]) == 1  # no objective yet
+        assert "has no trial with an objective yet" in capsys.readouterr().err
+        deadline = time.monotonic() + 10
+        while len(client.get_sweep(created.id).status.trials) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        first, second = client.get_sweep(created.id).status.trials
+        for trial, losses in ((first, [3.0, 2.0, 1.5, 1.0]), (second, [3.0, 2.5])):
+            runtime.wait_started(trial.job_id)
+            runtime.run(trial.job_id, losses)
+        while sum(t.HasField("objective") for t in client.get_sweep(created.id).status.trials) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        sweep = client.get_sweep(created.id)
+        curves = {t.job_id: list(client.get_job(t.job_id, full=True).metrics) for t in sweep.status.trials}
+    fig = build_sweep_figure(sweep, curves)
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    assert set(PANELS) <= set(axes)
+    lines = {tuple(line.get_ydata()): line.get_linewidth() for line in axes["Curves"].get_lines()}
+    assert lines == {(3.0, 2.0, 1.5, 1.0): 2.5, (3.0, 2.5): 1.0}  # the best trial (first) drawn bold
+    assert len(axes["Parameters"].get_lines()) == 2 + 3  # one line per trial, one axis line per parameter
+    out = tmp_path / "sweep.png"
+    assert main(["--server", api.target, "report", created.id, "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG") and first.job_id in out.with_suffix(".html").read_text()
+    assert main(["--server", api.target, "sweep", "report", created.id, "--out", str(tmp_path / "b.png"), "--no-html"]) == 0
+    assert (tmp_path / "b.png").exists() and not (tmp_path / "b.html").exists()

@@ -263,9 +263,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace, client: TrainctlClient) -> int:
     from trainctl.cli.report import ReportError, write_report
 
-    job = client.get_job(args.job, full=True)
     try:
-        files = write_report(job, args.out or Path(f"{job.id}-report.png"), html_page=not args.no_html)
+        job = client.get_job(args.job, full=True)
+    except grpc.RpcError as exc:  # not a job: a sweep's id gets the sweep report
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        job = None
+    try:
+        if job is None:
+            files = sweep_cmd.report(client, args.job, args.out, html_page=not args.no_html)
+        else:
+            files = write_report(job, args.out or Path(f"{job.id}-report.png"), html_page=not args.no_html)
     except ReportError as exc:
         raise CliError(str(exc)) from None
     print(f"wrote {files.png}" + (f" and {files.html}" if files.html else ""))
@@ -352,9 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--gpus-per-node", type=int, default=4)
     demo.set_defaults(handler=cmd_demo, needs_client=False)
 
-    report = sub.add_parser("report", help="PNG + HTML report of a job's recorded steps and placement")
-    report.add_argument("job")
-    report.add_argument("--out", type=Path, help="PNG path (default: <job id>-report.png)")
+    report = sub.add_parser("report", help="PNG + HTML report of a job's recorded steps and placement, or of a sweep's trials")
+    report.add_argument("job", help="a job id, or a sweep id (objective per trial, parameters, curves)")
+    report.add_argument("--out", type=Path, help="PNG path (default: <id>-report.png)")
     report.add_argument("--no-html", action="store_true", help="write only the PNG")
     report.set_defaults(handler=cmd_report, needs_client=True)
 

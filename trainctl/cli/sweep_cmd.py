@@ -2,6 +2,7 @@
 
     trainctl sweep create FILE [--watch]     trainctl sweep get SWEEP [-o table|yaml|json]
     trainctl sweep list                      trainctl sweep cancel SWEEP      trainctl sweep watch SWEEP
+    trainctl sweep report SWEEP [--out FILE.png] [--no-html]
 
 A sweep's trials are ordinary jobs: `trainctl list --label trainctl.sweep=SWEEP` lists them, and `get`,
 `logs`, `report` work on each. `register(subparsers)` adds the group to the main parser.
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -20,6 +23,9 @@ from trainctl.cli.progress import state_name, table
 from trainctl.service.sweep_convert import sweep_from_proto, value_from_proto
 from trainctl.spec.sweep import load_sweep_file
 from trainctl.v1 import training_pb2 as pb
+
+if TYPE_CHECKING:
+    from trainctl.cli.report import ReportFiles
 
 EXIT_OK, EXIT_ERROR = 0, 1
 TRIAL_HEADER = ["TRIAL", "JOB", "STATE", "JOB STATE", "STEPS", "OBJECTIVE", "PARAMETERS", "REASON"]
@@ -41,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cancel.add_argument("sweep")
     watch = commands.add_parser("watch", help="show the trials each time they change, until the sweep ends")
     watch.add_argument("sweep")
+    report = commands.add_parser("report", help="PNG + HTML: objective per trial, parameters, curves (also `trainctl report SWEEP`)")
+    report.add_argument("sweep")
+    report.add_argument("--out", type=Path, help="PNG path (default: <sweep id>-report.png)")
+    report.add_argument("--no-html", action="store_true", help="write only the PNG")
     return parser
 
 
@@ -63,11 +73,30 @@ def run(args: argparse.Namespace) -> int:
         if args.sweep_command == "list":
             print(table([_sweep_row(s) for s in client.list_sweeps()], SWEEP_HEADER))
             return EXIT_OK
+        if args.sweep_command == "report":
+            from trainctl.cli.report import ReportError
+
+            try:
+                files = report(client, args.sweep, args.out, html_page=not args.no_html)
+            except ReportError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return EXIT_ERROR
+            print(f"wrote {files.png}" + (f" and {files.html}" if files.html else ""))
+            return EXIT_OK
         if args.sweep_command == "cancel":
             sweep = client.cancel_sweep(args.sweep)
             print(f"sweep {sweep.id} {_state(sweep.status.state)}: {sweep.status.reason}")
             return EXIT_OK
         return _watch(client, args.sweep)
+
+
+def report(client: TrainctlClient, sweep_id: str, out: Path | None, *, html_page: bool = True) -> ReportFiles:
+    """Write the sweep's report (trainctl.cli.sweep_report) from GetSweep and its trial jobs' steps."""
+    from trainctl.cli.sweep_report import write_sweep_report
+
+    sweep = client.get_sweep(sweep_id)
+    curves = {t.job_id: list(client.get_job(t.job_id, full=True).metrics) for t in sweep.status.trials if t.job_id}
+    return write_sweep_report(sweep, curves, out or Path(f"{sweep.id}-report.png"), html_page=html_page)
 
 
 def _watch(client: TrainctlClient, sweep_id: str) -> int:
