@@ -201,3 +201,36 @@ def test_cancelled_sweep_creates_no_trial_and_its_queued_trials_end(tmp_path: Pa
     record = scheduler.store.get_sweep(record.id)
     assert len(record.trials) == 2 and {t.state for t in record.trials} == {TrialState.CANCELLED}
     assert scheduler.store.create_trial(record.id, 2, {}, None) is None
+
+
+def test_command_job_sweep_passes_parameters_in_the_environment(tmp_path: Path) -> None:
+    """A command-job template: the parameter reaches the program as an environment variable, and the
+    objective is the loss its trainctl.report calls send."""
+    runtime = ScriptedRuntime()
+    scheduler = make_scheduler(tmp_path, runtime)
+    driver = SweepDriver(scheduler.store, scheduler)
+    sweep = parse_sweep_object({
+        "metadata": {"name": "script-sweep"},
+        "spec": {
+            "template": {"command": {"program": "python", "args": ["train.py"]}, "resources": {"gpus": 2, "device": "cpu"}},
+            "parameters": [{"path": "spec.command.env.LR", "type": "float", "low": 1e-4, "high": 1e-1, "log": True}],
+            "trials": 3, "parallel_trials": 3, "algorithm": "random",
+        },
+    })
+    record, _ = scheduler.store.create_sweep(sweep)
+    driver.tick()
+    scheduler.tick()
+    trials = scheduler.store.get_sweep(record.id).trials
+    for trial in trials:
+        job = scheduler.store.get_job(trial.job_id).job
+        assert job.spec.command is not None and job.spec.command.env == {"LR": str(trial.params["spec.command.env.LR"])}
+        assert job.spec.resources.gpus == 2 and job.spec.parallelism.dp_replicate == 2
+    scheduler.tick()
+    for trial in trials:
+        runtime.run(trial.job_id, [2.0, loss(trial.params["spec.command.env.LR"], 2)])
+    for _ in range(3):
+        scheduler.tick()
+        driver.tick()
+    record = scheduler.store.get_sweep(record.id)
+    assert record.state == SweepState.SUCCEEDED
+    assert [t.objective for t in record.trials] == [loss(t.params["spec.command.env.LR"], 2) for t in record.trials]
