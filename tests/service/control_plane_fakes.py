@@ -23,6 +23,7 @@ from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.server import build_grpc_server
 from trainctl.service.store import JobStore
+from trainctl.service.sweeps import SweepDriver
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus, status_of
 from trainctl.workers.topology import TopologyMap, simulated_topology
@@ -133,9 +134,11 @@ class ApiServer:
     scheduler: Scheduler
     server: grpc.Server
     target: str
+    sweeps: SweepDriver
 
     def stop(self) -> None:
         self.server.stop(0).wait()
+        self.sweeps.stop()
         self.scheduler.stop()
         self.scheduler.store.close()
 
@@ -145,16 +148,18 @@ def start_api_server(
 ) -> ApiServer:
     scheduler = make_scheduler(data_dir, runtime, nodes, gpus, topology)
     authenticator = Authenticator(None)
-    servicer = TrainingServicer(scheduler.store, scheduler, scheduler.pool, authenticator)
+    sweeps = SweepDriver(scheduler.store, scheduler, interval=0.05)
+    servicer = TrainingServicer(scheduler.store, scheduler, scheduler.pool, authenticator, sweeps=sweeps)
     server, health_servicer = build_grpc_server(servicer, authenticator, None, workers=8)
     port = server.add_insecure_port("127.0.0.1:0")
     scheduler.interval = 0.05
     scheduler.start()
+    sweeps.start()
     server.start()
     from grpc_health.v1 import health_pb2
 
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    return ApiServer(scheduler, server, f"127.0.0.1:{port}")
+    return ApiServer(scheduler, server, f"127.0.0.1:{port}", sweeps)
 
 
 def free_port() -> int:

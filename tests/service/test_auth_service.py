@@ -63,7 +63,23 @@ def every_method(client) -> list[tuple[str, object, object]]:
         ("WatchJob", client.WatchJob, pb.WatchJobRequest(id="job-x")),
         ("PlanJob", client.PlanJob, pb.PlanJobRequest(job=job_message("x"))),
         ("GetCluster", client.GetCluster, pb.GetClusterRequest()),
+        ("CreateSweep", client.CreateSweep, pb.CreateSweepRequest(sweep=sweep_message("x"))),
+        ("GetSweep", client.GetSweep, pb.GetSweepRequest(id="sweep-x")),
+        ("ListSweeps", client.ListSweeps, pb.ListSweepsRequest()),
+        ("CancelSweep", client.CancelSweep, pb.CancelSweepRequest(id="sweep-x")),
+        ("WatchSweep", client.WatchSweep, pb.WatchSweepRequest(id="sweep-x")),
     ]
+
+
+def sweep_message(name: str, *, gpus: int = 2, parallel: int = 2) -> pb.Sweep:
+    """A small valid sweep over the learning rate of job_message's job."""
+    sweep = pb.Sweep(api_version="trainctl/v1", kind="Sweep")
+    sweep.metadata.name = name
+    sweep.spec.template.CopyFrom(job_message(name, gpus=gpus).spec)
+    parameter = sweep.spec.parameters.add(path="spec.training.lr", type=pb.PARAMETER_TYPE_FLOAT, log=True)
+    parameter.low.float_value, parameter.high.float_value = 1e-4, 1e-2
+    sweep.spec.trials, sweep.spec.parallel_trials = 4, parallel
+    return sweep
 
 
 def test_every_rpc_needs_a_valid_token(service: SecureService, channel: grpc.Channel, tokens: Tokens) -> None:
@@ -186,6 +202,27 @@ def test_quotas_refuse_with_resource_exhausted_naming_the_quota(service: SecureS
         assert len(svc.store.list_jobs(tenant="vision")) == 4
     finally:
         svc.stop()
+
+
+def test_sweeps_are_per_tenant_and_parallel_trials_must_fit_the_quota(channel: grpc.Channel, tokens: Tokens) -> None:
+    client = stub(channel)
+    error = rpc_error(client.CreateSweep, pb.CreateSweepRequest(sweep=sweep_message("wide", parallel=3)), tokens.alice)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    [violation] = field_violations(error)
+    assert violation.field == "spec.parallel_trials" and "quota running_gpus of tenant 'vision' is 4" in violation.description
+    mine = client.CreateSweep(pb.CreateSweepRequest(sweep=sweep_message("fits")), metadata=bearer(tokens.alice), timeout=10)
+    for call, request in (
+        (client.GetSweep, pb.GetSweepRequest(id=mine.id)),
+        (client.CancelSweep, pb.CancelSweepRequest(id=mine.id)),
+        (client.WatchSweep, pb.WatchSweepRequest(id=mine.id)),
+    ):  # another tenant's sweep looks exactly like no sweep at all
+        error = rpc_error(call, request, tokens.bob)
+        assert error.code() == grpc.StatusCode.NOT_FOUND and error.details() == f"sweep {mine.id!r} not found"
+    listed = client.ListSweeps(pb.ListSweepsRequest(), metadata=bearer(tokens.bob), timeout=10)
+    assert mine.id not in {s.id for s in listed.sweeps}
+    listed = client.ListSweeps(pb.ListSweepsRequest(), metadata=bearer(tokens.root), timeout=10)
+    assert mine.id in {s.id for s in listed.sweeps}
+    client.CancelSweep(pb.CancelSweepRequest(id=mine.id), metadata=bearer(tokens.alice), timeout=10)
 
 
 def test_data_paths_outside_the_roots_are_invalid_argument(tmp_path: Path, tokens: Tokens) -> None:

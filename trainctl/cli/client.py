@@ -22,8 +22,10 @@ from pathlib import Path
 import grpc
 
 from trainctl.service.convert import job_to_proto
+from trainctl.service.sweep_convert import sweep_to_proto
 from trainctl.service.tls import channel_credentials
 from trainctl.spec.job import TrainingJob
+from trainctl.spec.sweep import Sweep
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
 
@@ -130,3 +132,38 @@ class TrainctlClient:
 
     def get_cluster(self) -> pb.Cluster:
         return self._stub.GetCluster(pb.GetClusterRequest(), timeout=self.timeout, metadata=self._metadata)
+
+    # ---- sweeps ---------------------------------------------------------------------------------------
+    def create_sweep(self, sweep: Sweep | pb.Sweep, *, request_id: str | None = None) -> pb.Sweep:
+        """Submit a sweep (retried with the same request id while the service is UNAVAILABLE)."""
+        message = sweep if isinstance(sweep, pb.Sweep) else sweep_to_proto(sweep)
+        request = pb.CreateSweepRequest(sweep=message, request_id=request_id or uuid.uuid4().hex)
+        for attempt in range(RETRIES):
+            try:
+                return self._stub.CreateSweep(request, timeout=self.timeout, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == RETRIES - 1:
+                    raise
+                time.sleep(0.2 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def get_sweep(self, sweep_id: str) -> pb.Sweep:
+        return self._stub.GetSweep(pb.GetSweepRequest(id=sweep_id), timeout=self.timeout, metadata=self._metadata)
+
+    def list_sweeps(self, *, page_size: int = 100) -> Iterator[pb.Sweep]:
+        """Every sweep the caller may see, newest first."""
+        request = pb.ListSweepsRequest(page_size=page_size)
+        while True:
+            page = self._stub.ListSweeps(request, timeout=self.timeout, metadata=self._metadata)
+            yield from page.sweeps
+            if not page.next_page_token:
+                return
+            request.page_token = page.next_page_token
+
+    def cancel_sweep(self, sweep_id: str, reason: str = "") -> pb.Sweep:
+        request = pb.CancelSweepRequest(id=sweep_id, reason=reason)
+        return self._stub.CancelSweep(request, timeout=self.timeout, metadata=self._metadata)
+
+    def watch_sweep(self, sweep_id: str) -> Iterator[pb.Sweep]:
+        """The sweep each time it changes, until it has ended."""
+        yield from self._stub.WatchSweep(pb.WatchSweepRequest(id=sweep_id), metadata=self._metadata)

@@ -5,6 +5,7 @@
     trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
     trainctl cancel JOB                  trainctl logs JOB [-f] [--rank N]   trainctl plan FILE [--cluster PRESET:N | --topology MAP]
     trainctl validate FILE               trainctl demo
+    trainctl sweep create|get|list|cancel|watch   (hyperparameter sweeps: trainctl.cli.sweep_cmd)
     trainctl data prepare PATHS --out DIR   trainctl export JOB|CKPT --out DIR   trainctl generate JOB|CKPT --prompt T
 
 Client commands find the server in --server or TRAINCTL_SERVER (default 127.0.0.1:50051) and send
@@ -33,9 +34,9 @@ from typing import Any  # noqa: E402
 import grpc  # noqa: E402
 import yaml  # noqa: E402
 
-from trainctl.cli import data_cmd, export_cmd, generate_cmd, topology_cmd  # noqa: E402
+from trainctl.cli import data_cmd, export_cmd, generate_cmd, sweep_cmd, topology_cmd  # noqa: E402
 from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient  # noqa: E402
-from trainctl.cli.progress import follow, state_name  # noqa: E402
+from trainctl.cli.progress import follow, state_name, table  # noqa: E402
 from trainctl.service.convert import job_from_proto  # noqa: E402
 from trainctl.service.errors import field_violations  # noqa: E402
 from trainctl.spec.job import TrainingJob  # noqa: E402
@@ -90,11 +91,6 @@ def job_document(job: pb.Job) -> dict[str, Any]:
     document = {"id": job.id, **job_from_proto(job).model_dump(mode="json"), "status": status}
     document["metrics"] = [metrics_dict(m) for m in job.metrics]
     return document
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows])
 
 
 def _age(ts: Any) -> str:
@@ -173,7 +169,7 @@ def cmd_get(args: argparse.Namespace, client: TrainctlClient) -> int:
     elif args.output == "yaml":
         print(yaml.safe_dump(job_document(job), sort_keys=False), end="")
     else:
-        print(_table([_row(job)], LIST_HEADER))
+        print(table([_row(job)], LIST_HEADER))
     return EXIT_OK
 
 
@@ -201,7 +197,7 @@ def cmd_list(args: argparse.Namespace, client: TrainctlClient) -> int:
         if s not in pb.JobState.keys()[1:]:  # noqa: SIM118 - an EnumTypeWrapper, not a dict
             raise CliError(f"--state {s}: one of {', '.join(pb.JobState.keys()[1:])}", EXIT_INVALID)
     jobs = list(client.list_jobs(states=states, labels=labels))
-    print(_table([_row(j) for j in jobs], LIST_HEADER))
+    print(table([_row(j) for j in jobs], LIST_HEADER))
     return EXIT_OK
 
 
@@ -245,13 +241,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"valid: {plan.world_size} ranks ({grid}); {pool}")
     if plan.placement:
         rows = [[str(p.rank), p.node, str(p.gpu), " ".join(f"{k}={v}" for k, v in sorted(p.coords.items()))] for p in plan.placement]
-        print(_table(rows, ["RANK", "NODE", "GPU", "COORDS"]))
+        print(table(rows, ["RANK", "NODE", "GPU", "COORDS"]))
     if plan.HasField("placement_cost_seconds"):
         print(f"modelled communication per step: {plan.placement_cost_seconds * 1e3:.3f} ms")
     if plan.memory:
         kinds = sorted({k for m in plan.memory for k in m.bytes})
         rows = [[str(m.rank), *(f"{m.bytes.get(k, 0) / 2**20:.1f}" for k in kinds)] for m in plan.memory]
-        print(_table(rows, ["RANK", *(f"{k.upper()} MiB" for k in kinds)]))
+        print(table(rows, ["RANK", *(f"{k.upper()} MiB" for k in kinds)]))
     if plan.HasField("step_time_seconds"):
         terms = plan.step_time_breakdown
         names = [*(k for k in STEP_TERMS if k in terms), *sorted(set(terms) - set(STEP_TERMS))]
@@ -306,9 +302,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace, client: TrainctlClient) -> int:
     from trainctl.cli.report import ReportError, write_report
 
-    job = client.get_job(args.job, full=True)
     try:
-        files = write_report(job, args.out or Path(f"{job.id}-report.png"), html_page=not args.no_html)
+        job = client.get_job(args.job, full=True)
+    except grpc.RpcError as exc:  # not a job: a sweep's id gets the sweep report
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        job = None
+    try:
+        if job is None:
+            files = sweep_cmd.report(client, args.job, args.out, html_page=not args.no_html)
+        else:
+            files = write_report(job, args.out or Path(f"{job.id}-report.png"), html_page=not args.no_html)
     except ReportError as exc:
         raise CliError(str(exc)) from None
     print(f"wrote {files.png}" + (f" and {files.html}" if files.html else ""))
@@ -400,9 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--gpus-per-node", type=int, default=4)
     demo.set_defaults(handler=cmd_demo, needs_client=False)
 
-    report = sub.add_parser("report", help="PNG + HTML report of a job's recorded steps and placement")
-    report.add_argument("job")
-    report.add_argument("--out", type=Path, help="PNG path (default: <job id>-report.png)")
+    report = sub.add_parser("report", help="PNG + HTML report of a job's recorded steps and placement, or of a sweep's trials")
+    report.add_argument("job", help="a job id, or a sweep id (objective per trial, parameters, curves)")
+    report.add_argument("--out", type=Path, help="PNG path (default: <id>-report.png)")
     report.add_argument("--no-html", action="store_true", help="write only the PNG")
     report.set_defaults(handler=cmd_report, needs_client=True)
 
@@ -410,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("rest", nargs=argparse.REMAINDER)
     token.set_defaults(handler=cmd_token, needs_client=False)
 
-    for command in (topology_cmd, data_cmd, export_cmd, generate_cmd):  # command groups that run themselves
+    for command in (topology_cmd, data_cmd, export_cmd, generate_cmd, sweep_cmd):  # command groups that run themselves
         command.register(sub).set_defaults(dispatch=command.run)
     return parser
 

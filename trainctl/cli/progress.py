@@ -117,3 +117,9 @@ def _update(tracker: Tracker, event: pb.JobEvent) -> None:
         tracker.on_step(event.step, time.monotonic())
     elif kind == "state_change":
         tracker.state = event.state_change.to_state
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """Rows under a header, in left-aligned columns two spaces apart."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows])

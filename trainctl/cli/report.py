@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,16 +125,20 @@ def _placement(ax: Axes, placement: list[pb.RankPlacement]) -> None:
 
 def write_report(job: pb.Job, png: Path, *, html_page: bool = True) -> ReportFiles:
     """Write the PNG, and next to it (same name, .html) a page with the PNG and a summary."""
-    fig = build_figure(job)
+    return save_figure(build_figure(job), png, (lambda image: _html(job, image)) if html_page else None)
+
+
+def save_figure(fig: Figure, png: Path, page_of: Callable[[bytes], str] | None) -> ReportFiles:
+    """Write `fig` as a PNG and, given `page_of` (the PNG's bytes -> HTML), the page next to it (.html)."""
     png = Path(png)
     png.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     png.write_bytes(buffer.getvalue())
-    if not html_page:
+    if page_of is None:
         return ReportFiles(png, None)
     page = png.with_suffix(".html")
-    page.write_text(_html(job, buffer.getvalue()))
+    page.write_text(page_of(buffer.getvalue()))
     return ReportFiles(png, page)
 
 

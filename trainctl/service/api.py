@@ -19,13 +19,15 @@ import grpc
 from trainctl.parallelism.checkpoint.pretrained import init_from_problem
 from trainctl.service import store as st
 from trainctl.service.auth import Authenticator
-from trainctl.service.convert import job_from_proto, job_to_proto
+from trainctl.service.convert import job_from_proto, job_to_proto, timestamp
 from trainctl.service.errors import ApiError, bad_field, failed_precondition, invalid_argument, not_found
 from trainctl.service.paths import JobPathPolicy, job_reference
 from trainctl.service.planning import fit_violations, plan_response
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobRecord, JobStore
+from trainctl.service.sweep_api import SweepRpcs
+from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, TenantUsage, admission_violation
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import (
@@ -47,8 +49,9 @@ MAX_LABEL_FILTERS = 32
 WATCH_POLL_SECONDS = 0.5
 
 
-class TrainingServicer(pb_grpc.TrainingServiceServicer):
-    """Implements trainctl.v1.TrainingService over a JobStore, a Scheduler and a GpuPool."""
+class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
+    """Implements trainctl.v1.TrainingService over a JobStore, a Scheduler and a GpuPool (the sweep RPCs:
+    trainctl.service.sweep_api, driven by a SweepDriver)."""
 
     def __init__(
         self,
@@ -60,6 +63,7 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         paths: JobPathPolicy | None = None,
         stopping: threading.Event | None = None,
         ray_nodes: Callable[[], dict[str, bool]] | None = None,
+        sweeps: SweepDriver | None = None,
     ):
         self.store = store
         self.scheduler = scheduler
@@ -69,6 +73,8 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         """The confinement rule for every path a job names (no data roots unless the service has some)."""
         self.stopping = stopping or threading.Event()
         self.ray_nodes = ray_nodes
+        self.sweeps = sweeps
+        """The sweep driver, woken when a sweep is created (None: sweeps wait for its next pass)."""
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _principal(self, context: grpc.ServicerContext) -> Principal:
@@ -264,11 +270,6 @@ def _decode_page_token(token: str) -> int:
         raise bad_field("page_token", "not a token this server issued (pass next_page_token unchanged)") from None
 
 
-def _timestamp(target: Any, value: float | None) -> None:
-    if value is not None:
-        target.FromNanoseconds(int(value * 1e9))
-
-
 def record_to_proto(record: JobRecord, metrics: list[dict[str, Any]] | None = None) -> pb.Job:
     """A stored job as the API's Job message."""
     message = job_to_proto(record.job)
@@ -277,7 +278,7 @@ def record_to_proto(record: JobRecord, metrics: list[dict[str, Any]] | None = No
     status.state = pb.JobState.Value(record.state)
     status.reason = record.reason
     for name in ("create_time", "schedule_time", "start_time", "end_time", "update_time"):
-        _timestamp(getattr(status, name), getattr(record, name))
+        timestamp(getattr(status, name), getattr(record, name))
     status.steps_done = record.steps_done
     status.total_steps = record.total_steps
     if record.first_loss is not None:
@@ -309,14 +310,14 @@ def step_to_proto(row: dict[str, Any], out: pb.StepMetrics) -> pb.StepMetrics:
     if row.get("mfu") is not None:
         out.mfu = float(row["mfu"])
     out.breakdown.update({str(k): float(v) for k, v in (row.get("breakdown") or {}).items()})
-    _timestamp(out.time, row.get("time"))
+    timestamp(out.time, row.get("time"))
     return out
 
 
 def event_to_proto(event: st.Event) -> pb.JobEvent:
     """A stored event as the API's JobEvent."""
     message = pb.JobEvent(sequence=event.sequence, job_id=event.job_id)
-    _timestamp(message.time, event.time)
+    timestamp(message.time, event.time)
     payload = event.payload
     if event.type == st.EVENT_STATE:
         message.state_change.from_state = pb.JobState.Value(payload["from"]) if payload.get("from") else 0

@@ -23,7 +23,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from pydantic import BaseModel
 
-from trainctl.spec.job import TrainingJob
+from trainctl.spec.job import JobSpecBody, TrainingJob
 from trainctl.spec.validate import FieldViolation, SpecError, parse_object
 from trainctl.v1 import training_pb2 as pb
 
@@ -44,6 +44,22 @@ def job_from_proto(message: pb.Job) -> TrainingJob:
     """The TrainingJob a proto Job describes; SpecError names every bad field."""
     document = _message_to_dict(message, TrainingJob, "")
     return parse_object(document)
+
+
+def spec_body_to_proto(body: JobSpecBody, out: pb.JobSpec, path: str) -> None:
+    """Fill a proto JobSpec from a job's `spec` (a Sweep's template); `path` prefixes SpecError's fields."""
+    _model_to_message(body, out, path)
+
+
+def spec_body_document(message: pb.JobSpec, path: str) -> dict[str, Any]:
+    """The mapping a proto JobSpec describes (unvalidated; the caller validates the enclosing document)."""
+    return _message_to_dict(message, JobSpecBody, path)
+
+
+def timestamp(target: Any, value: float | None) -> None:
+    """Set a google.protobuf.Timestamp from epoch seconds; None leaves it unset."""
+    if value is not None:
+        target.FromNanoseconds(int(value * 1e9))
 
 
 # ---- pydantic -> proto ------------------------------------------------------------------------------

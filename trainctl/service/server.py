@@ -31,6 +31,7 @@ from trainctl.service.paths import JobPathPolicy, check_confinement
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
+from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tls import TlsConfig, bind
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
@@ -167,14 +168,16 @@ class Service:
             self.store, self.pool, self._runtime, runs_dir,
             metrics=self.metrics, quota_of=authenticator.quota,
         )
+        self.sweeps = SweepDriver(self.store, self.scheduler)
         servicer = TrainingServicer(
             self.store, self.scheduler, self.pool, authenticator, paths=paths, stopping=self._stopping,
-            ray_nodes=self._ray_nodes,
+            ray_nodes=self._ray_nodes, sweeps=self.sweeps,
         )
 
         server, self._health = build_grpc_server(servicer, authenticator, self.metrics, workers=config.workers)
         self.port = bind(server, config.address, config.tls)
         self.scheduler.start()
+        self.sweeps.start()
         server.start()
         self._server = server
         for name in ("", SERVICE_NAME):
@@ -214,6 +217,7 @@ class Service:
         self._stopping.set()
         self._server.stop(grace).wait()
         self._server = None
+        self.sweeps.stop()
         self.scheduler.stop()
         if self._metrics_server is not None:
             self._metrics_server.close()

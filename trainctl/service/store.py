@@ -1,4 +1,5 @@
-"""The durable job store: SQLite in WAL mode, jobs + an append-only event log + step metrics.
+"""The durable job store: SQLite in WAL mode, jobs + an append-only event log + step metrics, and sweeps
+with their trials (a trial and its job are recorded in one transaction).
 
 Every write is one transaction committed (synchronous=FULL) before the method returns, so a job the
 API has acknowledged survives a crash of the service. `events.sequence` is the global, strictly
@@ -19,11 +20,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.spec.job import TrainingJob
+from trainctl.spec.sweep import Sweep
 from trainctl.workers.events import JobState
 
 DB_NAME = "trainctl.db"
@@ -93,6 +96,37 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (job_id, step)
     );
     """,
+    # 1 -> 2: sweeps and their trials (docs/sweeps.md).
+    """
+    CREATE TABLE sweeps (
+        id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL UNIQUE,
+        request_id TEXT UNIQUE,
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        create_time REAL NOT NULL,
+        update_time REAL NOT NULL,
+        end_time REAL
+    );
+    CREATE INDEX sweeps_state ON sweeps(state);
+    CREATE INDEX sweeps_tenant ON sweeps(tenant, seq);
+    CREATE TABLE sweep_trials (
+        sweep_id TEXT NOT NULL REFERENCES sweeps(id),
+        number INTEGER NOT NULL,
+        job_id TEXT UNIQUE REFERENCES jobs(id),
+        params TEXT NOT NULL,
+        state TEXT NOT NULL,
+        objective REAL,
+        objective_step INTEGER,
+        reason TEXT NOT NULL DEFAULT '',
+        create_time REAL NOT NULL,
+        end_time REAL,
+        PRIMARY KEY (sweep_id, number)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -103,6 +137,68 @@ class StoreError(RuntimeError):
 
 class JobNotFound(KeyError):
     """No job with that id."""
+
+
+class SweepNotFound(KeyError):
+    """No sweep with that id."""
+
+
+class SweepState(StrEnum):
+    """A sweep's life: RUNNING until its last trial is settled (SUCCEEDED when one completed, FAILED when
+    none did), or CANCELLED by request."""
+
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self is not SweepState.RUNNING
+
+
+class TrialState(StrEnum):
+    """A trial's outcome: RUNNING while its job may still report; COMPLETE with an objective; PRUNED by
+    early stopping; FAILED (its job failed, or reported no objective); CANCELLED with its sweep."""
+
+    RUNNING = "RUNNING"
+    COMPLETE = "COMPLETE"
+    PRUNED = "PRUNED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+@dataclass
+class TrialRecord:
+    """One row of `sweep_trials`: trial `number` of a sweep, its parameters (path -> value) and outcome."""
+
+    sweep_id: str
+    number: int
+    job_id: str | None
+    params: dict[str, Any]
+    state: TrialState
+    objective: float | None
+    objective_step: int | None
+    reason: str
+    create_time: float
+    end_time: float | None
+
+
+@dataclass
+class SweepRecord:
+    """One row of `sweeps`, with its spec parsed and its trials in number order."""
+
+    id: str
+    seq: int
+    tenant: str
+    name: str
+    sweep: Sweep
+    state: SweepState
+    reason: str
+    create_time: float
+    update_time: float
+    end_time: float | None
+    trials: list[TrialRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -249,22 +345,26 @@ class JobStore:
                 row = db.execute("SELECT id FROM jobs WHERE request_id = ?", (key,)).fetchone()
                 if row is not None:
                     return self._get(row["id"]), False
-            seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
-            job_id = f"{job.metadata.name}-{uuid.uuid4().hex[:8]}"
-            db.execute(
-                "INSERT INTO jobs (id, seq, request_id, tenant, name, spec, priority, state, reason, create_time,"
-                " update_time, total_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    job_id, seq, key, tenant, job.metadata.name, job.model_dump_json(),
-                    job.spec.scheduling.priority, JobState.QUEUED, "accepted", now, now, total_steps(job),
-                ),
-            )
-            db.executemany(
-                "INSERT INTO job_labels (job_id, key, value) VALUES (?, ?, ?)",
-                [(job_id, k, v) for k, v in job.metadata.labels.items()],
-            )
-            self._append(db, job_id, EVENT_STATE, {"from": "", "to": JobState.QUEUED, "reason": "accepted"}, now)
+            job_id = self._insert_job(db, job, tenant, key, now)
             return self._get(job_id), True
+
+    def _insert_job(self, db: sqlite3.Connection, job: TrainingJob, tenant: str, key: str | None, now: float) -> str:
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
+        job_id = f"{job.metadata.name}-{uuid.uuid4().hex[:8]}"
+        db.execute(
+            "INSERT INTO jobs (id, seq, request_id, tenant, name, spec, priority, state, reason, create_time,"
+            " update_time, total_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                job_id, seq, key, tenant, job.metadata.name, job.model_dump_json(),
+                job.spec.scheduling.priority, JobState.QUEUED, "accepted", now, now, total_steps(job),
+            ),
+        )
+        db.executemany(
+            "INSERT INTO job_labels (job_id, key, value) VALUES (?, ?, ?)",
+            [(job_id, k, v) for k, v in job.metadata.labels.items()],
+        )
+        self._append(db, job_id, EVENT_STATE, {"from": "", "to": JobState.QUEUED, "reason": "accepted"}, now)
+        return job_id
 
     @_timed
     def get_job(self, job_id: str) -> JobRecord:
@@ -404,11 +504,13 @@ class JobStore:
             return dict(self._db.execute(sql, (tenant,) if tenant is not None else ()).fetchall())
 
     @_timed
-    def step_metrics(self, job_id: str) -> list[dict[str, Any]]:
-        """Every recorded step of a job, in step order."""
+    def step_metrics(self, job_id: str, *, after_step: int = 0) -> list[dict[str, Any]]:
+        """Every recorded step of a job (those after `after_step`), in step order."""
         with self._lock:
             self._get(job_id)
-            rows = self._db.execute("SELECT * FROM step_metrics WHERE job_id = ? ORDER BY step", (job_id,)).fetchall()
+            rows = self._db.execute(
+                "SELECT * FROM step_metrics WHERE job_id = ? AND step > ? ORDER BY step", (job_id, after_step)
+            ).fetchall()
         out = []
         for row in rows:
             item = dict(row)
@@ -426,6 +528,146 @@ class JobStore:
                 (job_id, after_sequence, limit),
             ).fetchall()
         return [Event(r["sequence"], r["job_id"], r["time"], r["type"], json.loads(r["payload"])) for r in rows]
+
+    # ---- sweeps -------------------------------------------------------------------------------------
+    @_timed
+    def create_sweep(
+        self, sweep: Sweep, *, tenant: str = "default", request_id: str | None = None, now: float | None = None
+    ) -> tuple[SweepRecord, bool]:
+        """Insert `sweep` as RUNNING; return (record, created). A request_id the tenant already used
+        returns that sweep and created=False."""
+        now = time.time() if now is None else now
+        key = f"{tenant}/{request_id}" if request_id else None
+        with self._tx() as db:
+            if key:
+                row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (key,)).fetchone()
+                if row is not None:
+                    return self._get_sweep(row["id"]), False
+            seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM sweeps").fetchone()[0]
+            sweep_id = f"{sweep.metadata.name}-{uuid.uuid4().hex[:8]}"
+            db.execute(
+                "INSERT INTO sweeps (id, seq, request_id, tenant, name, spec, state, reason, create_time, update_time)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (sweep_id, seq, key, tenant, sweep.metadata.name, sweep.model_dump_json(), SweepState.RUNNING,
+                 "accepted", now, now),
+            )
+            return self._get_sweep(sweep_id), True
+
+    @_timed
+    def get_sweep(self, sweep_id: str) -> SweepRecord:
+        with self._lock:
+            return self._get_sweep(sweep_id)
+
+    def _get_sweep(self, sweep_id: str) -> SweepRecord:
+        row = self._db.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+        if row is None:
+            raise SweepNotFound(sweep_id)
+        return self._sweep_record(row)
+
+    def _sweep_record(self, row: sqlite3.Row) -> SweepRecord:
+        data = dict(row)
+        data.pop("request_id")
+        data["sweep"] = Sweep.model_validate_json(data.pop("spec"))
+        data["state"] = SweepState(data["state"])
+        trials = self._db.execute("SELECT * FROM sweep_trials WHERE sweep_id = ? ORDER BY number", (row["id"],)).fetchall()
+        data["trials"] = [
+            TrialRecord(**{**dict(t), "params": json.loads(t["params"]), "state": TrialState(t["state"])}) for t in trials
+        ]
+        return SweepRecord(**data)
+
+    @_timed
+    def list_sweeps(
+        self, *, tenant: str | None = None, states: Iterable[SweepState] = (), limit: int | None = None,
+        before_seq: int | None = None,
+    ) -> list[SweepRecord]:
+        """Sweeps matching the filters, newest first, `seq < before_seq` when given."""
+        where, args = [], []
+        states = list(states)
+        if tenant is not None:
+            where.append("tenant = ?")
+            args.append(tenant)
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(states)
+        if before_seq is not None:
+            where.append("seq < ?")
+            args.append(before_seq)
+        sql = "SELECT * FROM sweeps" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY seq DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        with self._lock:
+            return [self._sweep_record(row) for row in self._db.execute(sql, args).fetchall()]
+
+    @_timed
+    def create_trial(
+        self, sweep_id: str, number: int, params: dict[str, Any], job: TrainingJob | None, *,
+        reason: str = "", now: float | None = None,
+    ) -> TrialRecord | None:
+        """Record trial `number` with its parameters and, in the same transaction, its job (QUEUED, in
+        the sweep's tenant); without a job the trial is FAILED with `reason` (its parameters made no valid
+        job). Compare-and-set: only while the sweep is RUNNING and `number` is its next trial, else None,
+        so no trial is ever recorded twice."""
+        now = time.time() if now is None else now
+        with self._tx() as db:
+            sweep = db.execute("SELECT tenant, state FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+            if sweep is None:
+                raise SweepNotFound(sweep_id)
+            count_ = db.execute("SELECT COUNT(*) FROM sweep_trials WHERE sweep_id = ?", (sweep_id,)).fetchone()[0]
+            if sweep["state"] != SweepState.RUNNING or count_ != number:
+                return None
+            job_id = self._insert_job(db, job, sweep["tenant"], f"sweep/{sweep_id}/{number}", now) if job else None
+            state, end = (TrialState.RUNNING, None) if job else (TrialState.FAILED, now)
+            db.execute(
+                "INSERT INTO sweep_trials (sweep_id, number, job_id, params, state, reason, create_time, end_time)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (sweep_id, number, job_id, json.dumps(params), state, reason, now, end),
+            )
+            db.execute("UPDATE sweeps SET update_time = ? WHERE id = ?", (now, sweep_id))
+            return self._trial(db, sweep_id, number)
+
+    @_timed
+    def finish_trial(
+        self, sweep_id: str, number: int, state: TrialState, *, reason: str, objective: float | None = None,
+        objective_step: int | None = None, now: float | None = None,
+    ) -> TrialRecord | None:
+        """Settle a RUNNING trial (compare-and-set: None when it is settled already)."""
+        now = time.time() if now is None else now
+        with self._tx() as db:
+            updated = db.execute(
+                "UPDATE sweep_trials SET state = ?, reason = ?, objective = ?, objective_step = ?, end_time = ?"
+                " WHERE sweep_id = ? AND number = ? AND state = ?",
+                (state, reason, objective, objective_step, now, sweep_id, number, TrialState.RUNNING),
+            ).rowcount
+            if not updated:
+                return None
+            db.execute("UPDATE sweeps SET update_time = ? WHERE id = ?", (now, sweep_id))
+            return self._trial(db, sweep_id, number)
+
+    def _trial(self, db: sqlite3.Connection, sweep_id: str, number: int) -> TrialRecord:
+        row = db.execute("SELECT * FROM sweep_trials WHERE sweep_id = ? AND number = ?", (sweep_id, number)).fetchone()
+        return TrialRecord(**{**dict(row), "params": json.loads(row["params"]), "state": TrialState(row["state"])})
+
+    @_timed
+    def finish_sweep(
+        self, sweep_id: str, state: SweepState, reason: str, *, now: float | None = None
+    ) -> SweepRecord | None:
+        """End a RUNNING sweep (compare-and-set: None when it has ended already). CANCELLED also settles
+        its RUNNING trials as CANCELLED, in the same transaction; their jobs are the caller's to cancel."""
+        now = time.time() if now is None else now
+        with self._tx() as db:
+            updated = db.execute(
+                "UPDATE sweeps SET state = ?, reason = ?, end_time = ?, update_time = ? WHERE id = ? AND state = ?",
+                (state, reason, now, now, sweep_id, SweepState.RUNNING),
+            ).rowcount
+            if not updated:
+                return None
+            if state == SweepState.CANCELLED:
+                db.execute(
+                    "UPDATE sweep_trials SET state = ?, reason = ?, end_time = ? WHERE sweep_id = ? AND state = ?",
+                    (TrialState.CANCELLED, reason, now, sweep_id, TrialState.RUNNING),
+                )
+            return self._get_sweep(sweep_id)
 
     def wait_for_change(self, timeout: float) -> None:
         """Block until any write commits or `timeout` seconds pass."""

@@ -53,7 +53,7 @@ class SpecError(ValueError):
 
 def parse_yaml(text: str) -> TrainingJob:
     """Parse YAML text into a TrainingJob, raising SpecError that names each bad field."""
-    return parse_object(_bounded_yaml_document(text))
+    return parse_object(bounded_yaml_document(text))
 
 
 def parse_object(document: dict) -> TrainingJob:
@@ -347,7 +347,7 @@ def validate_job(job: TrainingJob, *, pool_gpus: int | None = None, check_data: 
 
 def load_job_file(path: str | os.PathLike[str]) -> TrainingJob:
     """Read and schema-validate a spec file."""
-    return parse_yaml(_bounded_spec_text(path))
+    return parse_yaml(bounded_spec_text(path))
 
 
 # ---- bounded parsing of untrusted spec text (issue 20: no input may crash or stall the parser) ----------
@@ -382,7 +382,7 @@ class _SpecLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def _bounded_yaml_document(text: str) -> dict:
+def bounded_yaml_document(text: str) -> dict:
     """The mapping a spec's YAML text holds, or SpecError('<document>') saying why there is none."""
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError([FieldViolation("<document>", f"{len(text)} characters; a spec may hold at most {MAX_SPEC_BYTES}")])
@@ -400,7 +400,7 @@ def _bounded_yaml_document(text: str) -> dict:
     return document
 
 
-def _bounded_spec_text(path: str | os.PathLike[str]) -> str:
+def bounded_spec_text(path: str | os.PathLike[str]) -> str:
     """A spec file's text: at most MAX_SPEC_BYTES of UTF-8, else SpecError('<file>')."""
     try:
         with open(path, "rb") as handle:

@@ -84,6 +84,49 @@ class JobView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_VIEW_UNSPECIFIED: _ClassVar[JobView]
     JOB_VIEW_BASIC: _ClassVar[JobView]
     JOB_VIEW_FULL: _ClassVar[JobView]
+
+class ParameterType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PARAMETER_TYPE_UNSPECIFIED: _ClassVar[ParameterType]
+    PARAMETER_TYPE_FLOAT: _ClassVar[ParameterType]
+    PARAMETER_TYPE_INT: _ClassVar[ParameterType]
+    PARAMETER_TYPE_CHOICE: _ClassVar[ParameterType]
+
+class ObjectiveDirection(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OBJECTIVE_DIRECTION_UNSPECIFIED: _ClassVar[ObjectiveDirection]
+    OBJECTIVE_DIRECTION_MINIMIZE: _ClassVar[ObjectiveDirection]
+    OBJECTIVE_DIRECTION_MAXIMIZE: _ClassVar[ObjectiveDirection]
+
+class EarlyStoppingRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EARLY_STOPPING_RULE_UNSPECIFIED: _ClassVar[EarlyStoppingRule]
+    EARLY_STOPPING_RULE_NONE: _ClassVar[EarlyStoppingRule]
+    EARLY_STOPPING_RULE_MEDIAN: _ClassVar[EarlyStoppingRule]
+    EARLY_STOPPING_RULE_SUCCESSIVE_HALVING: _ClassVar[EarlyStoppingRule]
+
+class SweepAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SWEEP_ALGORITHM_UNSPECIFIED: _ClassVar[SweepAlgorithm]
+    SWEEP_ALGORITHM_TPE: _ClassVar[SweepAlgorithm]
+    SWEEP_ALGORITHM_RANDOM: _ClassVar[SweepAlgorithm]
+
+class SweepState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SWEEP_STATE_UNSPECIFIED: _ClassVar[SweepState]
+    SWEEP_STATE_RUNNING: _ClassVar[SweepState]
+    SWEEP_STATE_SUCCEEDED: _ClassVar[SweepState]
+    SWEEP_STATE_FAILED: _ClassVar[SweepState]
+    SWEEP_STATE_CANCELLED: _ClassVar[SweepState]
+
+class TrialState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRIAL_STATE_UNSPECIFIED: _ClassVar[TrialState]
+    TRIAL_STATE_RUNNING: _ClassVar[TrialState]
+    TRIAL_STATE_COMPLETE: _ClassVar[TrialState]
+    TRIAL_STATE_PRUNED: _ClassVar[TrialState]
+    TRIAL_STATE_FAILED: _ClassVar[TrialState]
+    TRIAL_STATE_CANCELLED: _ClassVar[TrialState]
 MOE_AUX_LOSS_UNSPECIFIED: MoEAuxLoss
 MOE_AUX_LOSS_PER_LAYER_SUM: MoEAuxLoss
 MOE_AUX_LOSS_TRANSFORMERS: MoEAuxLoss
@@ -129,6 +172,31 @@ CANCELLED: JobState
 JOB_VIEW_UNSPECIFIED: JobView
 JOB_VIEW_BASIC: JobView
 JOB_VIEW_FULL: JobView
+PARAMETER_TYPE_UNSPECIFIED: ParameterType
+PARAMETER_TYPE_FLOAT: ParameterType
+PARAMETER_TYPE_INT: ParameterType
+PARAMETER_TYPE_CHOICE: ParameterType
+OBJECTIVE_DIRECTION_UNSPECIFIED: ObjectiveDirection
+OBJECTIVE_DIRECTION_MINIMIZE: ObjectiveDirection
+OBJECTIVE_DIRECTION_MAXIMIZE: ObjectiveDirection
+EARLY_STOPPING_RULE_UNSPECIFIED: EarlyStoppingRule
+EARLY_STOPPING_RULE_NONE: EarlyStoppingRule
+EARLY_STOPPING_RULE_MEDIAN: EarlyStoppingRule
+EARLY_STOPPING_RULE_SUCCESSIVE_HALVING: EarlyStoppingRule
+SWEEP_ALGORITHM_UNSPECIFIED: SweepAlgorithm
+SWEEP_ALGORITHM_TPE: SweepAlgorithm
+SWEEP_ALGORITHM_RANDOM: SweepAlgorithm
+SWEEP_STATE_UNSPECIFIED: SweepState
+SWEEP_STATE_RUNNING: SweepState
+SWEEP_STATE_SUCCEEDED: SweepState
+SWEEP_STATE_FAILED: SweepState
+SWEEP_STATE_CANCELLED: SweepState
+TRIAL_STATE_UNSPECIFIED: TrialState
+TRIAL_STATE_RUNNING: TrialState
+TRIAL_STATE_COMPLETE: TrialState
+TRIAL_STATE_PRUNED: TrialState
+TRIAL_STATE_FAILED: TrialState
+TRIAL_STATE_CANCELLED: TrialState
 
 class ObjectMeta(_message.Message):
     __slots__ = ("name", "labels")
@@ -696,3 +764,188 @@ class Cluster(_message.Message):
     queued_jobs: int
     running_jobs: int
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., total_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., used_gpus: _Optional[int] = ..., topology_source: _Optional[str] = ..., queued_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ...) -> None: ...
+
+class SweepValue(_message.Message):
+    __slots__ = ("int_value", "float_value", "string_value", "bool_value")
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    int_value: int
+    float_value: float
+    string_value: str
+    bool_value: bool
+    def __init__(self, int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., string_value: _Optional[str] = ..., bool_value: _Optional[bool] = ...) -> None: ...
+
+class SweepParameter(_message.Message):
+    __slots__ = ("path", "type", "low", "high", "log", "values")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    type: ParameterType
+    low: SweepValue
+    high: SweepValue
+    log: bool
+    values: _containers.RepeatedCompositeFieldContainer[SweepValue]
+    def __init__(self, path: _Optional[str] = ..., type: _Optional[_Union[ParameterType, str]] = ..., low: _Optional[_Union[SweepValue, _Mapping]] = ..., high: _Optional[_Union[SweepValue, _Mapping]] = ..., log: _Optional[bool] = ..., values: _Optional[_Iterable[_Union[SweepValue, _Mapping]]] = ...) -> None: ...
+
+class SweepObjective(_message.Message):
+    __slots__ = ("metric", "direction", "step")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    direction: ObjectiveDirection
+    step: int
+    def __init__(self, metric: _Optional[str] = ..., direction: _Optional[_Union[ObjectiveDirection, str]] = ..., step: _Optional[int] = ...) -> None: ...
+
+class EarlyStopping(_message.Message):
+    __slots__ = ("rule", "min_steps", "startup_trials", "reduction_factor")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    MIN_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_TRIALS_FIELD_NUMBER: _ClassVar[int]
+    REDUCTION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    rule: EarlyStoppingRule
+    min_steps: int
+    startup_trials: int
+    reduction_factor: int
+    def __init__(self, rule: _Optional[_Union[EarlyStoppingRule, str]] = ..., min_steps: _Optional[int] = ..., startup_trials: _Optional[int] = ..., reduction_factor: _Optional[int] = ...) -> None: ...
+
+class SweepSpec(_message.Message):
+    __slots__ = ("template", "parameters", "objective", "trials", "parallel_trials", "algorithm", "startup_trials", "seed", "early_stopping")
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TRIALS_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_TRIALS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    EARLY_STOPPING_FIELD_NUMBER: _ClassVar[int]
+    template: JobSpec
+    parameters: _containers.RepeatedCompositeFieldContainer[SweepParameter]
+    objective: SweepObjective
+    trials: int
+    parallel_trials: int
+    algorithm: SweepAlgorithm
+    startup_trials: int
+    seed: int
+    early_stopping: EarlyStopping
+    def __init__(self, template: _Optional[_Union[JobSpec, _Mapping]] = ..., parameters: _Optional[_Iterable[_Union[SweepParameter, _Mapping]]] = ..., objective: _Optional[_Union[SweepObjective, _Mapping]] = ..., trials: _Optional[int] = ..., parallel_trials: _Optional[int] = ..., algorithm: _Optional[_Union[SweepAlgorithm, str]] = ..., startup_trials: _Optional[int] = ..., seed: _Optional[int] = ..., early_stopping: _Optional[_Union[EarlyStopping, _Mapping]] = ...) -> None: ...
+
+class Trial(_message.Message):
+    __slots__ = ("number", "job_id", "params", "state", "objective", "objective_step", "reason", "job_state", "steps_done", "create_time", "end_time")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: SweepValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SweepValue, _Mapping]] = ...) -> None: ...
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_STEP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_DONE_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    number: int
+    job_id: str
+    params: _containers.MessageMap[str, SweepValue]
+    state: TrialState
+    objective: float
+    objective_step: int
+    reason: str
+    job_state: JobState
+    steps_done: int
+    create_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    def __init__(self, number: _Optional[int] = ..., job_id: _Optional[str] = ..., params: _Optional[_Mapping[str, SweepValue]] = ..., state: _Optional[_Union[TrialState, str]] = ..., objective: _Optional[float] = ..., objective_step: _Optional[int] = ..., reason: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ..., steps_done: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SweepStatus(_message.Message):
+    __slots__ = ("state", "reason", "create_time", "update_time", "end_time", "trials", "best_trial", "best_objective")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    BEST_TRIAL_FIELD_NUMBER: _ClassVar[int]
+    BEST_OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    state: SweepState
+    reason: str
+    create_time: _timestamp_pb2.Timestamp
+    update_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    trials: _containers.RepeatedCompositeFieldContainer[Trial]
+    best_trial: int
+    best_objective: float
+    def __init__(self, state: _Optional[_Union[SweepState, str]] = ..., reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ..., best_trial: _Optional[int] = ..., best_objective: _Optional[float] = ...) -> None: ...
+
+class Sweep(_message.Message):
+    __slots__ = ("id", "api_version", "kind", "metadata", "spec", "status")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    api_version: str
+    kind: str
+    metadata: ObjectMeta
+    spec: SweepSpec
+    status: SweepStatus
+    def __init__(self, id: _Optional[str] = ..., api_version: _Optional[str] = ..., kind: _Optional[str] = ..., metadata: _Optional[_Union[ObjectMeta, _Mapping]] = ..., spec: _Optional[_Union[SweepSpec, _Mapping]] = ..., status: _Optional[_Union[SweepStatus, _Mapping]] = ...) -> None: ...
+
+class CreateSweepRequest(_message.Message):
+    __slots__ = ("sweep", "request_id")
+    SWEEP_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    sweep: Sweep
+    request_id: str
+    def __init__(self, sweep: _Optional[_Union[Sweep, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class GetSweepRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ListSweepsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListSweepsResponse(_message.Message):
+    __slots__ = ("sweeps", "next_page_token")
+    SWEEPS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    sweeps: _containers.RepeatedCompositeFieldContainer[Sweep]
+    next_page_token: str
+    def __init__(self, sweeps: _Optional[_Iterable[_Union[Sweep, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelSweepRequest(_message.Message):
+    __slots__ = ("id", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WatchSweepRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...

@@ -69,6 +69,31 @@ class TrainingServiceStub:
                 request_serializer=trainctl_dot_v1_dot_training__pb2.GetClusterRequest.SerializeToString,
                 response_deserializer=trainctl_dot_v1_dot_training__pb2.Cluster.FromString,
                 _registered_method=True)
+        self.CreateSweep = channel.unary_unary(
+                '/trainctl.v1.TrainingService/CreateSweep',
+                request_serializer=trainctl_dot_v1_dot_training__pb2.CreateSweepRequest.SerializeToString,
+                response_deserializer=trainctl_dot_v1_dot_training__pb2.Sweep.FromString,
+                _registered_method=True)
+        self.GetSweep = channel.unary_unary(
+                '/trainctl.v1.TrainingService/GetSweep',
+                request_serializer=trainctl_dot_v1_dot_training__pb2.GetSweepRequest.SerializeToString,
+                response_deserializer=trainctl_dot_v1_dot_training__pb2.Sweep.FromString,
+                _registered_method=True)
+        self.ListSweeps = channel.unary_unary(
+                '/trainctl.v1.TrainingService/ListSweeps',
+                request_serializer=trainctl_dot_v1_dot_training__pb2.ListSweepsRequest.SerializeToString,
+                response_deserializer=trainctl_dot_v1_dot_training__pb2.ListSweepsResponse.FromString,
+                _registered_method=True)
+        self.CancelSweep = channel.unary_unary(
+                '/trainctl.v1.TrainingService/CancelSweep',
+                request_serializer=trainctl_dot_v1_dot_training__pb2.CancelSweepRequest.SerializeToString,
+                response_deserializer=trainctl_dot_v1_dot_training__pb2.Sweep.FromString,
+                _registered_method=True)
+        self.WatchSweep = channel.unary_stream(
+                '/trainctl.v1.TrainingService/WatchSweep',
+                request_serializer=trainctl_dot_v1_dot_training__pb2.WatchSweepRequest.SerializeToString,
+                response_deserializer=trainctl_dot_v1_dot_training__pb2.Sweep.FromString,
+                _registered_method=True)
 
 
 class TrainingServiceServicer:
@@ -125,6 +150,43 @@ class TrainingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSweep(self, request, context):
+        """Validate and durably record a hyperparameter sweep (docs/sweeps.md); the service then creates its
+        trials as ordinary jobs labelled trainctl.sweep=<id>. A retry with the same request_id returns the
+        sweep created the first time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSweep(self, request, context):
+        """One sweep with its trials (parameters, state, objective) and the best trial so far.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSweeps(self, request, context):
+        """Sweeps, newest first, paginated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelSweep(self, request, context):
+        """Stop a sweep: no new trials, its running trials' jobs are cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchSweep(self, request, context):
+        """The sweep each time it changes (a trial created, settled or reporting), until it has ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +224,31 @@ def add_TrainingServiceServicer_to_server(servicer, server):
                     servicer.GetCluster,
                     request_deserializer=trainctl_dot_v1_dot_training__pb2.GetClusterRequest.FromString,
                     response_serializer=trainctl_dot_v1_dot_training__pb2.Cluster.SerializeToString,
+            ),
+            'CreateSweep': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSweep,
+                    request_deserializer=trainctl_dot_v1_dot_training__pb2.CreateSweepRequest.FromString,
+                    response_serializer=trainctl_dot_v1_dot_training__pb2.Sweep.SerializeToString,
+            ),
+            'GetSweep': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSweep,
+                    request_deserializer=trainctl_dot_v1_dot_training__pb2.GetSweepRequest.FromString,
+                    response_serializer=trainctl_dot_v1_dot_training__pb2.Sweep.SerializeToString,
+            ),
+            'ListSweeps': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSweeps,
+                    request_deserializer=trainctl_dot_v1_dot_training__pb2.ListSweepsRequest.FromString,
+                    response_serializer=trainctl_dot_v1_dot_training__pb2.ListSweepsResponse.SerializeToString,
+            ),
+            'CancelSweep': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelSweep,
+                    request_deserializer=trainctl_dot_v1_dot_training__pb2.CancelSweepRequest.FromString,
+                    response_serializer=trainctl_dot_v1_dot_training__pb2.Sweep.SerializeToString,
+            ),
+            'WatchSweep': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSweep,
+                    request_deserializer=trainctl_dot_v1_dot_training__pb2.WatchSweepRequest.FromString,
+                    response_serializer=trainctl_dot_v1_dot_training__pb2.Sweep.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -353,6 +440,141 @@ class TrainingService:
             '/trainctl.v1.TrainingService/GetCluster',
             trainctl_dot_v1_dot_training__pb2.GetClusterRequest.SerializeToString,
             trainctl_dot_v1_dot_training__pb2.Cluster.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainctl.v1.TrainingService/CreateSweep',
+            trainctl_dot_v1_dot_training__pb2.CreateSweepRequest.SerializeToString,
+            trainctl_dot_v1_dot_training__pb2.Sweep.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainctl.v1.TrainingService/GetSweep',
+            trainctl_dot_v1_dot_training__pb2.GetSweepRequest.SerializeToString,
+            trainctl_dot_v1_dot_training__pb2.Sweep.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSweeps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainctl.v1.TrainingService/ListSweeps',
+            trainctl_dot_v1_dot_training__pb2.ListSweepsRequest.SerializeToString,
+            trainctl_dot_v1_dot_training__pb2.ListSweepsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelSweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trainctl.v1.TrainingService/CancelSweep',
+            trainctl_dot_v1_dot_training__pb2.CancelSweepRequest.SerializeToString,
+            trainctl_dot_v1_dot_training__pb2.Sweep.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/trainctl.v1.TrainingService/WatchSweep',
+            trainctl_dot_v1_dot_training__pb2.WatchSweepRequest.SerializeToString,
+            trainctl_dot_v1_dot_training__pb2.Sweep.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,241 @@
+"""The sweep RPCs over real gRPC (scripted runtime, no Ray): bad input answers INVALID_ARGUMENT naming
+the field, a sweep's trials are jobs visible by label, get/list/watch show trials and the best one,
+cancel stops the trials."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from control_plane_fakes import ApiServer, ScriptedRuntime, start_api_server
+
+from trainctl.cli.client import TrainctlClient
+from trainctl.service.errors import field_violations
+from trainctl.service.sweep_api import quota_violations
+from trainctl.service.sweep_convert import sweep_from_proto, sweep_to_proto
+from trainctl.service.tenancy import Quota
+from trainctl.spec.sweep import SWEEP_LABEL, parse_sweep_object
+from trainctl.v1 import training_pb2 as pb
+from trainctl.workers.events import JobState
+
+DOCUMENT: dict[str, Any] = {
+    "metadata": {"name": "api-sweep"},
+    "spec": {
+        "template": {
+            "data": {"seq_len": 32, "max_files": 10},
+            "training": {"steps": 4, "global_batch_size": 4},
+            "resources": {"gpus": 1, "device": "cpu"},
+        },
+        "parameters": [
+            {"path": "spec.training.lr", "type": "float", "low": 1e-4, "high": 1e-1, "log": True},
+            {"path": "spec.training.micro_batch_size", "type": "choice", "values": [1, 2, 4]},
+            {"path": "spec.training.warmup_steps", "type": "int", "low": 0, "high": 3},
+        ],
+        "trials": 3, "parallel_trials": 2,
+    },
+}
+
+
+@pytest.fixture
+def runtime() -> ScriptedRuntime:
+    return ScriptedRuntime()
+
+
+@pytest.fixture
+def api(tmp_path: Path, runtime: ScriptedRuntime) -> Iterator[ApiServer]:
+    server = start_api_server(tmp_path, runtime)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(api: ApiServer) -> Iterator[TrainctlClient]:
+    with TrainctlClient(api.target, token="") as c:
+        yield c
+
+
+def changed(path: str, value: Any) -> dict[str, Any]:
+    """DOCUMENT with the value at a dotted path (list indices as numbers) replaced."""
+    document = copy.deepcopy(DOCUMENT)
+    *parents, last = path.split(".")
+    node: Any = document
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    node[int(last) if last.isdigit() else last] = value
+    return document
+
+
+def sent(document: dict[str, Any]) -> pb.Sweep:
+    """The document as a proto Sweep built without schema validation (as another client could send it)."""
+    valid = parse_sweep_object(DOCUMENT)
+    message = sweep_to_proto(valid)
+    spec = document["spec"]
+    del message.spec.parameters[:]
+    for parameter in spec["parameters"]:
+        item = message.spec.parameters.add(path=parameter["path"])
+        item.type = pb.ParameterType.Value("PARAMETER_TYPE_" + parameter["type"].upper())
+        for bound in ("low", "high"):
+            if bound in parameter:
+                value = parameter[bound]
+                if isinstance(value, int):
+                    getattr(item, bound).int_value = value
+                else:
+                    getattr(item, bound).float_value = value
+        if "log" in parameter:
+            item.log = parameter["log"]
+        for value in parameter.get("values", ()):
+            item.values.add(int_value=value)
+    message.spec.parallel_trials = spec["parallel_trials"]
+    if "objective" in spec:
+        message.spec.objective.metric = spec["objective"]["metric"]
+    return message
+
+
+BAD = [
+    ("spec.parameters.0.path", "spec.training.learning_rate", "spec.parameters[0].path", "not a field"),
+    ("spec.parameters.0.path", "spec.data.paths", "spec.parameters[0].path", "not searchable"),
+    ("spec.parameters.0.low", 0.5, "spec.parameters[0].high", "inverted range"),
+    ("spec.parameters.2.high", 0, "spec.parameters[2].high", "empty range"),
+    ("spec.parameters.0.low", 0.0, "spec.parameters[0].low", "log range must lie above 0"),
+    ("spec.parameters.1.values", [1, 3], "spec.parameters[1].values[1]", "global_batch_size"),
+    ("spec.objective", {"metric": "accuracy"}, "spec.objective.metric", "not reported"),
+    ("spec.parallel_trials", 5, "spec.parallel_trials", "more than spec.trials"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "field", "words"), BAD, ids=[b[2] + ":" + b[3] for b in BAD])
+def test_bad_sweeps_are_invalid_argument_naming_the_field(
+    client: TrainctlClient, api: ApiServer, path: str, value: Any, field: str, words: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        client.create_sweep(sent(changed(path, value)))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    violations = field_violations(caught.value)
+    assert any(v.field == field and words in v.description for v in violations), violations
+    assert api.scheduler.store.list_sweeps() == []
+
+
+def test_parallel_trials_beyond_the_tenant_quota_is_refused() -> None:
+    sweep = parse_sweep_object(changed("spec.trials", 8))
+    sweep = sweep.model_copy(update={"spec": sweep.spec.model_copy(update={"parallel_trials": 3})})
+    assert quota_violations(sweep, "vision", Quota(running_gpus=3, queued_jobs=3)) == []
+    gpus = quota_violations(sweep, "vision", Quota(running_gpus=2))
+    queued = quota_violations(sweep, "vision", Quota(queued_jobs=2))
+    assert [v.field for v in gpus + queued] == ["spec.parallel_trials"] * 2
+    assert "quota running_gpus of tenant 'vision' is 2" in gpus[0].description
+    assert "quota queued_jobs of tenant 'vision' is 2" in queued[0].description
+
+
+def test_sweep_round_trips_the_wire_losslessly() -> None:
+    sweep = parse_sweep_object(changed("spec.parameters.1.values", [1, 2.5, "auto", True]))
+    assert sweep_from_proto(sweep_to_proto(sweep)) == sweep
+    assert [type(v) for v in sweep_from_proto(sweep_to_proto(sweep)).spec.parameters[1].values] == [int, float, str, bool]
+
+
+def test_sweep_trials_are_labelled_jobs_and_cancel_stops_them(client: TrainctlClient, runtime: ScriptedRuntime) -> None:
+    created = client.create_sweep(parse_sweep_object(DOCUMENT))
+    assert created.status.state == pb.SWEEP_STATE_RUNNING and created.id.startswith("api-sweep-")
+    deadline = time.monotonic() + 10
+    while len(client.get_sweep(created.id).status.trials) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sweep = client.get_sweep(created.id)
+    jobs = list(client.list_jobs(labels={SWEEP_LABEL: created.id}))
+    assert sorted(j.id for j in jobs) == sorted(t.job_id for t in sweep.status.trials)
+    first = sweep.status.trials[0]
+    job = client.get_job(first.job_id)
+    assert job.spec.training.lr == first.params["spec.training.lr"].float_value
+    assert job.spec.training.micro_batch_size == first.params["spec.training.micro_batch_size"].int_value
+    assert [s.id for s in client.list_sweeps()] == [created.id]
+
+    runtime.wait_started(first.job_id)
+    runtime.state(first.job_id, JobState.RUNNING, "ranks up")
+    cancelled = client.cancel_sweep(created.id, "enough")
+    assert cancelled.status.state == pb.SWEEP_STATE_CANCELLED
+    assert {t.state for t in cancelled.status.trials} == {pb.TRIAL_STATE_CANCELLED}
+    while {client.get_job(t.job_id).status.state for t in cancelled.status.trials} != {pb.CANCELLED}:
+        assert time.monotonic() < deadline + 10
+        time.sleep(0.05)
+    assert client.get_job(first.job_id).status.reason == "enough"
+    assert [s.status.state for s in client.watch_sweep(created.id)] == [pb.SWEEP_STATE_CANCELLED]
+    assert len(client.get_sweep(created.id).status.trials) == 2  # no trial after the cancel
+    with pytest.raises(grpc.RpcError) as caught:
+        client.get_sweep("nope")
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_cli_sweep_commands(api: ApiServer, runtime: ScriptedRuntime, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainctl.cli.main import main
+
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({"apiVersion": "trainctl/v1", "kind": "Sweep", **DOCUMENT}))
+    assert main(["--server", api.target, "sweep", "create", str(spec)]) == 0
+    sweep_id = capsys.readouterr().out.split()[1]
+    deadline = time.monotonic() + 10
+    while len(api.scheduler.store.get_sweep(sweep_id).trials) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    first = api.scheduler.store.get_sweep(sweep_id).trials[0]
+    runtime.wait_started(first.job_id)
+    runtime.run(first.job_id, [3.0, 2.0, 1.5, 1.25])
+    while api.scheduler.store.get_sweep(sweep_id).trials[0].objective is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert main(["--server", api.target, "sweep", "get", sweep_id]) == 0
+    out = capsys.readouterr().out
+    assert f"best: trial 0 ({first.job_id}) objective 1.25" in out and "COMPLETE" in out
+    assert main(["--server", api.target, "sweep", "get", sweep_id, "-o", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["status"]["trials"][0]["params"] == first.params and document["kind"] == "Sweep"
+    assert main(["--server", api.target, "list", "--label", f"{SWEEP_LABEL}={sweep_id}"]) == 0
+    assert first.job_id in capsys.readouterr().out
+    assert main(["--server", api.target, "sweep", "list"]) == 0
+    assert sweep_id in capsys.readouterr().out
+    assert main(["--server", api.target, "sweep", "cancel", sweep_id]) == 0
+    assert "CANCELLED" in capsys.readouterr().out
+    assert main(["--server", api.target, "sweep", "watch", sweep_id]) == 1  # ended, not SUCCEEDED
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"kind": "Sweep", **changed("spec.parameters.0.low", 0.0)}))
+    assert main(["--server", api.target, "sweep", "create", str(bad)]) == 2
+    assert "spec.parameters[0].low: a log range must lie above 0" in capsys.readouterr().err
+
+
+def test_sweep_report(api: ApiServer, runtime: ScriptedRuntime, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainctl.cli.main import main
+    from trainctl.cli.sweep_report import PANELS, build_sweep_figure
+
+    with TrainctlClient(api.target, token="") as client:
+        created = client.create_sweep(parse_sweep_object(DOCUMENT))
+        assert main(["--server", api.target, "report", created.id]) == 1  # no objective yet
+        assert "has no trial with an objective yet" in capsys.readouterr().err
+        deadline = time.monotonic() + 10
+        while len(client.get_sweep(created.id).status.trials) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        first, second = client.get_sweep(created.id).status.trials
+        for trial, losses in ((first, [3.0, 2.0, 1.5, 1.0]), (second, [3.0, 2.5])):
+            runtime.wait_started(trial.job_id)
+            runtime.run(trial.job_id, losses)
+        while sum(t.HasField("objective") for t in client.get_sweep(created.id).status.trials) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        sweep = client.get_sweep(created.id)
+        curves = {t.job_id: list(client.get_job(t.job_id, full=True).metrics) for t in sweep.status.trials}
+    fig = build_sweep_figure(sweep, curves)
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    assert set(PANELS) <= set(axes)
+    lines = {tuple(line.get_ydata()): line.get_linewidth() for line in axes["Curves"].get_lines()}
+    assert lines == {(3.0, 2.0, 1.5, 1.0): 2.5, (3.0, 2.5): 1.0}  # the best trial (first) drawn bold
+    assert len(axes["Parameters"].get_lines()) == 2 + 3  # one line per trial, one axis line per parameter
+    out = tmp_path / "sweep.png"
+    assert main(["--server", api.target, "report", created.id, "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG") and first.job_id in out.with_suffix(".html").read_text()
+    assert main(["--server", api.target, "sweep", "report", created.id, "--out", str(tmp_path / "b.png"), "--no-html"]) == 0
+    assert (tmp_path / "b.png").exists() and not (tmp_path / "b.html").exists()

@@ -1,0 +1,236 @@
+"""Sweeps over the scripted runtime (no Ray): trials as labelled jobs through the scheduler, early
+stopping with its own terminal reason, the best trial, a service restart mid-sweep with every trial
+accounted for exactly once, and the interrupted-cancel repair."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from control_plane_fakes import ScriptedRuntime, make_scheduler
+
+from trainctl.service.scheduler import Scheduler
+from trainctl.service.store import SweepState, TrialState
+from trainctl.service.sweeps import SweepDriver
+from trainctl.spec.sweep import SWEEP_LABEL, TRIAL_LABEL, Sweep, parse_sweep_object
+from trainctl.workers.events import JobState
+
+STEPS = 8
+BEST_LR = 1e-2
+
+
+def sweep_spec(trials: int = 8, parallel: int = 2, rule: str = "median", **spec: Any) -> Sweep:
+    return parse_sweep_object({
+        "metadata": {"name": "lr-sweep", "labels": {"team": "a"}},
+        "spec": {
+            "template": {
+                "data": {"seq_len": 32, "max_files": 10},
+                "training": {"steps": STEPS, "global_batch_size": 2, "warmup_steps": 1},
+                "resources": {"gpus": 1, "device": "cpu"},
+            },
+            "parameters": [
+                {"path": "spec.training.lr", "type": "float", "low": 1e-4, "high": 1.0, "log": True},
+                {"path": "spec.training.warmup_steps", "type": "int", "low": 0, "high": 4},
+            ],
+            "trials": trials, "parallel_trials": parallel, "algorithm": "random", "seed": 3,
+            "early_stopping": {"rule": rule, "min_steps": 2, "startup_trials": 2},
+            **spec,
+        },
+    })
+
+
+def loss(lr: float, step: int) -> float:
+    """A loss curve that is lower at every step the closer lr is to BEST_LR."""
+    return 1.0 + abs(math.log10(lr / BEST_LR)) + 2.0 / step
+
+
+class Player:
+    """Plays the supervisor of every trial job: one step per round, then SUCCEEDED."""
+
+    def __init__(self, runtime: ScriptedRuntime):
+        self.runtime = runtime
+        self.steps: dict[str, int] = {}
+
+    def round(self, scheduler: Scheduler) -> None:
+        for job_id in list(self.runtime.logs):
+            record = scheduler.store.get_job(job_id)
+            if record.terminal or record.state == JobState.CANCELLING or job_id not in self.runtime.alive:
+                continue
+            done = self.steps.get(job_id, 0)
+            if done == 0:
+                self.runtime.state(job_id, JobState.RUNNING, "ranks up")
+            if done < STEPS:
+                self.steps[job_id] = done + 1
+                self.runtime.step(job_id, done + 1, loss(record.job.spec.training.lr, done + 1))
+            else:
+                self.runtime.state(job_id, JobState.SUCCEEDED, "done")
+
+
+def drive(scheduler: Scheduler, driver: SweepDriver, player: Player, sweep_id: str, rounds: int = 400) -> None:
+    for _ in range(rounds):
+        scheduler.tick()
+        driver.tick()
+        if scheduler.store.get_sweep(sweep_id).state.terminal:
+            return
+        player.round(scheduler)
+        time.sleep(0.002)  # lets the scheduler's cancel threads run
+    raise AssertionError(f"sweep {sweep_id} did not end: {scheduler.store.get_sweep(sweep_id)}")
+
+
+def settle_cancels(scheduler: Scheduler) -> None:
+    deadline = time.monotonic() + 10
+    while scheduler.store.list_jobs(states=[JobState.CANCELLING]):
+        assert time.monotonic() < deadline, "cancels did not finish"
+        time.sleep(0.01)
+        scheduler.tick()
+
+
+def assert_accounted(scheduler: Scheduler, sweep_id: str, trials: int) -> None:
+    """Trials 0..trials-1 exist once each, each with its own job labelled with the sweep and its number."""
+    record = scheduler.store.get_sweep(sweep_id)
+    assert [t.number for t in record.trials] == list(range(trials))
+    jobs = scheduler.store.list_jobs(labels={SWEEP_LABEL: sweep_id})
+    assert sorted(j.id for j in jobs) == sorted(t.job_id for t in record.trials)
+    by_id = {j.id: j for j in jobs}
+    for trial in record.trials:
+        job = by_id[trial.job_id]
+        assert job.labels[TRIAL_LABEL] == str(trial.number) and job.labels["team"] == "a"
+        assert job.job.spec.training.lr == trial.params["spec.training.lr"]
+        assert job.job.spec.training.warmup_steps == trial.params["spec.training.warmup_steps"]
+        assert trial.state != TrialState.RUNNING
+
+
+def test_sweep_runs_trials_as_jobs_prunes_bad_ones_and_finds_the_best(tmp_path: Path) -> None:
+    runtime = ScriptedRuntime()
+    scheduler = make_scheduler(tmp_path, runtime)
+    driver = SweepDriver(scheduler.store, scheduler)
+    record, _ = scheduler.store.create_sweep(sweep_spec())
+    player = Player(runtime)
+    driver.tick()
+    assert len(scheduler.store.list_jobs(labels={SWEEP_LABEL: record.id})) == 2  # parallel_trials at once
+    drive(scheduler, driver, player, record.id)
+    settle_cancels(scheduler)
+
+    record = scheduler.store.get_sweep(record.id)
+    assert record.state == SweepState.SUCCEEDED
+    assert_accounted(scheduler, record.id, 8)
+    pruned = [t for t in record.trials if t.state == TrialState.PRUNED]
+    complete = [t for t in record.trials if t.state == TrialState.COMPLETE]
+    assert pruned and complete
+    for trial in pruned:
+        job = scheduler.store.get_job(trial.job_id)
+        assert job.state == JobState.CANCELLED and job.reason == trial.reason
+        assert job.reason.startswith(f"pruned at step {trial.objective_step}: ") and trial.objective_step < STEPS
+    for trial in complete:  # the objective is the last step's loss, as the job reported it
+        metrics = scheduler.store.step_metrics(trial.job_id)
+        assert (trial.objective_step, trial.objective) == (STEPS, metrics[-1]["loss"])
+    # a pruned trial was worse, at its last step, than the median of the completed trials there
+    for trial in pruned:
+        others = sorted(
+            scheduler.store.step_metrics(t.job_id)[trial.objective_step - 1]["loss"]
+            for t in complete if t.end_time < trial.end_time
+        )
+        if others:
+            assert trial.objective > others[(len(others) - 1) // 2]
+
+
+def test_service_restart_mid_sweep_accounts_for_every_trial_once(tmp_path: Path) -> None:
+    runtime = ScriptedRuntime()  # the supervisors outlive the service, as Ray actors do
+    scheduler = make_scheduler(tmp_path, runtime)
+    driver = SweepDriver(scheduler.store, scheduler)
+    record, _ = scheduler.store.create_sweep(sweep_spec(trials=6, parallel=3, rule="none"))
+    player = Player(runtime)
+    for _ in range(14):  # some trials finished, others half way
+        scheduler.tick()
+        driver.tick()
+        player.round(scheduler)
+    before = scheduler.store.get_sweep(record.id)
+    assert any(t.state == TrialState.COMPLETE for t in before.trials)
+    assert any(t.state == TrialState.RUNNING for t in before.trials)
+    # SIGKILL: nothing of the old service's memory survives; a new one opens the same store
+    scheduler = make_scheduler(tmp_path, runtime)
+    scheduler.recover()
+    driver = SweepDriver(scheduler.store, scheduler)
+    driver.recover()
+    drive(scheduler, driver, player, record.id)
+
+    after = scheduler.store.get_sweep(record.id)
+    assert after.state == SweepState.SUCCEEDED
+    assert_accounted(scheduler, record.id, 6)
+    assert all(t.state == TrialState.COMPLETE for t in after.trials)
+    for old in before.trials:  # what was recorded before the crash is kept as it was
+        new = after.trials[old.number]
+        assert (new.job_id, new.params) == (old.job_id, old.params)
+        if old.state == TrialState.COMPLETE:
+            assert (new.objective, new.objective_step) == (old.objective, old.objective_step)
+    best = min(after.trials, key=lambda t: t.objective)
+    assert best.objective == min(loss(t.params["spec.training.lr"], STEPS) for t in after.trials)
+
+
+def test_restart_cancels_the_job_of_a_trial_pruned_just_before_a_crash(tmp_path: Path) -> None:
+    runtime = ScriptedRuntime()
+    scheduler = make_scheduler(tmp_path, runtime)
+    driver = SweepDriver(scheduler.store, scheduler)
+    record, _ = scheduler.store.create_sweep(sweep_spec(trials=2, parallel=1))
+    driver.tick()
+    scheduler.tick()
+    trial = scheduler.store.get_sweep(record.id).trials[0]
+    runtime.state(trial.job_id, JobState.RUNNING, "ranks up")
+    scheduler.tick()
+    # the driver settled the trial as pruned, then the service died before cancelling its job
+    scheduler.store.finish_trial(record.id, 0, TrialState.PRUNED, reason="pruned at step 1: test")
+    assert scheduler.store.get_job(trial.job_id).state == JobState.RUNNING
+    scheduler = make_scheduler(tmp_path, runtime)
+    scheduler.recover()
+    SweepDriver(scheduler.store, scheduler).recover()
+    settle_cancels(scheduler)
+    job = scheduler.store.get_job(trial.job_id)
+    assert job.state == JobState.CANCELLED and job.reason == "pruned at step 1: test"
+
+
+def test_cancelled_sweep_creates_no_trial_and_its_queued_trials_end(tmp_path: Path) -> None:
+    runtime = ScriptedRuntime()
+    scheduler = make_scheduler(tmp_path, runtime)
+    driver = SweepDriver(scheduler.store, scheduler)
+    record, _ = scheduler.store.create_sweep(sweep_spec(trials=4, parallel=2))
+    driver.tick()
+    scheduler.store.finish_sweep(record.id, SweepState.CANCELLED, "enough")
+    driver.tick()
+    record = scheduler.store.get_sweep(record.id)
+    assert len(record.trials) == 2 and {t.state for t in record.trials} == {TrialState.CANCELLED}
+    assert scheduler.store.create_trial(record.id, 2, {}, None) is None
+
+
+def test_command_job_sweep_passes_parameters_in_the_environment(tmp_path: Path) -> None:
+    """A command-job template: the parameter reaches the program as an environment variable, and the
+    objective is the loss its trainctl.report calls send."""
+    runtime = ScriptedRuntime()
+    scheduler = make_scheduler(tmp_path, runtime)
+    driver = SweepDriver(scheduler.store, scheduler)
+    sweep = parse_sweep_object({
+        "metadata": {"name": "script-sweep"},
+        "spec": {
+            "template": {"command": {"program": "python", "args": ["train.py"]}, "resources": {"gpus": 2, "device": "cpu"}},
+            "parameters": [{"path": "spec.command.env.LR", "type": "float", "low": 1e-4, "high": 1e-1, "log": True}],
+            "trials": 3, "parallel_trials": 3, "algorithm": "random",
+        },
+    })
+    record, _ = scheduler.store.create_sweep(sweep)
+    driver.tick()
+    scheduler.tick()
+    trials = scheduler.store.get_sweep(record.id).trials
+    for trial in trials:
+        job = scheduler.store.get_job(trial.job_id).job
+        assert job.spec.command is not None and job.spec.command.env == {"LR": str(trial.params["spec.command.env.LR"])}
+        assert job.spec.resources.gpus == 2 and job.spec.parallelism.dp_replicate == 2
+    scheduler.tick()
+    for trial in trials:
+        runtime.run(trial.job_id, [2.0, loss(trial.params["spec.command.env.LR"], 2)])
+    for _ in range(3):
+        scheduler.tick()
+        driver.tick()
+    record = scheduler.store.get_sweep(record.id)
+    assert record.state == SweepState.SUCCEEDED
+    assert [t.objective for t in record.trials] == [loss(t.params["spec.command.env.LR"], 2) for t in record.trials]

@@ -1,0 +1,172 @@
+"""`trainctl sweep create|get|list|cancel|watch`: hyperparameter sweeps (docs/sweeps.md).
+
+    trainctl sweep create FILE [--watch]     trainctl sweep get SWEEP [-o table|yaml|json]
+    trainctl sweep list                      trainctl sweep cancel SWEEP      trainctl sweep watch SWEEP
+    trainctl sweep report SWEEP [--out FILE.png] [--no-html]
+
+A sweep's trials are ordinary jobs: `trainctl list --label trainctl.sweep=SWEEP` lists them, and `get`,
+`logs`, `report` work on each. `register(subparsers)` adds the group to the main parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from trainctl.cli.client import TrainctlClient
+from trainctl.cli.progress import state_name, table
+from trainctl.service.sweep_convert import sweep_from_proto, value_from_proto
+from trainctl.spec.sweep import load_sweep_file
+from trainctl.v1 import training_pb2 as pb
+
+if TYPE_CHECKING:
+    from trainctl.cli.report import ReportFiles
+
+EXIT_OK, EXIT_ERROR = 0, 1
+TRIAL_HEADER = ["TRIAL", "JOB", "STATE", "JOB STATE", "STEPS", "OBJECTIVE", "PARAMETERS", "REASON"]
+SWEEP_HEADER = ["ID", "STATE", "TRIALS", "BEST", "OBJECTIVE", "REASON"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `sweep` command group to the main parser; returns its parser."""
+    parser = subparsers.add_parser("sweep", help="hyperparameter sweeps: create, get, list, cancel, watch")
+    commands = parser.add_subparsers(dest="sweep_command", required=True)
+    create = commands.add_parser("create", help="submit a Sweep spec")
+    create.add_argument("file")
+    create.add_argument("--watch", "-w", action="store_true", help="show the trials until the sweep ends")
+    get = commands.add_parser("get", help="one sweep: its trials, their parameters and objectives, the best")
+    get.add_argument("sweep")
+    get.add_argument("-o", "--output", choices=["table", "yaml", "json"], default="table")
+    commands.add_parser("list", help="sweeps, newest first")
+    cancel = commands.add_parser("cancel", help="stop a sweep and cancel its running trials")
+    cancel.add_argument("sweep")
+    watch = commands.add_parser("watch", help="show the trials each time they change, until the sweep ends")
+    watch.add_argument("sweep")
+    report = commands.add_parser("report", help="PNG + HTML: objective per trial, parameters, curves (also `trainctl report SWEEP`)")
+    report.add_argument("sweep")
+    report.add_argument("--out", type=Path, help="PNG path (default: <sweep id>-report.png)")
+    report.add_argument("--no-html", action="store_true", help="write only the PNG")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `trainctl sweep <command>` against the server."""
+    with TrainctlClient(args.server) as client:
+        if args.sweep_command == "create":
+            sweep = client.create_sweep(load_sweep_file(args.file))
+            print(f"sweep {sweep.id} {_state(sweep.status.state)}", flush=True)
+            return _watch(client, sweep.id) if args.watch else EXIT_OK
+        if args.sweep_command == "get":
+            sweep = client.get_sweep(args.sweep)
+            if args.output == "table":
+                print(describe(sweep))
+            elif args.output == "json":
+                print(json.dumps(sweep_document(sweep), indent=2))
+            else:
+                print(yaml.safe_dump(sweep_document(sweep), sort_keys=False), end="")
+            return EXIT_OK
+        if args.sweep_command == "list":
+            print(table([_sweep_row(s) for s in client.list_sweeps()], SWEEP_HEADER))
+            return EXIT_OK
+        if args.sweep_command == "report":
+            from trainctl.cli.report import ReportError
+
+            try:
+                files = report(client, args.sweep, args.out, html_page=not args.no_html)
+            except ReportError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return EXIT_ERROR
+            print(f"wrote {files.png}" + (f" and {files.html}" if files.html else ""))
+            return EXIT_OK
+        if args.sweep_command == "cancel":
+            sweep = client.cancel_sweep(args.sweep)
+            print(f"sweep {sweep.id} {_state(sweep.status.state)}: {sweep.status.reason}")
+            return EXIT_OK
+        return _watch(client, args.sweep)
+
+
+def report(client: TrainctlClient, sweep_id: str, out: Path | None, *, html_page: bool = True) -> ReportFiles:
+    """Write the sweep's report (trainctl.cli.sweep_report) from GetSweep and its trial jobs' steps."""
+    from trainctl.cli.sweep_report import write_sweep_report
+
+    sweep = client.get_sweep(sweep_id)
+    curves = {t.job_id: list(client.get_job(t.job_id, full=True).metrics) for t in sweep.status.trials if t.job_id}
+    return write_sweep_report(sweep, curves, out or Path(f"{sweep.id}-report.png"), html_page=html_page)
+
+
+def _watch(client: TrainctlClient, sweep_id: str) -> int:
+    last = None
+    for last in client.watch_sweep(sweep_id):
+        print(describe(last) + "\n", flush=True)
+    final = last or client.get_sweep(sweep_id)
+    return EXIT_OK if final.status.state == pb.SWEEP_STATE_SUCCEEDED else EXIT_ERROR
+
+
+def _state(number: int) -> str:
+    return pb.SweepState.Name(number).removeprefix("SWEEP_STATE_")
+
+
+def _trial_state(number: int) -> str:
+    return pb.TrialState.Name(number).removeprefix("TRIAL_STATE_")
+
+
+def _params(trial: pb.Trial) -> dict[str, Any]:
+    return {path: value_from_proto(trial.params[path]) for path in sorted(trial.params)}
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _objective(sweep: pb.Sweep) -> str:
+    objective = sweep.spec.objective
+    direction = pb.ObjectiveDirection.Name(objective.direction).removeprefix("OBJECTIVE_DIRECTION_").lower()
+    at = f"at step {objective.step}" if objective.HasField("step") else "at the last step"
+    return f"{direction} {objective.metric} {at}"
+
+
+def describe(sweep: pb.Sweep) -> str:
+    """A sweep as text: its state, objective, best trial and one row per trial."""
+    s = sweep.status
+    lines = [f"sweep {sweep.id} {_state(s.state)}: {s.reason}", f"objective: {_objective(sweep)}"]
+    if s.HasField("best_trial"):
+        best = s.trials[s.best_trial]
+        params = ", ".join(f"{k}={_short(v)}" for k, v in _params(best).items())
+        lines.append(f"best: trial {s.best_trial} ({best.job_id}) objective {s.best_objective:.6g} with {params}")
+    rows = []
+    for t in s.trials:
+        objective = f"{t.objective:.6g}" if t.HasField("objective") else "-"
+        params = " ".join(f"{k.removeprefix('spec.')}={_short(v)}" for k, v in _params(t).items())
+        job_state = state_name(t.job_state) if t.job_state else "-"
+        rows.append([str(t.number), t.job_id or "-", _trial_state(t.state), job_state, str(t.steps_done), objective, params, t.reason[:60]])
+    return "\n".join([*lines, table(rows, TRIAL_HEADER)])
+
+
+def sweep_document(sweep: pb.Sweep) -> dict[str, Any]:
+    """A sweep as the document `sweep get -o yaml|json` prints: the spec as written, status, trials."""
+    s = sweep.status
+    trials = [
+        {"number": t.number, "job_id": t.job_id or None, "state": _trial_state(t.state), "params": _params(t),
+         "objective": t.objective if t.HasField("objective") else None,
+         "objective_step": t.objective_step if t.HasField("objective_step") else None,
+         "job_state": state_name(t.job_state) if t.job_state else None, "steps_done": t.steps_done, "reason": t.reason}
+        for t in s.trials
+    ]
+    status = {
+        "state": _state(s.state), "reason": s.reason,
+        "best_trial": s.best_trial if s.HasField("best_trial") else None,
+        "best_objective": s.best_objective if s.HasField("best_objective") else None, "trials": trials,
+    }
+    return {"id": sweep.id, **sweep_from_proto(sweep).model_dump(mode="json"), "status": status}
+
+
+def _sweep_row(sweep: pb.Sweep) -> list[str]:
+    s = sweep.status
+    best = str(s.best_trial) if s.HasField("best_trial") else "-"
+    objective = f"{s.best_objective:.6g}" if s.HasField("best_objective") else "-"
+    return [sweep.id, _state(s.state), f"{len(s.trials)}/{sweep.spec.trials}", best, objective, s.reason[:60]]

@@ -1,0 +1,203 @@
+"""The sweep RPCs of the TrainingService (CreateSweep, GetSweep, ListSweeps, CancelSweep, WatchSweep).
+
+A mixin of `trainctl.service.api.TrainingServicer`: the same tenancy (another tenant's sweep is
+NOT_FOUND), the same job checks for the template (its fields named `spec.template.*`), and the sweep's
+own rules (trainctl.spec.sweep.sweep_violations) plus the tenant's quota against `parallel_trials`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from trainctl.service.auth import Authenticator
+from trainctl.service.convert import timestamp
+from trainctl.service.errors import bad_field, failed_precondition, invalid_argument, not_found
+from trainctl.service.planning import fit_violations
+from trainctl.service.pool import GpuPool
+from trainctl.service.scheduler import Scheduler
+from trainctl.service.store import JobStore, SweepNotFound, SweepRecord, SweepState, TrialRecord, TrialState
+from trainctl.service.sweep_convert import sweep_from_proto, sweep_to_proto, value_to_proto
+from trainctl.service.sweeps import SweepDriver
+from trainctl.service.tenancy import Principal, Quota
+from trainctl.spec.job import TrainingJob
+from trainctl.spec.sweep import SWEEP_LABEL, Sweep, sweep_violations
+from trainctl.spec.validate import FieldViolation, SpecError
+from trainctl.v1 import training_pb2 as pb
+from trainctl.workers.events import JobState
+
+MAX_ID_LENGTH = 128
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
+WATCH_POLL_SECONDS = 0.5
+
+
+def quota_violations(sweep: Sweep, tenant: str, quota: Quota) -> list[FieldViolation]:
+    """`spec.parallel_trials` against the tenant's quota: the trials that run at once must fit its
+    running GPUs, and the trials waiting at once its queued jobs."""
+    parallel, gpus = sweep.spec.parallel_trials, sweep.spec.template.resources.gpus
+    out = []
+    if quota.running_gpus is not None and parallel * gpus > quota.running_gpus:
+        out.append(FieldViolation("spec.parallel_trials", (
+            f"{parallel} trials of {gpus} GPUs need {parallel * gpus} GPUs at once; quota running_gpus of "
+            f"tenant {tenant!r} is {quota.running_gpus}"
+        )))
+    if quota.queued_jobs is not None and parallel > quota.queued_jobs:
+        out.append(FieldViolation("spec.parallel_trials", (
+            f"{parallel} trials may wait in the queue at once; quota queued_jobs of tenant {tenant!r} is {quota.queued_jobs}"
+        )))
+    return out
+
+
+class SweepRpcs:
+    """The sweep handlers; the servicer provides what is declared here."""
+
+    store: JobStore
+    scheduler: Scheduler
+    pool: GpuPool
+    auth: Authenticator
+    sweeps: SweepDriver | None
+    stopping: threading.Event
+    _principal: Callable[[grpc.ServicerContext], Principal]
+    _checked: Callable[[TrainingJob, Principal], tuple[TrainingJob, list[FieldViolation]]]
+
+    def _sweep(self, sweep_id: str, principal: Principal) -> SweepRecord:
+        if not sweep_id:
+            raise bad_field("id", "a sweep id is required")
+        if len(sweep_id) > MAX_ID_LENGTH:
+            raise bad_field("id", f"longer than {MAX_ID_LENGTH} characters")
+        try:
+            record = self.store.get_sweep(sweep_id)
+        except SweepNotFound:
+            raise not_found(f"sweep {sweep_id!r}") from None
+        if not principal.can_access(record.tenant):
+            raise not_found(f"sweep {sweep_id!r}")
+        return record
+
+    def _sweep_message(self, record: SweepRecord) -> pb.Sweep:
+        jobs = self.store.list_jobs(labels={SWEEP_LABEL: record.id})
+        return sweep_record_to_proto(record, {j.id: (j.state, j.steps_done) for j in jobs})
+
+    def _valid_sweep(self, message: pb.Sweep, principal: Principal) -> Sweep:
+        """The request's sweep with its template's paths resolved, or INVALID_ARGUMENT naming each field."""
+        try:
+            sweep = sweep_from_proto(message)
+        except SpecError as exc:
+            raise invalid_argument(exc.violations, "invalid sweep: " + str(exc)) from None
+        violations = sweep_violations(sweep, pool_gpus=self.pool.total)
+        if not violations:
+            job, problems = self._checked(TrainingJob(metadata=sweep.metadata, spec=sweep.spec.template), principal)
+            problems = problems or fit_violations(job, self.pool)
+            violations += [FieldViolation("spec.template" + v.field.removeprefix("spec"), v.description) for v in problems]
+            sweep = sweep.model_copy(update={"spec": sweep.spec.model_copy(update={"template": job.spec})})
+        violations += quota_violations(sweep, principal.tenant, self.auth.quota(principal.tenant))
+        if violations:
+            raise invalid_argument(violations, "invalid sweep: " + "; ".join(map(str, violations)))
+        return sweep
+
+    def CreateSweep(self, request: pb.CreateSweepRequest, context: grpc.ServicerContext) -> pb.Sweep:  # noqa: N802
+        principal = self._principal(context)
+        if not request.HasField("sweep"):
+            raise bad_field("sweep", "the sweep to create is required")
+        if len(request.request_id) > MAX_ID_LENGTH:
+            raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
+        sweep = self._valid_sweep(request.sweep, principal)
+        record, _created = self.store.create_sweep(sweep, tenant=principal.tenant, request_id=request.request_id or None)
+        if self.sweeps is not None:
+            self.sweeps.wake()
+        return self._sweep_message(record)
+
+    def GetSweep(self, request: pb.GetSweepRequest, context: grpc.ServicerContext) -> pb.Sweep:  # noqa: N802
+        return self._sweep_message(self._sweep(request.id, self._principal(context)))
+
+    def ListSweeps(self, request: pb.ListSweepsRequest, context: grpc.ServicerContext) -> pb.ListSweepsResponse:  # noqa: N802
+        principal = self._principal(context)
+        if request.page_size < 0:
+            raise bad_field("page_size", "must not be negative")
+        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        before = None
+        if request.page_token:
+            if not request.page_token.isdigit() or len(request.page_token) > 18:
+                raise bad_field("page_token", "not a token this server issued (pass next_page_token unchanged)")
+            before = int(request.page_token)
+        records = self.store.list_sweeps(tenant=principal.tenant_filter(), limit=size + 1, before_seq=before)
+        response = pb.ListSweepsResponse(sweeps=[self._sweep_message(r) for r in records[:size]])
+        if len(records) > size:
+            response.next_page_token = str(records[size - 1].seq)
+        return response
+
+    def CancelSweep(self, request: pb.CancelSweepRequest, context: grpc.ServicerContext) -> pb.Sweep:  # noqa: N802
+        principal = self._principal(context)
+        record = self._sweep(request.id, principal)
+        if len(request.reason) > 1000:
+            raise bad_field("reason", "longer than 1000 characters")
+        if record.state in (SweepState.SUCCEEDED, SweepState.FAILED):
+            raise failed_precondition(f"sweep {record.id} already ended {record.state}")
+        reason = request.reason or f"sweep cancelled by {principal.name}"
+        self.store.finish_sweep(record.id, SweepState.CANCELLED, reason)
+        record = self.store.get_sweep(record.id)
+        for trial in record.trials:
+            if trial.state == TrialState.CANCELLED and trial.job_id:
+                job = self.store.get_job(trial.job_id)
+                if job.state in (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING):
+                    self.scheduler.request_cancel(trial.job_id, trial.reason)
+        return self._sweep_message(record)
+
+    def WatchSweep(self, request: pb.WatchSweepRequest, context: grpc.ServicerContext) -> Iterator[pb.Sweep]:  # noqa: N802
+        record = self._sweep(request.id, self._principal(context))
+        last = b""
+        while True:
+            record = self.store.get_sweep(record.id)
+            message = self._sweep_message(record)
+            serialized = message.SerializeToString(deterministic=True)
+            if serialized != last:
+                last = serialized
+                yield message
+            if record.state.terminal or self.stopping.is_set() or not context.is_active():
+                return
+            self.store.wait_for_change(WATCH_POLL_SECONDS)
+
+
+# ---- a stored sweep as the API's answer ------------------------------------------------------------
+
+
+def best_trial(record: SweepRecord) -> TrialRecord | None:
+    """The COMPLETE trial with the best objective (the lowest number among equals), or None."""
+    complete = [t for t in record.trials if t.state == TrialState.COMPLETE and t.objective is not None]
+    if not complete:
+        return None
+    sign = -1.0 if record.sweep.spec.objective.direction == "maximize" else 1.0
+    return min(complete, key=lambda t: (sign * t.objective, t.number))
+
+
+def sweep_record_to_proto(record: SweepRecord, jobs: dict[str, tuple[JobState, int]]) -> pb.Sweep:
+    """A stored sweep as the API's Sweep; `jobs` maps each trial job id to its (state, steps done)."""
+    message = sweep_to_proto(record.sweep)
+    message.id = record.id
+    status = message.status
+    status.state = pb.SweepState.Value(f"SWEEP_STATE_{record.state}")
+    status.reason = record.reason
+    for name in ("create_time", "update_time", "end_time"):
+        timestamp(getattr(status, name), getattr(record, name))
+    for trial in record.trials:
+        item = status.trials.add(number=trial.number, job_id=trial.job_id or "", reason=trial.reason)
+        item.state = pb.TrialState.Value(f"TRIAL_STATE_{trial.state}")
+        for path, value in trial.params.items():
+            value_to_proto(value, item.params[path])
+        if trial.objective is not None:
+            item.objective = trial.objective
+        if trial.objective_step is not None:
+            item.objective_step = trial.objective_step
+        if trial.job_id in jobs:
+            job_state, steps = jobs[trial.job_id]
+            item.job_state = pb.JobState.Value(job_state)
+            item.steps_done = steps
+        timestamp(item.create_time, trial.create_time)
+        timestamp(item.end_time, trial.end_time)
+    best = best_trial(record)
+    if best is not None and best.objective is not None:
+        status.best_trial = best.number
+        status.best_objective = best.objective
+    return message
