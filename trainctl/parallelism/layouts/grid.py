@@ -101,30 +101,47 @@ class RankGrid:
         `dims` is a dimension name, a tuple of names (a flattened group such as
         ("dp_replicate", "dp_shard")), or "ep" / "ep_dp" for the expert groups of MoE layers.
         """
-        for members in self.groups(dims):
-            if rank in members:
-                return members
-        raise AssertionError("unreachable: every rank is in exactly one group")
+        names = (dims,) if isinstance(dims, str) else tuple(dims)
+        if names in (("ep",), ("ep_dp",)):
+            for members in self._expert_groups(names[0]):
+                if rank in members:
+                    return members
+            raise AssertionError("unreachable: every rank is in exactly one group")
+        self._check_dims(names)
+        coords = self.coords(rank)
+        base = rank - sum(coords[d] * self._stride(d) for d in names)
+        return self._members(base, [d for d in DIMS if d in names])
 
     def groups(self, dims: str | Iterable[str]) -> list[list[int]]:
         """Every group along `dims`: a partition of all ranks."""
         names = (dims,) if isinstance(dims, str) else tuple(dims)
         if names in (("ep",), ("ep_dp",)):
             return self._expert_groups(names[0])
+        self._check_dims(names)
+        fixed = [d for d in DIMS if d not in names]
+        varying = [d for d in DIMS if d in names]
+        return [
+            self._members(sum(c * self._stride(d) for d, c in zip(fixed, outer, strict=True)), varying)
+            for outer in product(*(range(getattr(self, d)) for d in fixed))
+        ]
+
+    def _stride(self, dim: str) -> int:
+        """Rank distance between neighbours along `dim` (tp innermost: stride 1)."""
+        return prod(getattr(self, d) for d in DIMS[DIMS.index(dim) + 1 :])
+
+    def _members(self, base: int, varying: list[str]) -> list[int]:
+        """The ranks `base + sum(coordinate x stride)` over every coordinate of `varying`, in grid order."""
+        members = [base]
+        for dim in varying:
+            stride = self._stride(dim)
+            members = [m + i * stride for m in members for i in range(getattr(self, dim))]
+        return members
+
+    @staticmethod
+    def _check_dims(names: tuple[str, ...]) -> None:
         unknown = set(names) - set(DIMS)
         if unknown:
             raise LayoutError(f"unknown grid dimensions {sorted(unknown)}; known: {DIMS} and 'ep', 'ep_dp'")
-        fixed = [d for d in DIMS if d not in names]
-        varying = [d for d in DIMS if d in names]
-        result = []
-        for outer in product(*(range(getattr(self, d)) for d in fixed)):
-            base = dict(zip(fixed, outer, strict=True))
-            members = [
-                self.rank_of(**base, **dict(zip(varying, inner, strict=True)))
-                for inner in product(*(range(getattr(self, d)) for d in varying))
-            ]
-            result.append(members)
-        return result
 
     def _expert_groups(self, which: str) -> list[list[int]]:
         by_key: dict[tuple[int, ...], list[int]] = {}
