@@ -36,6 +36,7 @@ import yaml  # noqa: E402
 from trainctl.cli import data_cmd, export_cmd, generate_cmd, topology_cmd  # noqa: E402
 from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient  # noqa: E402
 from trainctl.cli.progress import follow, state_name  # noqa: E402
+from trainctl.parallelism.sizing.step_time import STEP_TERMS  # noqa: E402
 from trainctl.service.convert import job_from_proto  # noqa: E402
 from trainctl.service.errors import field_violations  # noqa: E402
 from trainctl.spec.job import TrainingJob  # noqa: E402
@@ -44,8 +45,6 @@ from trainctl.v1 import training_pb2 as pb  # noqa: E402
 from trainctl.workers.topology.presets import CLUSTER_PRESETS  # noqa: E402
 
 EXIT_OK, EXIT_ERROR, EXIT_INVALID = 0, 1, 2
-STEP_TERMS = ("compute_at_peak", "pipeline_bubble", "communication")
-"""The order a plan's modelled step-time terms print in (others follow by name)."""
 
 
 class CliError(Exception):
