@@ -22,7 +22,7 @@ count per rank, ranks with the same estimate are estimated once (`rank_classes`)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from trainctl.parallelism.engine.efficiency import with_micro_batch_size
@@ -90,7 +90,8 @@ def plan_job(job: TrainingJob, pool: GpuPool) -> pb.PlanJobResponse:
     if job.spec.command is not None:
         plan.notes.append("a command job runs its own program: no memory or step-time estimate")
         return plan
-    _estimate(job, plan, pool.gpu_model(placement.assignments[0].node) if placement else None)
+    _estimate(job, plan, pool.gpu_model(placement.assignments[0].node) if placement else None,
+              placement.seconds_by_dim if placement else {})
     return plan
 
 
@@ -150,7 +151,7 @@ def fit_violations(job: TrainingJob, pool: GpuPool) -> list[FieldViolation]:
     )]
 
 
-def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None) -> None:
+def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None, seconds_by_dim: Mapping[str, float]) -> None:
     config = resolve_model(job.spec.model)
     grid = RankGrid.from_spec(job.spec.parallelism)
     ranks = list(range(grid.world_size))
@@ -178,6 +179,9 @@ def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None)
         plan.step_time_breakdown["communication"] = communication
         plan.notes.append(f"compute time not modelled: no peak FLOP rate for device {device or 'cpu'!r}")
         return
-    step = modelled_step_time(config, estimable(job), peak, communication)
+    step = modelled_step_time(config, estimable(job), peak, seconds_by_dim)
     plan.step_time_breakdown.update(step.terms())
     plan.step_time_seconds = step.total
+    if step.overlapped:
+        plan.notes.append(f"{step.overlapped * 1e3:.2f} ms of data- and context-parallel communication overlaps compute "
+                          "(not in the step time)")

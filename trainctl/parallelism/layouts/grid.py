@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import product
 from math import prod
 
 DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -118,12 +117,10 @@ class RankGrid:
         if names in (("ep",), ("ep_dp",)):
             return self._expert_groups(names[0])
         self._check_dims(names)
-        fixed = [d for d in DIMS if d not in names]
         varying = [d for d in DIMS if d in names]
-        return [
-            self._members(sum(c * self._stride(d) for d, c in zip(fixed, outer, strict=True)), varying)
-            for outer in product(*(range(getattr(self, d)) for d in fixed))
-        ]
+        bases = self._members(0, [d for d in DIMS if d not in names])
+        offsets = self._members(0, varying)
+        return [[base + offset for offset in offsets] for base in bases]
 
     def _stride(self, dim: str) -> int:
         """Rank distance between neighbours along `dim` (tp innermost: stride 1)."""
@@ -134,7 +131,8 @@ class RankGrid:
         members = [base]
         for dim in varying:
             stride = self._stride(dim)
-            members = [m + i * stride for m in members for i in range(getattr(self, dim))]
+            steps = [i * stride for i in range(getattr(self, dim))]
+            members = [m + step for m in members for step in steps]
         return members
 
     @staticmethod
