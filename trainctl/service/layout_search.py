@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import product
 
 from trainctl.parallelism.layouts.grid import RankGrid
@@ -110,7 +110,6 @@ class SearchResult:
     """Placed by the solver."""
     seconds: float
     """Wall time of the search (imports not counted)."""
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -129,6 +128,8 @@ def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top
     started = time.perf_counter()
     if job.spec.command is not None:
         raise LayoutSearchError("spec.command: a command job runs its own program; its memory and step time are unknown here")
+    if job.spec.resources.device == "cpu":
+        raise LayoutSearchError("spec.resources.device: cpu; the search ranks layouts on the cluster's GPUs (use auto or cuda)")
     pool = GpuPool(topology, source)
     world = job.spec.resources.gpus if "gpus" in job.spec.resources.model_fields_set else pool.total
     if world > pool.total:
