@@ -151,6 +151,19 @@ def test_a_cluster_too_small_for_any_layout_is_refused_with_the_smallest_need() 
     assert need > 80.0 and need * 2**30 >= 16 * params / 8 * 0.999
 
 
+def test_jobs_the_search_cannot_rank_are_refused_by_field() -> None:
+    topology = cluster_topology("hgx-h100:1")
+    cases = {
+        "spec.model.preset: unknown model preset 'llama9'": {"model": {"preset": "llama9"}},
+        "spec.model.from_pretrained: ": {"model": {"from_pretrained": "/nonexistent/model"}},
+        "spec.resources.device: cpu": {"model": {"preset": "llama3-8b"}, "resources": {"device": "cpu"}},
+        "spec.command: a command job": {"command": {"program": "python"}},
+    }
+    for expected, spec in cases.items():
+        with pytest.raises(LayoutSearchError, match=expected.replace(".", r"\.").replace("(", r"\(")):
+            suggest_layouts(parse_object({"metadata": {"name": "bad"}, "spec": spec}), topology, "hgx-h100:1")
+
+
 def test_the_gpu_count_is_the_specs_when_it_sets_one() -> None:
     result = suggest_layouts(job_of("llama3-8b", 64, gpus=16), cluster_topology("hgx-h100:4"), "hgx-h100:4", top=2)
     assert result.gpus == 16 and all(layout.body.parallelism.world_size == 16 for layout in result.layouts)

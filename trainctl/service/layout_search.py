@@ -56,7 +56,7 @@ from trainctl.parallelism.sizing.flops import peak_flops, training_flops_per_tok
 from trainctl.parallelism.sizing.step_time import StepTime, modelled_step_time
 from trainctl.service.pool import GpuPool, PlannedPlacement
 from trainctl.spec.job import JobSpecBody, ParallelismSpec, TrainingJob
-from trainctl.spec.presets import ModelConfig, resolve_model
+from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
 from trainctl.spec.validate import pretrained_violations, semantic_violations
 from trainctl.workers.placement.fabric import LEVELS
 from trainctl.workers.placement.solver import job_traffic
@@ -100,7 +100,6 @@ class SearchResult:
 
     layouts: list[Layout]
     gpus: int
-    gpu_model: str
     capacity_bytes: int
     enumerated: int
     """Layouts (grid, zero stage, schedule, micro-batch, checkpointing) enumerated."""
@@ -143,10 +142,12 @@ def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top
         raise LayoutSearchError(f"{source}: GPU model {', '.join(unknown)} has no known memory or {dtype} peak; the search "
                                 "ranks by modelled step time on known GPUs")
     capacity, peak = min(c for c in capacities if c), min(p for p in peaks if p)
-    problems = pretrained_violations(job)
-    if problems:
-        raise LayoutSearchError("; ".join(str(p) for p in problems))
-    config = resolve_model(job.spec.model)
+    try:
+        config = resolve_model(job.spec.model)
+    except PretrainedConfigError as exc:
+        raise LayoutSearchError(f"spec.model.from_pretrained: {exc}") from None
+    except UnknownPresetError as exc:
+        raise LayoutSearchError(f"spec.model.preset: {exc}") from None
     search = _Search(job, config, pool, world, capacity, peak)
     variants = sorted(search.variants(), key=lambda v: (v.estimate, v.traffic))
     solved = max(top, 1) + 2
@@ -173,7 +174,7 @@ def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top
     layouts = sorted((search.solved(variant) for variant in shortlist.values()),
                      key=lambda layout: (layout.step.total, layout.memory.total_bytes))
     return SearchResult(
-        layouts=layouts[:top], gpus=world, gpu_model=", ".join(models), capacity_bytes=capacity,
+        layouts=layouts[:top], gpus=world, capacity_bytes=capacity,
         enumerated=len(variants), evaluated=evaluated, solved=len(shortlist), seconds=time.perf_counter() - started,
     )
 
