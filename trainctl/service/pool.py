@@ -42,7 +42,7 @@ class PlannedPlacement:
     @classmethod
     def from_solver(cls, solved: Placement, grid: RankGrid) -> PlannedPlacement:
         assignments = tuple(sorted(solved.assignments, key=lambda a: a.rank))
-        coords = {a.rank: {d: grid.coords(a.rank)[d] for d in DIMS} for a in assignments}
+        coords = {a.rank: _grid_coords(grid, a.rank) for a in assignments}
         return cls(
             assignments=assignments, coords=coords, cost_seconds=float(solved.comm_seconds),
             level_by_dim=dict(solved.level_by_dim), seconds_by_dim=dict(solved.comm_seconds_by_dim),
@@ -141,6 +141,12 @@ class GpuPool:
     def nodes(self) -> list[tuple[str, list[int]]]:
         """(node name, its GPU indices) in map order."""
         return [(node, list(gpus)) for node, gpus in node_gpus(self.topology)]
+
+
+def _grid_coords(grid: RankGrid, rank: int) -> dict[str, int]:
+    """`rank`'s coordinate along each grid dimension (without the derived expert ones)."""
+    coords = grid.coords(rank)
+    return {d: coords[d] for d in DIMS}
 
 
 def node_gpus(topology: Any) -> list[tuple[str, list[int]]]:
