@@ -38,7 +38,7 @@ class Recipe:
     """Global batch in sequences of SEQ_LEN tokens."""
     source: str
     tp: str
-    """"1" (no tensor parallelism) or "node" (1 < tp <= GPUs per node, groups inside NVLink)."""
+    """"1" (no tensor parallelism), "node" (1 < tp <= GPUs per node, groups inside NVLink) or "any"."""
     pp: str
     """"1", or "across" (pp > 1, stage boundaries between nodes), or "any"."""
 
@@ -99,6 +99,15 @@ def test_the_best_layout_has_the_shape_of_the_published_recipe(recipe: Recipe) -
         assert par.pp == 1, recipe.source
     elif recipe.pp == "across":
         assert par.pp > 1 and placement.level_by_dim["pp"] != "nvlink" and par.dp > 1, f"{recipe.source}: PP across nodes"
+
+
+@pytest.mark.parametrize("model, nodes", [("llama3-8b", 16), ("llama3-8b", 128), ("llama3-70b", 2), ("llama3-70b", 16)])
+def test_tensor_parallel_groups_never_leave_a_node_at_any_size(model: str, nodes: int) -> None:
+    """Across 8-1,024 GPUs (2M-token batches): every suggestion keeps tp within one node's NVLink."""
+    for layout in search(Recipe(model, nodes, 256, "the Ultra-Scale Playbook: TP inside a node", "any", "any"), top=5).layouts:
+        par, placement = layout.body.parallelism, layout.placement
+        assert par.tp <= GPUS_PER_NODE and placement is not None and not placement.split_dims
+        assert par.tp == 1 or placement.level_by_dim["tp"] == "nvlink"
 
 
 @pytest.mark.parametrize("recipe", [RECIPES[1], RECIPES[4]], ids=["8b-32gpus", "70b-256gpus"])
