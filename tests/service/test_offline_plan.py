@@ -16,9 +16,10 @@ from trainctl.cli.client import TrainctlClient
 from trainctl.cli.main import EXIT_INVALID, main
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.parallelism.sizing.estimator import flops_per_step
-from trainctl.parallelism.sizing.flops import peak_flops
+from trainctl.parallelism.sizing.flops import peak_flops, training_flops_per_token
 from trainctl.parallelism.sizing.pipeline_bubble import bubble_seconds
 from trainctl.service.planning import plan_on_map
+from trainctl.service.pool import GpuPool
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.spec.validate import load_job_file, parse_object
@@ -58,26 +59,36 @@ def test_the_offline_plan_is_the_service_plan_on_the_same_map(hgx_client: Trainc
         assert plan_on_map(job, topology, "--cluster hgx-h100:2") == hgx_client.plan_job(job)
     offline = plan_on_map(fits, topology, "--cluster hgx-h100:2")
     assert offline.valid and len(offline.placement) == 16 and len(offline.memory) == 16
-    assert set(offline.step_time_breakdown) == {"compute_at_peak", "pipeline_bubble", "communication"}
+    assert set(offline.step_time_breakdown) == {"compute_at_peak", "recompute", "pipeline_bubble", "communication"}
     assert offline.step_time_seconds == pytest.approx(sum(offline.step_time_breakdown.values()))
     refused = plan_on_map(too_big, topology, "--cluster hgx-h100:2")
     assert not refused.valid and [v.field for v in refused.violations] == ["spec.resources.gpus"]
 
 
 @pytest.mark.parametrize("preset", ["hgx-h100:4", "gb200-nvl72:1", "pcie-h100-nvl:4"])
-def test_step_time_is_compute_at_the_preset_peak_plus_bubble_plus_communication(preset: str) -> None:
+def test_step_time_is_compute_at_the_preset_peak_plus_recompute_bubble_and_exposed_communication(preset: str) -> None:
     job = resized(load_job_file(HYBRID), pp=4, dp_shard=2)  # 4 stages, 256 / (2 x 2) = 64 micro-batches
     plan = plan_on_map(job, cluster_topology(preset), preset)
     grid = RankGrid.from_spec(job.spec.parallelism)
     peak = peak_flops(cluster_preset(preset.split(":")[0]).gpu_model, job.spec.training.dtype)
-    compute = flops_per_step(resolve_model(job.spec.model), job.spec) / grid.world_size / peak
+    config = resolve_model(job.spec.model)
+    compute = flops_per_step(config, job.spec) / grid.world_size / peak
+    # full activation checkpointing runs every block's forward again: a third of the blocks' FLOPs
+    blocks = compute * (1 - 6 * config.dim * config.vocab_size / training_flops_per_token(config, job.spec.data.seq_len))
     par, training = job.spec.parallelism, job.spec.training
+    assert training.activation_checkpointing == "full"
     micro_batches = training.global_batch_size // (grid.dp * training.micro_batch_size)
+    # data-parallel communication hides behind compute + recompute; tp and pp transfers are exposed
+    by_dim = GpuPool(cluster_topology(preset), preset).place(job, empty=True).seconds_by_dim
+    assert sum(by_dim.values()) == pytest.approx(plan.placement_cost_seconds)
+    exposed = by_dim["tp"] + by_dim["pp"] + max(0.0, by_dim["dp"] - compute - blocks / 3)
     assert dict(plan.step_time_breakdown) == pytest.approx({
         "compute_at_peak": compute,
-        "pipeline_bubble": bubble_seconds(compute, par.pp_schedule, par.pp, micro_batches, par.pp_virtual_stages),
-        "communication": plan.placement_cost_seconds,
+        "recompute": blocks / 3,
+        "pipeline_bubble": bubble_seconds(compute + blocks / 3, par.pp_schedule, par.pp, micro_batches, par.pp_virtual_stages),
+        "communication": exposed,
     })
+    assert f"{(plan.placement_cost_seconds - exposed) * 1e3:.2f} ms of data- and context-parallel communication overlaps" in plan.notes[-1]
 
 
 def test_the_cli_plans_offline_without_a_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@
                    [--nodes N] [--gpus-per-node G]
     trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
     trainctl cancel JOB                  trainctl logs JOB [-f] [--rank N]   trainctl plan FILE [--cluster PRESET:N | --topology MAP]
+    trainctl plan FILE --cluster PRESET:N | --topology MAP --suggest [--top K]
     trainctl validate FILE               trainctl demo
     trainctl sweep create|get|list|cancel|watch   (hyperparameter sweeps: trainctl.cli.sweep_cmd)
     trainctl data prepare PATHS --out DIR   trainctl export JOB|CKPT --out DIR   trainctl generate JOB|CKPT --prompt T
@@ -37,6 +38,7 @@ import yaml  # noqa: E402
 from trainctl.cli import data_cmd, export_cmd, generate_cmd, sweep_cmd, topology_cmd  # noqa: E402
 from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient  # noqa: E402
 from trainctl.cli.progress import follow, state_name, table  # noqa: E402
+from trainctl.parallelism.sizing.step_time import STEP_TERMS  # noqa: E402
 from trainctl.service.convert import job_from_proto  # noqa: E402
 from trainctl.service.errors import field_violations  # noqa: E402
 from trainctl.spec.job import TrainingJob  # noqa: E402
@@ -45,8 +47,6 @@ from trainctl.v1 import training_pb2 as pb  # noqa: E402
 from trainctl.workers.topology.presets import CLUSTER_PRESETS  # noqa: E402
 
 EXIT_OK, EXIT_ERROR, EXIT_INVALID = 0, 1, 2
-STEP_TERMS = ("compute_at_peak", "pipeline_bubble", "communication")
-"""The order a plan's modelled step-time terms print in (others follow by name)."""
 
 
 class CliError(Exception):
@@ -225,6 +225,8 @@ def of_rank(events: Iterable[pb.JobEvent], rank: int | None) -> Iterator[pb.JobE
 
 def cmd_plan(args: argparse.Namespace) -> int:
     job = _load(args.file)
+    if args.suggest:
+        return _suggest(args, job)
     if args.cluster or args.topology:
         plan, where = _offline_plan(args, job)
     else:
@@ -258,12 +260,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _offline_plan(args: argparse.Namespace, job: TrainingJob) -> tuple[pb.PlanJobResponse, str]:
-    """The plan on `--cluster PRESET:N` or `--topology MAP` with no server (the service's own planning,
-    so the engine's estimator and torch load here), and the cluster described for the output."""
-    from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
-    from trainctl.parallelism.sizing.flops import peak_flops
-    from trainctl.service.planning import plan_on_map
+def _suggest(args: argparse.Namespace, job: TrainingJob) -> int:
+    """`plan --suggest`: the layout search on the cluster, offline (its estimator loads torch here)."""
+    from trainctl.cli.suggest_cmd import suggestion_lines
+    from trainctl.service.layout_search import LayoutSearchError, suggest_layouts
+
+    if not (args.cluster or args.topology):
+        raise CliError("--suggest plans offline: give the cluster with --cluster PRESET:N or --topology MAP", EXIT_INVALID)
+    topology, option = _offline_topology(args)
+    try:
+        result = suggest_layouts(job, topology, option, top=args.top)
+    except LayoutSearchError as exc:
+        raise CliError(f"no layout to suggest for {args.file} on {option}: {exc}", EXIT_INVALID) from None
+    print("\n".join(suggestion_lines(job, result, _cluster_words(job, topology, option, result.gpus))))
+    return EXIT_OK
+
+
+def _offline_topology(args: argparse.Namespace) -> tuple[Any, str]:
+    """The map `--cluster PRESET:N` or `--topology MAP` names, and the option as written."""
     from trainctl.workers.topology import TopologyError, load_topology
     from trainctl.workers.topology.presets import cluster_topology
 
@@ -272,16 +286,32 @@ def _offline_plan(args: argparse.Namespace, job: TrainingJob) -> tuple[pb.PlanJo
         topology = cluster_topology(args.cluster) if args.cluster else load_topology(args.topology)
     except TopologyError as exc:
         raise CliError(f"{flag}: {exc}", EXIT_INVALID) from None
-    option = f"{flag} {value}"
-    plan = plan_on_map(job, topology, option)
+    return topology, f"{flag} {value}"
+
+
+def _cluster_words(job: TrainingJob, topology: Any, option: str, gpus: int) -> str:
+    """`option: N GPUs, MODEL (peak ..., memory)` for the output's first line."""
+    from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
+    from trainctl.parallelism.sizing.flops import peak_flops
+
     dtype = job.spec.training.dtype
-    gpus = []
+    models = []
     for model in dict.fromkeys(node.gpu_model for node in topology.nodes):
         peak, memory = peak_flops(model, dtype), gpu_memory_bytes(model)
-        gpus.append(f"{model or 'unnamed GPUs'} ("
-                    + (f"peak {peak / 1e12:,.0f} TFLOP/s {dtype}" if peak else f"no known peak for {dtype}")
-                    + (f", {memory / 2**30:.1f} GiB" if memory else ", memory unknown") + ")")
-    return plan, f"{option}: {plan.pool_gpus} GPUs, " + ", ".join(gpus)
+        models.append(f"{model or 'unnamed GPUs'} ("
+                      + (f"peak {peak / 1e12:,.0f} TFLOP/s {dtype}" if peak else f"no known peak for {dtype}")
+                      + (f", {memory / 2**30:.1f} GiB" if memory else ", memory unknown") + ")")
+    return f"{option}: {gpus} GPUs, " + ", ".join(models)
+
+
+def _offline_plan(args: argparse.Namespace, job: TrainingJob) -> tuple[pb.PlanJobResponse, str]:
+    """The plan on `--cluster PRESET:N` or `--topology MAP` with no server (the service's own planning,
+    so the engine's estimator and torch load here), and the cluster described for the output."""
+    from trainctl.service.planning import plan_on_map
+
+    topology, option = _offline_topology(args)
+    plan = plan_on_map(job, topology, option)
+    return plan, _cluster_words(job, topology, option, plan.pool_gpus)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -391,6 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="plan offline, no server, on N nodes or racks of a named cluster ("
                               + ", ".join(f"{p.name}: {p.gpus_per_unit} GPUs per {p.unit}" for p in CLUSTER_PRESETS) + ")")
     offline.add_argument("--topology", type=Path, metavar="MAP", help="plan offline, no server, on a topology map file")
+    plan.add_argument("--suggest", action="store_true",
+                      help="with --cluster or --topology: search the layouts of the job's model, sequence length and global "
+                           "batch on all the cluster's GPUs and print the fastest by modelled step time")
+    plan.add_argument("--top", type=_positive_int, default=5, metavar="K", help="with --suggest: how many layouts to print (default 5)")
     plan.set_defaults(handler=cmd_plan, needs_client=False)
 
     validate = sub.add_parser("validate", help="check a job spec locally")

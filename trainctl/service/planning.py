@@ -5,11 +5,11 @@ submit-time check that a job's ranks fit the largest GPU of the pool.
 Placement comes from the pool (the placement solver on the whole pool, as if it were empty, and
 whether it fits on the GPUs free now); memory per rank and the modelled step time come from the
 engine's estimator (trainctl.parallelism.sizing.estimator: exact local shapes computed from the model's
-configuration, never by building it). The modelled step time is compute at the device's peak FLOP
-rate, plus the pipeline bubble of the job's schedule over that compute
-(trainctl.parallelism.sizing.pipeline_bubble), plus the placement's modelled communication, not
-overlapped: a lower bound on compute, an upper bound on exposed communication. Devices without a
-known peak (CPUs) get no compute time, and the plan says so.
+configuration, never by building it). The modelled step time (trainctl.parallelism.sizing.step_time,
+shared with the layout search) is compute at the device's peak FLOP rate, plus activation
+recomputation, plus the pipeline bubble of the job's schedule over that busy time, plus the
+placement's modelled communication, not overlapped: a lower bound on compute, an upper bound on
+exposed communication. Devices without a known peak (CPUs) get no compute time, and the plan says so.
 
 `plan_response` is the one answer of both the service's PlanJob and the offline plan; they differ only
 in what they check first (the service also confines paths and reads the data and `init_from`; the
@@ -22,15 +22,15 @@ count per rank, ranks with the same estimate are estimated once (`rank_classes`)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from trainctl.parallelism.engine.efficiency import with_micro_batch_size
 from trainctl.parallelism.layouts.grid import DIMS, RankGrid
 from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
-from trainctl.parallelism.sizing.estimator import MemoryEstimate, estimate_memory, flops_per_step, model_plan
+from trainctl.parallelism.sizing.estimator import MemoryEstimate, estimate_memory, model_plan
 from trainctl.parallelism.sizing.flops import peak_flops
-from trainctl.parallelism.sizing.pipeline_bubble import bubble_seconds
+from trainctl.parallelism.sizing.step_time import modelled_step_time
 from trainctl.service.pool import GpuPool
 from trainctl.spec.job import INT64_MAX, JobSpecBody, TrainingJob
 from trainctl.spec.presets import ModelConfig, resolve_model
@@ -90,7 +90,8 @@ def plan_job(job: TrainingJob, pool: GpuPool) -> pb.PlanJobResponse:
     if job.spec.command is not None:
         plan.notes.append("a command job runs its own program: no memory or step-time estimate")
         return plan
-    _estimate(job, plan, pool.gpu_model(placement.assignments[0].node) if placement else None)
+    _estimate(job, plan, pool.gpu_model(placement.assignments[0].node) if placement else None,
+              placement.seconds_by_dim if placement else {})
     return plan
 
 
@@ -150,7 +151,7 @@ def fit_violations(job: TrainingJob, pool: GpuPool) -> list[FieldViolation]:
     )]
 
 
-def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None) -> None:
+def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None, seconds_by_dim: Mapping[str, float]) -> None:
     config = resolve_model(job.spec.model)
     grid = RankGrid.from_spec(job.spec.parallelism)
     ranks = list(range(grid.world_size))
@@ -178,9 +179,9 @@ def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None)
         plan.step_time_breakdown["communication"] = communication
         plan.notes.append(f"compute time not modelled: no peak FLOP rate for device {device or 'cpu'!r}")
         return
-    compute = flops_per_step(config, job.spec) / grid.world_size / peak
-    par = job.spec.parallelism
-    micro_batches = job.spec.training.global_batch_size // (grid.dp * estimable(job).training.micro_batch_size)
-    bubble = bubble_seconds(compute, par.pp_schedule, grid.pp, micro_batches, par.pp_virtual_stages)
-    plan.step_time_breakdown.update({"compute_at_peak": compute, "pipeline_bubble": bubble, "communication": communication})
-    plan.step_time_seconds = compute + bubble + communication
+    step = modelled_step_time(config, estimable(job), peak, seconds_by_dim)
+    plan.step_time_breakdown.update(step.terms())
+    plan.step_time_seconds = step.total
+    if step.overlapped:
+        plan.notes.append(f"{step.overlapped * 1e3:.2f} ms of data- and context-parallel communication overlaps compute "
+                          "(not in the step time)")

@@ -32,12 +32,22 @@ class PlannedPlacement:
     """Rank -> its grid coordinates (dimension -> index)."""
     cost_seconds: float | None = None
     """The placement's modelled communication time per step, when the solver reports it."""
+    level_by_dim: Mapping[str, str] = field(default_factory=dict)
+    """Outermost fabric level each dimension's groups span (the solver's `Placement.level_by_dim`)."""
+    seconds_by_dim: Mapping[str, float] = field(default_factory=dict)
+    """Modelled communication seconds per step of each dimension (tp, cp, ep, pp, dp)."""
+    split_dims: tuple[str, ...] = ()
+    """Dimensions with a group that crosses an NVLink domain (tp, ep, cp; the solver avoids this)."""
 
     @classmethod
     def from_solver(cls, solved: Placement, grid: RankGrid) -> PlannedPlacement:
         assignments = tuple(sorted(solved.assignments, key=lambda a: a.rank))
-        coords = {a.rank: {d: grid.coords(a.rank)[d] for d in DIMS} for a in assignments}
-        return cls(assignments=assignments, coords=coords, cost_seconds=float(solved.comm_seconds))
+        coords = {a.rank: _grid_coords(grid, a.rank) for a in assignments}
+        return cls(
+            assignments=assignments, coords=coords, cost_seconds=float(solved.comm_seconds),
+            level_by_dim=dict(solved.level_by_dim), seconds_by_dim=dict(solved.comm_seconds_by_dim),
+            split_dims=tuple(dict.fromkeys(g.dim for g in solved.split_groups)),
+        )
 
     @classmethod
     def from_records(cls, records: list[dict[str, Any]]) -> PlannedPlacement:
@@ -103,6 +113,11 @@ class GpuPool:
         solved = place(grid, self.topology, free, model=resolve_model(job.spec.model), job_spec=job.spec, index=self._index)
         return None if solved is None else PlannedPlacement.from_solver(solved, grid)
 
+    @property
+    def index(self) -> FabricIndex:
+        """The map compiled for placement (what the cost model reads)."""
+        return self._index
+
     def reserve(self, job_id: str, placement: PlannedPlacement) -> None:
         with self._lock:
             self._held[job_id] = placement.slots
@@ -126,6 +141,12 @@ class GpuPool:
     def nodes(self) -> list[tuple[str, list[int]]]:
         """(node name, its GPU indices) in map order."""
         return [(node, list(gpus)) for node, gpus in node_gpus(self.topology)]
+
+
+def _grid_coords(grid: RankGrid, rank: int) -> dict[str, int]:
+    """`rank`'s coordinate along each grid dimension (without the derived expert ones)."""
+    coords = grid.coords(rank)
+    return {d: coords[d] for d in DIMS}
 
 
 def node_gpus(topology: Any) -> list[tuple[str, list[int]]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import product
 from math import prod
 
 DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -101,30 +100,46 @@ class RankGrid:
         `dims` is a dimension name, a tuple of names (a flattened group such as
         ("dp_replicate", "dp_shard")), or "ep" / "ep_dp" for the expert groups of MoE layers.
         """
-        for members in self.groups(dims):
-            if rank in members:
-                return members
-        raise AssertionError("unreachable: every rank is in exactly one group")
+        names = (dims,) if isinstance(dims, str) else tuple(dims)
+        if names in (("ep",), ("ep_dp",)):
+            for members in self._expert_groups(names[0]):
+                if rank in members:
+                    return members
+            raise AssertionError("unreachable: every rank is in exactly one group")
+        self._check_dims(names)
+        coords = self.coords(rank)
+        base = rank - sum(coords[d] * self._stride(d) for d in names)
+        return self._members(base, [d for d in DIMS if d in names])
 
     def groups(self, dims: str | Iterable[str]) -> list[list[int]]:
         """Every group along `dims`: a partition of all ranks."""
         names = (dims,) if isinstance(dims, str) else tuple(dims)
         if names in (("ep",), ("ep_dp",)):
             return self._expert_groups(names[0])
+        self._check_dims(names)
+        varying = [d for d in DIMS if d in names]
+        bases = self._members(0, [d for d in DIMS if d not in names])
+        offsets = self._members(0, varying)
+        return [[base + offset for offset in offsets] for base in bases]
+
+    def _stride(self, dim: str) -> int:
+        """Rank distance between neighbours along `dim` (tp innermost: stride 1)."""
+        return prod(getattr(self, d) for d in DIMS[DIMS.index(dim) + 1 :])
+
+    def _members(self, base: int, varying: list[str]) -> list[int]:
+        """The ranks `base + sum(coordinate x stride)` over every coordinate of `varying`, in grid order."""
+        members = [base]
+        for dim in varying:
+            stride = self._stride(dim)
+            steps = [i * stride for i in range(getattr(self, dim))]
+            members = [m + step for m in members for step in steps]
+        return members
+
+    @staticmethod
+    def _check_dims(names: tuple[str, ...]) -> None:
         unknown = set(names) - set(DIMS)
         if unknown:
             raise LayoutError(f"unknown grid dimensions {sorted(unknown)}; known: {DIMS} and 'ep', 'ep_dp'")
-        fixed = [d for d in DIMS if d not in names]
-        varying = [d for d in DIMS if d in names]
-        result = []
-        for outer in product(*(range(getattr(self, d)) for d in fixed)):
-            base = dict(zip(fixed, outer, strict=True))
-            members = [
-                self.rank_of(**base, **dict(zip(varying, inner, strict=True)))
-                for inner in product(*(range(getattr(self, d)) for d in varying))
-            ]
-            result.append(members)
-        return result
 
     def _expert_groups(self, which: str) -> list[list[int]]:
         by_key: dict[tuple[int, ...], list[int]] = {}

@@ -8,7 +8,9 @@ Training FLOPs per token (forward + backward = 3 x forward, one multiply-add = 2
 and the SwiGLU w1, w2, w3 (for an MoE layer: the router, top_k routed experts and the shared
 expert), plus the output projection. The embedding lookup does no multiplies and is excluded. The
 second term is causal attention: per layer a token's query meets seq_len / 2 keys on average, for
-QK^T and AV, so 2 * 2 * (seq_len / 2) * d forward FLOPs, times 3 for training.
+QK^T and AV, so 2 * 2 * (seq_len / 2) * d forward FLOPs, times 3 for training. Activation
+checkpointing adds one forward of each recomputed block (`recompute_flops_per_token`); MFU does not
+count it (model FLOPs, not hardware FLOPs).
 
 MFU = FLOPs per token x tokens per second / (ranks x peak FLOPS per device). Peaks are dense (no
 sparsity) vendor numbers for the compute dtype; fp32 is the non-tensor-core rate since PyTorch does
@@ -66,6 +68,19 @@ def active_matmul_params(config: ModelConfig) -> int:
 def training_flops_per_token(config: ModelConfig, seq_len: int) -> int:
     """Forward + backward FLOPs per trained token (formula in the module docstring)."""
     return 6 * active_matmul_params(config) + 6 * config.n_layers * seq_len * config.n_heads * config.head_dim
+
+
+def recomputed_layers(n_layers: int, activation_checkpointing: str) -> int:
+    """Decoder blocks whose forward backward runs again: every one under `full`, the even-numbered
+    ones under `selective` (the engine's `apply_activation_checkpointing`), none under `none`."""
+    return {"full": n_layers, "selective": (n_layers + 1) // 2}.get(activation_checkpointing, 0)
+
+
+def recompute_flops_per_token(config: ModelConfig, seq_len: int, activation_checkpointing: str) -> float:
+    """FLOPs per trained token that activation checkpointing adds: one more forward of each recomputed
+    block (a third of a block's training FLOPs; the output layer is never recomputed)."""
+    blocks = training_flops_per_token(config, seq_len) - 6 * config.dim * config.vocab_size
+    return blocks / 3 * recomputed_layers(config.n_layers, activation_checkpointing) / config.n_layers
 
 
 def mfu(flops_per_token: float, tokens_per_second: float, ranks: int, peak: float | None) -> float | None:

@@ -1,0 +1,366 @@
+"""Layout search: `trainctl plan FILE --cluster PRESET:N --suggest` — the fastest layouts of a job's
+model, sequence length and global batch on a whole cluster, by modelled step time.
+
+Contract: every layout returned is valid under the spec's own rules (`semantic_violations` against
+the cluster's GPU count, `pretrained_violations` for a `from_pretrained` model), its largest per-rank
+memory estimate (the engine's estimator: `estimate_memory` / `activation_bytes`, every pipeline
+stage's first shard, as `fit_violations` checks) fits the smallest GPU of the map, and its step time
+is `sizing.step_time.modelled_step_time` with the placement solver's communication on the empty
+cluster (`GpuPool.place`): what `trainctl plan` prints for the same job on the same map.
+
+Enumerated (docs/placement.md, "Layout search", says why each cut is sound):
+
+- `tp`: powers of two up to the largest NVLink domain (one node's GPUs on a map without NVLink);
+  with tp > 1, sequence parallelism on.
+- `cp`: powers of two keeping at least `MIN_CP_TOKENS` tokens per rank.
+- `pp`: divisors of n_layers (balanced stages); schedules 1f1b, zero_bubble, and interleaved_1f1b with
+  2 virtual stages (GPipe is left out: the bubble of 1F1B with more activations in flight).
+- `ep` (MoE models): powers of two dividing num_experts and dp_shard x cp.
+- data parallel over the rest: FSDP (zero 3), ZeRO-2, DDP, HSDP (dp_shard a power of two, zero 3);
+  ZeRO-1 is left out (the cost model prices it as ZeRO-2, which holds less).
+- `micro_batch_size` powers of two up to `MAX_MICRO_BATCH`; activation checkpointing none, selective,
+  full.
+
+GPU count: `spec.resources.gpus` when the spec sets it, else every GPU of the map.
+
+Ranking, in two stages so that 1,024 GPUs answer in about a second (bench/layout_search.py):
+
+1. Pre-ranking. Every variant gets the step time with an analytic communication estimate: the cost
+   model's own traffic (`placement.solver.job_traffic`), each dimension's groups priced at the
+   innermost fabric level that can hold their extent in grid order (`placement.cost.DimTraffic.seconds`
+   at that level's bandwidth and latency; no contention, no rails). Variants are walked best first;
+   each is checked against the spec's rules and its memory estimated until `top + 2` model-parallel
+   shapes (pp, cp, tp, ep) each have their best valid, fitting variant (of estimates within `TIE`, the
+   one needing the least memory).
+2. Placement. Those are placed by the solver on the empty cluster (`GpuPool.place`, the call `plan`
+   makes) and ranked by `modelled_step_time` with the solver's communication, then by memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import product
+
+from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
+from trainctl.parallelism.sizing.estimator import (
+    MemoryEstimate,
+    ModelPlan,
+    activation_bytes,
+    estimate_memory,
+    model_plan,
+)
+from trainctl.parallelism.sizing.flops import peak_flops, training_flops_per_token
+from trainctl.parallelism.sizing.step_time import StepTime, modelled_step_time
+from trainctl.service.pool import GpuPool, PlannedPlacement
+from trainctl.spec.job import JobSpecBody, ParallelismSpec, TrainingJob
+from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
+from trainctl.spec.validate import pretrained_violations, semantic_violations
+from trainctl.workers.placement.fabric import LEVELS
+from trainctl.workers.placement.solver import job_traffic
+from trainctl.workers.topology import TopologyMap
+
+MIN_CP_TOKENS = 8192
+"""Fewest tokens per context-parallel rank: shorter shards make ring attention latency-bound."""
+MAX_MICRO_BATCH = 8
+"""Largest micro-batch tried (the model gains nothing from larger ones: compute is at peak)."""
+AC_MODES = ("none", "selective", "full")
+TIE = 1e-3
+"""Relative difference under which two estimates tie (the one needing less memory is kept)."""
+SCHEDULES = (("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2))
+"""(pp_schedule, pp_virtual_stages) tried when pp > 1."""
+
+
+class LayoutSearchError(ValueError):
+    """No layout can be suggested (names the reason: the job, the cluster, or the smallest need)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One suggested layout: the job with it, its largest rank's memory and its modelled step."""
+
+    body: JobSpecBody
+    memory: MemoryEstimate
+    """The rank with the largest estimate (first shard of some pipeline stage)."""
+    step: StepTime
+    tokens_per_second: float
+    placement: PlannedPlacement | None = None
+    """The solver's placement on the empty cluster (None when the solver found none)."""
+
+    @property
+    def grid(self) -> RankGrid:
+        return RankGrid.from_spec(self.body.parallelism)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best layouts, fastest first, and what the search did."""
+
+    layouts: list[Layout]
+    gpus: int
+    capacity_bytes: int
+    enumerated: int
+    """Layouts (grid, zero stage, schedule, micro-batch, checkpointing) enumerated."""
+    evaluated: int
+    """Of those, validated and estimated before the walk stopped."""
+    solved: int
+    """Placed by the solver."""
+    seconds: float
+    """Wall time of the search (imports not counted)."""
+
+
+@dataclass(frozen=True)
+class _Variant:
+    estimate: float
+    """The step time with the pre-ranking's communication estimate."""
+    traffic: float
+    """That estimate's communication, hidden or not (breaks ties: less traffic first)."""
+    body: JobSpecBody
+
+
+def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top: int = 5) -> SearchResult:
+    """The `top` fastest valid layouts of `job`'s model, data and training settings on `spec.resources.gpus`
+    GPUs of `topology` when the spec sets it, else on all of them (module docstring); LayoutSearchError
+    when there is none, saying why."""
+    started = time.perf_counter()
+    if job.spec.command is not None:
+        raise LayoutSearchError("spec.command: a command job runs its own program; its memory and step time are unknown here")
+    if job.spec.resources.device == "cpu":
+        raise LayoutSearchError("spec.resources.device: cpu; the search ranks layouts on the cluster's GPUs (use auto or cuda)")
+    pool = GpuPool(topology, source)
+    world = job.spec.resources.gpus if "gpus" in job.spec.resources.model_fields_set else pool.total
+    if world > pool.total:
+        raise LayoutSearchError(f"spec.resources.gpus: {world} GPUs requested but {source} has {pool.total}")
+    models = sorted({pool.gpu_model(node) or "" for node, _ in pool.nodes()})
+    capacities = [gpu_memory_bytes(m) for m in models]
+    dtype = job.spec.training.dtype
+    peaks = [peak_flops(m, dtype) for m in models]
+    if None in capacities or None in peaks:
+        unknown = [m or "unnamed" for m, c, p in zip(models, capacities, peaks, strict=True) if c is None or p is None]
+        raise LayoutSearchError(f"{source}: GPU model {', '.join(unknown)} has no known memory or {dtype} peak; the search "
+                                "ranks by modelled step time on known GPUs")
+    capacity, peak = min(c for c in capacities if c), min(p for p in peaks if p)
+    try:
+        config = resolve_model(job.spec.model)
+    except PretrainedConfigError as exc:
+        raise LayoutSearchError(f"spec.model.from_pretrained: {exc}") from None
+    except UnknownPresetError as exc:
+        raise LayoutSearchError(f"spec.model.preset: {exc}") from None
+    search = _Search(job, config, pool, world, capacity, peak)
+    variants = sorted(search.variants(), key=lambda v: (v.estimate, v.traffic))
+    solved = max(top, 1) + 2
+    shortlist: dict[tuple[int, ...], _Variant] = {}  # model-parallel shape -> its best variant that is valid and fits
+    evaluated = 0
+    for variant in variants:
+        full = len(shortlist) >= solved
+        if full and variant.estimate > max(held.estimate for held in shortlist.values()) * (1 + TIE):
+            break
+        shape = _shape(variant.body)
+        held = shortlist.get(shape)
+        if held is None and full:
+            continue
+        if held is not None and variant.estimate > held.estimate * (1 + TIE):
+            continue
+        evaluated += 1
+        if not search.valid(variant.body):
+            continue
+        need = search.peak_memory(variant.body).total_bytes
+        if need <= capacity and (held is None or need < search.peak_memory(held.body).total_bytes):
+            shortlist[shape] = variant  # of equal estimates, the one with the most headroom
+    if not shortlist:
+        raise LayoutSearchError(search.why_none(variants))
+    layouts = sorted((search.solved(variant) for variant in shortlist.values()),
+                     key=lambda layout: (layout.step.total, layout.memory.total_bytes))
+    return SearchResult(
+        layouts=layouts[:top], gpus=world, capacity_bytes=capacity,
+        enumerated=len(variants), evaluated=evaluated, solved=len(shortlist), seconds=time.perf_counter() - started,
+    )
+
+
+def _shape(body: JobSpecBody) -> tuple[int, ...]:
+    """The model-parallel shape (pp, cp, tp, ep): the search suggests the best data-parallel split of each."""
+    par = body.parallelism
+    return (par.pp, par.cp, par.tp, par.ep)
+
+
+def _grid_key(body: JobSpecBody) -> tuple:
+    par = body.parallelism
+    return (par.pp, par.dp_replicate, par.dp_shard, par.cp, par.tp, par.ep)
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
+
+
+class _Search:
+    """The enumeration and the cached estimates of one search."""
+
+    def __init__(self, job: TrainingJob, config: ModelConfig, pool: GpuPool, world: int, capacity: int, peak: float):
+        self.job, self.config, self.pool, self.world, self.capacity, self.peak = job, config, pool, world, capacity, peak
+        index = pool.index
+        self.tp_limit = index.level_capacity.get("nvlink") or index.level_capacity.get("host", 1)
+        self.flops_per_token = training_flops_per_token(config, job.spec.data.seq_len)
+        self._plans: dict[tuple[int, int], ModelPlan] = {}
+        self._static: dict[tuple, int] = {}
+        self._activations: dict[tuple, int] = {}
+        self._comm: dict[tuple, dict[str, float]] = {}
+        self._memory: dict[tuple, MemoryEstimate] = {}
+
+    # ---- enumeration ---------------------------------------------------------------------------------
+    def variants(self) -> Iterator[_Variant]:
+        spec = self.job.spec
+        for par in self._layouts():
+            dp = par.dp
+            per_rank, rem = divmod(spec.training.global_batch_size, dp)
+            if rem:
+                continue
+            for micro, ac in product(_powers_of_two(min(per_rank, MAX_MICRO_BATCH)), AC_MODES):
+                if per_rank % micro or (par.pp > 1 and per_rank // micro < par.pp):
+                    continue
+                training = spec.training.model_copy(update={"micro_batch_size": micro, "activation_checkpointing": ac})
+                resources = spec.resources.model_copy(update={"gpus": self.world})
+                body = spec.model_copy(update={"parallelism": par, "training": training, "resources": resources})
+                communication = self.communication_estimate(body)
+                step = modelled_step_time(self.config, body, self.peak, communication, flops_per_token=self.flops_per_token)
+                yield _Variant(step.total, sum(communication.values()), body)
+
+    def _layouts(self) -> Iterator[ParallelismSpec]:
+        config, seq = self.config, self.job.spec.data.seq_len
+        for tp in _powers_of_two(min(self.tp_limit, self.world)):
+            for cp in _powers_of_two(max(1, seq // MIN_CP_TOKENS)):
+                rest, rem = divmod(self.world, tp * cp)
+                if rem:
+                    continue
+                for pp in (p for p in range(1, rest + 1) if rest % p == 0 and config.n_layers % p == 0):
+                    schedules = SCHEDULES if pp > 1 else (("1f1b", 1),)
+                    for (schedule, virtual), (replicate, shard, zero) in product(schedules, _data_parallel(rest // pp, cp)):
+                        if config.n_layers % (pp * virtual):
+                            continue
+                        for ep in self._expert_degrees(shard * cp):
+                            yield ParallelismSpec(
+                                tp=tp, cp=cp, pp=pp, dp_replicate=replicate, dp_shard=shard, zero_stage=zero, ep=ep,
+                                sequence_parallel=tp > 1, pp_schedule=schedule, pp_virtual_stages=virtual,
+                            )
+
+    def _expert_degrees(self, shard_cp: int) -> list[int]:
+        moe = self.config.moe
+        if moe is None:
+            return [1]
+        return [e for e in _powers_of_two(shard_cp) if shard_cp % e == 0 and moe.num_experts % e == 0]
+
+    # ---- checks and estimates (cached by what each depends on) ------------------------------------------
+    def valid(self, body: JobSpecBody) -> bool:
+        job = self.job.model_copy(update={"spec": body})
+        return not semantic_violations(job, pool_gpus=self.pool.total, check_data=False) and not pretrained_violations(job)
+
+    def peak_memory(self, body: JobSpecBody) -> MemoryEstimate:
+        """The largest estimate over the first shard of every pipeline stage (as `fit_violations`)."""
+        par, training = body.parallelism, body.training
+        key = (_grid_key(body), par.zero_stage, par.pp_schedule, par.pp_virtual_stages, training.micro_batch_size,
+               training.activation_checkpointing)
+        if key not in self._memory:
+            grid = RankGrid.from_spec(par)
+            plan = self._plan(body)
+            estimates = []
+            for stage in range(par.pp):
+                rank = grid.rank_of(pp=stage)
+                static = self._static_bytes(body, rank, stage, plan)
+                activations = self._activation_bytes(body, rank, stage, plan)
+                estimates.append(MemoryEstimate(rank, *static, activations))
+            self._memory[key] = max(estimates, key=lambda m: m.total_bytes)
+        return self._memory[key]
+
+    def _plan(self, body: JobSpecBody) -> ModelPlan:
+        par = body.parallelism
+        key = (par.pp, par.pp_virtual_stages)
+        if key not in self._plans:
+            self._plans[key] = model_plan(self.config, body)
+        return self._plans[key]
+
+    def _static_bytes(self, body: JobSpecBody, rank: int, stage: int, plan: ModelPlan) -> tuple[int, int, int]:
+        """(parameters, gradients, optimizer) of `rank`: they depend on the sharding, not on batch or schedule."""
+        par = body.parallelism
+        key = (par.tp, par.pp, par.pp_virtual_stages, par.dp_shard, par.cp, par.ep, par.zero_stage, par.dp_replicate > 1, stage)
+        if key not in self._static:
+            m = estimate_memory(self.config, body, rank, plan)
+            self._static[key] = (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
+        return self._static[key]
+
+    def _activation_bytes(self, body: JobSpecBody, rank: int, stage: int, plan: ModelPlan) -> int:
+        par, training = body.parallelism, body.training
+        micro_batches = training.global_batch_size // (par.dp * int(training.micro_batch_size))
+        in_flight = micro_batches if par.pp_schedule == "gpipe" else min(micro_batches, par.pp)
+        key = (par.tp, par.cp, par.sequence_parallel, par.pp, par.pp_virtual_stages, in_flight, training.micro_batch_size,
+               training.activation_checkpointing, stage)
+        if key not in self._activations:
+            self._activations[key] = activation_bytes(self.config, body, rank, plan)
+        return self._activations[key]
+
+    def communication_estimate(self, body: JobSpecBody) -> dict[str, float]:
+        """Per dimension, the cost model's traffic of the layout (at micro-batch 1) with each group priced
+        at the innermost level able to hold its extent in grid order (tp innermost, as the solver keeps
+        it): the pre-ranking. Contention and rails are the solver's, for the shortlist."""
+        par = body.parallelism
+        key = (_grid_key(body), par.zero_stage)
+        if key not in self._comm:
+            index = self.pool.index
+            unit = body.model_copy(update={"training": body.training.model_copy(update={"micro_batch_size": 1})})
+            seconds: dict[str, float] = {}
+            for entry in job_traffic(RankGrid.from_spec(par), self.config, unit):
+                first = entry.groups[0]
+                extent = first[-1] - first[0] + 1  # a chain of pipeline pairs too: its slowest pair counts
+                level = next((lv for lv in LEVELS if index.level_capacity.get(lv, 0) >= extent), index.outermost)
+                seconds[entry.dim] = seconds.get(entry.dim, 0.0) + entry.seconds(index.level_bw[level], index.level_latency[level])
+            self._comm[key] = seconds
+        return self._comm[key]
+
+    def solved(self, variant: _Variant) -> Layout:
+        """The variant placed by the solver on the empty cluster, with its plan step time."""
+        body = variant.body
+        placement = self.pool.place(self.job.model_copy(update={"spec": body}), empty=True)
+        communication = placement.seconds_by_dim if placement is not None else {}
+        step = modelled_step_time(self.config, body, self.peak, communication, flops_per_token=self.flops_per_token)
+        tokens = body.training.global_batch_size * body.data.seq_len
+        return Layout(body, self.peak_memory(body), step, tokens / step.total, placement)
+
+    def why_none(self, variants: list[_Variant]) -> str:
+        """Why no layout fits: the smallest estimated need over every valid variant, against the GPU."""
+        valid = [v for v in variants if self.valid(v.body)]
+        gpus = f"{self.world} GPUs of {self.capacity / 2**30:.1f} GiB"
+        if not valid:
+            return (f"no valid layout of this model on {gpus}: the spec's rules (heads and vocabulary divisible by tp, "
+                    f"layers by pp, global_batch_size {self.job.spec.training.global_batch_size} by dp x micro_batch_size) "
+                    "leave none; set spec.resources.gpus to use part of the cluster")
+        smallest = min(valid, key=lambda v: self.peak_memory(v.body).total_bytes)
+        m = self.peak_memory(smallest.body)
+        return (f"no layout fits {gpus}: the smallest estimated need is {m.total_bytes / 2**30:.1f} GiB per rank "
+                f"({describe(smallest.body)}: parameters {m.params_bytes / 2**30:.1f}, gradients {m.grads_bytes / 2**30:.1f}, "
+                f"optimizer {m.optimizer_bytes / 2**30:.1f}, activations {m.activations_bytes / 2**30:.1f} GiB); "
+                "use more GPUs, GPUs with more memory, or a smaller model, sequence or batch")
+
+
+def _data_parallel(dp: int, cp: int) -> list[tuple[int, int, int]]:
+    """(dp_replicate, dp_shard, zero_stage) splits of `dp` data-parallel ranks."""
+    if dp == 1:
+        return [(1, 1, 0), (1, 1, 3)] if cp > 1 else [(1, 1, 0)]
+    splits = [(1, dp, 3), (1, dp, 2), (dp, 1, 0)]
+    splits += [(dp // s, s, 3) for s in _powers_of_two(dp // 2) if s > 1 and dp % s == 0]
+    return splits
+
+
+def describe(body: JobSpecBody) -> str:
+    """A layout in one line: the grid, the data-parallel mode, the schedule, micro-batch and checkpointing."""
+    par, training = body.parallelism, body.training
+    dims = [f"{name}{getattr(par, name)}" for name in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep") if getattr(par, name) > 1]
+    parts = [" x ".join(dims) or "single rank"]
+    if par.dp_shard > 1:
+        parts.append({1: "ZeRO-1", 2: "ZeRO-2", 3: "FSDP" if par.dp_replicate == 1 else "HSDP"}[par.zero_stage])
+    elif par.dp_replicate > 1:
+        parts.append("DDP")
+    if par.pp > 1:
+        parts.append(par.pp_schedule + (f" v{par.pp_virtual_stages}" if par.pp_virtual_stages > 1 else ""))
+    parts.append(f"micro-batch {training.micro_batch_size}")
+    parts.append(f"AC {training.activation_checkpointing}")
+    return ", ".join(parts)
