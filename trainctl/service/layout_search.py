@@ -54,7 +54,7 @@ from trainctl.parallelism.sizing.estimator import (
 )
 from trainctl.parallelism.sizing.flops import peak_flops, training_flops_per_token
 from trainctl.parallelism.sizing.step_time import StepTime, modelled_step_time
-from trainctl.service.pool import GpuPool, PlannedPlacement
+from trainctl.service.pool import OFFLINE_BUDGET_S, GpuPool, PlannedPlacement
 from trainctl.spec.job import JobSpecBody, ParallelismSpec, TrainingJob
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
 from trainctl.spec.validate import pretrained_violations, semantic_violations
@@ -129,7 +129,7 @@ def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top
         raise LayoutSearchError("spec.command: a command job runs its own program; its memory and step time are unknown here")
     if job.spec.resources.device == "cpu":
         raise LayoutSearchError("spec.resources.device: cpu; the search ranks layouts on the cluster's GPUs (use auto or cuda)")
-    pool = GpuPool(topology, source)
+    pool = GpuPool(topology, source, solver_budget_s=OFFLINE_BUDGET_S)
     world = job.spec.resources.gpus if "gpus" in job.spec.resources.model_fields_set else pool.total
     if world > pool.total:
         raise LayoutSearchError(f"spec.resources.gpus: {world} GPUs requested but {source} has {pool.total}")

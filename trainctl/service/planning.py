@@ -31,7 +31,7 @@ from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
 from trainctl.parallelism.sizing.estimator import MemoryEstimate, estimate_memory, model_plan
 from trainctl.parallelism.sizing.flops import peak_flops
 from trainctl.parallelism.sizing.step_time import modelled_step_time
-from trainctl.service.pool import GpuPool
+from trainctl.service.pool import OFFLINE_BUDGET_S, GpuPool
 from trainctl.spec.job import INT64_MAX, JobSpecBody, TrainingJob
 from trainctl.spec.presets import ModelConfig, resolve_model
 from trainctl.spec.validate import FieldViolation, pretrained_violations, semantic_violations
@@ -61,7 +61,7 @@ def plan_on_map(job: TrainingJob, topology: TopologyMap, source: str) -> pb.Plan
     """The plan of `job` on an empty cluster described by `topology` alone, no service involved: the
     spec's rules against the map's GPU count, the `from_pretrained` directory, the fit on the map's
     largest GPU, then `plan_response` as the service answers."""
-    pool = GpuPool(topology, source)
+    pool = GpuPool(topology, source, solver_budget_s=OFFLINE_BUDGET_S)
     violations = semantic_violations(job, pool_gpus=pool.total, check_data=False) + pretrained_violations(job)
     if not violations:
         violations = fit_violations(job, pool)

@@ -68,11 +68,20 @@ class PlannedPlacement:
         ]
 
 
-class GpuPool:
-    """Thread-safe GPU accounting over one topology map."""
+ADMISSION_BUDGET_S = 0.5
+"""Seconds the placement solver may take per job in the scheduler's admission pass."""
+OFFLINE_BUDGET_S = 30.0
+"""Seconds it may take in an offline plan or layout search: large enough never to be reached on a
+loaded machine, so an offline answer does not depend on the machine's load."""
 
-    def __init__(self, topology: Any, source: str):
+
+class GpuPool:
+    """Thread-safe GPU accounting over one topology map; `solver_budget_s` caps the placement solver's
+    time per job (it stops early only if the cap is reached; the result is otherwise deterministic)."""
+
+    def __init__(self, topology: Any, source: str, *, solver_budget_s: float = ADMISSION_BUDGET_S):
         self.topology = topology
+        self.solver_budget_s = solver_budget_s
         self.source = source
         self._lock = threading.Lock()
         self._held: dict[str, list[GpuSlot]] = {}
@@ -110,7 +119,8 @@ class GpuPool:
         free: dict[str, set[int]] = {}
         for node, gpu in set(self._slots) if empty else self.free_slots(holder=holder, down=down):
             free.setdefault(node, set()).add(gpu)
-        solved = place(grid, self.topology, free, model=resolve_model(job.spec.model), job_spec=job.spec, index=self._index)
+        solved = place(grid, self.topology, free, model=resolve_model(job.spec.model), job_spec=job.spec,
+                       time_budget_s=self.solver_budget_s, index=self._index)
         return None if solved is None else PlannedPlacement.from_solver(solved, grid)
 
     @property
