@@ -6,6 +6,12 @@ GCS client has been seen to stop answering ("Deadline Exceeded", the node "timed
 after a dozen such clusters in one process. Every group runs even when an earlier one fails; the exit
 status is non-zero when any group failed or collected no test (pytest's 5), so nothing is skipped
 silently. The last line is the combined `N passed, N failed, N skipped` of every group.
+
+Groups run one after another, except that `deploy` runs beside `parallelism`: its tests mostly wait
+(for a Prometheus server, `ray start`, a service's first scrape) while the engine tests keep the CPUs
+busy, and it has no timing-sensitive test (the Ray fault tests in workers/ and reliability/, whose
+heartbeat and step timeouts a loaded machine could trip, run alone). A group run beside another
+writes to a file, printed when it ends, so the two outputs do not interleave.
 """
 
 from __future__ import annotations
@@ -17,14 +23,15 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-GROUPS = (
-    ("spec", ["spec", "test_layering.py"]),
-    ("parallelism", ["parallelism"]),
-    ("workers", ["workers"]),
-    ("service", ["service"]),
-    ("deploy", ["deploy"]),
-    ("reliability", ["reliability"]),
+STAGES = (
+    (("spec", ["spec", "test_layering.py"]),),
+    (("parallelism", ["parallelism"]), ("deploy", ["deploy"])),
+    (("workers", ["workers"]),),
+    (("service", ["service"]),),
+    (("reliability", ["reliability"]),),
 )
+"""Groups (name, paths under tests/) by stage; the groups of one stage run at once."""
+GROUPS = tuple(group for stage in STAGES for group in stage)
 
 
 def counts(junit: Path) -> dict[str, int]:
@@ -47,17 +54,31 @@ def main(extra: list[str]) -> int:
     total = {"passed": 0, "failed": 0, "skipped": 0}
     failed_groups = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, paths in GROUPS:
-            junit = Path(tmp) / f"{name}.xml"
-            print(f"==== {name}: pytest {' '.join('tests/' + p for p in paths)}", flush=True)
-            command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *extra,
-                       *(str(TESTS / p) for p in paths)]
-            status = subprocess.call(command)
-            if status != 0:
-                failed_groups.append(f"{name} (exit {status})")
-            if junit.exists():
-                for key, value in counts(junit).items():
-                    total[key] += value
+        for stage in STAGES:
+            running = []
+            for index, (name, paths) in enumerate(stage):
+                junit = Path(tmp) / f"{name}.xml"
+                command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *extra,
+                           *(str(TESTS / p) for p in paths)]
+                header = f"==== {name}: pytest {' '.join('tests/' + p for p in paths)}"
+                if index == 0:
+                    print(header, flush=True)
+                    output = None
+                else:
+                    output = (Path(tmp) / f"{name}.out").open("w")
+                    output.write(header + "\n")
+                    output.flush()
+                running.append((name, junit, output, subprocess.Popen(command, stdout=output, stderr=output)))
+            for name, junit, output, proc in running:
+                status = proc.wait()
+                if output is not None:
+                    output.close()
+                    print(Path(output.name).read_text(), end="", flush=True)
+                if status != 0:
+                    failed_groups.append(f"{name} (exit {status})")
+                if junit.exists():
+                    for key, value in counts(junit).items():
+                        total[key] += value
     if failed_groups:
         print(f"failed groups: {', '.join(failed_groups)}", flush=True)
     print(f"{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped", flush=True)

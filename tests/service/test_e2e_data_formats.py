@@ -142,7 +142,9 @@ def test_bad_records_fail_their_job_at_once_beside_a_running_job(
         if event.WhichOneof("payload") == "step":
             break
     cases = bad_inputs(tmp_path / "bad", tokenizer)
-    submitted = {name: client.create_job(job(name, {k: v for k, v in data.items() if k != "model"}, model=data.get("model")))
+    # One rank each (what a rank finds fails any layout alike), so three run at once beside the neighbour.
+    submitted = {name: client.create_job(job(name, {k: v for k, v in data.items() if k != "model"}, gpus=1,
+                                             model=data.get("model")))
                  for name, (data, _) in cases.items()}
     for name, created in submitted.items():
         events = list(client.watch(created.id))

@@ -24,6 +24,8 @@ from example_files import localized, needs_user_files, write_user_files
 from reliability.serve_process import ServeProcess
 
 from trainctl.cli.client import TrainctlClient
+from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.spec.job import ParallelismSpec
 from trainctl.v1 import training_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,6 +99,19 @@ def plan_every_example(work: Path, env: dict[str, str]) -> None:
             assert done.returncode == 2 and refusal in done.stderr, (spec.name, done.stdout, done.stderr)
 
 
+def assert_the_demo_trained_as_placed(document: dict) -> None:
+    """examples/demo.yaml (pp2 x dp_shard2 x tp2) as `get -o json` shows it: every step done, the loss
+    fell, every rank placed, each tensor-parallel group inside one node."""
+    status, spec = document["status"], document["spec"]
+    assert status["steps_done"] == spec["training"]["steps"]
+    assert status["last_loss"] < status["first_loss"], status
+    where = {p["rank"]: p["node"] for p in status["placement"]}
+    grid = RankGrid.from_spec(ParallelismSpec.model_validate(spec["parallelism"]))
+    assert sorted(where) == list(range(grid.world_size))
+    for group in grid.groups("tp"):
+        assert len({where[r] for r in group}) == 1, f"TP group {group} straddles nodes: {where}"
+
+
 def test_the_readme_commands_succeed_in_order_and_every_example_that_fits_plans(tmp_path: Path) -> None:
     commands = readme_commands()
     assert commands and all(c[0] == ".venv/bin/trainctl" for c in commands), commands
@@ -132,7 +147,9 @@ def test_the_readme_commands_succeed_in_order_and_every_example_that_fits_plans(
 
         assert "fits now" in outputs["plan"]
         assert jobs["JOB"] in outputs["list"]
-        assert json.loads(outputs["get"])["status"]["state"] == "SUCCEEDED"
+        document = json.loads(outputs["get"])
+        assert document["status"]["state"] == "SUCCEEDED"
+        assert_the_demo_trained_as_placed(document)
         assert (work / f"{jobs['JOB']}-report.png").stat().st_size > 0
         assert not (REPO / f"{jobs['JOB']}-report.png").exists()
         plan_every_example(work, env)
