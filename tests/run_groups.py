@@ -7,7 +7,7 @@ after a dozen such clusters in one process. Every group runs even when an earlie
 status is non-zero when any group failed or collected no test (pytest's 5), so nothing is skipped
 silently. The last line is the combined `N passed, N failed, N skipped` of every group.
 
-Groups run one after another, except that `deploy` runs beside `parallelism`: its tests mostly wait
+Groups run one after another, except that `deploy` and `spec` run beside `parallelism`: deploy's tests mostly wait
 (for a Prometheus server, `ray start`, a service's first scrape) while the engine tests keep the CPUs
 busy, and it has no timing-sensitive test (the Ray fault tests in workers/ and reliability/, whose
 heartbeat and step timeouts a loaded machine could trip, run alone). A group run beside another
@@ -24,8 +24,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 STAGES = (
-    (("spec", ["spec", "test_layering.py"]),),
-    (("parallelism", ["parallelism"]), ("deploy", ["deploy"])),
+    (("parallelism", ["parallelism"]), ("deploy", ["deploy"]), ("spec", ["spec", "test_layering.py"])),
     (("workers", ["workers"]),),
     (("service", ["service"]),),
     (("reliability", ["reliability"]),),

@@ -1,11 +1,11 @@
 """Record data formats end to end through the service, over real gRPC on loopback, on an embedded 2-node
-Ray (2 simulated GPUs per node): a 2-rank job on each of JSONL text, Parquet, an Arrow
-(`save_to_disk`) directory and chat JSONL trains to completion with the losses one process computes on
-the same data (the CLI's `submit --watch` once, the client API for the rest); bad input only a rank can
-find (a JSONL line deep in a file, a chat role, a value in a later Parquet file, a truncated
-safetensors file, a wrongly shaped tensor of a Hugging Face model) fails its job at once with the
-file and line / record / tensor named, while the service keeps serving and a job beside it runs on
-undisturbed."""
+Ray (2 simulated GPUs per node): a 2-rank job on a Parquet column trains to completion through the
+CLI's `submit --watch` with the losses one process computes on the same data (JSONL text, Arrow and
+chat JSONL train through the service, killed and resumed, in tests/reliability/test_data_resume.py);
+bad input only a rank can find (a JSONL line deep in a file, a chat role, a value in a later Parquet
+file, a truncated safetensors file, a wrongly shaped tensor of a Hugging Face model) fails its job at
+once with the file and line / record / tensor named, while the service keeps serving and a job beside
+it runs on undisturbed."""
 
 from __future__ import annotations
 
@@ -68,16 +68,6 @@ def test_submit_watch_trains_a_parquet_column(client: TrainctlClient, tokenizer:
     job_id = out.split()[1]
     assert f"job {job_id} SUCCEEDED" in out and f"over {STEPS} steps" in out, out
     assert_trained_as_one_process(client, job_id, spec)
-
-
-@pytest.mark.parametrize("kind", ["jsonl", "arrow", "chat-jsonl"])
-def test_record_format_trains_through_the_service(client: TrainctlClient, tokenizer: Path, tmp_path: Path,
-                                                  kind: str) -> None:
-    spec = job(kind, format_data(kind, tmp_path / "data", tokenizer))
-    created = client.create_job(spec)
-    events = list(client.watch(created.id))
-    assert states_of(events) == [pb.QUEUED, pb.SCHEDULED, pb.RUNNING, pb.SUCCEEDED], client.get_job(created.id).status.reason
-    assert_trained_as_one_process(client, created.id, spec)
 
 
 def nothing_left(cluster: EmbeddedRay, job_id: str) -> bool:
