@@ -52,6 +52,23 @@ def test_checkpoint_steps_are_reported_with_their_size_and_timed_by_every_rank(c
     assert f"checkpoint saved at step 6: {newest} ({on_disk} bytes)" in events
 
 
+def test_a_checkpoint_commits_only_after_its_step_is_reported(corpus, tmp_path):
+    """A rank killed after the save leaves no complete checkpoint whose step the job never reported."""
+    body = tiny_job(corpus, steps=4, training={"log_interval": 1})
+    body = body.model_copy(update={"checkpoint": body.checkpoint.model_copy(update={"interval_steps": 2})})
+    committed_when_reported: dict[int, list[int]] = {}
+
+    def on_step(report: StepReport) -> None:
+        committed_when_reported[report.step] = [step for step, _ in ckpt.complete_checkpoints(tmp_path)]
+        if report.step == 4:
+            raise ConnectionError("the supervisor is gone")
+
+    with pytest.raises(ConnectionError):
+        Trainer(body, device="cpu", checkpoint_dir=tmp_path, on_step=on_step).run()
+    assert committed_when_reported == {1: [], 2: [], 3: [2], 4: [2]}
+    assert [step for step, _ in ckpt.complete_checkpoints(tmp_path)] == [2]
+
+
 def test_schedule_warms_up_then_decays_to_the_floor(corpus):
     train = tiny_job(corpus, steps=100, training={"warmup_steps": 10, "min_lr_ratio": 0.1}).training
     assert lr_multiplier(0, train) == pytest.approx(0.1) and lr_multiplier(9, train) == 1.0

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group_table
@@ -33,6 +33,9 @@ from ray.util.placement_group import PlacementGroup, placement_group_table
 from trainctl.workers.command.rank_program import ProgramLaunch, ProgramSlot, run_program
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.resources import NODE_LABEL, slots_of
+
+if TYPE_CHECKING:
+    from trainctl.parallelism.engine.step_report import StepReport
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,8 @@ class RankWorker:
         ``env`` (this node's NCCL settings from the topology map) is set in the process before the
         process group is created.
 
-        ``reporter`` is the supervisor's actor handle: rank 0's step reports go to its ``record_step``,
+        ``reporter`` is the supervisor's actor handle: rank 0's step reports go to its ``record_step``
+        (a checkpoint's step waits until it is recorded, so the checkpoint commits after its report),
         the other ranks' step times (at the same steps) to ``record_step_time``, and log lines to
         ``record_log``, tagged with this rank and the group ``generation``.
         """
@@ -214,7 +218,7 @@ class RankWorker:
                 world_size=world_size,
                 device=device,
                 checkpoint_dir=checkpoint_dir,
-                on_step=lambda report: reporter.record_step.remote(generation, rank, _as_dict(report)),
+                on_step=lambda report: _send_step(reporter, generation, rank, report, body.scheduling.step_timeout_seconds),
                 on_event=lambda message: reporter.record_log.remote(generation, rank, str(message)),
                 # Rank 0's step time comes with its StepReport.
                 on_step_time=None if rank == 0 else (
@@ -255,6 +259,14 @@ def _exit_with_group(binding: RankBinding) -> None:
         if state == "REMOVED":
             log.info("job %s: placement group removed; this pooled rank exits", binding.job_id)
             os._exit(1)
+
+
+def _send_step(reporter: Any, generation: int, rank: int, report: StepReport, timeout: float) -> None:
+    """Send rank 0's StepReport to the supervisor; a step that saved a checkpoint waits until it is
+    recorded (at most ``timeout`` seconds), since its checkpoint is committed after this returns."""
+    sent = reporter.record_step.remote(generation, rank, _as_dict(report))
+    if report.checkpoint_bytes is not None:
+        ray.get(sent, timeout=timeout)
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

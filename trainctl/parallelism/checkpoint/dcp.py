@@ -6,8 +6,9 @@ Layout under the job's checkpoint directory:
         COMPLETE              written last, by rank 0, after every rank finished writing
     .tmp_step_00000100/       a checkpoint being written (ignored, removed on the next save)
 
-Rank 0 creates the temporary directory, every rank writes its shards with `dcp.save`, rank 0 writes
-`COMPLETE` and renames the directory to its final name, then deletes all but the newest `keep_last`
+Rank 0 creates the temporary directory, every rank writes its shards with `dcp.save`, rank 0 calls the
+caller's `before_commit` hook (the trainer reports the step there, so no complete checkpoint is ahead of
+the steps its job has reported), writes `COMPLETE` and renames the directory to its final name, then deletes all but the newest `keep_last`
 complete checkpoints. A crash at any point leaves either the old set or the old set plus a complete new
 one. `COMPLETE` holds a manifest (every file's size), so a checkpoint damaged after it was written (a
 file truncated or gone) is detected; `latest_checkpoint` skips damaged and partial ones and says why.
@@ -116,8 +117,18 @@ def _is_coordinator() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
-    """Collectively save `state` (a DCP state dict) as checkpoint `step`; returns its final path."""
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    state: dict[str, Any],
+    keep_last: int,
+    before_commit: Callable[[int], Any] | None = None,
+) -> Path:
+    """Collectively save `state` (a DCP state dict) as checkpoint `step`; returns its final path.
+
+    ``before_commit(size)`` runs on rank 0 once every rank has written its shards and before the
+    checkpoint becomes complete; ``size`` is what `checkpoint_size` will report for it. If it raises,
+    the checkpoint is never committed."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, got {keep_last}")
     root = Path(root)
@@ -133,7 +144,11 @@ def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], keep_las
         dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     _barrier()
     if _is_coordinator():
-        (tmp / COMPLETE).write_text(json.dumps({"step": step, "files": _manifest(tmp)}, sort_keys=True))
+        files = _manifest(tmp)
+        marker = json.dumps({"step": step, "files": files}, sort_keys=True)
+        if before_commit is not None:
+            before_commit(sum(files.values()) + len(marker.encode()))
+        (tmp / COMPLETE).write_text(marker)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

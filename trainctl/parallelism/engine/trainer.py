@@ -26,6 +26,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,11 @@ class Trainer:
     Setup, in order (each a method): check the world, resolve the micro-batch size, build the device
     mesh, build the model and parallelize it, build the optimizers, confirm the micro-batch size, write
     the run spec, build the data loader, build the pipeline runner. Resuming happens in `run`.
+
+    ``on_step`` (rank 0) gets a StepReport for every ``log_interval``-th step, the last step and every
+    step that saves a checkpoint; for the latter it runs before the checkpoint is committed, so a
+    callback that returns once its report is recorded leaves no complete checkpoint ahead of the
+    reported steps. ``on_step_time`` (the other ranks) gets their wall time of the same steps.
     """
 
     def __init__(
@@ -328,12 +334,17 @@ class Trainer:
             },
         }
 
-    def save_checkpoint(self) -> Path:
-        """Collectively save model, optimizer, scheduler, RNG and data offset at the current step."""
+    def save_checkpoint(self, before_commit: Callable[[int], Any] | None = None) -> Path:
+        """Collectively save model, optimizer, scheduler, RNG and data offset at the current step
+        (``before_commit``: see `checkpoint.dcp.save_checkpoint`)."""
         if self.checkpoint_dir is None:
             raise RuntimeError("no checkpoint_dir was given to this Trainer")
         path = ckpt.save_checkpoint(
-            self.checkpoint_dir, self.step, self._app_state(self._state_templates()), self.job.checkpoint.keep_last
+            self.checkpoint_dir,
+            self.step,
+            self._app_state(self._state_templates()),
+            self.job.checkpoint.keep_last,
+            before_commit,
         )
         if self.rank == 0:  # the rank that wrote the COMPLETE manifest
             self._event(f"checkpoint saved at step {self.step}: {path} ({ckpt.checkpoint_size(path)} bytes)")
@@ -375,6 +386,44 @@ class Trainer:
         if self.on_event is not None and self.rank == 0:
             self.on_event(message)
 
+    def _report_step(
+        self,
+        t0: float,
+        lr: float,
+        loss: float,
+        norm: float,
+        breakdown: dict[str, float],
+        checkpoint_started: float | None,
+        checkpoint_bytes: int | None,
+    ) -> None:
+        """Report the step that started at ``t0``: its time from every rank, its StepReport from rank 0
+        (with the checkpoint's time and size when the step saved one)."""
+        now = time.perf_counter()
+        if checkpoint_started is not None:
+            breakdown["checkpoint"] = now - checkpoint_started
+        elapsed = now - t0
+        if self.on_step_time is not None:
+            self.on_step_time(self.step, elapsed)
+        if self.on_step is None or self.rank != 0:
+            return
+        tokens_per_step = self.job.training.global_batch_size * self.job.data.seq_len
+        tps = tokens_per_step / elapsed
+        self.on_step(
+            StepReport(
+                step=self.step,
+                loss=loss,
+                grad_norm=norm,
+                lr=lr,
+                tokens=tokens_per_step,
+                tokens_per_second=tps,
+                mfu=mfu(self.flops_per_token, tps, self.world_size, self.peak_flops),
+                step_time_seconds=elapsed,
+                breakdown=breakdown,
+                peak_memory_bytes=_peak_memory(self.device),
+                checkpoint_bytes=checkpoint_bytes,
+            )
+        )
+
     def run(self) -> TrainResult:
         """Resume if possible, train to `training.steps`, checkpoint on schedule and at the end."""
         start = time.perf_counter()
@@ -389,40 +438,20 @@ class Trainer:
             lr = self.optimizers[0].param_groups[0]["lr"]
             t0 = time.perf_counter()
             loss, norm, breakdown = self.train_step()
+            losses.append(loss)
             allocator = efficiency.after_step(self.step, train.empty_cache_steps, self.device)
             if allocator is not None:
                 breakdown.update(allocator.as_breakdown())
-            saved: Path | None = None
             if self.checkpoint_dir is not None and (
                 (interval and self.step % interval == 0) or self.step == train.steps
             ):
-                t_ck = time.perf_counter()
-                saved = last_path = self.save_checkpoint()
-                breakdown["checkpoint"] = time.perf_counter() - t_ck
-            elapsed = time.perf_counter() - t0
-            losses.append(loss)
-            # Reported steps: every log_interval-th, the last, and every step that saved a checkpoint.
-            if not (self.step % train.log_interval == 0 or self.step == train.steps or saved is not None):
-                continue
-            if self.on_step_time is not None:
-                self.on_step_time(self.step, elapsed)
-            if self.on_step is not None and self.rank == 0:
-                tps = tokens_per_step / elapsed
-                self.on_step(
-                    StepReport(
-                        step=self.step,
-                        loss=loss,
-                        grad_norm=norm,
-                        lr=lr,
-                        tokens=tokens_per_step,
-                        tokens_per_second=tps,
-                        mfu=mfu(self.flops_per_token, tps, self.world_size, self.peak_flops),
-                        step_time_seconds=elapsed,
-                        breakdown=breakdown,
-                        peak_memory_bytes=_peak_memory(self.device),
-                        checkpoint_bytes=None if saved is None else ckpt.checkpoint_size(saved),
-                    )
-                )
+                # Rank 0 reports the step before the checkpoint is committed; the other ranks time it after.
+                report = partial(self._report_step, t0, lr, loss, norm, breakdown, time.perf_counter())
+                last_path = self.save_checkpoint(before_commit=report)
+                if self.rank != 0:
+                    report(None)
+            elif self.step % train.log_interval == 0 or self.step == train.steps:
+                self._report_step(t0, lr, loss, norm, breakdown, None, None)
         return TrainResult(
             steps_completed=self.step,
             final_loss=losses[-1] if losses else None,
