@@ -9,7 +9,10 @@
    job's own blocks (a pipeline stage, then a data-parallel block), so data-parallel groups stay under
    one leaf set and pipeline boundaries fall between leaf sets.
 3. Rails. Inside a node each rank prefers the GPU whose rail matches its position, so data-parallel
-   and pipeline peers on other nodes are on the same rail (one leaf hop, no spine).
+   and pipeline peers on other nodes are on the same rail (one leaf hop, no spine). On a node with
+   per-pair links (NVLink bridges or mesh, PCIe path classes) the atoms take the best-connected free
+   GPU sets first (a bridged pair, one PCIe switch), each next one the set best connected to those
+   already taken (one NUMA node before the inter-socket link), rail matches breaking ties.
 4. Local search. Starting from the best candidate, swap the atoms of the worst group's outliers with
    atoms (used or free) inside the group's majority container while the modelled cost improves.
 Deterministic: no randomness; the time budget only caps work and is not reached on typical inputs.
@@ -19,9 +22,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import product
+from itertools import combinations, product
 
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.presets import ModelConfig, resolve_model
@@ -182,6 +185,12 @@ class _Box:
                 out.append(cls(sum(k.cap for k in kids), children=kids))
         return out
 
+    def best_unit(self, n: int, quality: Callable[[int, int], tuple[float, float]]) -> tuple[float, float]:
+        """The best `quality(unit, n)` of the units under this box that hold `n` atoms."""
+        if self.unit >= 0:
+            return quality(self.unit, n)
+        return max((k.best_unit(n, quality) for k in self.children if k.cap >= n), default=(0.0, 0.0))
+
     def fit_depth(self, n: int) -> int:
         """How many levels further down one descendant still holds all `n` atoms."""
         inner = [k for k in self.children if k.cap >= n]
@@ -197,6 +206,7 @@ class _Solver:
         self.grid, self.index, self.free, self.traffic, self.deadline = grid, index, free, traffic, deadline
         self.world = grid.world_size
         self.spans_seen: dict = {}
+        self.picks_seen: dict[tuple, list[int]] = {}
 
     # ---- top level ---------------------------------------------------------------------------------
     def solve(self) -> list[SlotId]:
@@ -268,12 +278,12 @@ class _Solver:
         if sum(caps.values()) < needed:
             return None
         in_atoms = [b // atom for b in blocks if b % atom == 0 and b >= atom] or [1]
-        picks = self._choose(_Box.tree(tree, caps), needed, in_atoms)
+        picks = self._choose(_Box.tree(tree, caps), needed, in_atoms, lambda unit, n: self._unit_quality(free, unit, n, atom))
         if picks is None:
             return None
         slots: list[SlotId] = []
         for unit, n_atoms in picks:
-            slots.extend(self._fill_unit(free, unit, first + len(slots), n_atoms * atom))
+            slots.extend(self._fill_unit(free, unit, first + len(slots), n_atoms * atom, atom))
         return slots
 
     def _construct_mixed(self, atom: int, blocks: list[int]) -> list[SlotId] | None:
@@ -288,12 +298,15 @@ class _Solver:
         tail = self._construct({n: g for n, g in rest.items() if g}, 1, whole, self.world - whole, blocks)
         return None if tail is None else head + tail
 
-    def _choose(self, children: list[_Box], n: int, blocks: list[int]) -> list[tuple[int, int]] | None:
+    def _choose(
+        self, children: list[_Box], n: int, blocks: list[int], quality: Callable[[int, int], tuple[float, float]]
+    ) -> list[tuple[int, int]] | None:
         """Split `n` atoms over `children` -> [(unit, atoms)].
 
         If some child holds them all: the one in which they fit deepest (a single unit beats a
-        single leaf set), then the fullest (best fit). Otherwise the largest children first, in
-        chunks aligned to the job's blocks, and a best-fit child for the remainder.
+        single leaf set), among units the best connected (`quality(unit, atoms)`), then the fullest
+        (best fit). Otherwise the largest children first, in chunks aligned to the job's blocks, and
+        a best-fit child for the remainder.
         """
         avail = [i for i, c in enumerate(children) if c.cap > 0]
         picks: list[tuple[int, int]] = []
@@ -303,7 +316,12 @@ class _Solver:
                 return None
             fitting = [i for i in avail if children[i].cap >= remaining]
             if fitting:
-                i = min(fitting, key=lambda j: (-children[j].fit_depth(remaining), children[j].cap, j))
+                def rank(j: int, need: int = remaining, several: bool = len(fitting) > 1) -> tuple:
+                    child = children[j]
+                    links = child.best_unit(need, quality) if several else (0.0, 0.0)
+                    return (-child.fit_depth(need), -links[0], -links[1], child.cap, j)
+
+                i = min(fitting, key=rank)
                 picks.append((i, remaining))
                 break
             i = max(avail, key=lambda j: (children[j].cap, -j))
@@ -321,14 +339,15 @@ class _Solver:
             if child.unit >= 0:
                 out.append((child.unit, count))
             else:
-                sub = self._choose(child.children, count, blocks)
+                sub = self._choose(child.children, count, blocks, quality)
                 if sub is None:
                     return None
                 out.extend(sub)
         return out
 
-    def _fill_unit(self, free: dict[int, list[int]], unit: int, first: int, count: int) -> list[SlotId]:
-        """GPUs of one NVLink unit for positions first .. first+count-1, rail-matched per node."""
+    def _fill_unit(self, free: dict[int, list[int]], unit: int, first: int, count: int, atom: int) -> list[SlotId]:
+        """GPUs of one NVLink unit for positions first .. first+count-1, rail-matched per node
+        (by connectivity first on a node with per-pair links)."""
         nodes = [n for n in self.index.unit_nodes[unit] if n in free]
         nodes.sort(key=lambda n: (-len(free[n]), n))
         slots: list[SlotId] = []
@@ -338,9 +357,55 @@ class _Solver:
                 break
             take = min(len(free[nid]), count - len(slots))
             ranks = list(range(rank, rank + take))
-            slots.extend((nid, g) for g in self._match_rails(free[nid], nid, ranks))
+            if self.index.node_links[nid] >= 0:
+                gpus = self._pick_connected(free[nid], nid, ranks, atom if take % atom == 0 else 1)
+            else:
+                gpus = self._match_rails(free[nid], nid, ranks)
+            slots.extend((nid, g) for g in gpus)
             rank += take
         return slots
+
+    def _unit_quality(self, free: dict[int, list[int]], unit: int, atoms: int, atom: int) -> tuple[float, float]:
+        """(bytes/s of the worst atom, of the whole set) `atoms` atoms would get on `unit`'s free GPUs."""
+        index = self.index
+        if not index.pair_tables:  # no per-pair links: every unit of a kind is alike
+            return 0.0, 0.0
+        nid = index.unit_nodes[unit][0]
+        if index.unit_has_nvlink[unit] or index.node_links[nid] < 0 or nid not in free:
+            bw = index.level_bw.get("nvlink" if index.unit_has_nvlink[unit] else "host", 0.0)
+            return bw, bw
+        count = atoms * atom
+        gpus = self._pick_connected(free[nid], nid, list(range(count)), atom)
+        table = index.pair_tables[index.node_links[nid]]
+        atoms_bw = [table.ring(tuple(gpus[i : i + atom])).bandwidth for i in range(0, count, atom)] if atom > 1 else []
+        return min(atoms_bw, default=float("inf")), table.ring(tuple(gpus)).bandwidth if count > 1 else float("inf")
+
+    def _pick_connected(self, free: list[int], nid: int, ranks: list[int], atom: int) -> list[int]:
+        """Local GPUs among `free` for `ranks` on a node with per-pair links, `atom` ranks at a time:
+        the set with the best ring of its own, then the best ring with the sets already taken, then
+        the most rail matches, then the lowest GPU indices."""
+        tid = self.index.node_links[nid]
+        all_gpus = self.index.topology.spec.nodes[nid].gpus
+        wanted_of = tuple(all_gpus[r % len(all_gpus)] for r in ranks)
+        key = (tid, tuple(free), wanted_of, atom)
+        found = self.picks_seen.get(key)
+        if found is not None:
+            return found
+        table = self.index.pair_tables[tid]
+        chosen: list[int] = []
+        left = list(free)
+        while len(chosen) < len(ranks):
+            wanted = set(wanted_of[len(chosen) : len(chosen) + atom])
+
+            def score(group: tuple[int, ...], wanted: set[int] = wanted) -> tuple:
+                together = table.ring((*chosen, *group)).bandwidth if chosen else 0.0
+                return (table.ring(group).bandwidth, together, len(wanted & set(group)), [-g for g in group])
+
+            best = max(combinations(left, atom), key=score)
+            chosen.extend(self._match_rails(list(best), nid, ranks[len(chosen) : len(chosen) + atom]))
+            left = [g for g in left if g not in best]
+        self.picks_seen[key] = chosen
+        return chosen
 
     def _match_rails(self, free: list[int], nid: int, ranks: list[int]) -> list[int]:
         """Local GPUs among `free` for `ranks` on node `nid`: rank r prefers GPU (r mod GPUs per node)."""
