@@ -137,10 +137,11 @@ def _brute_force_ring(table: PairLinks, gpus: tuple[int, ...]) -> float:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.integers(2, 6))
-def test_ring_matches_brute_force_on_random_nodes(seed: int, size: int) -> None:
+@given(st.integers(0, 10_000), st.integers(2, 6), st.sampled_from([6, 12]))
+def test_ring_matches_brute_force_on_random_nodes(seed: int, size: int, node_gpus: int) -> None:
+    """On 6-GPU nodes the bound is exact, on 12-GPU ones (more than EXACT_GPUS) the summed-NVLink rule."""
     rng = random.Random(seed)
-    gpus = tuple(range(6))
+    gpus = tuple(range(node_gpus))
     links = {}
     nvlink = {}
     for a, b in itertools.combinations(gpus, 2):
@@ -228,3 +229,24 @@ def test_a_domain_node_may_list_all_its_pairs_and_pair_links_price_without_a_dom
     assert index.link([(0, 0), (0, 1)]) == Link("nvlink_pair", 12 * 25e9, 1e-6)
     assert index.link([(0, 0), (0, 2)]).level == "host"
     assert Node(name="x", gpus=[0, 1], failed_gpus=[1]).missing_nvlink_pairs() == []
+
+
+def test_tp2_prefers_a_free_bridge_on_another_node_over_a_fuller_node_without_one() -> None:
+    topo = mixed_pcie_fleet(3, su_nodes=1, name="m")  # bridged pairs, PCIe only, NVLink quad + PCIe
+    bridged, plain, quad = (n.name for n in topo.nodes)
+    plan = place(RankGrid(tp=2), topo, {bridged: set(range(8)), plain: {0, 1}, quad: {0, 1, 4}}, model=PRESETS["tiny"])
+    assert plan.gpus_by_node() == {bridged: [0, 1]} and plan.level_by_dim["tp"] == "nvlink_pair"
+
+
+def test_a_ring_that_would_cross_sockets_goes_to_one_socket_of_two_nodes_when_that_is_faster() -> None:
+    """On the bridged preset a socket-crossing (SYS, 20 GB/s) ring is slower than a GPU's share of its
+    pair's NIC (25 GB/s): 8-way FSDP takes one socket on each of two nodes, rail-aligned."""
+    topo = bridged_pcie_fleet(2, name="b")
+    index = FabricIndex.build(topo)
+    free = {n.name: set(range(8)) for n in topo.nodes}
+    plan = place(RankGrid(dp_shard=8), topo, free, model=PRESETS["tiny"], index=index)
+    assert plan.level_by_dim["dp"] == "leaf"
+    assert all(len({topo.node(node).numa[g] for g in gpus}) == 1 for node, gpus in plan.gpus_by_node().items())
+    traffic = build_traffic(RankGrid(dp_shard=8), PRESETS["tiny"], Workload())
+    whole_node = evaluate(traffic, [(0, g) for g in range(8)], index)
+    assert whole_node.level_by_dim["dp"] == "SYS" and plan.comm_seconds < whole_node.total_seconds

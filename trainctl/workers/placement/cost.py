@@ -226,7 +226,8 @@ class CostBreakdown:
     level_by_dim: dict[str, str] = field(default_factory=dict)
     """Outermost level any group of the dimension spans."""
     split_groups: dict[str, list[list[int]]] = field(default_factory=dict)
-    """TP / EP / CP groups that cross an NVLink domain (or node, where there is no NVLink)."""
+    """TP / EP / CP groups that cross an NVLink domain (or node, where there is no NVLink) and get
+    less bandwidth for it than one domain (node) could give them (`FabricIndex.unit_bandwidth`)."""
     uplink_bytes: float = 0.0
     """Bytes per step the job sends up through leaf uplinks: what other tenants' traffic would slow."""
 
@@ -295,7 +296,9 @@ def evaluate(
             if LEVELS.index(info.level) > LEVELS.index(level_max):
                 level_max = info.level
             if entry.dim in SPLIT_DIMS and info.units > 1:
-                result.split_groups.setdefault(entry.dim, []).append(list(span))
+                inside = index.unit_bandwidth(len(span))
+                if inside is None or info.bandwidth < inside:
+                    result.split_groups.setdefault(entry.dim, []).append(list(span))
         result.seconds_by_dim[entry.dim] = result.seconds_by_dim.get(entry.dim, 0.0) + worst
         result.bytes_by_dim[entry.dim] = result.bytes_by_dim.get(entry.dim, 0.0) + volume
         prev = result.level_by_dim.get(entry.dim, "nvlink")

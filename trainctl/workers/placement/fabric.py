@@ -62,6 +62,10 @@ class FabricIndex:
     """Most GPUs any one unit of each level holds (lower-bound reasoning)."""
     outermost: str = "host"
     """The outermost level the map defines (what a group with no common switch pays)."""
+    unit_bw_seen: dict[int, float | None] = field(default_factory=dict)
+    """Memo of `unit_bandwidth` by group size."""
+    plain_capacity: int = 0
+    """Most usable GPUs of a node with neither an NVLink domain nor per-pair links (0: none)."""
     node_links: list[int] = field(default_factory=list)
     """Per node, its table in `pair_tables` (-1: in an NVLink domain, or no per-pair links)."""
     pair_tables: list[PairLinks] = field(default_factory=list)
@@ -165,6 +169,10 @@ class FabricIndex:
                 sum(usable[n] for n in nodes) for u, nodes in enumerate(self.unit_nodes) if self.unit_has_nvlink[u]
             )
         cap["host"] = max(usable)
+        self.plain_capacity = max(
+            (n for nid, n in enumerate(usable) if not self.unit_has_nvlink[self.node_unit[nid]] and self.node_links[nid] < 0),
+            default=0,
+        )
         cap["leaf"] = max(sum(usable[n] for n in nodes) for nodes in self.leafset_nodes)
         spine_gpus = Counter()
         for nid, n in enumerate(usable):
@@ -183,6 +191,22 @@ class FabricIndex:
         if not found:
             return None
         return max(bw for bw, _ in found), min(latency for _, latency in found)
+
+    def unit_bandwidth(self, size: int) -> float | None:
+        """Most bytes/s a group of `size` GPUs gets inside one unit (NVLink domain or node); None when
+        no unit holds that many. A group spanning units is split only when it gets less."""
+        if size in self.unit_bw_seen:
+            return self.unit_bw_seen[size]
+        options = []
+        if self.level_capacity.get("nvlink", 0) >= size:
+            options.append(self.level_bw["nvlink"])
+        if self.plain_capacity >= size and "host" in self.level_bw:
+            options.append(self.level_bw["host"])
+        pair = self.pair_bound(size)
+        if pair is not None:
+            options.append(pair[0])
+        self.unit_bw_seen[size] = found = max(options, default=None)
+        return found
 
     def link(self, slots: list[SlotId]) -> Link:
         """Level, bytes/s per GPU and latency of a group of GPUs (see the module docstring)."""

@@ -18,6 +18,7 @@ sets get their weakest pair, which no ring through them can be slower than.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import combinations
 
 from trainctl.workers.topology.model import PCIE_PATHS, Fabric, Node
 
@@ -46,6 +47,7 @@ class PairLinks:
     nvlink: dict[tuple[int, int], float] = field(default_factory=dict)
     """(a, b), a < b -> NVLink bytes/s between them (pairs with NVLink only)."""
     _rings: dict[tuple[int, ...], Link] = field(default_factory=dict, repr=False)
+    _bounds: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of_node(cls, node: Node, fabric: Fabric) -> PairLinks:
@@ -109,17 +111,26 @@ class PairLinks:
         return link.bandwidth if link is not None else 0.0
 
     def bound(self, size: int) -> tuple[float, float]:
+        """Memoised `_bound`."""
+        if size not in self._bounds:
+            self._bounds[size] = self._bound(size)
+        return self._bounds[size]
+
+    def _bound(self, size: int) -> tuple[float, float]:
         """(most bytes/s, least seconds) a set of `size` GPUs of this node can get (lower-bound reasoning).
 
-        A ring over NVLink gets at most the best GPU's `size - 1` fastest NVLinks summed; any other
-        ring at most its fastest pair.
+        Exact (the best ring over every set of that size) on nodes of up to `EXACT_GPUS` GPUs; on
+        larger ones, the best GPU's `size - 1` fastest NVLinks summed or the fastest pair link, which
+        no ring through `size` GPUs exceeds.
         """
+        latency = min((lk.latency for lk in self.links.values()), default=0.0)
+        if len(self.gpus) <= EXACT_GPUS:
+            return max(self.ring(group).bandwidth for group in combinations(self.gpus, size)), latency
         nv_sum = 0.0
         for g in self.gpus:
             mine = sorted((bw for (a, b), bw in self.nvlink.items() if g in (a, b)), reverse=True)
             nv_sum = max(nv_sum, sum(mine[: size - 1]))
         fastest = max((lk.bandwidth for lk in self.links.values()), default=0.0)
-        latency = min((lk.latency for lk in self.links.values()), default=0.0)
         return max(nv_sum, fastest), latency
 
 

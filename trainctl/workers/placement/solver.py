@@ -185,11 +185,13 @@ class _Box:
                 out.append(cls(sum(k.cap for k in kids), children=kids))
         return out
 
-    def best_unit(self, n: int, quality: Callable[[int, int], tuple[float, float]]) -> tuple[float, float]:
-        """The best `quality(unit, n)` of the units under this box that hold `n` atoms."""
+    def best_unit(self, n: int, quality: Callable[[int, int], tuple[float, ...]]) -> tuple[float, ...]:
+        """The best `quality(unit, atoms)` of the units under this box: of those holding all `n` atoms
+        when some do, else of every unit with as many atoms as it holds."""
         if self.unit >= 0:
-            return quality(self.unit, n)
-        return max((k.best_unit(n, quality) for k in self.children if k.cap >= n), default=(0.0, 0.0))
+            return quality(self.unit, min(n, self.cap)) if self.cap else (0.0, 0.0, 0.0)
+        holding = [k for k in self.children if k.cap >= n] or self.children
+        return max((k.best_unit(n, quality) for k in holding), default=(0.0, 0.0, 0.0))
 
     def fit_depth(self, n: int) -> int:
         """How many levels further down one descendant still holds all `n` atoms."""
@@ -230,6 +232,11 @@ class _Solver:
             if not whole and self.grid.tp > 1:
                 # as many whole TP groups as fit, the rest GPU by GPU (covers atom size 1)
                 best = self._keep_better(best, self._by_rank(perm, self._construct_mixed(self.grid.tp, blocks)))
+            if self.index.pair_tables:
+                # one socket of each node with per-pair links: rings that would cross sockets there
+                # may do better across nodes (the cost model decides)
+                local = self._construct(self._one_numa_node(), self.grid.tp, 0, self.world, blocks)
+                best = self._keep_better(best, self._by_rank(perm, local))
         if best is None:
             raise AssertionError("unreachable: with enough free GPUs, atom size 1 always places")
         return self._improve(best[1], best[2])
@@ -299,12 +306,13 @@ class _Solver:
         return None if tail is None else head + tail
 
     def _choose(
-        self, children: list[_Box], n: int, blocks: list[int], quality: Callable[[int, int], tuple[float, float]]
+        self, children: list[_Box], n: int, blocks: list[int], quality: Callable[[int, int], tuple[float, ...]]
     ) -> list[tuple[int, int]] | None:
         """Split `n` atoms over `children` -> [(unit, atoms)].
 
-        If some child holds them all: the one in which they fit deepest (a single unit beats a
-        single leaf set), among units the best connected (`quality(unit, atoms)`), then the fullest
+        If some child holds them all: the one whose units give the TP groups, then the atoms, the
+        best links (`quality`, on maps with per-pair links), then the one in which they fit deepest
+        (a single unit beats a single leaf set), then the best-connected set, then the fullest
         (best fit). Otherwise the largest children first, in chunks aligned to the job's blocks, and
         a best-fit child for the remainder.
         """
@@ -318,8 +326,8 @@ class _Solver:
             if fitting:
                 def rank(j: int, need: int = remaining, several: bool = len(fitting) > 1) -> tuple:
                     child = children[j]
-                    links = child.best_unit(need, quality) if several else (0.0, 0.0)
-                    return (-child.fit_depth(need), -links[0], -links[1], child.cap, j)
+                    links = child.best_unit(need, quality) if several else (0.0, 0.0, 0.0)
+                    return (-links[0], -links[1], -child.fit_depth(need), -links[2], child.cap, j)
 
                 i = min(fitting, key=rank)
                 picks.append((i, remaining))
@@ -365,20 +373,40 @@ class _Solver:
             rank += take
         return slots
 
-    def _unit_quality(self, free: dict[int, list[int]], unit: int, atoms: int, atom: int) -> tuple[float, float]:
-        """(bytes/s of the worst atom, of the whole set) `atoms` atoms would get on `unit`'s free GPUs."""
+    def _one_numa_node(self) -> dict[int, list[int]]:
+        """The free GPUs, on nodes with per-pair links only those of the NUMA node with the most free."""
+        out: dict[int, list[int]] = {}
+        for nid, gpus in self.free.items():
+            numa = self.index.topology.spec.nodes[nid].numa
+            if self.index.node_links[nid] < 0 or not numa:
+                out[nid] = gpus
+                continue
+            by_numa: dict[int, list[int]] = {}
+            for g in gpus:
+                by_numa.setdefault(numa.get(g, -1), []).append(g)
+            out[nid] = max(by_numa.values(), key=lambda members: (len(members), -members[0]))
+        return out
+
+    def _unit_quality(self, free: dict[int, list[int]], unit: int, atoms: int, atom: int) -> tuple[float, ...]:
+        """Bytes/s of the worst TP group, of the worst atom and of the whole set that `atoms` atoms
+        would get on `unit`'s free GPUs (equal for every unit on maps without per-pair links)."""
         index = self.index
-        if not index.pair_tables:  # no per-pair links: every unit of a kind is alike
-            return 0.0, 0.0
+        if not index.pair_tables:
+            return 0.0, 0.0, 0.0
         nid = index.unit_nodes[unit][0]
         if index.unit_has_nvlink[unit] or index.node_links[nid] < 0 or nid not in free:
             bw = index.level_bw.get("nvlink" if index.unit_has_nvlink[unit] else "host", 0.0)
-            return bw, bw
+            return bw, bw, bw
         count = atoms * atom
         gpus = self._pick_connected(free[nid], nid, list(range(count)), atom)
         table = index.pair_tables[index.node_links[nid]]
-        atoms_bw = [table.ring(tuple(gpus[i : i + atom])).bandwidth for i in range(0, count, atom)] if atom > 1 else []
-        return min(atoms_bw, default=float("inf")), table.ring(tuple(gpus)).bandwidth if count > 1 else float("inf")
+
+        def worst(size: int) -> float:
+            if size < 2 or count % size:
+                return float("inf")
+            return min(table.ring(tuple(gpus[i : i + size])).bandwidth for i in range(0, count, size))
+
+        return worst(self.grid.tp), worst(atom), worst(count)
 
     def _pick_connected(self, free: list[int], nid: int, ranks: list[int], atom: int) -> list[int]:
         """Local GPUs among `free` for `ranks` on a node with per-pair links, `atom` ranks at a time:
