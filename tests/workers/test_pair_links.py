@@ -250,3 +250,17 @@ def test_a_ring_that_would_cross_sockets_goes_to_one_socket_of_two_nodes_when_th
     traffic = build_traffic(RankGrid(dp_shard=8), PRESETS["tiny"], Workload())
     whole_node = evaluate(traffic, [(0, g) for g in range(8)], index)
     assert whole_node.level_by_dim["dp"] == "SYS" and plan.comm_seconds < whole_node.total_seconds
+
+
+def test_a_cp_group_crossing_nodes_at_nic_speed_is_not_a_split_when_one_node_would_cross_sockets() -> None:
+    """tp2 x cp4 on two bridged nodes: inside one node each CP group takes one GPU of every bridged pair
+    and crosses the sockets (SYS); one socket of each of two nodes keeps the bridges and runs the CP
+    rings over the NICs, faster, and the solver takes it without counting the CP groups as split."""
+    topo = bridged_pcie_fleet(2, name="b")
+    index = FabricIndex.build(topo)
+    grid = RankGrid(tp=2, cp=4)
+    plan = place(grid, topo, {n.name: set(range(8)) for n in topo.nodes}, model=PRESETS["tiny"], index=index)
+    assert plan.split_groups == [] and plan.level_by_dim == {"tp": "nvlink_pair", "cp": "leaf", "dp": "leaf"}
+    one_node = evaluate(build_traffic(grid, PRESETS["tiny"], Workload()), [(0, g) for g in range(8)], index)
+    assert one_node.level_by_dim["cp"] == "SYS" and plan.comm_seconds < one_node.total_seconds
+    assert index.unit_bandwidth(4, 2) == index.pair_tables[0].ring((0, 2, 4, 6)).bandwidth < index.unit_bandwidth(4, 1)

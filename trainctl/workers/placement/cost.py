@@ -227,7 +227,8 @@ class CostBreakdown:
     """Outermost level any group of the dimension spans."""
     split_groups: dict[str, list[list[int]]] = field(default_factory=dict)
     """TP / EP / CP groups that cross an NVLink domain (or node, where there is no NVLink) and get
-    less bandwidth for it than one domain (node) could give them (`FabricIndex.unit_bandwidth`)."""
+    less bandwidth for it than one domain (node) holding their block could give them
+    (`FabricIndex.unit_bandwidth`)."""
     uplink_bytes: float = 0.0
     """Bytes per step the job sends up through leaf uplinks: what other tenants' traffic would slow."""
 
@@ -273,6 +274,7 @@ def evaluate(
     """
     memo: dict[tuple[SlotId, ...], _Span] = {} if spans_seen is None else spans_seen
     result = CostBreakdown()
+    tp = next((len(t.groups[0]) for t in traffic if t.dim == "tp"), 1)
     for entry in traffic:
         worst = 0.0
         level_max = "nvlink"
@@ -296,7 +298,7 @@ def evaluate(
             if LEVELS.index(info.level) > LEVELS.index(level_max):
                 level_max = info.level
             if entry.dim in SPLIT_DIMS and info.units > 1:
-                inside = index.unit_bandwidth(len(span))
+                inside = index.unit_bandwidth(len(span), 1 if entry.dim == "tp" else tp)
                 if inside is None or info.bandwidth < inside:
                     result.split_groups.setdefault(entry.dim, []).append(list(span))
         result.seconds_by_dim[entry.dim] = result.seconds_by_dim.get(entry.dim, 0.0) + worst

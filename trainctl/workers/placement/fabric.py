@@ -62,8 +62,8 @@ class FabricIndex:
     """Most GPUs any one unit of each level holds (lower-bound reasoning)."""
     outermost: str = "host"
     """The outermost level the map defines (what a group with no common switch pays)."""
-    unit_bw_seen: dict[int, float | None] = field(default_factory=dict)
-    """Memo of `unit_bandwidth` by group size."""
+    unit_bw_seen: dict[tuple[int, int], float | None] = field(default_factory=dict)
+    """Memo of `unit_bandwidth` by (group size, stride)."""
     plain_capacity: int = 0
     """Most usable GPUs of a node with neither an NVLink domain nor per-pair links (0: none)."""
     node_links: list[int] = field(default_factory=list)
@@ -192,20 +192,23 @@ class FabricIndex:
             return None
         return max(bw for bw, _ in found), min(latency for _, latency in found)
 
-    def unit_bandwidth(self, size: int) -> float | None:
-        """Most bytes/s a group of `size` GPUs gets inside one unit (NVLink domain or node); None when
-        no unit holds that many. A group spanning units is split only when it gets less."""
-        if size in self.unit_bw_seen:
-            return self.unit_bw_seen[size]
+    def unit_bandwidth(self, size: int, stride: int = 1) -> float | None:
+        """Most bytes/s a group of `size` GPUs gets inside one unit (NVLink domain or node) with its
+        block (`size x stride` positions: a CP / EP group with TP innermost has stride tp) there too;
+        None when no unit holds it. A group spanning units is split only when it gets less."""
+        key = (size, stride)
+        if key in self.unit_bw_seen:
+            return self.unit_bw_seen[key]
         options = []
         if self.level_capacity.get("nvlink", 0) >= size:
             options.append(self.level_bw["nvlink"])
         if self.plain_capacity >= size and "host" in self.level_bw:
             options.append(self.level_bw["host"])
-        pair = self.pair_bound(size)
-        if pair is not None:
-            options.append(pair[0])
-        self.unit_bw_seen[size] = found = max(options, default=None)
+        for table in self.pair_tables:
+            inside = table.block_group(size, stride)
+            if inside is not None:
+                options.append(inside.bandwidth)
+        self.unit_bw_seen[key] = found = max(options, default=None)
         return found
 
     def link(self, slots: list[SlotId]) -> Link:

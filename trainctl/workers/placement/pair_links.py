@@ -48,6 +48,7 @@ class PairLinks:
     """(a, b), a < b -> NVLink bytes/s between them (pairs with NVLink only)."""
     _rings: dict[tuple[int, ...], Link] = field(default_factory=dict, repr=False)
     _bounds: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
+    _picks: dict[tuple, list[int]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of_node(cls, node: Node, fabric: Fabric) -> PairLinks:
@@ -103,6 +104,40 @@ class PairLinks:
         if worst is None:  # a pair without any link: validation requires fabric.host, so unreachable
             raise ValueError(f"GPUs {gpus}: a pair has no link in the map")
         return worst
+
+    def pick(self, free: tuple[int, ...], wanted: tuple[int, ...], atom: int) -> list[int]:
+        """GPUs among `free` for `len(wanted)` positions, `atom` positions at a time: the set with the
+        best ring of its own, then the best ring with the sets already taken (one socket before the
+        next), then the most positions getting their `wanted` GPU (rails), then the lowest indices;
+        inside a set, each position its wanted GPU when the set has it."""
+        key = (free, wanted, atom)
+        if key in self._picks:
+            return self._picks[key]
+        chosen: list[int] = []
+        left = list(free)
+        while len(chosen) < len(wanted):
+            want = wanted[len(chosen) : len(chosen) + atom]
+
+            def score(group: tuple[int, ...], want: tuple[int, ...] = want) -> tuple:
+                together = self.ring((*chosen, *group)).bandwidth if chosen else 0.0
+                return (self.ring(group).bandwidth, together, len(set(want) & set(group)), [-g for g in group])
+
+            best = max(combinations(left, atom), key=score)
+            spare = [g for g in best if g not in want]
+            chosen.extend(w if w in best else spare.pop(0) for w in want)
+            left = [g for g in left if g not in best]
+        self._picks[key] = chosen
+        return chosen
+
+    def block_group(self, size: int, stride: int) -> Link | None:
+        """What a group of `size` GPUs gets when its whole block (`size x stride` positions, the group
+        every `stride`-th: a CP or EP group with TP innermost) sits on an empty node, picked as the
+        solver picks; None when the node is too small."""
+        count = size * stride
+        if count > len(self.gpus):
+            return None
+        block = self.pick(self.gpus, self.gpus[:count], stride)
+        return self.ring(tuple(block[::stride]))
 
     def _bandwidth(self, a: int, b: int) -> float:
         if a == b:

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import combinations, product
+from itertools import product
 
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.presets import ModelConfig, resolve_model
@@ -208,7 +208,6 @@ class _Solver:
         self.grid, self.index, self.free, self.traffic, self.deadline = grid, index, free, traffic, deadline
         self.world = grid.world_size
         self.spans_seen: dict = {}
-        self.picks_seen: dict[tuple, list[int]] = {}
 
     # ---- top level ---------------------------------------------------------------------------------
     def solve(self) -> list[SlotId]:
@@ -409,31 +408,11 @@ class _Solver:
         return worst(self.grid.tp), worst(atom), worst(count)
 
     def _pick_connected(self, free: list[int], nid: int, ranks: list[int], atom: int) -> list[int]:
-        """Local GPUs among `free` for `ranks` on a node with per-pair links, `atom` ranks at a time:
-        the set with the best ring of its own, then the best ring with the sets already taken, then
-        the most rail matches, then the lowest GPU indices."""
-        tid = self.index.node_links[nid]
+        """Local GPUs among `free` for `ranks` on a node with per-pair links (`PairLinks.pick`), rank r
+        wanting GPU r mod gpus_per_node (its rail)."""
         all_gpus = self.index.topology.spec.nodes[nid].gpus
-        wanted_of = tuple(all_gpus[r % len(all_gpus)] for r in ranks)
-        key = (tid, tuple(free), wanted_of, atom)
-        found = self.picks_seen.get(key)
-        if found is not None:
-            return found
-        table = self.index.pair_tables[tid]
-        chosen: list[int] = []
-        left = list(free)
-        while len(chosen) < len(ranks):
-            wanted = set(wanted_of[len(chosen) : len(chosen) + atom])
-
-            def score(group: tuple[int, ...], wanted: set[int] = wanted) -> tuple:
-                together = table.ring((*chosen, *group)).bandwidth if chosen else 0.0
-                return (table.ring(group).bandwidth, together, len(wanted & set(group)), [-g for g in group])
-
-            best = max(combinations(left, atom), key=score)
-            chosen.extend(self._match_rails(list(best), nid, ranks[len(chosen) : len(chosen) + atom]))
-            left = [g for g in left if g not in best]
-        self.picks_seen[key] = chosen
-        return chosen
+        wanted = tuple(all_gpus[r % len(all_gpus)] for r in ranks)
+        return self.index.pair_tables[self.index.node_links[nid]].pick(tuple(free), wanted, atom)
 
     def _match_rails(self, free: list[int], nid: int, ranks: list[int]) -> list[int]:
         """Local GPUs among `free` for `ranks` on node `nid`: rank r prefers GPU (r mod GPUs per node)."""
