@@ -74,8 +74,9 @@ class PairLinks:
         """Equal for nodes whose tables are equal (maps share one table per kind of node)."""
         return self.gpus, tuple(sorted(self.links.items()))
 
-    def link(self, a: int, b: int) -> Link | None:
-        return self.links.get((a, b) if a < b else (b, a))
+    def link(self, a: int, b: int) -> Link:
+        """The link between GPUs a and b (either order)."""
+        return self.links[(min(a, b), max(a, b))]
 
     def ring(self, gpus: tuple[int, ...]) -> Link:
         """What a collective over `gpus` (distinct GPUs of this node) gets; see the module docstring."""
@@ -99,11 +100,9 @@ class PairLinks:
             bottleneck = _bottleneck_cycle(weights)
         else:
             bottleneck = min(self._bandwidth(a, b) for a, b in pairs)
-        at = [self.links[p] for p in pairs if p in self.links and self.links[p].bandwidth == bottleneck]
-        worst = max(at, key=lambda lk: (PAIR_LEVELS.index(lk.level), lk.latency), default=None)
-        if worst is None:  # a pair without any link: validation requires fabric.host, so unreachable
-            raise ValueError(f"GPUs {gpus}: a pair has no link in the map")
-        return worst
+        # the weakest hop: every pair has a link (the map requires fabric.host for pairs it leaves out)
+        at = [self.links[p] for p in pairs if self.links[p].bandwidth == bottleneck]
+        return max(at, key=lambda lk: (PAIR_LEVELS.index(lk.level), lk.latency))
 
     def pick(self, free: tuple[int, ...], wanted: tuple[int, ...], atom: int) -> list[int]:
         """GPUs among `free` for `len(wanted)` positions, `atom` positions at a time: the set with the
@@ -140,10 +139,7 @@ class PairLinks:
         return self.ring(tuple(block[::stride]))
 
     def _bandwidth(self, a: int, b: int) -> float:
-        if a == b:
-            return 0.0
-        link = self.link(a, b)
-        return link.bandwidth if link is not None else 0.0
+        return 0.0 if a == b else self.link(a, b).bandwidth
 
     def bound(self, size: int) -> tuple[float, float]:
         """Memoised `_bound`."""

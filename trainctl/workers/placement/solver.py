@@ -284,7 +284,8 @@ class _Solver:
         if sum(caps.values()) < needed:
             return None
         in_atoms = [b // atom for b in blocks if b % atom == 0 and b >= atom] or [1]
-        picks = self._choose(_Box.tree(tree, caps), needed, in_atoms, lambda unit, n: self._unit_quality(free, unit, n, atom))
+        quality = (lambda unit, n: self._unit_quality(free, unit, n, atom)) if self.index.pair_tables else None
+        picks = self._choose(_Box.tree(tree, caps), needed, in_atoms, quality)
         if picks is None:
             return None
         slots: list[SlotId] = []
@@ -305,12 +306,12 @@ class _Solver:
         return None if tail is None else head + tail
 
     def _choose(
-        self, children: list[_Box], n: int, blocks: list[int], quality: Callable[[int, int], tuple[float, ...]]
+        self, children: list[_Box], n: int, blocks: list[int], quality: Callable[[int, int], tuple[float, ...]] | None
     ) -> list[tuple[int, int]] | None:
         """Split `n` atoms over `children` -> [(unit, atoms)].
 
         If some child holds them all: the one whose units give the TP groups, then the atoms, the
-        best links (`quality`, on maps with per-pair links), then the one in which they fit deepest
+        best links (`quality`, given on maps with per-pair links), then the one in which they fit deepest
         (a single unit beats a single leaf set), then the best-connected set, then the fullest
         (best fit). Otherwise the largest children first, in chunks aligned to the job's blocks, and
         a best-fit child for the remainder.
@@ -325,7 +326,7 @@ class _Solver:
             if fitting:
                 def rank(j: int, need: int = remaining, several: bool = len(fitting) > 1) -> tuple:
                     child = children[j]
-                    links = child.best_unit(need, quality) if several else (0.0, 0.0, 0.0)
+                    links = child.best_unit(need, quality) if several and quality else (0.0, 0.0, 0.0)
                     return (-links[0], -links[1], -child.fit_depth(need), -links[2], child.cap, j)
 
                 i = min(fitting, key=rank)
@@ -388,10 +389,8 @@ class _Solver:
 
     def _unit_quality(self, free: dict[int, list[int]], unit: int, atoms: int, atom: int) -> tuple[float, ...]:
         """Bytes/s of the worst TP group, of the worst atom and of the whole set that `atoms` atoms
-        would get on `unit`'s free GPUs (equal for every unit on maps without per-pair links)."""
+        would get on `unit`'s free GPUs (maps with per-pair links)."""
         index = self.index
-        if not index.pair_tables:
-            return 0.0, 0.0, 0.0
         nid = index.unit_nodes[unit][0]
         if index.unit_has_nvlink[unit] or index.node_links[nid] < 0 or nid not in free:
             bw = index.level_bw.get("nvlink" if index.unit_has_nvlink[unit] else "host", 0.0)
