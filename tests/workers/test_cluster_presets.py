@@ -48,12 +48,20 @@ def test_nvlink_reach_per_preset() -> None:
         assert sorted(tuple(nic.gpus) for nic in node.nics) == pairs  # one NIC per bridged pair
 
 
-def test_bridged_pairs_are_priced_as_pcie_until_the_map_models_per_pair_links() -> None:
-    """The documented limit of `pcie-h100-nvl`: a tp2 group on a bridged pair costs the PCIe host level."""
-    grid = RankGrid(tp=2)
+def test_a_tp2_job_on_a_bridged_pairs_node_gets_a_bridged_pair_when_one_is_free() -> None:
+    """Through the solver on the preset: whichever pair is free, a bridged one is taken and priced as its
+    bridge; with none free, the best PCIe pair (one socket) is."""
     topology = cluster_topology("pcie-h100-nvl:1")
-    placed = place(grid, topology, {topology.nodes[0].name: set(range(8))})
-    assert placed is not None and placed.level_by_dim["tp"] == "host"
+    node = topology.nodes[0]
+    bridges = {(a, b): links for a, b, links in node.nvlink_pairs}
+    for free in ({0, 1, 2, 3, 4, 5, 6, 7}, {1, 2, 3, 4, 5}, {0, 2, 4, 5, 7}, {1, 3, 6, 7}):
+        placed = place(RankGrid(tp=2), topology, {node.name: free})
+        [gpus] = placed.gpus_by_node().values()
+        assert tuple(gpus) in bridges and set(gpus) <= free, free
+        assert placed.level_by_dim["tp"] == "nvlink_pair"
+    unbridged = place(RankGrid(tp=2), topology, {node.name: {1, 2, 4, 7}})
+    assert unbridged.gpus_by_node() == {node.name: [1, 2]} and unbridged.level_by_dim["tp"] == "PXB"
+    assert unbridged.comm_seconds > placed.comm_seconds
 
 
 @pytest.mark.parametrize("text, message", [

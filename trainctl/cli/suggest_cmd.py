@@ -10,6 +10,12 @@ from trainctl.spec.job import TrainingJob
 
 LEVEL_WORDS = {
     "nvlink": "inside one NVLink domain",
+    "nvlink_pair": "inside one node on NVLink-bridged / meshed GPUs",
+    "PIX": "inside one node under one PCIe switch",
+    "PXB": "inside one node across PCIe switches",
+    "PHB": "inside one node through the CPU's PCIe host bridge",
+    "NODE": "inside one node across PCIe host bridges of one socket",
+    "SYS": "inside one node across CPU sockets",
     "host": "inside one node over PCIe",
     "leaf": "across nodes under one leaf switch",
     "spine": "across nodes through the spine",

@@ -13,8 +13,9 @@ Per step and per rank (formulas and sources in docs/placement.md):
 
 A collective over a group of g ranks costs `steps x alpha + (g - 1) / g x bytes / beta` (ring
 algorithms), with alpha the latency and beta the per-GPU bandwidth of the outermost level the group
-spans, beta divided by the contention on oversubscribed switch uplinks that the job's own groups of
-the same dimension create. A dimension takes as long as its slowest group.
+spans (inside a node with per-pair links: its best ring through them, `FabricIndex.link`), beta
+divided by the contention on oversubscribed switch uplinks that the job's own groups of the same
+dimension create. A dimension takes as long as its slowest group.
 """
 
 from __future__ import annotations
@@ -225,7 +226,9 @@ class CostBreakdown:
     level_by_dim: dict[str, str] = field(default_factory=dict)
     """Outermost level any group of the dimension spans."""
     split_groups: dict[str, list[list[int]]] = field(default_factory=dict)
-    """TP / EP / CP groups that cross an NVLink domain (or node, where there is no NVLink)."""
+    """TP / EP / CP groups that cross an NVLink domain (or node, where there is no NVLink) and get
+    less bandwidth for it than one domain (node) holding their block could give them
+    (`FabricIndex.unit_bandwidth`)."""
     uplink_bytes: float = 0.0
     """Bytes per step the job sends up through leaf uplinks: what other tenants' traffic would slow."""
 
@@ -245,16 +248,20 @@ class _Span:
     level: str
     units: int
     """NVLink units (or nodes, without NVLink) the group touches."""
+    bandwidth: float
+    """Bytes/s per GPU per direction, before contention."""
+    latency: float
+    """Seconds."""
     leaves: tuple[tuple[int, int], ...] = ()
     """(leaf id, members under it), only for groups that leave their leaves (spine / core)."""
 
 
 def _span(index: FabricIndex, key: tuple[SlotId, ...]) -> _Span:
-    level = index.level(list(key))
+    link = index.link(list(key))
     units = len({index.node_unit[s[0]] for s in key})
-    if level not in ("spine", "core"):
-        return _Span(level, units)
-    return _Span(level, units, tuple(Counter(index.gpu_leaf[s] for s in key).items()))
+    if link.level not in ("spine", "core"):
+        return _Span(link.level, units, link.bandwidth, link.latency)
+    return _Span(link.level, units, link.bandwidth, link.latency, tuple(Counter(index.gpu_leaf[s] for s in key).items()))
 
 
 def evaluate(
@@ -267,6 +274,7 @@ def evaluate(
     """
     memo: dict[tuple[SlotId, ...], _Span] = {} if spans_seen is None else spans_seen
     result = CostBreakdown()
+    tp = next((len(t.groups[0]) for t in traffic if t.dim == "tp"), 1)
     for entry in traffic:
         worst = 0.0
         level_max = "nvlink"
@@ -286,12 +294,13 @@ def evaluate(
         for span, info, factor in zip(spans, infos, factors, strict=True):
             if info.leaves:
                 result.uplink_bytes += volume * sum(_flows(entry.pattern, n, len(span)) for _, n in info.leaves)
-            bw = index.level_bw[info.level] / factor
-            worst = max(worst, entry.seconds(bw, index.level_latency[info.level]))
+            worst = max(worst, entry.seconds(info.bandwidth / factor, info.latency))
             if LEVELS.index(info.level) > LEVELS.index(level_max):
                 level_max = info.level
             if entry.dim in SPLIT_DIMS and info.units > 1:
-                result.split_groups.setdefault(entry.dim, []).append(list(span))
+                inside = index.unit_bandwidth(len(span), 1 if entry.dim == "tp" else tp)
+                if inside is None or info.bandwidth < inside:
+                    result.split_groups.setdefault(entry.dim, []).append(list(span))
         result.seconds_by_dim[entry.dim] = result.seconds_by_dim.get(entry.dim, 0.0) + worst
         result.bytes_by_dim[entry.dim] = result.bytes_by_dim.get(entry.dim, 0.0) + volume
         prev = result.level_by_dim.get(entry.dim, "nvlink")
@@ -347,14 +356,18 @@ def _flows(pattern: Pattern, inside: int, size: int) -> float:
 
 
 def lower_bound(traffic: list[DimTraffic], index: FabricIndex) -> dict[str, float]:
-    """Per dimension, the time if every group sat at the innermost level able to hold it, uncontended."""
+    """Per dimension, the time if every group sat at the innermost level able to hold it, uncontended
+    (inside nodes with per-pair links: the most any set of that size can get, `FabricIndex.pair_bound`)."""
     out: dict[str, float] = {}
     for entry in traffic:
         size = 2 if entry.pairwise else len(entry.groups[0])
-        fits = [lv for lv, cap in index.level_capacity.items() if cap >= size]
-        if not fits:
+        options = [(index.level_bw[lv], index.level_latency[lv]) for lv, cap in index.level_capacity.items() if cap >= size]
+        pair = index.pair_bound(size)
+        if pair is not None:
+            options.append(pair)
+        if not options:
             raise CostModelError(f"dimension {entry.dim}: a group of {size} GPUs exceeds the whole map")
-        bw = max(index.level_bw[lv] for lv in fits)
-        latency = min(index.level_latency[lv] for lv in fits)
+        bw = max(b for b, _ in options)
+        latency = min(lat for _, lat in options)
         out[entry.dim] = out.get(entry.dim, 0.0) + entry.seconds(bw, latency)
     return out

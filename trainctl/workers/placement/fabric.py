@@ -1,9 +1,13 @@
 """A topology map compiled for placement: integer ids, containers, and the level a group of GPUs spans.
 
-Levels, inner to outer: `nvlink` (one NVLink domain or partition), `host` (one node, PCIe between its
-GPUs), `leaf`, `spine`, `core`. A group that spans nodes reaches the `leaf` level only when it is
-rail-aligned: every node contributes the same multiset of rails, and for each rail all members sit
-under one leaf. Otherwise its traffic meets at the lowest common switch of all its members' leaves.
+Levels, inner to outer: `nvlink` (one NVLink domain or partition), the pair levels of one node
+outside an NVLink domain (`nvlink_pair`, `PIX`, `PXB`, `PHB`, `NODE`, `SYS`: pair_links.py), `host`
+(one node, PCIe between its GPUs), `leaf`, `spine`, `core`. A group inside one node with per-pair
+links gets what its best ring through them gets (`PairLinks.ring`). A group that spans nodes reaches
+the `leaf` level only when it is rail-aligned: every node contributes the same multiset of rails, and
+for each rail all members sit under one leaf. Otherwise its traffic meets at the lowest common switch
+of all its members' leaves. Its bandwidth is also capped by the ring through its members inside each
+node with per-pair links (a ring enters and leaves a node once, crossing those members on the way).
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from trainctl.workers.placement.pair_links import PAIR_LEVELS, Link, PairLinks
 from trainctl.workers.topology.model import TIERS, LinkLevel, TopologyMap
 
-LEVELS: tuple[str, ...] = ("nvlink", "host", *TIERS)
-"""Fabric levels, inner to outer: within a node, then the switch tiers."""
+LEVELS: tuple[str, ...] = ("nvlink", *PAIR_LEVELS, *TIERS)
+"""Fabric levels, inner to outer: within a node (NVLink domain, pair links, host), then the switch tiers."""
 
 SlotId = tuple[int, int]
 """A GPU by (node id in the `FabricIndex`, local GPU index)."""
@@ -57,6 +62,13 @@ class FabricIndex:
     """Most GPUs any one unit of each level holds (lower-bound reasoning)."""
     outermost: str = "host"
     """The outermost level the map defines (what a group with no common switch pays)."""
+    unit_bw_seen: dict[tuple[int, int], float | None] = field(default_factory=dict)
+    """Memo of `unit_bandwidth` by (group size, stride)."""
+    plain_capacity: int = 0
+    """Most usable GPUs of a node with neither an NVLink domain nor per-pair links (0: none)."""
+    node_links: list[int] = field(default_factory=list)
+    """Per node, its table in `pair_tables` (-1: in an NVLink domain, or no per-pair links)."""
+    pair_tables: list[PairLinks] = field(default_factory=list)
 
     @classmethod
     def build(cls, topology: TopologyMap) -> FabricIndex:
@@ -74,6 +86,7 @@ class FabricIndex:
         units: dict[str, int] = {}
         leafsets: dict[frozenset[int], int] = {}
         spinesets: dict[frozenset[int], int] = {}
+        tables: dict[tuple, int] = {}
         for nid, node in enumerate(topo.spec.nodes):
             self.node_names.append(node.name)
             self.node_id[node.name] = nid
@@ -86,6 +99,14 @@ class FabricIndex:
                 self.unit_has_nvlink.append(group is not None)
             self.node_unit.append(units[key])
             self.unit_nodes[units[key]].append(nid)
+            if group is None and (node.nvlink_pairs or node.pcie_paths):
+                table = PairLinks.of_node(node, topo.spec.fabric)
+                tid = tables.setdefault(table.signature(), len(self.pair_tables))
+                if tid == len(self.pair_tables):
+                    self.pair_tables.append(table)
+                self.node_links.append(tid)
+            else:
+                self.node_links.append(-1)
             leaves: set[int] = set()
             for gpu in node.gpus:
                 nic = node.nic_of(gpu)
@@ -122,7 +143,7 @@ class FabricIndex:
     def _index_levels(self) -> None:
         fabric = self.topology.spec.fabric
         network: list[LinkLevel] = []
-        for name in LEVELS:
+        for name in ("nvlink", "host", *TIERS):  # pair levels are priced per node (pair_tables)
             level = fabric.level(name)
             if name in TIERS:
                 if level is not None:
@@ -148,6 +169,10 @@ class FabricIndex:
                 sum(usable[n] for n in nodes) for u, nodes in enumerate(self.unit_nodes) if self.unit_has_nvlink[u]
             )
         cap["host"] = max(usable)
+        self.plain_capacity = max(
+            (n for nid, n in enumerate(usable) if not self.unit_has_nvlink[self.node_unit[nid]] and self.node_links[nid] < 0),
+            default=0,
+        )
         cap["leaf"] = max(sum(usable[n] for n in nodes) for nodes in self.leafset_nodes)
         spine_gpus = Counter()
         for nid, n in enumerate(usable):
@@ -160,11 +185,61 @@ class FabricIndex:
     def unit_of(self, slot: SlotId) -> int:
         return self.node_unit[slot[0]]
 
+    def pair_bound(self, size: int) -> tuple[float, float] | None:
+        """(most bytes/s, least seconds) any `size` GPUs of one node with pair links get; None if none can."""
+        found = [t.bound(size) for t in self.pair_tables if len(t.gpus) >= size]
+        if not found:
+            return None
+        return max(bw for bw, _ in found), min(latency for _, latency in found)
+
+    def unit_bandwidth(self, size: int, stride: int = 1) -> float | None:
+        """Most bytes/s a group of `size` GPUs gets inside one unit (NVLink domain or node) with its
+        block (`size x stride` positions: a CP / EP group with TP innermost has stride tp) there too;
+        None when no unit holds it. A group spanning units is split only when it gets less."""
+        key = (size, stride)
+        if key in self.unit_bw_seen:
+            return self.unit_bw_seen[key]
+        options = []
+        if self.level_capacity.get("nvlink", 0) >= size:
+            options.append(self.level_bw["nvlink"])
+        if self.plain_capacity >= size and "host" in self.level_bw:
+            options.append(self.level_bw["host"])
+        for table in self.pair_tables:
+            inside = table.block_group(size, stride)
+            if inside is not None:
+                options.append(inside.bandwidth)
+        self.unit_bw_seen[key] = found = max(options, default=None)
+        return found
+
+    def link(self, slots: list[SlotId]) -> Link:
+        """Level, bytes/s per GPU and latency of a group of GPUs (see the module docstring)."""
+        first = slots[0][0]
+        if len(slots) == 1:  # nothing to send
+            return Link(self.level(slots), float("inf"), 0.0)
+        one_node = all(s[0] == first for s in slots)
+        if one_node and self.node_links[first] >= 0:
+            return self.pair_tables[self.node_links[first]].ring(tuple(g for _, g in slots))
+        level = self.level(slots)
+        bw = self.level_bw[level]
+        if not one_node:
+            members: dict[int, list[int]] = {}
+            for nid, gpu in slots:
+                if self.node_links[nid] >= 0:
+                    members.setdefault(nid, []).append(gpu)
+            for nid, gpus in members.items():
+                if len(gpus) > 1:
+                    bw = min(bw, self.pair_tables[self.node_links[nid]].ring(tuple(gpus)).bandwidth)
+        return Link(level, bw, self.level_latency[level])
+
     def level(self, slots: list[SlotId]) -> str:
         """The outermost level a group of GPUs spans (see the module docstring)."""
         first = slots[0][0]
         if all(s[0] == first for s in slots):
-            return "nvlink" if self.unit_has_nvlink[self.node_unit[first]] or len(slots) == 1 else "host"
+            if self.unit_has_nvlink[self.node_unit[first]] or len(slots) == 1:
+                return "nvlink"
+            if self.node_links[first] >= 0:
+                return self.pair_tables[self.node_links[first]].ring(tuple(g for _, g in slots)).level
+            return "host"
         unit = self.node_unit[first]
         if self.unit_has_nvlink[unit] and all(self.node_unit[s[0]] == unit for s in slots):
             return "nvlink"

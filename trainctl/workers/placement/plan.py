@@ -35,7 +35,8 @@ class Placement(_Frozen):
     assignments: list[RankAssignment]
     """One per rank, ordered by rank."""
     split_groups: list[SplitGroup] = Field(default_factory=list)
-    """TP / EP / CP groups that cross an NVLink domain (the solver avoids this whenever it can)."""
+    """TP / EP / CP groups that cross an NVLink domain (node, without NVLink) and get less bandwidth for
+    it than one domain could give them (the solver avoids this whenever it can)."""
     comm_seconds_by_dim: dict[str, float] = Field(default_factory=dict)
     """Modelled communication seconds per step for each parallel dimension."""
     comm_bytes_by_dim: dict[str, float] = Field(default_factory=dict)

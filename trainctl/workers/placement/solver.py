@@ -9,7 +9,10 @@
    job's own blocks (a pipeline stage, then a data-parallel block), so data-parallel groups stay under
    one leaf set and pipeline boundaries fall between leaf sets.
 3. Rails. Inside a node each rank prefers the GPU whose rail matches its position, so data-parallel
-   and pipeline peers on other nodes are on the same rail (one leaf hop, no spine).
+   and pipeline peers on other nodes are on the same rail (one leaf hop, no spine). On a node with
+   per-pair links (NVLink bridges or mesh, PCIe path classes) the atoms take the best-connected free
+   GPU sets first (a bridged pair, one PCIe switch), each next one the set best connected to those
+   already taken (one NUMA node before the inter-socket link), rail matches breaking ties.
 4. Local search. Starting from the best candidate, swap the atoms of the worst group's outliers with
    atoms (used or free) inside the group's majority container while the modelled cost improves.
 Deterministic: no randomness; the time budget only caps work and is not reached on typical inputs.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import product
 
@@ -182,6 +185,14 @@ class _Box:
                 out.append(cls(sum(k.cap for k in kids), children=kids))
         return out
 
+    def best_unit(self, n: int, quality: Callable[[int, int], tuple[float, ...]]) -> tuple[float, ...]:
+        """The best `quality(unit, atoms)` of the units under this box: of those holding all `n` atoms
+        when some do, else of every unit with as many atoms as it holds."""
+        if self.unit >= 0:
+            return quality(self.unit, min(n, self.cap)) if self.cap else (0.0, 0.0, 0.0)
+        holding = [k for k in self.children if k.cap >= n] or self.children
+        return max((k.best_unit(n, quality) for k in holding), default=(0.0, 0.0, 0.0))
+
     def fit_depth(self, n: int) -> int:
         """How many levels further down one descendant still holds all `n` atoms."""
         inner = [k for k in self.children if k.cap >= n]
@@ -220,6 +231,11 @@ class _Solver:
             if not whole and self.grid.tp > 1:
                 # as many whole TP groups as fit, the rest GPU by GPU (covers atom size 1)
                 best = self._keep_better(best, self._by_rank(perm, self._construct_mixed(self.grid.tp, blocks)))
+            if self.index.pair_tables:
+                # one socket of each node with per-pair links: rings that would cross sockets there
+                # may do better across nodes (the cost model decides)
+                local = self._construct(self._one_numa_node(), self.grid.tp, 0, self.world, blocks)
+                best = self._keep_better(best, self._by_rank(perm, local))
         if best is None:
             raise AssertionError("unreachable: with enough free GPUs, atom size 1 always places")
         return self._improve(best[1], best[2])
@@ -268,12 +284,13 @@ class _Solver:
         if sum(caps.values()) < needed:
             return None
         in_atoms = [b // atom for b in blocks if b % atom == 0 and b >= atom] or [1]
-        picks = self._choose(_Box.tree(tree, caps), needed, in_atoms)
+        quality = (lambda unit, n: self._unit_quality(free, unit, n, atom)) if self.index.pair_tables else None
+        picks = self._choose(_Box.tree(tree, caps), needed, in_atoms, quality)
         if picks is None:
             return None
         slots: list[SlotId] = []
         for unit, n_atoms in picks:
-            slots.extend(self._fill_unit(free, unit, first + len(slots), n_atoms * atom))
+            slots.extend(self._fill_unit(free, unit, first + len(slots), n_atoms * atom, atom))
         return slots
 
     def _construct_mixed(self, atom: int, blocks: list[int]) -> list[SlotId] | None:
@@ -288,12 +305,16 @@ class _Solver:
         tail = self._construct({n: g for n, g in rest.items() if g}, 1, whole, self.world - whole, blocks)
         return None if tail is None else head + tail
 
-    def _choose(self, children: list[_Box], n: int, blocks: list[int]) -> list[tuple[int, int]] | None:
+    def _choose(
+        self, children: list[_Box], n: int, blocks: list[int], quality: Callable[[int, int], tuple[float, ...]] | None
+    ) -> list[tuple[int, int]] | None:
         """Split `n` atoms over `children` -> [(unit, atoms)].
 
-        If some child holds them all: the one in which they fit deepest (a single unit beats a
-        single leaf set), then the fullest (best fit). Otherwise the largest children first, in
-        chunks aligned to the job's blocks, and a best-fit child for the remainder.
+        If some child holds them all: the one whose units give the TP groups, then the atoms, the
+        best links (`quality`, given on maps with per-pair links), then the one in which they fit deepest
+        (a single unit beats a single leaf set), then the best-connected set, then the fullest
+        (best fit). Otherwise the largest children first, in chunks aligned to the job's blocks, and
+        a best-fit child for the remainder.
         """
         avail = [i for i, c in enumerate(children) if c.cap > 0]
         picks: list[tuple[int, int]] = []
@@ -303,7 +324,12 @@ class _Solver:
                 return None
             fitting = [i for i in avail if children[i].cap >= remaining]
             if fitting:
-                i = min(fitting, key=lambda j: (-children[j].fit_depth(remaining), children[j].cap, j))
+                def rank(j: int, need: int = remaining, several: bool = len(fitting) > 1) -> tuple:
+                    child = children[j]
+                    links = child.best_unit(need, quality) if several and quality else (0.0, 0.0, 0.0)
+                    return (-links[0], -links[1], -child.fit_depth(need), -links[2], child.cap, j)
+
+                i = min(fitting, key=rank)
                 picks.append((i, remaining))
                 break
             i = max(avail, key=lambda j: (children[j].cap, -j))
@@ -321,14 +347,15 @@ class _Solver:
             if child.unit >= 0:
                 out.append((child.unit, count))
             else:
-                sub = self._choose(child.children, count, blocks)
+                sub = self._choose(child.children, count, blocks, quality)
                 if sub is None:
                     return None
                 out.extend(sub)
         return out
 
-    def _fill_unit(self, free: dict[int, list[int]], unit: int, first: int, count: int) -> list[SlotId]:
-        """GPUs of one NVLink unit for positions first .. first+count-1, rail-matched per node."""
+    def _fill_unit(self, free: dict[int, list[int]], unit: int, first: int, count: int, atom: int) -> list[SlotId]:
+        """GPUs of one NVLink unit for positions first .. first+count-1, rail-matched per node
+        (by connectivity first on a node with per-pair links)."""
         nodes = [n for n in self.index.unit_nodes[unit] if n in free]
         nodes.sort(key=lambda n: (-len(free[n]), n))
         slots: list[SlotId] = []
@@ -338,9 +365,53 @@ class _Solver:
                 break
             take = min(len(free[nid]), count - len(slots))
             ranks = list(range(rank, rank + take))
-            slots.extend((nid, g) for g in self._match_rails(free[nid], nid, ranks))
+            if self.index.node_links[nid] >= 0:
+                gpus = self._pick_connected(free[nid], nid, ranks, atom if take % atom == 0 else 1)
+            else:
+                gpus = self._match_rails(free[nid], nid, ranks)
+            slots.extend((nid, g) for g in gpus)
             rank += take
         return slots
+
+    def _one_numa_node(self) -> dict[int, list[int]]:
+        """The free GPUs, on nodes with per-pair links only those of the NUMA node with the most free."""
+        out: dict[int, list[int]] = {}
+        for nid, gpus in self.free.items():
+            numa = self.index.topology.spec.nodes[nid].numa
+            if self.index.node_links[nid] < 0 or not numa:
+                out[nid] = gpus
+                continue
+            by_numa: dict[int, list[int]] = {}
+            for g in gpus:
+                by_numa.setdefault(numa.get(g, -1), []).append(g)
+            out[nid] = max(by_numa.values(), key=lambda members: (len(members), -members[0]))
+        return out
+
+    def _unit_quality(self, free: dict[int, list[int]], unit: int, atoms: int, atom: int) -> tuple[float, ...]:
+        """Bytes/s of the worst TP group, of the worst atom and of the whole set that `atoms` atoms
+        would get on `unit`'s free GPUs (maps with per-pair links)."""
+        index = self.index
+        nid = index.unit_nodes[unit][0]
+        if index.unit_has_nvlink[unit] or index.node_links[nid] < 0 or nid not in free:
+            bw = index.level_bw.get("nvlink" if index.unit_has_nvlink[unit] else "host", 0.0)
+            return bw, bw, bw
+        count = atoms * atom
+        gpus = self._pick_connected(free[nid], nid, list(range(count)), atom)
+        table = index.pair_tables[index.node_links[nid]]
+
+        def worst(size: int) -> float:
+            if size < 2 or count % size:
+                return float("inf")
+            return min(table.ring(tuple(gpus[i : i + size])).bandwidth for i in range(0, count, size))
+
+        return worst(self.grid.tp), worst(atom), worst(count)
+
+    def _pick_connected(self, free: list[int], nid: int, ranks: list[int], atom: int) -> list[int]:
+        """Local GPUs among `free` for `ranks` on a node with per-pair links (`PairLinks.pick`), rank r
+        wanting GPU r mod gpus_per_node (its rail)."""
+        all_gpus = self.index.topology.spec.nodes[nid].gpus
+        wanted = tuple(all_gpus[r % len(all_gpus)] for r in ranks)
+        return self.index.pair_tables[self.index.node_links[nid]].pick(tuple(free), wanted, atom)
 
     def _match_rails(self, free: list[int], nid: int, ranks: list[int]) -> list[int]:
         """Local GPUs among `free` for `ranks` on node `nid`: rank r prefers GPU (r mod GPUs per node)."""

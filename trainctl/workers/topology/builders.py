@@ -2,9 +2,9 @@
 the named cluster presets (presets.py).
 
 Link parameters are nominal datasheet figures (per GPU, per direction): NVLink 4 (H100) 450 GB/s,
-NVLink 5 (GB200) 900 GB/s, ConnectX-7 NDR 400 Gb/s = 50 GB/s, PCIe Gen4 x16 ~25 GB/s, PCIe Gen5 x16
-~50 GB/s (the same ~80 % of the 32 / 64 GB/s raw rate). Latencies are modelling assumptions
-(docs/placement.md).
+NVLink 5 (GB200) 900 GB/s, one NVLink 2-4 link 25 GB/s, ConnectX-7 NDR 400 Gb/s = 50 GB/s, PCIe Gen4
+x16 ~25 GB/s, PCIe Gen5 x16 ~50 GB/s (the same ~80 % of the 32 / 64 GB/s raw rate). The PCIe path
+classes scale that rate (`pcie_levels`). Latencies are modelling assumptions (docs/placement.md).
 
     python -m trainctl.workers.topology.builders deploy/topologies   # regenerate the example maps
 """
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainctl.workers.topology.model import (
+    PCIE_PATHS,
     Fabric,
     LinkLevel,
     Metadata,
@@ -28,11 +29,34 @@ from trainctl.workers.topology.model import (
     simulated_topology,
 )
 
+PCIE_SCALE: dict[str, tuple[float, float]] = {
+    "PIX": (1.0, 2.0), "PXB": (1.0, 2.5), "PHB": (0.8, 3.0), "NODE": (0.7, 3.5), "SYS": (0.4, 5.0),
+}
+"""PCIe path class -> (fraction of the x16 rate a GPU pair gets, latency µs): peer-to-peer through one
+or several switches runs at the link rate; through the CPU's host bridge, and between host bridges,
+it loses some; across the inter-socket link NCCL stages through host memory (docs/placement.md)."""
+NodeLinks = tuple[list[tuple[int, int, int]], list[tuple[int, int, str]]]
+"""A node's (nvlink_pairs, pcie_paths)."""
+NVLINK_LINK_GBS = 25.0
+"""One NVLink 2 / 3 / 4 link, per direction (V100: 6 links, A100: 12, H100: 18)."""
 
-def _levels(nvlink_gbs: float | None, nic_gbs: float, oversub: float, host_gbs: float | None = None) -> Fabric:
+
+def pcie_levels(x16_gbs: float) -> dict[str, LinkLevel]:
+    """`fabric.pcie` for GPUs on PCIe links of `x16_gbs` GB/s per direction."""
+    return {
+        path: LinkLevel(bandwidth_gbytes_per_s=x16_gbs * PCIE_SCALE[path][0], latency_us=PCIE_SCALE[path][1])
+        for path in PCIE_PATHS
+    }
+
+
+def _levels(
+    nvlink_gbs: float | None, nic_gbs: float, oversub: float, host_gbs: float | None = None, pair_links: bool = False
+) -> Fabric:
     return Fabric(
         nvlink=LinkLevel(bandwidth_gbytes_per_s=nvlink_gbs, latency_us=2.0) if nvlink_gbs else None,
         host=LinkLevel(bandwidth_gbytes_per_s=host_gbs, latency_us=3.0) if host_gbs else None,
+        nvlink_pair=LinkLevel(bandwidth_gbytes_per_s=NVLINK_LINK_GBS, latency_us=2.0) if pair_links else None,
+        pcie=pcie_levels(host_gbs) if pair_links and host_gbs else {},
         leaf=LinkLevel(bandwidth_gbytes_per_s=nic_gbs, latency_us=4.0, oversubscription=oversub),
         spine=LinkLevel(bandwidth_gbytes_per_s=nic_gbs, latency_us=5.0, oversubscription=oversub),
         core=LinkLevel(bandwidth_gbytes_per_s=nic_gbs, latency_us=6.5),
@@ -51,12 +75,13 @@ def rail_optimized_fleet(
     nic_gbs: float = 50.0,
     host_gbs: float | None = None,
     gpus_per_nic: int = 1,
-    nvlink_pairs: list[tuple[int, int, int]] | None = None,
+    links: Callable[[int], NodeLinks] | None = None,
 ) -> TopologyMap:
     """HGX nodes in scalable units of `su_nodes`, one rail leaf per NIC index per unit, units grouped
     `sus_per_pod` to a spine, pods joined by a core. `oversubscription` applies to leaf and spine uplinks.
-    Each node is an NVLink domain, or has no NVLink with `nvlink_gbs` None (then `host_gbs` prices its
-    PCIe hops); a NIC serves `gpus_per_nic` GPUs (`nic_gbs` is per GPU)."""
+    Each node is an NVLink domain, or has no NVLink domain with `nvlink_gbs` None (then `host_gbs` is
+    its PCIe x16 rate, and `links(node index)` its per-pair links); a NIC serves `gpus_per_nic` GPUs
+    (`nic_gbs` is per GPU)."""
     return _fleet(
         domains=[[f"{name}-n{i:04d}"] for i in range(nodes)],
         gpus_per_node=gpus_per_node,
@@ -65,10 +90,10 @@ def rail_optimized_fleet(
         oversubscription=oversubscription,
         name=name,
         gpu_model=gpu_model,
-        fabric=_levels(nvlink_gbs, nic_gbs, oversubscription, host_gbs),
+        fabric=_levels(nvlink_gbs, nic_gbs, oversubscription, host_gbs, pair_links=links is not None),
         domain_name=(lambda i, members: f"nvl-{members[0]}") if nvlink_gbs else None,
         gpus_per_nic=gpus_per_nic,
-        nvlink_pairs=nvlink_pairs,
+        links=links,
     )
 
 
@@ -94,6 +119,27 @@ def nvl72_fleet(
     )
 
 
+def pcie_tree_links(gpus_per_node: int = 8, nvlinked: list[tuple[int, int, int]] | None = None) -> NodeLinks:
+    """Pair links of a two-socket PCIe server: GPUs 2k and 2k+1 share a PCIe switch (PIX), a socket's
+    switches share its switch tree (PXB), the sockets talk over the inter-socket link (SYS); pairs in
+    `nvlinked` (a, b, links) have NVLink instead."""
+    nvlinked = nvlinked or []
+    bridged = {(a, b) for a, b, _ in nvlinked}
+    socket = {g: g * 2 // gpus_per_node for g in range(gpus_per_node)}
+    paths = [
+        (a, b, "PIX" if a // 2 == b // 2 else "PXB" if socket[a] == socket[b] else "SYS")
+        for a in range(gpus_per_node) for b in range(a + 1, gpus_per_node) if (a, b) not in bridged
+    ]
+    return nvlinked, paths
+
+
+def bridged_pairs(gpus_per_node: int = 8, bridge_links: int = 12) -> NodeLinks:
+    """`pcie_tree_links` with NVLink bridges on pairs 0-1, 2-3, ... (H100 NVL: 3 bridges = NV12)."""
+    if gpus_per_node % 2:
+        raise ValueError(f"bridged pairs need an even gpus_per_node, got {gpus_per_node}")
+    return pcie_tree_links(gpus_per_node, [(g, g + 1, bridge_links) for g in range(0, gpus_per_node, 2)])
+
+
 def bridged_pcie_fleet(
     nodes: int,
     gpus_per_node: int = 8,
@@ -102,19 +148,24 @@ def bridged_pcie_fleet(
     gpu_model: str = "H100 NVL",
     bridge_links: int = 12,
 ) -> TopologyMap:
-    """PCIe servers whose GPUs are NVLink-bridged in pairs (0-1, 2-3, ...; H100 NVL: 3 bridges = NV12),
-    one 400G NIC per pair behind the pair's PCIe switch, in `rail_optimized_fleet`'s switch tree.
-
-    The map has no NVLink domain (a domain is a set of nodes: every GPU pair of it would count as
-    NVLinked), so the cost model prices every GPU-to-GPU hop inside a node at the PCIe `host` level;
-    the bridged pairs are recorded as `nvlink_pairs`, informational until the map models per-pair links.
-    """
-    if gpus_per_node % 2:
-        raise ValueError(f"bridged pairs need an even gpus_per_node, got {gpus_per_node}")
-    pairs = [(g, g + 1, bridge_links) for g in range(0, gpus_per_node, 2)]
+    """PCIe Gen5 servers whose GPUs are NVLink-bridged in pairs (0-1, 2-3, ...; `bridged_pairs`), one 400G
+    NIC per pair behind the pair's PCIe switch, in `rail_optimized_fleet`'s switch tree. No NVLink
+    domain: each pair's link is priced on its own (a bridge, or its PCIe path class)."""
+    links = bridged_pairs(gpus_per_node, bridge_links)
     return rail_optimized_fleet(
         nodes, gpus_per_node, oversubscription=oversubscription, name=name, gpu_model=gpu_model,
-        nvlink_gbs=None, nic_gbs=50.0 / 2, host_gbs=50.0, gpus_per_nic=2, nvlink_pairs=pairs,  # a pair shares a 400G NIC
+        nvlink_gbs=None, nic_gbs=50.0 / 2, host_gbs=50.0, gpus_per_nic=2, links=lambda i: links,  # a pair shares a 400G NIC
+    )
+
+
+def mixed_pcie_fleet(nodes: int, su_nodes: int = 32, oversubscription: float = 1.0, name: str = "mixed-pcie") -> TopologyMap:
+    """PCIe Gen5 servers of three kinds, one kind per scalable unit in turn: NVLink-bridged pairs
+    (`bridged_pairs`), no NVLink at all (`pcie_tree_links`), and NVLink on GPUs 0-3 only (an NV4 mesh
+    among them; GPUs 4-7 on PCIe). A 400G NIC per GPU pair, as `bridged_pcie_fleet`."""
+    kinds = (bridged_pairs(), pcie_tree_links(), pcie_tree_links(nvlinked=[(a, b, 4) for a in range(4) for b in range(a + 1, 4)]))
+    return rail_optimized_fleet(
+        nodes, 8, su_nodes=su_nodes, oversubscription=oversubscription, name=name, gpu_model="H100 NVL",
+        nvlink_gbs=None, nic_gbs=50.0 / 2, host_gbs=50.0, gpus_per_nic=2, links=lambda i: kinds[i // su_nodes % 3],
     )
 
 
@@ -129,11 +180,12 @@ def _fleet(
     fabric: Fabric,
     domain_name: Callable[[int, list[str]], str] | None,
     gpus_per_nic: int = 1,
-    nvlink_pairs: list[tuple[int, int, int]] | None = None,
+    links: Callable[[int], NodeLinks] | None = None,
 ) -> TopologyMap:
     """Nodes in groups (`domains`: NVLink domains named by `domain_name`, or, with None, nodes without
     NVLink), one 400G NIC per `gpus_per_nic` GPUs on its own rail, rail leaves per scalable unit of
-    `nodes_per_su` nodes, `sus_per_pod` units to a spine, one core."""
+    `nodes_per_su` nodes, `sus_per_pod` units to a spine, one core; `links(node index)` gives a node's
+(nvlink_pairs, pcie_paths)."""
     rails = gpus_per_node // gpus_per_nic
     nodes: list[Node] = []
     nv_domains: list[NvlinkDomain] = []
@@ -161,9 +213,10 @@ def _fleet(
                 for r in range(rails)
             ]
             numa = {g: g * 2 // gpus_per_node for g in range(gpus_per_node)}
+            nvlink_pairs, pcie_paths = links(index) if links else ([], [])
             nodes.append(Node(
                 name=node_name, gpus=list(range(gpus_per_node)), gpu_model=gpu_model, numa=numa, nvlink_domain=dname,
-                nvlink_pairs=nvlink_pairs or [], nics=nics,
+                nvlink_pairs=nvlink_pairs, pcie_paths=pcie_paths, nics=nics,
             ))
             index += 1
     desc = f"{total} nodes x {gpus_per_node} GPUs, {n_su} scalable units, {rails} rails, uplinks {oversubscription:g}:1"

@@ -13,6 +13,8 @@ from trainctl.workers.topology.model import TopologyError
 
 CONNECTIONS = ("X", "SYS", "SOC", "NODE", "PHB", "PXB", "PIX", "PXN")
 """Non-NVLink cells of `nvidia-smi topo -m` (SOC is SYS in old drivers; PXN is through a peer GPU)."""
+PCIE_CELLS = ("PIX", "PXB", "PHB", "NODE", "SYS", "SOC")
+"""Cells that are a PCIe path class between two GPUs."""
 NEAR = ("PIX", "PXB")
 """Cells that make a NIC "nearest" to a GPU: at most PCIe bridges, no host bridge."""
 _MULTIWORD = {"CPU Affinity": "CPU_Affinity", "NUMA Affinity": "NUMA_Affinity", "GPU NUMA ID": "GPU_NUMA_ID"}
@@ -48,6 +50,19 @@ class TopoMatrix:
                 match = _NVLINK_CELL.match(self.cells[(f"GPU{a}", f"GPU{b}")])
                 if match:
                     out.append((a, b, int(match.group(1))))
+        return out
+
+    def pcie_paths(self) -> list[tuple[int, int, str]]:
+        """(a, b, path class) for every GPU pair a < b without NVLink (SOC, old drivers' SYS, as SYS)."""
+        out = []
+        for i, a in enumerate(self.gpus):
+            for b in self.gpus[i + 1 :]:
+                cell = self.cells[(f"GPU{a}", f"GPU{b}")]
+                if _NVLINK_CELL.match(cell):
+                    continue
+                if cell not in PCIE_CELLS:
+                    raise DiscoveryError(f"GPU{a}-GPU{b} is {cell}, which is not a path between two GPUs")
+                out.append((a, b, "SYS" if cell == "SOC" else cell))
         return out
 
     def numa_of(self, gpu: int) -> int | None:

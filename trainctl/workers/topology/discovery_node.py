@@ -1,5 +1,10 @@
 """Build one node's topology entry from discovery outputs, and turn it into Ray node labels.
 
+NVLink: a node is an NVLink domain when NVLink joins every pair of its GPUs (NVSwitch, or a full
+mesh) or its GPUs report a fabric clique (multi-node NVLink); a GPU whose NVLinks are all inactive
+there is marked failed. Otherwise the node keeps its NVLink pairs (bridges, a cube-mesh) and the PCIe
+path class of every other pair, and placement prices each pair by its own link.
+
 Rails: NICs that are nearest (PIX / PXB) to at least one GPU are compute NICs, numbered 0.. in the
 order of the lowest GPU they serve (on a DGX/HGX that is rail k for GPU k); NICs far from every GPU
 (storage, management) get no rail. Rails are confirmed or overridden by the switch tree at merge.
@@ -37,13 +42,17 @@ def build_node(
     fabric: list[FabricInfo] | None = None,
     gpu_model: str | None = None,
 ) -> Node:
-    """The node entry: GPUs, NUMA, NVLink pairs and domain, NICs with rails, rates, states and nearest GPUs."""
+    """The node entry: GPUs, NUMA, NVLink pairs and domain (or the per-pair links), NICs with rails,
+    rates, states and nearest GPUs."""
     pairs = matrix.nvlink_pairs()
+    inactive: list[int] = []
     if nvlink:
-        inactive = [s.gpu for s in nvlink if s.active_links == 0]
+        inactive = sorted(s.gpu for s in nvlink if s.active_links == 0)
         pairs = [p for p in pairs if p[0] not in inactive and p[1] not in inactive]
         gpu_model = gpu_model or nvlink[0].name
-    domain = _domain(name, pairs, fabric)
+    linked = [g for g in matrix.gpus if g not in inactive]
+    complete = len(linked) > 1 and len(pairs) == len(linked) * (len(linked) - 1) // 2
+    domain = _domain(name, complete, fabric)
     ports = {p.device: p for p in ib_ports or [] if p.port == 1}
     compute = sorted((n for n in matrix.nics if matrix.nearest_gpus(n)), key=lambda n: (matrix.nearest_gpus(n)[0], n))
     nics = []
@@ -66,19 +75,22 @@ def build_node(
         gpu_model=gpu_model,
         numa=numa,
         nvlink_domain=domain,
-        nvlink_pairs=pairs,
+        nvlink_pairs=pairs if domain is None or complete else [],
+        pcie_paths=matrix.pcie_paths() if domain is None else [],
         nics=nics,
+        failed_gpus=inactive if domain is not None else [],
     )
 
 
-def _domain(name: str, pairs: list[tuple[int, int, int]], fabric: list[FabricInfo] | None) -> str | None:
-    """Multi-node NVLink (a registered fabric clique) names the domain after the clique; else the node."""
+def _domain(name: str, complete: bool, fabric: list[FabricInfo] | None) -> str | None:
+    """Multi-node NVLink (a registered fabric clique) names the domain after the clique; NVLink between
+    every pair of the node's (active) GPUs makes the node its own domain; else there is none."""
     domains = {f.domain for f in fabric or []}
     if len(domains) > 1:
         raise DiscoveryError(f"node {name!r}: GPUs report different NVLink fabric cliques {sorted(map(str, domains))}")
     if domains and None not in domains:
         return domains.pop()
-    return f"nvl-{name}" if pairs else None
+    return f"nvl-{name}" if complete else None
 
 
 def node_labels(node: Node) -> dict[str, str]:

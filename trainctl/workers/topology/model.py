@@ -5,6 +5,12 @@ leaf switch (one per rail in rail-optimized fabrics) -> spine -> core. Each leve
 per GPU per direction, a latency, and (for switch tiers) the oversubscription of its uplinks. Nodes list
 their GPUs, NUMA affinity, NICs (device, rate, link layer, rail, nearest GPUs, the leaf they attach to)
 and health. Pure pydantic + stdlib: the service loads maps without torch or Ray.
+
+Inside a node outside any NVLink domain, GPU pairs may carry their own link: `nvlink_pairs` (NVLink
+bridges, a V100 hybrid cube-mesh: dedicated links, priced per link by `fabric.nvlink_pair`) and
+`pcie_paths` (the `nvidia-smi topo -m` path class PIX / PXB / PHB / NODE / SYS, priced by
+`fabric.pcie`, falling back to `fabric.host`). A node in an NVLink domain has NVLink between every
+pair of its GPUs; per-pair entries that say otherwise are refused naming the field.
 """
 
 from __future__ import annotations
@@ -21,6 +27,11 @@ API_VERSION = "trainctl/v1"
 KIND = "TopologyMap"
 TIERS: tuple[str, ...] = ("leaf", "spine", "core")
 """Switch tiers, inner to outer."""
+
+PCIE_PATHS: tuple[str, ...] = ("PIX", "PXB", "PHB", "NODE", "SYS")
+"""PCIe path classes of `nvidia-smi topo -m`, best to worst: one PCIe switch, several bridges, through
+the host bridge (CPU), across host bridges of one NUMA node, across the inter-socket link."""
+PciePath = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -51,7 +62,13 @@ class Fabric(_Strict):
     nvlink: LinkLevel | None = None
     """GPU to GPU inside one NVLink domain."""
     host: LinkLevel | None = None
-    """GPU to GPU inside one node without NVLink between them (PCIe / SMP interconnect)."""
+    """GPU to GPU inside one node without NVLink between them (PCIe / SMP interconnect), for pairs whose
+    PCIe path class is not given (node `pcie_paths`) or has no `pcie` entry."""
+    nvlink_pair: LinkLevel | None = None
+    """ONE NVLink link between a GPU pair outside an NVLink domain (bridge, cube-mesh); a pair with
+    n bonded links (NV<n>) gets n times this bandwidth."""
+    pcie: dict[PciePath, LinkLevel] = Field(default_factory=dict)
+    """GPU to GPU inside one node per PCIe path class of `nvidia-smi topo -m` (PIX, PXB, PHB, NODE, SYS)."""
     leaf: LinkLevel | None = None
     """Through a NIC and one leaf switch; `oversubscription` is that of the leaf's uplinks."""
     spine: LinkLevel | None = None
@@ -62,6 +79,10 @@ class Fabric(_Strict):
     def level(self, name: str) -> LinkLevel | None:
         """The parameters of level `name` (nvlink, host, leaf, spine, core)."""
         return getattr(self, name)
+
+    def pcie_level(self, path: str) -> LinkLevel | None:
+        """Parameters of a PCIe path class: its `pcie` entry, else the `host` level."""
+        return self.pcie.get(path) or self.host  # type: ignore[call-overload]
 
 
 class Switch(_Strict):
@@ -112,7 +133,12 @@ class Node(_Strict):
     nvlink_domain: str | None = None
     """The NVLink domain this node's GPUs belong to (None: GPUs talk over PCIe only)."""
     nvlink_pairs: list[tuple[NonNegativeInt, NonNegativeInt, NonNegativeInt]] = Field(default_factory=list)
-    """Discovered NVLink pairs (gpu a, gpu b, bonded link count), a < b; informational."""
+    """NVLink pairs (gpu a, gpu b, bonded link count), a < b. Outside an NVLink domain these are the
+    node's only NVLinks (bridges, cube-mesh) and are priced per link; in a domain they must cover
+    every pair of the node's GPUs."""
+    pcie_paths: list[tuple[NonNegativeInt, NonNegativeInt, PciePath]] = Field(default_factory=list)
+    """PCIe path class (PIX, PXB, PHB, NODE, SYS) of GPU pairs (a, b), a < b, without NVLink between
+    them; pairs not listed use `fabric.host`. Not allowed on a node of an NVLink domain."""
     nics: list[Nic] = Field(default_factory=list)
     """Network adapters."""
     health: Literal["healthy", "unhealthy"] = "healthy"
@@ -164,7 +190,24 @@ class Node(_Strict):
         for a, b, links in self.nvlink_pairs:
             if a not in known or b not in known or a >= b or links < 1:
                 raise ValueError(f"{where}: invalid NVLink pair ({a}, {b}, {links}): need known GPUs a < b, links >= 1")
+        for a, b, path in self.pcie_paths:
+            if a not in known or b not in known or a >= b:
+                raise ValueError(f"{where}: pcie_paths entry ({a}, {b}, {path}): need known GPUs a < b")
+        nvlinked = [(a, b) for a, b, _ in self.nvlink_pairs]
+        pcie = [(a, b) for a, b, _ in self.pcie_paths]
+        for label, pairs in (("nvlink_pairs", nvlinked), ("pcie_paths", pcie)):
+            if len(set(pairs)) != len(pairs):
+                raise ValueError(f"{where}: {label} lists a GPU pair more than once")
+        both = sorted(set(nvlinked) & set(pcie))
+        if both:
+            raise ValueError(f"{where}: GPU pairs {both} are in both nvlink_pairs and pcie_paths; a pair has one link")
         return self
+
+    def missing_nvlink_pairs(self) -> list[tuple[int, int]]:
+        """Pairs of GPUs not failed that `nvlink_pairs` leaves without NVLink (all when it is empty)."""
+        linked = {(a, b) for a, b, _ in self.nvlink_pairs}
+        gpus = sorted(set(self.gpus) - set(self.failed_gpus))
+        return [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :] if (a, b) not in linked]
 
 
 class Partition(_Strict):
@@ -319,8 +362,7 @@ def _check_map(spec: TopologySpec) -> None:
         where = f"node {node.name!r}"
         if node.nvlink_domain is not None and in_domain.get(node.name) != node.nvlink_domain:
             raise ValueError(f"{where}: nvlink_domain {node.nvlink_domain!r} is not an NVLink domain listing this node")
-        if node.nvlink_domain is None and node.name not in in_domain and len(node.gpus) > 1 and spec.fabric.host is None:
-            raise ValueError(f"{where}: GPUs without NVLink need fabric.host (the PCIe level) to be given")
+        _check_pair_links(spec.fabric, node, in_domain.get(node.name))
         for nic in node.nics:
             if nic.leaf is None:
                 continue
@@ -337,6 +379,33 @@ def _check_map(spec: TopologySpec) -> None:
         if len(set(rails)) != len(rails):
             raise ValueError(f"{where}: rails {rails} repeat; each NIC of a node serves a different rail")
     _check_domain_nesting(spec, nodes)
+
+
+def _check_pair_links(fabric: Fabric, node: Node, domain: str | None) -> None:
+    """Per-pair links agree with the node's NVLink domain, and every link the node uses is priced."""
+    where = f"node {node.name!r}"
+    if domain is not None:
+        missing = node.missing_nvlink_pairs() if node.nvlink_pairs else []
+        if missing:
+            raise ValueError(
+                f"{where}: nvlink_pairs leaves GPU pairs {missing[:4]}{' ...' if len(missing) > 4 else ''} without "
+                f"NVLink, but the node is in NVLink domain {domain!r}, where every GPU pair has NVLink; "
+                "take the node out of the domain to price its pairs one by one"
+            )
+        if node.pcie_paths:
+            raise ValueError(
+                f"{where}: pcie_paths gives PCIe paths between GPUs of NVLink domain {domain!r}, whose GPU pairs "
+                "all have NVLink; take the node out of the domain to price its pairs one by one"
+            )
+        return
+    if node.nvlink_pairs and fabric.nvlink_pair is None:
+        raise ValueError(f"{where}: nvlink_pairs outside an NVLink domain need fabric.nvlink_pair (one link's bandwidth)")
+    for path in sorted({p for _, _, p in node.pcie_paths}):
+        if fabric.pcie_level(path) is None:
+            raise ValueError(f"{where}: pcie_paths uses {path} but neither fabric.pcie.{path} nor fabric.host is given")
+    covered = len(node.nvlink_pairs) + len(node.pcie_paths)
+    if covered < len(node.gpus) * (len(node.gpus) - 1) // 2 and fabric.host is None:
+        raise ValueError(f"{where}: GPUs without NVLink need fabric.host (the PCIe level) to be given")
 
 
 def _root(switches: dict[str, Switch], name: str) -> str:

@@ -11,9 +11,9 @@ A preset's `gpu_model` is the name the sizing tables know (trainctl.parallelism.
 | `gb200-nvl72` | rack | 18 trays x 4 GB200 GPUs, one 72-GPU NVLink domain (900 GB/s) | a 400G NIC per GPU on 4 rails, 8-rack scalable units |
 | `pcie-h100-nvl` | node | 8 x H100 NVL (PCIe Gen5, ~50 GB/s), NVLink-bridged in pairs | a 400G NIC per GPU pair on 4 rails, 32-node scalable units |
 
-`pcie-h100-nvl` has no NVLink domain: the map's NVLink level is whole nodes (or racks), so its
-bridged pairs are recorded per node (`nvlink_pairs`) but the cost model prices every intra-node hop
-at the PCIe `host` level, which overstates the cost of a tensor-parallel pair on a bridge.
+`pcie-h100-nvl` has no NVLink domain: each node lists its bridged pairs (`nvlink_pairs`, NV12 at
+25 GB/s per link) and the PCIe path class of every other pair (`pcie_paths`: PIX under one switch,
+PXB within a socket, SYS across), each priced on its own (docs/placement.md).
 Sizes are capped at the largest fleets the placement benchmark runs (docs/benchmarks.md).
 """
 
@@ -54,7 +54,7 @@ CLUSTER_PRESETS: tuple[ClusterPreset, ...] = (
     ),
     ClusterPreset(
         "pcie-h100-nvl", "node", 8, "H100 NVL", 1024,
-        "PCIe servers: 8 H100 NVL per node, NVLink-bridged in pairs (priced as PCIe), a 400G NIC per pair",
+        "PCIe servers: 8 H100 NVL per node, NVLink-bridged in pairs, a 400G NIC per pair",
         lambda n: bridged_pcie_fleet(n, name="pcie-h100-nvl", gpu_model="H100 NVL"),
     ),
 )
