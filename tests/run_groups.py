@@ -7,15 +7,18 @@ after a dozen such clusters in one process. Every group runs even when an earlie
 status is non-zero when any group failed or collected no test (pytest's 5), so nothing is skipped
 silently. The last line is the combined `N passed, N failed, N skipped` of every group.
 
-Groups run one after another, except that `deploy` and `spec` run beside `parallelism`: deploy's tests mostly wait
-(for a Prometheus server, `ray start`, a service's first scrape) while the engine tests keep the CPUs
-busy, and it has no timing-sensitive test (the Ray fault tests in workers/ and reliability/, whose
-heartbeat and step timeouts a loaded machine could trip, run alone). A group run beside another
-writes to a file, printed when it ends, so the two outputs do not interleave.
+Groups run one after another, except that `deploy`, `spec` and the service tests that start no Ray cluster
+(`service-unit`, the service directory's fast tier) run beside `parallelism`: deploy's tests mostly wait (for a
+Prometheus server, `ray start`, a service's first scrape) while the engine tests keep the CPUs busy, and none
+of them is timing-sensitive (the Ray fault tests in workers/ and reliability/, whose heartbeat and step
+timeouts a loaded machine could trip, run alone). A group run beside another writes to a file, printed
+when it ends, so the outputs do not interleave. A directory split in two groups by the `slow` marker
+(tests/conftest.py) has every test in exactly one of them.
 """
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -24,12 +27,17 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 STAGES = (
-    (("parallelism", ["parallelism"]), ("deploy", ["deploy"]), ("spec", ["spec", "test_layering.py"])),
-    (("workers", ["workers"]),),
-    (("service", ["service"]),),
-    (("reliability", ["reliability"]),),
+    (
+        ("parallelism", ["parallelism"], None),
+        ("deploy", ["deploy"], None),
+        ("spec", ["spec", "test_layering.py"], None),
+        ("service-unit", ["service"], "not slow"),
+    ),
+    (("workers", ["workers"], None),),
+    (("service", ["service"], "slow"),),
+    (("reliability", ["reliability"], None),),
 )
-"""Groups (name, paths under tests/) by stage; the groups of one stage run at once."""
+"""Groups (name, paths under tests/, marker expression or None for all) by stage; the groups of one stage run at once."""
 GROUPS = tuple(group for stage in STAGES for group in stage)
 
 
@@ -42,7 +50,7 @@ def counts(junit: Path) -> dict[str, int]:
 
 
 def main(extra: list[str]) -> int:
-    covered = {entry for _, paths in GROUPS for entry in paths}
+    covered = {entry for _, paths, _ in GROUPS for entry in paths}
     collectable = {
         p.name for p in TESTS.iterdir()
         if (p.is_file() and p.name.startswith("test_") and p.suffix == ".py") or (p.is_dir() and any(p.rglob("test_*.py")))
@@ -55,11 +63,12 @@ def main(extra: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for stage in STAGES:
             running = []
-            for index, (name, paths) in enumerate(stage):
+            for index, (name, paths, marks) in enumerate(stage):
                 junit = Path(tmp) / f"{name}.xml"
+                selection = [] if marks is None else ["-m", marks]
                 command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *extra,
-                           *(str(TESTS / p) for p in paths)]
-                header = f"==== {name}: pytest {' '.join('tests/' + p for p in paths)}"
+                           *selection, *(str(TESTS / p) for p in paths)]
+                header = f"==== {name}: pytest {shlex.join([*selection, *('tests/' + p for p in paths)])}"
                 if index == 0:
                     print(header, flush=True)
                     output = None

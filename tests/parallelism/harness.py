@@ -40,6 +40,7 @@ Workers set torch to 1 thread and float32, so results are deterministic and chea
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import queue
@@ -81,9 +82,10 @@ lr 3e-3 the worst gradient difference grows to 6 % by step 4, which would hide a
 MAX_REPORTED = 20
 """Mismatches listed in an assert_equivalent failure (the rest are counted)."""
 MAX_WORKER_THREADS = 96
-"""A worker with more native threads than this after a call is replaced by a fresh process. Gloo process groups
-leave their event-loop threads behind when torch destroys them, and hundreds of idle-polling threads
-per worker slow every later case (a 2x longer suite was measured)."""
+"""A worker with more native threads than this after a call is replaced by a fresh process. A process group that
+something still holds after `teardown` keeps its gloo threads, and hundreds of them per worker slow every later
+case (a 2x longer suite was measured). `teardown` releases every group the engine makes
+(test_distributed_teardown.py), so this is a safety net for a call that leaks one."""
 
 
 RECYCLE = "recycle"
@@ -127,6 +129,7 @@ def _worker_loop(index: int, tasks: mp.Queue, results: mp.Queue) -> None:
                 out = (True, fn(rank, world_size, *args))
             finally:
                 teardown()
+                gc.collect()  # the call's model, meshes and process groups (and their gloo threads) go now
         except BaseException:  # noqa: BLE001 - reported to the test process
             out = (False, f"rank {rank}:\n{traceback.format_exc()}")
         results.put((call_id, rank, out, native_threads() > MAX_WORKER_THREADS))

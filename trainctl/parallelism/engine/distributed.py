@@ -72,8 +72,11 @@ def teardown() -> None:
 
 
 def clear_dtensor_caches() -> None:
-    """Forget DTensor's cached sharding propagation and redistribution plans (this thread's)."""
+    """Forget DTensor's cached sharding propagation and redistribution plans (this thread's), and the
+    mesh topologies its collectives cache (they hold the meshes, and so their process groups and gloo
+    threads, alive after the groups are destroyed)."""
     from torch.distributed.tensor import DTensor, _redistribute
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
 
     torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch fast path's own cache
     propagator = DTensor._op_dispatcher.sharding_propagator
@@ -81,6 +84,7 @@ def clear_dtensor_caches() -> None:
     propagator._propagate_tensor_meta_cached.cache_clear()
     _redistribute.clear_redistribute_planner_cache()
     _redistribute._gen_transform_infos.cache_clear()
+    MeshTopoInfo.build_from_mesh.cache_clear()
 
 
 def world_info() -> tuple[int, int]:
