@@ -8,6 +8,10 @@ path class of every other pair, and placement prices each pair by its own link.
 Rails: NICs that are nearest (PIX / PXB) to at least one GPU are compute NICs, numbered 0.. in the
 order of the lowest GPU they serve (on a DGX/HGX that is rail k for GPU k); NICs far from every GPU
 (storage, management) get no rail. Rails are confirmed or overridden by the switch tree at merge.
+
+NIC affinity: every GPU gets the NIC at its best PCIe path class in the matrix's NIC columns, with that
+class (`nic_paths`), so a GPU with no NIC at PIX / PXB still has its traffic priced through the NIC it
+would use (NODE or SYS away).
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ def build_node(
         nvlink_pairs=pairs if domain is None or complete else [],
         pcie_paths=matrix.pcie_paths() if domain is None else [],
         nics=nics,
+        nic_paths=matrix.nic_paths(),
         failed_gpus=inactive if domain is not None else [],
     )
 
