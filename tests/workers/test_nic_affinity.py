@@ -201,3 +201,13 @@ def test_the_mixed_fleet_prices_its_socket0_nic_kind() -> None:
     free = {n.name: set(range(8)) for n in topo.nodes[2:4]}
     plan = place(RankGrid(dp_shard=4, tp=2), topo, free, model=PRESETS["tiny"], index=index)
     assert plan.gpus_by_node() == {far.name: [0, 1, 2, 3], topo.nodes[3].name: [0, 1, 2, 3]}
+
+
+def test_a_job_spanning_nodes_goes_where_its_gpus_are_nearest_their_nics() -> None:
+    """Two scalable units hold a tp8 x dp2 job equally well inside their nodes (every 8-GPU ring has a
+    SYS hop); the one whose GPUs all reach their NICs at PIX wins over the first, whose GPUs 4-7 cross
+    the sockets to theirs."""
+    topo = mixed_pcie_fleet(6, su_nodes=2, name="m")  # units: bridged, PCIe-only with socket-0 NICs, NVLink quad
+    free = {n.name: set(range(8)) for n in topo.nodes[2:]}
+    plan = place(RankGrid(tp=8, dp_replicate=2), topo, free, model=PRESETS["tiny"])
+    assert sorted(plan.gpus_by_node()) == [topo.nodes[4].name, topo.nodes[5].name]
