@@ -18,6 +18,7 @@ from trainctl.workers.placement.fabric import FabricIndex
 from trainctl.workers.topology.builders import PCIE_SCALE, mixed_pcie_fleet, nic_levels, rail_optimized_fleet
 from trainctl.workers.topology.discovery import DiscoveryError, parse_topo_matrix
 from trainctl.workers.topology.discovery_node import build_node
+from trainctl.workers.topology.merge import SwitchTree, merge
 from trainctl.workers.topology.model import (
     Fabric,
     LinkLevel,
@@ -113,7 +114,7 @@ def test_discovery_gives_every_gpu_its_nic_and_path_class() -> None:
     # L40S box (SOURCES.md): both NICs on socket 1, NODE to GPUs 2-3, SYS to GPUs 0-1; no NIC is near any GPU
     l40s = build_node("n0", matrix(L40S))
     assert l40s.nic_paths == [(0, "mlx5_0", "SYS"), (1, "mlx5_1", "SYS"), (2, "mlx5_0", "NODE"), (3, "mlx5_1", "NODE")]
-    assert all(nic.gpus == [] and nic.rail is None for nic in l40s.nics), "near GPUs and rails as before"
+    assert [(nic.gpus, nic.rail) for nic in l40s.nics] == [([], 0), ([], 1)], "no near GPUs; rails: the NICs GPUs use"
     assert nccl_env(parse_topology(_one_node_map(l40s)), "n0")["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
     # DGX A100: two GPUs share two NICs behind one switch (PXB) and take one each; storage NICs unused
     a100 = build_node("n0", matrix(DGX_A100))
@@ -142,15 +143,13 @@ def test_a_gpu_nic_cell_that_is_not_a_pcie_path_is_refused_naming_it() -> None:
 
 # ---- cost model ------------------------------------------------------------------------------------
 def test_inter_node_traffic_is_priced_by_each_gpus_nic_path() -> None:
-    """Across two L40S boxes as discovered: GPUs at NODE to their NIC get the NIC's rate with more
+    """Across two L40S boxes as discovered and merged: GPUs at NODE to their NIC get the NIC's rate with more
     latency than PIX would, GPUs across the sockets (SYS) less bandwidth and more latency still."""
-    node = build_node("a", matrix(L40S))
-    data = _one_node_map(node)
-    data["spec"]["nodes"].append({**data["spec"]["nodes"][0], "name": "b"})
-    data["spec"]["switches"] = [{"name": "tor", "tier": "leaf"}]
-    for n in data["spec"]["nodes"]:
-        n["nics"] = [{**nic, "leaf": "tor"} for nic in n["nics"]]
-    index = FabricIndex.build(parse_topology(data))
+    tree = SwitchTree(
+        metadata=Metadata(name="lab"), fabric=FABRIC, switches=[Switch(name="tor", tier="leaf")],
+        cabling=[{"nodes": ["a", "b"], "leaf": "tor"}],
+    )
+    index = FabricIndex.build(merge([build_node(name, matrix(L40S)) for name in "ab"], tree))
     leaf_bw, leaf_latency = index.level_bw["leaf"], index.level_latency["leaf"]
     node_path = index.link([(0, 2), (1, 2)])
     sys_path = index.link([(0, 0), (1, 0)])
