@@ -196,7 +196,10 @@ def test_the_mixed_fleet_prices_its_socket0_nic_kind() -> None:
     index = FabricIndex.build(topo)
     far = topo.nodes[2]
     assert [path for _, _, path in far.nic_paths] == ["PIX"] * 4 + ["SYS"] * 4 and far.nics[2].gpus == []
-    assert index.link([(2, 4), (3, 4)]).bandwidth < index.link([(0, 4), (1, 4)]).bandwidth == index.level_bw["leaf"]
+    near, across = index.link([(2, 0), (3, 0)]), index.link([(2, 4), (3, 4)])
+    assert across.bandwidth < near.bandwidth == index.level_bw["leaf"] and near.latency < across.latency
+    assert near == index.link([(0, 4), (1, 4)]), "every GPU of a bridged node is at PIX to its NIC"
+    assert nccl_env(topo, far.name)["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1", "far NICs still carry traffic"
     free = {n.name: set(range(8)) for n in topo.nodes[2:4]}
     plan = place(RankGrid(dp_shard=4, tp=2), topo, free, model=PRESETS["tiny"], index=index)
     assert plan.gpus_by_node() == {far.name: [0, 1, 2, 3], topo.nodes[3].name: [0, 1, 2, 3]}
