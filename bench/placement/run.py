@@ -2,7 +2,8 @@
 
 Fleets: 1,024 HGX H100 nodes x 8 (32-node scalable units, 8 rails, leaf/spine uplinks 1:1 and 2:1),
 128 GB200 NVL72 racks, 1,024 PCIe H100 NVL nodes x 8 NVLink-bridged in pairs, and 1,024 mixed PCIe
-nodes (bridged pairs, no NVLink, NVLink on half the GPUs; one kind per scalable unit). Each fleet is fragmented by random background jobs to 50 / 70 / 85 %
+nodes (bridged pairs, no NVLink with every NIC on socket 0, NVLink on half the GPUs; one kind per
+scalable unit). Each fleet is fragmented by random background jobs to 50 / 70 / 85 %
 occupancy per seed; every job of the mix is then placed on that state by each strategy and compared
 with our solver on the empty fleet and with the cost model's lower bound.
 

@@ -159,15 +159,21 @@ def test_ring_matches_brute_force_on_random_nodes(seed: int, size: int, node_gpu
 
 
 def test_lower_bound_holds_exhaustively_on_a_mixed_pcie_map() -> None:
-    """Every placement of small jobs on two bridged-pair nodes and one with an NVLink quad (4 GPUs each)."""
+    """Every placement of small jobs on a bridged-pair node, a PCIe-only one whose GPUs 2-3 reach their
+    NIC across the sockets (SYS) and one with an NVLink quad (4 GPUs each)."""
     data = mixed_pcie_fleet(3, su_nodes=1, name="m").model_dump(mode="json")
     for node in data["spec"]["nodes"]:  # keep GPUs 0-3 of each node: the exhaustive search stays small
         node["gpus"] = [0, 1, 2, 3]
         node["numa"] = {g: 0 if g < 2 else 1 for g in range(4)}
         node["nvlink_pairs"] = [p for p in node["nvlink_pairs"] if p[1] < 4]
         node["pcie_paths"] = [p for p in node["pcie_paths"] if p[1] < 4]
-        node["nics"] = [n for n in node["nics"] if max(n["gpus"]) < 4]
+        node["nics"] = [n for n in node["nics"] if n["name"] in ("mlx5_0", "mlx5_1")]
+        node["nic_paths"] = [p for p in node["nic_paths"] if p[0] < 4]
+    far = data["spec"]["nodes"][1]
+    far["nics"][1]["gpus"] = []
+    far["nic_paths"] = [[g, nic, "SYS" if g >= 2 else path] for g, nic, path in far["nic_paths"]]
     topo = parse_topology(data)
+    assert FabricIndex.build(topo).gpu_nic[(1, 2)] == (0.4 * 50e9, 3e-6)
     index = FabricIndex.build(topo)
     slots = [(n, g) for n in range(3) for g in range(4)]
     for grid in (RankGrid(tp=2, dp_shard=2), RankGrid(pp=2, tp=2), RankGrid(dp_shard=4)):

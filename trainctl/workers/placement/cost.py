@@ -13,7 +13,8 @@ Per step and per rank (formulas and sources in docs/placement.md):
 
 A collective over a group of g ranks costs `steps x alpha + (g - 1) / g x bytes / beta` (ring
 algorithms), with alpha the latency and beta the per-GPU bandwidth of the outermost level the group
-spans (inside a node with per-pair links: its best ring through them, `FabricIndex.link`), beta
+spans (inside a node with per-pair links: its best ring through them; across nodes: capped by its
+members' PCIe paths to their NICs and paying their latency; `FabricIndex.link`), beta
 divided by the contention on oversubscribed switch uplinks that the job's own groups of the same
 dimension create. A dimension takes as long as its slowest group.
 """
@@ -28,6 +29,7 @@ from typing import Literal
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.presets import ModelConfig
 from trainctl.workers.placement.fabric import LEVELS, FabricIndex, SlotId
+from trainctl.workers.topology.model import TIERS
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
 Pattern = Literal["ring", "all_to_all", "pairwise"]
@@ -357,11 +359,16 @@ def _flows(pattern: Pattern, inside: int, size: int) -> float:
 
 def lower_bound(traffic: list[DimTraffic], index: FabricIndex) -> dict[str, float]:
     """Per dimension, the time if every group sat at the innermost level able to hold it, uncontended
-    (inside nodes with per-pair links: the most any set of that size can get, `FabricIndex.pair_bound`)."""
+    (inside nodes with per-pair links: the most any set of that size can get, `FabricIndex.pair_bound`;
+    across nodes: through the best NIC path of the map, `FabricIndex.network`)."""
     out: dict[str, float] = {}
     for entry in traffic:
         size = 2 if entry.pairwise else len(entry.groups[0])
-        options = [(index.level_bw[lv], index.level_latency[lv]) for lv, cap in index.level_capacity.items() if cap >= size]
+        options = [
+            index.network(lv) if lv in TIERS else (index.level_bw[lv], index.level_latency[lv])
+            for lv, cap in index.level_capacity.items()
+            if cap >= size
+        ]
         pair = index.pair_bound(size)
         if pair is not None:
             options.append(pair)

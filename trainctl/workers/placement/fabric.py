@@ -7,7 +7,9 @@ links gets what its best ring through them gets (`PairLinks.ring`). A group that
 the `leaf` level only when it is rail-aligned: every node contributes the same multiset of rails, and
 for each rail all members sit under one leaf. Otherwise its traffic meets at the lowest common switch
 of all its members' leaves. Its bandwidth is also capped by the ring through its members inside each
-node with per-pair links (a ring enters and leaves a node once, crossing those members on the way).
+node with per-pair links (a ring enters and leaves a node once, crossing those members on the way),
+and by the PCIe path of each member to its NIC (`fabric.nic`): every member's traffic leaves through
+its own NIC, so the group gets no more than its worst-placed member's path and pays that path's latency.
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ class FabricIndex:
     node_links: list[int] = field(default_factory=list)
     """Per node, its table in `pair_tables` (-1: in an NVLink domain, or no per-pair links)."""
     pair_tables: list[PairLinks] = field(default_factory=list)
+    gpu_nic: dict[SlotId, tuple[float, float]] = field(default_factory=dict)
+    """(bytes/s cap, added seconds) of each GPU's path to its NIC, for GPUs whose class `fabric.nic`
+    prices (empty on maps that price none: NVLink fleets, maps without affinities)."""
+    nic_best: tuple[float, float] = (float("inf"), 0.0)
+    """The best NIC path any usable GPU of the map has (lower-bound reasoning)."""
 
     @classmethod
     def build(cls, topology: TopologyMap) -> FabricIndex:
@@ -109,7 +116,11 @@ class FabricIndex:
                 self.node_links.append(-1)
             leaves: set[int] = set()
             for gpu in node.gpus:
-                nic = node.nic_of(gpu)
+                found = node.nic_path(gpu)
+                nic = found[0] if found else None
+                priced = topo.spec.fabric.nic.get(found[1]) if found else None  # type: ignore[call-overload]
+                if priced is not None:
+                    self.gpu_nic[(nid, gpu)] = (priced.bandwidth_gbytes_per_s * 1e9, priced.latency_us * 1e-6)
                 if nic is None or nic.leaf is None:
                     self.gpu_leaf[(nid, gpu)] = -1 - nid
                     self.gpu_rail[(nid, gpu)] = -1
@@ -180,6 +191,9 @@ class FabricIndex:
         cap["spine"] = max(spine_gpus.values())
         cap["core"] = sum(usable)
         self.level_capacity = {lv: c for lv, c in cap.items() if lv in self.level_bw}
+        if self.gpu_nic:
+            paths = [self.gpu_nic.get((nid, g), (float("inf"), 0.0)) for nid, gpus in enumerate(self.node_gpus) for g in gpus]
+            self.nic_best = (max((bw for bw, _ in paths), default=float("inf")), min((lat for _, lat in paths), default=0.0))
 
     # ---- queries -----------------------------------------------------------------------------------
     def unit_of(self, slot: SlotId) -> int:
@@ -229,7 +243,17 @@ class FabricIndex:
             for nid, gpus in members.items():
                 if len(gpus) > 1:
                     bw = min(bw, self.pair_tables[self.node_links[nid]].ring(tuple(gpus)).bandwidth)
+            if self.gpu_nic and level != "nvlink":
+                paths = [self.gpu_nic[s] for s in slots if s in self.gpu_nic]
+                if paths:
+                    bw = min(bw, *(cap for cap, _ in paths))
+                    return Link(level, bw, self.level_latency[level] + max(extra for _, extra in paths))
         return Link(level, bw, self.level_latency[level])
+
+    def network(self, level: str) -> tuple[float, float]:
+        """(most bytes/s, least seconds) a group crossing nodes at network `level` can get: the level's
+        figures with the best NIC path of the map (lower-bound reasoning)."""
+        return min(self.level_bw[level], self.nic_best[0]), self.level_latency[level] + self.nic_best[1]
 
     def level(self, slots: list[SlotId]) -> str:
         """The outermost level a group of GPUs spans (see the module docstring)."""

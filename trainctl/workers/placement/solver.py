@@ -12,7 +12,9 @@
    and pipeline peers on other nodes are on the same rail (one leaf hop, no spine). On a node with
    per-pair links (NVLink bridges or mesh, PCIe path classes) the atoms take the best-connected free
    GPU sets first (a bridged pair, one PCIe switch), each next one the set best connected to those
-   already taken (one NUMA node before the inter-socket link), rail matches breaking ties.
+   already taken (one NUMA node before the inter-socket link), rail matches breaking ties. On maps
+   that price GPU-NIC paths, one more candidate uses on each node only the free GPUs nearest their
+   NICs, so groups that cross nodes leave through PIX rather than SYS NICs when the choice exists.
 4. Local search. Starting from the best candidate, swap the atoms of the worst group's outliers with
    atoms (used or free) inside the group's majority container while the modelled cost improves.
 Deterministic: no randomness; the time budget only caps work and is not reached on typical inputs.
@@ -236,6 +238,11 @@ class _Solver:
                 # may do better across nodes (the cost model decides)
                 local = self._construct(self._one_numa_node(), self.grid.tp, 0, self.world, blocks)
                 best = self._keep_better(best, self._by_rank(perm, local))
+            if self.index.gpu_nic:
+                # only the GPUs nearest their NICs: groups crossing nodes get their best NIC paths
+                near = self._near_nics()
+                if near != self.free:
+                    best = self._keep_better(best, self._by_rank(perm, self._construct(near, self.grid.tp, 0, self.world, blocks)))
         if best is None:
             raise AssertionError("unreachable: with enough free GPUs, atom size 1 always places")
         return self._improve(best[1], best[2])
@@ -385,6 +392,15 @@ class _Solver:
             for g in gpus:
                 by_numa.setdefault(numa.get(g, -1), []).append(g)
             out[nid] = max(by_numa.values(), key=lambda members: (len(members), -members[0]))
+        return out
+
+    def _near_nics(self) -> dict[int, list[int]]:
+        """The free GPUs, on each node only those with the best path to their NIC among its free ones."""
+        out: dict[int, list[int]] = {}
+        for nid, gpus in self.free.items():
+            paths = [self.index.gpu_nic.get((nid, g), (float("inf"), 0.0)) for g in gpus]
+            best = max(paths, key=lambda path: (path[0], -path[1]))
+            out[nid] = [g for g, path in zip(gpus, paths, strict=True) if path == best]
         return out
 
     def _unit_quality(self, free: dict[int, list[int]], unit: int, atoms: int, atom: int) -> tuple[float, ...]:

@@ -37,6 +37,8 @@ or several switches runs at the link rate; through the CPU's host bridge, and be
 it loses some; across the inter-socket link NCCL stages through host memory (docs/placement.md)."""
 NodeLinks = tuple[list[tuple[int, int, int]], list[tuple[int, int, str]]]
 """A node's (nvlink_pairs, pcie_paths)."""
+NicClasses = dict[int, str]
+"""GPU -> PCIe path class to the NIC its traffic leaves through, for GPUs not at PIX."""
 NVLINK_LINK_GBS = 25.0
 """One NVLink 2 / 3 / 4 link, per direction (V100: 6 links, A100: 12, H100: 18)."""
 
@@ -49,6 +51,17 @@ def pcie_levels(x16_gbs: float) -> dict[str, LinkLevel]:
     }
 
 
+def nic_levels(x16_gbs: float) -> dict[str, LinkLevel]:
+    """`fabric.nic` for GPUs on PCIe links of `x16_gbs` GB/s: the route from a GPU to its NIC crosses the
+    PCIe hierarchy as a GPU pair of that class does (`PCIE_SCALE`'s bandwidth), and pays the latency it
+    adds over a PIX route (0 at PIX, the GPUDirect RDMA path the network levels' latencies assume)."""
+    pix_latency = PCIE_SCALE["PIX"][1]
+    return {
+        path: LinkLevel(bandwidth_gbytes_per_s=x16_gbs * scale, latency_us=latency - pix_latency)
+        for path, (scale, latency) in PCIE_SCALE.items()
+    }
+
+
 def _levels(
     nvlink_gbs: float | None, nic_gbs: float, oversub: float, host_gbs: float | None = None, pair_links: bool = False
 ) -> Fabric:
@@ -57,6 +70,7 @@ def _levels(
         host=LinkLevel(bandwidth_gbytes_per_s=host_gbs, latency_us=3.0) if host_gbs else None,
         nvlink_pair=LinkLevel(bandwidth_gbytes_per_s=NVLINK_LINK_GBS, latency_us=2.0) if pair_links else None,
         pcie=pcie_levels(host_gbs) if pair_links and host_gbs else {},
+        nic=nic_levels(host_gbs) if pair_links and host_gbs else {},
         leaf=LinkLevel(bandwidth_gbytes_per_s=nic_gbs, latency_us=4.0, oversubscription=oversub),
         spine=LinkLevel(bandwidth_gbytes_per_s=nic_gbs, latency_us=5.0, oversubscription=oversub),
         core=LinkLevel(bandwidth_gbytes_per_s=nic_gbs, latency_us=6.5),
@@ -76,12 +90,14 @@ def rail_optimized_fleet(
     host_gbs: float | None = None,
     gpus_per_nic: int = 1,
     links: Callable[[int], NodeLinks] | None = None,
+    nic_classes: Callable[[int], NicClasses] | None = None,
 ) -> TopologyMap:
     """HGX nodes in scalable units of `su_nodes`, one rail leaf per NIC index per unit, units grouped
     `sus_per_pod` to a spine, pods joined by a core. `oversubscription` applies to leaf and spine uplinks.
     Each node is an NVLink domain, or has no NVLink domain with `nvlink_gbs` None (then `host_gbs` is
     its PCIe x16 rate, and `links(node index)` its per-pair links); a NIC serves `gpus_per_nic` GPUs
-    (`nic_gbs` is per GPU)."""
+    (`nic_gbs` is per GPU); with per-pair links every GPU's NIC path is listed (`nic_classes(node
+    index)`: the GPUs not at PIX)."""
     return _fleet(
         domains=[[f"{name}-n{i:04d}"] for i in range(nodes)],
         gpus_per_node=gpus_per_node,
@@ -94,6 +110,7 @@ def rail_optimized_fleet(
         domain_name=(lambda i, members: f"nvl-{members[0]}") if nvlink_gbs else None,
         gpus_per_nic=gpus_per_nic,
         links=links,
+        nic_classes=nic_classes or ((lambda i: {}) if links else None),
     )
 
 
@@ -160,12 +177,15 @@ def bridged_pcie_fleet(
 
 def mixed_pcie_fleet(nodes: int, su_nodes: int = 32, oversubscription: float = 1.0, name: str = "mixed-pcie") -> TopologyMap:
     """PCIe Gen5 servers of three kinds, one kind per scalable unit in turn: NVLink-bridged pairs
-    (`bridged_pairs`), no NVLink at all (`pcie_tree_links`), and NVLink on GPUs 0-3 only (an NV4 mesh
-    among them; GPUs 4-7 on PCIe). A 400G NIC per GPU pair, as `bridged_pcie_fleet`."""
+    (`bridged_pairs`), no NVLink at all (`pcie_tree_links`) with all four NICs in socket 0's slots (GPUs
+    4-7 reach theirs across the sockets, SYS), and NVLink on GPUs 0-3 only (an NV4 mesh among them; GPUs
+    4-7 on PCIe). A 400G NIC per GPU pair, as `bridged_pcie_fleet`."""
     kinds = (bridged_pairs(), pcie_tree_links(), pcie_tree_links(nvlinked=[(a, b, 4) for a in range(4) for b in range(a + 1, 4)]))
+    far: tuple[NicClasses, ...] = ({}, {g: "SYS" for g in range(4, 8)}, {})
     return rail_optimized_fleet(
         nodes, 8, su_nodes=su_nodes, oversubscription=oversubscription, name=name, gpu_model="H100 NVL",
         nvlink_gbs=None, nic_gbs=50.0 / 2, host_gbs=50.0, gpus_per_nic=2, links=lambda i: kinds[i // su_nodes % 3],
+        nic_classes=lambda i: far[i // su_nodes % 3],
     )
 
 
@@ -181,11 +201,13 @@ def _fleet(
     domain_name: Callable[[int, list[str]], str] | None,
     gpus_per_nic: int = 1,
     links: Callable[[int], NodeLinks] | None = None,
+    nic_classes: Callable[[int], NicClasses] | None = None,
 ) -> TopologyMap:
     """Nodes in groups (`domains`: NVLink domains named by `domain_name`, or, with None, nodes without
     NVLink), one 400G NIC per `gpus_per_nic` GPUs on its own rail, rail leaves per scalable unit of
     `nodes_per_su` nodes, `sus_per_pod` units to a spine, one core; `links(node index)` gives a node's
-(nvlink_pairs, pcie_paths)."""
+    (nvlink_pairs, pcie_paths), `nic_classes(node index)` its GPUs' NIC paths (then listed in `nic_paths`;
+    a NIC's `gpus` are those it serves at PIX)."""
     rails = gpus_per_node // gpus_per_nic
     nodes: list[Node] = []
     nv_domains: list[NvlinkDomain] = []
@@ -207,16 +229,18 @@ def _fleet(
             nv_domains.append(NvlinkDomain(name=dname, nodes=members))
         for node_name in members:
             su = index // nodes_per_su
+            far = nic_classes(index) if nic_classes else {}
             nics = [
                 Nic(name=f"mlx5_{r}", rate_gbps=400.0, rail=r, leaf=f"{name}-su{su}-rail{r}",
-                    gpus=list(range(r * gpus_per_nic, (r + 1) * gpus_per_nic)))
+                    gpus=[g for g in range(r * gpus_per_nic, (r + 1) * gpus_per_nic) if g not in far])
                 for r in range(rails)
             ]
+            nic_paths = [(g, f"mlx5_{g // gpus_per_nic}", far.get(g, "PIX")) for g in range(gpus_per_node)] if nic_classes else []
             numa = {g: g * 2 // gpus_per_node for g in range(gpus_per_node)}
             nvlink_pairs, pcie_paths = links(index) if links else ([], [])
             nodes.append(Node(
                 name=node_name, gpus=list(range(gpus_per_node)), gpu_model=gpu_model, numa=numa, nvlink_domain=dname,
-                nvlink_pairs=nvlink_pairs, pcie_paths=pcie_paths, nics=nics,
+                nvlink_pairs=nvlink_pairs, pcie_paths=pcie_paths, nics=nics, nic_paths=nic_paths,
             ))
             index += 1
     desc = f"{total} nodes x {gpus_per_node} GPUs, {n_su} scalable units, {rails} rails, uplinks {oversubscription:g}:1"

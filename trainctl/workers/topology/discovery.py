@@ -74,6 +74,31 @@ class TopoMatrix:
         """GPUs a NIC reaches through PCIe bridges only (PIX / PXB)."""
         return [g for g in self.gpus if self.cells[(nic, f"GPU{g}")] in NEAR]
 
+    def nic_paths(self) -> list[tuple[int, str, str]]:
+        """(gpu, NIC, path class) for every GPU: the NIC at its best PCIe path class (SOC as SYS); GPUs
+        with the same best NICs take them in order, the k-th GPU the k-th NIC (two GPUs sharing two NICs
+        behind one switch on a DGX A100 take one each). Empty when the matrix has no NIC columns."""
+        if not self.nics:
+            return []
+        classes: dict[int, dict[str, str]] = {}
+        for g in self.gpus:
+            row = classes[g] = {}
+            for nic in self.nics:
+                cell = self.cells[(f"GPU{g}", nic)]
+                if cell not in PCIE_CELLS:
+                    raise DiscoveryError(f"GPU{g}-{nic} is {cell}, which is not a PCIe path between a GPU and a NIC")
+                row[nic] = "SYS" if cell == "SOC" else cell
+        best: dict[int, tuple[str, ...]] = {}
+        for g, row in classes.items():
+            top = min(row.values(), key=PCIE_CELLS.index)
+            best[g] = tuple(nic for nic in self.nics if row[nic] == top)
+        out = []
+        for g in self.gpus:
+            peers = [p for p in self.gpus if best[p] == best[g]]
+            nic = best[g][peers.index(g) % len(best[g])]
+            out.append((g, nic, classes[g][nic]))
+        return out
+
     def closest_level(self, nic: str) -> str:
         """The best connection a NIC has to any GPU (e.g. SYS when it is far from all)."""
         order = ["PIX", "PXB", "PXN", "PHB", "NODE", "SYS", "SOC"]

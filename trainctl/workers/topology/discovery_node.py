@@ -5,9 +5,14 @@ mesh) or its GPUs report a fabric clique (multi-node NVLink); a GPU whose NVLink
 there is marked failed. Otherwise the node keeps its NVLink pairs (bridges, a cube-mesh) and the PCIe
 path class of every other pair, and placement prices each pair by its own link.
 
-Rails: NICs that are nearest (PIX / PXB) to at least one GPU are compute NICs, numbered 0.. in the
-order of the lowest GPU they serve (on a DGX/HGX that is rail k for GPU k); NICs far from every GPU
-(storage, management) get no rail. Rails are confirmed or overridden by the switch tree at merge.
+Rails: NICs that are nearest (PIX / PXB) to at least one GPU, or that some GPU's traffic leaves
+through (its best NIC, below), are compute NICs, numbered 0.. in the order of the lowest GPU they serve
+(on a DGX/HGX that is rail k for GPU k); other NICs (storage, management) get no rail. Rails are
+confirmed or overridden by the switch tree at merge.
+
+NIC affinity: every GPU gets the NIC at its best PCIe path class in the matrix's NIC columns, with that
+class (`nic_paths`), so a GPU with no NIC at PIX / PXB still has its traffic priced through the NIC it
+would use (NODE or SYS away).
 """
 
 from __future__ import annotations
@@ -54,7 +59,13 @@ def build_node(
     complete = len(linked) > 1 and len(pairs) == len(linked) * (len(linked) - 1) // 2
     domain = _domain(name, complete, fabric)
     ports = {p.device: p for p in ib_ports or [] if p.port == 1}
-    compute = sorted((n for n in matrix.nics if matrix.nearest_gpus(n)), key=lambda n: (matrix.nearest_gpus(n)[0], n))
+    nic_paths = matrix.nic_paths()
+    serves: dict[str, list[int]] = {}
+    for gpu, device, _ in nic_paths:
+        serves.setdefault(device, []).append(gpu)
+    for device in matrix.nics:
+        serves.setdefault(device, []).extend(matrix.nearest_gpus(device))
+    compute = sorted((n for n in matrix.nics if serves[n]), key=lambda n: (min(serves[n]), n))
     nics = []
     for device in matrix.nics:
         port = ports.get(device)
@@ -78,6 +89,7 @@ def build_node(
         nvlink_pairs=pairs if domain is None or complete else [],
         pcie_paths=matrix.pcie_paths() if domain is None else [],
         nics=nics,
+        nic_paths=nic_paths,
         failed_gpus=inactive if domain is not None else [],
     )
 

@@ -11,6 +11,11 @@ bridges, a V100 hybrid cube-mesh: dedicated links, priced per link by `fabric.nv
 `pcie_paths` (the `nvidia-smi topo -m` path class PIX / PXB / PHB / NODE / SYS, priced by
 `fabric.pcie`, falling back to `fabric.host`). A node in an NVLink domain has NVLink between every
 pair of its GPUs; per-pair entries that say otherwise are refused naming the field.
+
+GPU-NIC affinity: `nic_paths` gives, per GPU, the NIC its inter-node traffic leaves through and the
+PCIe path class to it (PIX .. SYS, `nvidia-smi topo -m`'s NIC columns); `fabric.nic` prices the
+classes (a cap on that GPU's inter-node bandwidth and a latency added to the network level's). A NIC's
+`gpus` stay what they were: the GPUs it is nearest to (PIX / PXB), whose entries must agree.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ PCIE_PATHS: tuple[str, ...] = ("PIX", "PXB", "PHB", "NODE", "SYS")
 """PCIe path classes of `nvidia-smi topo -m`, best to worst: one PCIe switch, several bridges, through
 the host bridge (CPU), across host bridges of one NUMA node, across the inter-socket link."""
 PciePath = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
+NEAR_NIC_PATHS: tuple[str, ...] = ("PIX", "PXB")
+"""Classes at which a NIC is "nearest" to a GPU (`Nic.gpus`): PCIe bridges only, no host bridge, the
+distance up to which NCCL uses GPUDirect RDMA by default."""
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -69,6 +77,10 @@ class Fabric(_Strict):
     n bonded links (NV<n>) gets n times this bandwidth."""
     pcie: dict[PciePath, LinkLevel] = Field(default_factory=dict)
     """GPU to GPU inside one node per PCIe path class of `nvidia-smi topo -m` (PIX, PXB, PHB, NODE, SYS)."""
+    nic: dict[PciePath, LinkLevel] = Field(default_factory=dict)
+    """A GPU to the NIC its inter-node traffic leaves through, per PCIe path class (node `nic_paths`):
+    the bandwidth caps that GPU's share of any group crossing nodes, the latency is added to the network
+    level's. A class without an entry costs nothing (the NIC's rate, as in maps without affinities)."""
     leaf: LinkLevel | None = None
     """Through a NIC and one leaf switch; `oversubscription` is that of the leaf's uplinks."""
     spine: LinkLevel | None = None
@@ -141,6 +153,10 @@ class Node(_Strict):
     them; pairs not listed use `fabric.host`. Not allowed on a node of an NVLink domain."""
     nics: list[Nic] = Field(default_factory=list)
     """Network adapters."""
+    nic_paths: list[tuple[NonNegativeInt, str, PciePath]] = Field(default_factory=list)
+    """(gpu, NIC name, PCIe path class): the NIC each listed GPU's inter-node traffic leaves through and
+    the path to it (PIX / PXB only for a NIC listing the GPU in its `gpus`). GPUs not listed use their
+    nearest NIC (`nics[].gpus`) at class PXB, the farthest class `gpus` admits."""
     health: Literal["healthy", "unhealthy"] = "healthy"
     """An unhealthy node gets no ranks."""
     failed_gpus: list[NonNegativeInt] = Field(default_factory=list)
@@ -159,16 +175,27 @@ class Node(_Strict):
         return [g for g in self.gpus if g not in failed]
 
     def nic_of(self, gpu: int) -> Nic | None:
-        """The NIC a GPU's inter-node traffic leaves through.
+        """The NIC a GPU's inter-node traffic leaves through (`nic_path`)."""
+        found = self.nic_path(gpu)
+        return found[0] if found else None
 
-        Among the active NICs listing the GPU as nearest: GPUs that share the same NICs (two GPUs and
-        two NICs behind one PCIe switch on a DGX A100) take them in order, the k-th GPU the k-th NIC.
+    def nic_path(self, gpu: int) -> tuple[Nic, str] | None:
+        """The NIC a GPU's inter-node traffic leaves through and the PCIe path class to it.
+
+        The GPU's `nic_paths` entry when its NIC is active; else, among the active NICs listing the GPU
+        as nearest (class PXB): GPUs that share the same NICs (two GPUs and two NICs behind one PCIe
+        switch on a DGX A100) take them in order, the k-th GPU the k-th NIC. None: no NIC carries it.
         """
+        for g, name, path in self.nic_paths:
+            if g == gpu:
+                nic = next(n for n in self.nics if n.name == name)
+                if nic.state == "Active":
+                    return nic, path
         candidates = [nic for nic in self.nics if gpu in nic.gpus and nic.state == "Active"]
         if not candidates:
             return None
         peers = sorted({g for nic in candidates for g in nic.gpus})
-        return candidates[peers.index(gpu) % len(candidates)]
+        return candidates[peers.index(gpu) % len(candidates)], "PXB"
 
     @model_validator(mode="after")
     def _check(self) -> Node:
@@ -201,7 +228,30 @@ class Node(_Strict):
         both = sorted(set(nvlinked) & set(pcie))
         if both:
             raise ValueError(f"{where}: GPU pairs {both} are in both nvlink_pairs and pcie_paths; a pair has one link")
+        self._check_nic_paths(where, known)
         return self
+
+    def _check_nic_paths(self, where: str, known: set[int]) -> None:
+        """Each entry names a GPU and NIC of the node, each GPU once, and agrees with the NICs' `gpus`."""
+        nics = {n.name: n for n in self.nics}
+        listed: set[int] = set()
+        for gpu, name, path in self.nic_paths:
+            entry = f"{where}: nic_paths entry ({gpu}, {name!r}, {path})"
+            if gpu not in known:
+                raise ValueError(f"{entry}: the node has no GPU {gpu}")
+            if name not in nics:
+                raise ValueError(f"{entry}: the node has no NIC {name!r} (nics: {sorted(nics)})")
+            if gpu in listed:
+                raise ValueError(f"{entry}: GPU {gpu} is listed more than once; a GPU's traffic leaves through one NIC")
+            listed.add(gpu)
+            near = sorted(n.name for n in self.nics if gpu in n.gpus)
+            if near and (name not in near or path not in NEAR_NIC_PATHS):
+                raise ValueError(
+                    f"{entry}: NICs {near} list GPU {gpu} among their nearest GPUs (nics[].gpus: PIX or PXB), "
+                    f"so its NIC is one of them at PIX or PXB"
+                )
+            if not near and path in NEAR_NIC_PATHS:
+                raise ValueError(f"{entry}: {path} makes GPU {gpu} near NIC {name!r}, but that NIC's gpus do not list it")
 
     def missing_nvlink_pairs(self) -> list[tuple[int, int]]:
         """Pairs of GPUs not failed that `nvlink_pairs` leaves without NVLink (all when it is empty)."""

@@ -13,7 +13,8 @@ A preset's `gpu_model` is the name the sizing tables know (trainctl.parallelism.
 
 `pcie-h100-nvl` has no NVLink domain: each node lists its bridged pairs (`nvlink_pairs`, NV12 at
 25 GB/s per link) and the PCIe path class of every other pair (`pcie_paths`: PIX under one switch,
-PXB within a socket, SYS across), each priced on its own (docs/placement.md).
+PXB within a socket, SYS across), each priced on its own, and each GPU's NIC at PIX (`nic_paths`, the
+NIC behind the pair's PCIe switch; docs/placement.md).
 Sizes are capped at the largest fleets the placement benchmark runs (docs/benchmarks.md).
 """
 
