@@ -59,6 +59,9 @@ class ServiceConfig:
 
     address: str = DEFAULT_ADDRESS
     data_dir: Path = Path(DEFAULT_DATA_DIR)
+    """Run directories, and the SQLite store unless `store` names a database."""
+    store: str | None = None
+    """A `postgresql://` URL for the job store (trainctl.service.store_db); None: SQLite in `data_dir`."""
     metrics_port: int = DEFAULT_METRICS_PORT
     """0 turns the Prometheus endpoint off."""
     metrics_host: str = "127.0.0.1"
@@ -159,7 +162,7 @@ class Service:
 
         registry = CollectorRegistry()
         self.metrics = ServiceMetrics(registry)
-        self.store = JobStore(config.data_dir, metrics=self.metrics)
+        self.store = JobStore(config.store or config.data_dir, metrics=self.metrics)
         if config.metrics_port:
             self._metrics_server = start_metrics_server(registry, config.metrics_host, config.metrics_port)
             self.metrics_port = self._metrics_server.port
@@ -182,7 +185,7 @@ class Service:
         self._server = server
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("trainctl serving on %s (data %s, %s)", self.target, config.data_dir, source)
+        log.info("trainctl serving on %s (data %s, store %s, %s)", self.target, config.data_dir, self.store.location, source)
         return self
 
     def _load_topology(self) -> tuple[Any, str]:
