@@ -1,6 +1,7 @@
 """Store fixtures for the service tests: one real PostgreSQL server per test session (started on first
-use), and `store_location`, which runs a test on both backends: a data directory (SQLite) and a fresh
-PostgreSQL database (postgres_server.py says how the server runs)."""
+use), `store_location`, which runs a test on both backends: a data directory (SQLite) and a fresh
+PostgreSQL database, and `private_postgres`, a server of the test's own for tests that stop it
+(postgres_server.py says how the servers run)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ from postgres_server import PostgresMissing, PostgresServer
 STORE_BACKENDS = ("sqlite", "postgresql")
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """A running PostgreSQL server on 127.0.0.1; missing binaries fail the test (CI installs them)."""
+def running_postgres() -> Iterator[PostgresServer]:
+    """A started server, removed afterwards; missing binaries fail the test (CI installs them)."""
     try:
         server = PostgresServer()
     except PostgresMissing as exc:
@@ -27,6 +27,18 @@ def postgres() -> Iterator[PostgresServer]:
         server.remove()
 
 
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """The session's PostgreSQL server on 127.0.0.1 (tests must not stop it)."""
+    yield from running_postgres()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server for this test alone, which it may stop and start."""
+    yield from running_postgres()
+
+
 @pytest.fixture(params=STORE_BACKENDS)
 def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """Where a JobStore opens: a data directory, or the URL of a new database on the session's server."""
@@ -36,5 +48,4 @@ def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
     server: PostgresServer = request.getfixturevalue("postgres")
     url = server.create_database()
     yield url
-    if server.process is not None:
-        server.drop_database(url)
+    server.drop_database(url)

@@ -119,12 +119,13 @@ class ScriptedRuntime:
 
 
 def make_scheduler(
-    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None
+    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None,
+    store: str | None = None,
 ) -> Scheduler:
-    """A scheduler over a fresh store and a pool of `topology`, or by default a simulated `nodes` x `gpus`
-    one (loop not started)."""
+    """A scheduler over a fresh store (SQLite in `data_dir`, or the PostgreSQL URL `store`) and a pool of
+    `topology`, or by default a simulated `nodes` x `gpus` one (loop not started)."""
     pool = GpuPool(topology or simulated_topology(nodes, gpus), "simulated" if topology is None else topology.metadata.name)
-    return Scheduler(JobStore(data_dir), pool, runtime, data_dir / "runs")
+    return Scheduler(JobStore(store or data_dir), pool, runtime, data_dir / "runs")
 
 
 @dataclass
@@ -144,9 +145,10 @@ class ApiServer:
 
 
 def start_api_server(
-    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None
+    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None,
+    store: str | None = None,
 ) -> ApiServer:
-    scheduler = make_scheduler(data_dir, runtime, nodes, gpus, topology)
+    scheduler = make_scheduler(data_dir, runtime, nodes, gpus, topology, store)
     authenticator = Authenticator(None)
     sweeps = SweepDriver(scheduler.store, scheduler, interval=0.05)
     servicer = TrainingServicer(scheduler.store, scheduler, scheduler.pool, authenticator, sweeps=sweeps)

@@ -16,6 +16,11 @@ One background thread owns every transition after QUEUED except the API's cancel
    job's reason says what it waits for.
 
 State changes use the store's compare-and-set, so a cancel racing with admission is never lost.
+While the store is unavailable (a PostgreSQL store whose database is away) ticks fail and the loop
+keeps running; the first tick after it returns re-syncs from the store (`recover()`, which is
+idempotent): a job whose admission was written but not seen to commit is started, a reservation
+whose write never committed is released, and each job's runtime log is followed from the last event
+applied, so nothing is lost or applied twice.
 The service never runs torch collectives: the runtime (trainctl.workers.runtime) does the Ray work.
 """
 
@@ -32,7 +37,7 @@ from typing import Any, Protocol
 from trainctl.service import store as st
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
 from trainctl.service.pool import GpuPool, PlannedPlacement
-from trainctl.service.store import JobRecord, JobStore
+from trainctl.service.store import JobRecord, JobStore, StoreUnavailable
 from trainctl.service.tenancy import Quota, TenantUsage, start_block_reason
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import ACTIVE_STATES, EVENTS_FILE, EventKind, JobState
@@ -68,6 +73,9 @@ class Runtime(Protocol):
 @dataclass
 class _Active:
     cursor: int = 0
+    """The runtime log's position after the last event applied to the store."""
+    stored_cursor: int = 0
+    """The position last written to the job's `runtime_cursor` (where a restarted service resumes)."""
     cancel_sent: bool = False
     failing_since: float | None = None
     replan_waiting: tuple[str, ...] = ()
@@ -90,6 +98,7 @@ class Scheduler:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _store_lost: bool = False
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -111,28 +120,50 @@ class Scheduler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
+                if self._store_lost:
+                    self.recover()
+                    self._store_lost = False
+                    log.warning("the store is back; the scheduler re-synced from it")
                 self.tick()
+            except StoreUnavailable as exc:
+                if not self._store_lost:
+                    log.warning("scheduler paused: %s", exc)
+                self._store_lost = True
             except Exception:  # the loop must survive anything one job does
                 log.exception("scheduler tick failed")
             self._wake.wait(self.interval)
             self._wake.clear()
 
     def recover(self) -> None:
-        """Rebuild reservations and cursors from the store after a (re)start; re-attach supervisors,
-        and start jobs whose admission a crash interrupted before their supervisor existed."""
-        running = set(self.runtime.running_jobs())
-        for record in self.store.list_jobs(states=ACTIVE_STATES, oldest_first=True):
-            placement = PlannedPlacement.from_records(record.placement)
-            self.pool.reserve(record.id, placement)
-            self._active[record.id] = _Active(cursor=int(record.runtime_cursor or 0))
-            run_dir = Path(record.run_dir or self.runs_dir / record.id)
-            self.runtime.attach(record.id, run_dir)
-            if record.id not in running and not (run_dir / EVENTS_FILE).exists():
-                if record.state == JobState.CANCELLING:
-                    self._finish(self._set_state(record, JobState.CANCELLED, record.reason))
-                    continue
-                log.info("job %s: admission was interrupted by a service restart; starting it", record.id)
-                self._launch(record, placement)
+        """Rebuild reservations and cursors from the store after a (re)start or a store outage: forget
+        jobs the store does not have active and reservations it does not know, re-attach the supervisors
+        of active jobs not followed yet, and start those whose admission a crash interrupted before their
+        supervisor existed. Jobs already followed keep their cursors."""
+        with self._lock:
+            running = set(self.runtime.running_jobs())
+            stored = self.store.list_jobs(states=ACTIVE_STATES, oldest_first=True)
+            active_ids = {record.id for record in stored}
+            for job_id in set(self._active) - active_ids:
+                del self._active[job_id]
+            for holder in set(self.pool.holders().values()) - active_ids:
+                self.pool.release(holder)
+            for record in stored:
+                if record.id not in self._active:
+                    self._recover_job(record, running)
+
+    def _recover_job(self, record: JobRecord, running: set[str]) -> None:
+        placement = PlannedPlacement.from_records(record.placement)
+        self.pool.reserve(record.id, placement)
+        cursor = int(record.runtime_cursor or 0)
+        self._active[record.id] = _Active(cursor=cursor, stored_cursor=cursor)
+        run_dir = Path(record.run_dir or self.runs_dir / record.id)
+        self.runtime.attach(record.id, run_dir)
+        if record.id not in running and not (run_dir / EVENTS_FILE).exists():
+            if record.state == JobState.CANCELLING:
+                self._finish(self._set_state(record, JobState.CANCELLED, record.reason))
+                return
+            log.info("job %s: admission was interrupted by a service restart; starting it", record.id)
+            self._launch(record, placement)
 
     # ---- one tick -------------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -163,9 +194,11 @@ class Scheduler:
         active.failing_since = None
         for event in status.events:
             record = self._apply(record, event)
-        if status.cursor != active.cursor:
-            active.cursor = status.cursor
+            active.cursor = event.seq  # a store failure mid-page resumes after the last event applied
+        active.cursor = status.cursor
+        if status.cursor != active.stored_cursor:
             self.store.update_status(job_id, runtime_cursor=str(status.cursor), restarts=status.restarts)
+            active.stored_cursor = status.cursor
         if status.replan and not status.state.terminal and record.state != JobState.CANCELLING:
             self._replace(record, status.replan)
         if status.drained and status.state.terminal:
@@ -180,7 +213,8 @@ class Scheduler:
         except Exception as exc:
             log.exception("job %s: cancel failed", job_id)
             self.store.append_event(job_id, st.EVENT_LOG, {"level": "ERROR", "message": f"cancel failed: {exc}"})
-        self.wake()
+        finally:
+            self.wake()
 
     def _apply(self, record: JobRecord, event: RuntimeEvent) -> JobRecord:
         if event.kind is EventKind.STEP and event.step is not None:
