@@ -36,6 +36,7 @@ SLOW_TESTS = (
     "deploy/test_existing_ray.py",  # `ray start` and `trainctl serve` processes
     "service/test_readme_commands.py",  # a `trainctl serve` process training the README's 8-rank demo job
     "service/test_store_outage.py::test_losing_the_database",  # a PostgreSQL server stopped for seconds under load
+    "service/test_leadership.py",  # leases lapsing and taken over, seconds each
     # Engine runs measured at 5 s or more (call time, 2-core machine); the quick layouts stay in the fast tier.
     "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[dp2-tp2-pp2]",
     "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[moe-",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -226,3 +227,24 @@ def test_two_stores_on_one_database_never_share_a_sequence(store_location: str) 
     assert len({r.seq for r in records}) == 30
     sequences = [e.sequence for job_id in ids for e in stores[1].events(job_id)]
     assert len(set(sequences)) == 30
+
+
+def test_a_lease_has_one_holder_and_fences_writes_of_a_lapsed_one(store_location: str) -> None:
+    store = JobStore(store_location)
+    job_id = store.create_job(job())[0].id
+    a = store.acquire_lease("scheduler", "a", ttl=0.3)
+    assert a is not None and store.acquire_lease("scheduler", "b", ttl=0.3) is None  # a's is live
+    assert store.acquire_lease("scheduler", "a", ttl=0.3) == a  # a renewal keeps the epoch
+    time.sleep(0.4)
+    b = store.acquire_lease("scheduler", "b", ttl=30)
+    assert b is not None and b.epoch == a.epoch + 1
+    assert store.update_status(job_id, fence=a, reason="from the old leader") is None  # refused
+    assert store.get_job(job_id).reason == "accepted"
+    updated = store.update_status(job_id, fence=b, reason="from the leader")
+    assert updated is not None and updated.reason == "from the leader"
+    store.release_lease(a)  # not a's any more: nothing happens
+    assert store.acquire_lease("scheduler", "a", ttl=30) is None
+    store.release_lease(b)
+    again = store.acquire_lease("scheduler", "a", ttl=30)
+    assert again is not None and again.epoch == b.epoch + 1
+    assert store.update_status(job_id, fence=b, reason="late") is None

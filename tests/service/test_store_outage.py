@@ -230,7 +230,7 @@ def test_an_admission_whose_write_failed_is_started_exactly_once(tmp_path: Path,
     job_id = scheduler.store.create_job(small_job("a"))[0].id
     scheduler.start()
     try:
-        runtime.wait_started(job_id)
+        eventually(lambda: [started for started, _ in runtime.started] == [job_id], "the job started", timeout=10)
         eventually(lambda: scheduler.store.get_job(job_id).state == JobState.SCHEDULED, "the job admitted", timeout=10)
         runtime.run(job_id, [3.0, 2.0])
         eventually(lambda: scheduler.store.get_job(job_id).state == JobState.SUCCEEDED, "the job finished", timeout=10)

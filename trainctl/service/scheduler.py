@@ -21,6 +21,12 @@ keeps running; the first tick after it returns re-syncs from the store (`recover
 idempotent): a job whose admission was written but not seen to commit is started, a reservation
 whose write never committed is released, and each job's runtime log is followed from the last event
 applied, so nothing is lost or applied twice.
+
+With a `leadership` (replicas sharing a PostgreSQL store, trainctl.service.leadership) the loop works
+only while this replica holds the lease: on taking it, it re-syncs from the store (`recover()`,
+re-attaching the supervisors the previous leader followed); on losing it, it forgets its jobs and
+reservations. The admission write is fenced by the lease and a job is handed to the runtime only with
+enough lease left, else it is left SCHEDULED for the next tick or the next leader's re-sync.
 The service never runs torch collectives: the runtime (trainctl.workers.runtime) does the Ray work.
 """
 
@@ -35,6 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainctl.service import store as st
+from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
 from trainctl.service.pool import GpuPool, PlannedPlacement
 from trainctl.service.store import JobRecord, JobStore, StoreUnavailable
@@ -93,17 +100,24 @@ class Scheduler:
     metrics: ServiceMetrics | None = None
     quota_of: Callable[[str], Quota] = lambda _tenant: Quota()
     interval: float = 0.2
+    leadership: Leadership | None = None
+    """None: this scheduler is the only one (SQLite, or tests); else it works only while leading."""
     _active: dict[str, _Active] = field(default_factory=dict)
     _wake: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _store_lost: bool = False
+    _epoch: int | None = None
+    """The lease epoch this scheduler re-synced under (None: not leading)."""
+    _unlaunched: set[str] = field(default_factory=set)
+    """Jobs admitted or recovered but not handed to the runtime yet (too little lease left)."""
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Re-attach to jobs the store says are active, then start the loop."""
-        self.recover()
+        """Re-attach to jobs the store says are active (when leading), then start the loop."""
+        if self._in_charge():
+            self.recover()
         self._thread = threading.Thread(target=self._run, name="trainctl-scheduler", daemon=True)
         self._thread.start()
 
@@ -120,11 +134,14 @@ class Scheduler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                if self._store_lost:
+                if not self._in_charge():
+                    pass
+                elif self._store_lost:
                     self.recover()
                     self._store_lost = False
                     log.warning("the store is back; the scheduler re-synced from it")
-                self.tick()
+                else:
+                    self.tick()
             except StoreUnavailable as exc:
                 if not self._store_lost:
                     log.warning("scheduler paused: %s", exc)
@@ -133,6 +150,36 @@ class Scheduler:
                 log.exception("scheduler tick failed")
             self._wake.wait(self.interval)
             self._wake.clear()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this scheduler does the work that must happen once (always, without a leadership)."""
+        return self.leadership is None or self._epoch is not None
+
+    def _in_charge(self) -> bool:
+        """Whether this scheduler should work now; re-syncs on taking the lease, forgets on losing it."""
+        if self.leadership is None:
+            return True
+        lease = self.leadership.current()
+        if lease is None:
+            if self._epoch is not None:
+                log.warning("scheduler lease lost; standing by")
+                self._stand_down()
+            return False
+        if lease.fence.epoch != self._epoch:
+            self._stand_down()
+            self.recover()
+            self._epoch = lease.fence.epoch
+            log.info("scheduler leading (lease epoch %d)", lease.fence.epoch)
+        return True
+
+    def _stand_down(self) -> None:
+        with self._lock:
+            for job_id in set(self._active) | set(self.pool.holders().values()):
+                self.pool.release(job_id)
+            self._active.clear()
+            self._unlaunched.clear()
+            self._epoch = None
 
     def recover(self) -> None:
         """Rebuild reservations and cursors from the store after a (re)start or a store outage: forget
@@ -145,6 +192,7 @@ class Scheduler:
             active_ids = {record.id for record in stored}
             for job_id in set(self._active) - active_ids:
                 del self._active[job_id]
+                self._unlaunched.discard(job_id)
             for holder in set(self.pool.holders().values()) - active_ids:
                 self.pool.release(holder)
             for record in stored:
@@ -169,8 +217,10 @@ class Scheduler:
     def tick(self) -> None:
         """Follow active jobs, send cancels, admit what fits, refresh the gauges."""
         with self._lock:
+            self._launch_pending()
             for job_id in list(self._active):
-                self._follow(job_id)
+                if job_id not in self._unlaunched:
+                    self._follow(job_id)
             self._admit()
             self._export()
 
@@ -308,6 +358,9 @@ class Scheduler:
         queued = sorted(self.store.list_jobs(states=[JobState.QUEUED]), key=lambda r: (-r.priority, r.seq))
         replacing = next((job_id for job_id, active in self._active.items() if active.replan_waiting), None)
         down = self._down_nodes() if queued and replacing is None else set()
+        lease = self.leadership.current() if self.leadership is not None else None
+        if self.leadership is not None and lease is None:
+            return
         blocked_by: JobRecord | None = None
         for record in queued:
             if replacing is not None:
@@ -334,11 +387,11 @@ class Scheduler:
             self.pool.reserve(record.id, placement)
             nodes = sorted({a.node for a in placement.assignments})
             updated = self.store.update_status(
-                record.id, expect=[JobState.QUEUED], state=JobState.SCHEDULED,
+                record.id, expect=[JobState.QUEUED], fence=lease.fence if lease else None, state=JobState.SCHEDULED,
                 reason=f"placed {len(placement.assignments)} ranks on {', '.join(nodes)}", schedule_time=time.time(),
                 placement=placement.records(), run_dir=str(self.runs_dir / record.id),
             )
-            if updated is None:  # cancelled meanwhile
+            if updated is None:  # cancelled meanwhile, or the lease was lost
                 self.pool.release(record.id)
                 continue
             self._decision("started", solver_seconds)
@@ -347,6 +400,18 @@ class Scheduler:
                 self.metrics.set_job_placement(updated.id, updated.tenant, self._by_domain(placement))
             self._active[record.id] = _Active()
             self._launch(updated, placement)
+
+    def _launch_pending(self) -> None:
+        """Hand the runtime the jobs a short lease held back, when the lease allows it now."""
+        for job_id in sorted(self._unlaunched):
+            if self.leadership is not None and not self.leadership.may_launch():
+                return
+            record = self.store.get_job(job_id)
+            self._unlaunched.discard(job_id)
+            if record.state == JobState.CANCELLING:
+                self._finish(self._set_state(record, JobState.CANCELLED, record.reason))
+            elif record.state == JobState.SCHEDULED:
+                self._launch(record, PlannedPlacement.from_records(record.placement))
 
     def _usage(self, tenant: str) -> TenantUsage:
         active = self.store.list_jobs(tenant=tenant, states=ACTIVE_STATES)
@@ -386,6 +451,9 @@ class Scheduler:
             self.store.update_status(record.id, expect=[JobState.QUEUED], reason=reason)
 
     def _launch(self, record: JobRecord, placement: PlannedPlacement) -> None:
+        if self.leadership is not None and not self.leadership.may_launch():
+            self._unlaunched.add(record.id)  # too little lease left: the next tick, or the next leader
+            return
         run_dir = self.runs_dir / record.id
         run_dir.mkdir(parents=True, exist_ok=True)
         try:

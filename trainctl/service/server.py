@@ -26,6 +26,7 @@ from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator, AuthInterceptor, check_exposure
 from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
 from trainctl.service.interceptors import ErrorInterceptor, RpcMetricsInterceptor
+from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 from trainctl.service.paths import JobPathPolicy, check_confinement
 from trainctl.service.pool import GpuPool
@@ -61,7 +62,8 @@ class ServiceConfig:
     data_dir: Path = Path(DEFAULT_DATA_DIR)
     """Run directories, and the SQLite store unless `store` names a database."""
     store: str | None = None
-    """A `postgresql://` URL for the job store (trainctl.service.store_db); None: SQLite in `data_dir`."""
+    """A `postgresql://` URL for the job store (trainctl.service.store_db); None: SQLite in `data_dir`.
+    Replicas on one PostgreSQL store all serve the API; one leads the scheduler (a lease in the database)."""
     metrics_port: int = DEFAULT_METRICS_PORT
     """0 turns the Prometheus endpoint off."""
     metrics_host: str = "127.0.0.1"
@@ -126,6 +128,7 @@ class Service:
         self._runtime: Any = None
         self._metrics_server: MetricsServer | None = None
         self._server: grpc.Server | None = None
+        self.leadership: Leadership | None = None
         self.port: int = 0
         self.metrics_port: int | None = None
 
@@ -167,9 +170,12 @@ class Service:
             self._metrics_server = start_metrics_server(registry, config.metrics_host, config.metrics_port)
             self.metrics_port = self._metrics_server.port
         self.pool = GpuPool(topology, source)
+        if self.store.backend == "postgresql":  # replicas may share it: the scheduler runs where the lease is
+            self.leadership = Leadership(self.store)
+            self.leadership.start()
         self.scheduler = Scheduler(
             self.store, self.pool, self._runtime, runs_dir,
-            metrics=self.metrics, quota_of=authenticator.quota,
+            metrics=self.metrics, quota_of=authenticator.quota, leadership=self.leadership,
         )
         self.sweeps = SweepDriver(self.store, self.scheduler)
         servicer = TrainingServicer(
@@ -222,6 +228,8 @@ class Service:
         self._server = None
         self.sweeps.stop()
         self.scheduler.stop()
+        if self.leadership is not None:
+            self.leadership.stop()  # a standby takes over on its next try
         if self._metrics_server is not None:
             self._metrics_server.close()
         self.store.close()

@@ -27,7 +27,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.store_db import DB_NAME as DB_NAME  # re-exported, as the store's errors are
-from trainctl.service.store_db import Database, SqliteDatabase, open_database, run_script
+from trainctl.service.store_db import NOW_SQL, Database, SqliteDatabase, open_database, run_script
 from trainctl.service.store_db import StoreError as StoreError
 from trainctl.service.store_db import StoreUnavailable as StoreUnavailable
 from trainctl.spec.job import TrainingJob
@@ -129,8 +129,27 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (sweep_id, number)
     );
     """,
+    # 2 -> 3: leases (leadership among service replicas, trainctl.service.leadership).
+    """
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        epoch $int NOT NULL,
+        expires $real NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A write's proof of leadership: it commits only while `holder` holds lease `name` at `epoch`,
+    unexpired by the database's clock (else the write is refused as a compare-and-set miss)."""
+
+    name: str
+    holder: str
+    epoch: int
 
 
 class JobNotFound(KeyError):
@@ -444,12 +463,14 @@ class JobStore:
 
     @_timed
     def update_status(
-        self, job_id: str, *, expect: Iterable[JobState] | None = None, now: float | None = None, **changes: Any
+        self, job_id: str, *, expect: Iterable[JobState] | None = None, fence: Fence | None = None,
+        now: float | None = None, **changes: Any
     ) -> JobRecord | None:
         """Set status columns; a changed `state` also appends a state event with `reason`.
 
         With `expect`, changes only a job whose current state is one of them (compare-and-set) and
-        returns None otherwise. Terminal states are final: a later state change is ignored."""
+        returns None otherwise; with `fence`, only while that lease is held (None otherwise). Terminal
+        states are final: a later state change is ignored."""
         unknown = set(changes) - _STATUS_COLUMNS
         if unknown:
             raise ValueError(f"not status columns: {sorted(unknown)}")
@@ -457,6 +478,8 @@ class JobStore:
         with self._tx() as db:
             current = self._get(job_id)
             if expect is not None and current.state not in set(expect):
+                return None
+            if fence is not None and not self._holds(db, fence):
                 return None
             new_state = changes.get("state", current.state)
             if new_state != current.state:
@@ -680,6 +703,39 @@ class JobStore:
                     (TrialState.CANCELLED, reason, now, sweep_id, TrialState.RUNNING),
                 )
             return self._get_sweep(sweep_id)
+
+    # ---- leases -------------------------------------------------------------------------------------
+    @_timed
+    def acquire_lease(self, name: str, holder: str, ttl: float) -> Fence | None:
+        """Take or renew lease `name` for `ttl` seconds of the database's clock; None while another holder's
+        lease is unexpired. The epoch grows whenever the lease changes hands or had lapsed."""
+        now = NOW_SQL[self._db.backend]
+        with self._tx() as db:
+            row = db.execute(f"SELECT holder, epoch, expires > {now} AS live FROM leases WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                epoch = 1
+                db.execute(f"INSERT INTO leases (name, holder, epoch, expires) VALUES (?, ?, ?, {now} + ?)", (name, holder, epoch, ttl))
+                return Fence(name, holder, epoch)
+            if row["live"] and row["holder"] != holder:
+                return None
+            epoch = row["epoch"] if row["live"] else row["epoch"] + 1
+            db.execute(f"UPDATE leases SET holder = ?, epoch = ?, expires = {now} + ? WHERE name = ?", (holder, epoch, ttl, name))
+            return Fence(name, holder, epoch)
+
+    @_timed
+    def release_lease(self, fence: Fence) -> None:
+        """Give the lease up at once (a standby may take it on its next try), if `fence` still holds it."""
+        with self._tx() as db:
+            db.execute(
+                f"UPDATE leases SET expires = {NOW_SQL[self._db.backend]} - 1 WHERE name = ? AND holder = ? AND epoch = ?",
+                (fence.name, fence.holder, fence.epoch),
+            )
+
+    def _holds(self, db: Database, fence: Fence) -> bool:
+        return db.execute(
+            f"SELECT 1 AS held FROM leases WHERE name = ? AND holder = ? AND epoch = ? AND expires > {NOW_SQL[db.backend]}",
+            (fence.name, fence.holder, fence.epoch),
+        ).fetchone() is not None
 
     def wait_for_change(self, timeout: float) -> None:
         """Block until any write commits or `timeout` seconds pass."""

@@ -133,7 +133,11 @@ class SweepDriver:
 
     # ---- one pass ------------------------------------------------------------------------------------
     def tick(self) -> None:
-        """Advance every RUNNING sweep once; forget the searches of sweeps that ended."""
+        """Advance every RUNNING sweep once; forget the searches of sweeps that ended. Only the leading
+        replica's driver works (trainctl.service.leadership); a standby's studies are dropped."""
+        if not self.scheduler.leading:
+            self._studies.clear()
+            return
         running = self.store.list_sweeps(states=[SweepState.RUNNING])
         for record in running:
             try:

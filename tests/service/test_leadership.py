@@ -1,0 +1,146 @@
+"""Two scheduler replicas on one PostgreSQL store (one scripted runtime plays the shared Ray cluster):
+exactly one leads through the database lease, a standby takes over when the leader dies and re-attaches
+to its running job, and a lease race (the leader paused past its lease at its worst moments) starts no
+job twice (trainctl.service.leadership)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from control_plane_fakes import ScriptedRuntime
+from postgres_server import PostgresServer
+from small_jobs import small_job
+
+from trainctl.service.leadership import Leadership
+from trainctl.service.pool import GpuPool
+from trainctl.service.scheduler import Scheduler
+from trainctl.service.store import JobStore
+from trainctl.workers.events import JobState
+from trainctl.workers.topology import simulated_topology
+
+TTL = 1.0
+"""Short leases keep the test short; the protocol does not depend on the length."""
+PAUSE = 3 * TTL
+TAKEOVER_SECONDS = 10 * TTL
+
+
+def eventually(check: Callable[[], Any], what: str, timeout: float = TAKEOVER_SECONDS) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout} s")
+        time.sleep(0.02)
+    return result
+
+
+class PausingStore(JobStore):
+    """A store whose process can be frozen at the admission write, before or after it commits: the
+    write and the lease renewals (the whole replica, as a long GC pause or SIGSTOP would) wait until
+    `resume`."""
+
+    pause_at = ""
+    """"before" or "after" the next SCHEDULED write commits ("" : no pause)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+
+    def update_status(self, job_id: str, **changes: Any) -> Any:
+        where = self.pause_at if changes.get("state") == JobState.SCHEDULED else ""
+        if not where:
+            return super().update_status(job_id, **changes)
+        self.pause_at = ""
+        result = super().update_status(job_id, **changes) if where == "after" else None
+        self.paused.set()
+        self.resume.wait(30)
+        return super().update_status(job_id, **changes) if where == "before" else result
+
+    def acquire_lease(self, *args: Any, **kwargs: Any) -> Any:
+        if self.paused.is_set():
+            self.resume.wait(30)
+        return super().acquire_lease(*args, **kwargs)
+
+
+def replica(url: str, runtime: ScriptedRuntime, runs: Path, holder: str, store_type: type[JobStore] = JobStore) -> Scheduler:
+    store = store_type(url)
+    scheduler = Scheduler(store, GpuPool(simulated_topology(1, 2), "simulated"), runtime, runs,
+                          leadership=Leadership(store, holder=holder, ttl=TTL), interval=0.05)
+    scheduler.leadership.start()
+    scheduler.start()
+    return scheduler
+
+
+def shut(*schedulers: Scheduler) -> None:
+    for s in schedulers:
+        s.stop()
+        s.leadership.stop()
+        s.store.close()
+
+
+@pytest.fixture
+def url(postgres: PostgresServer) -> str:
+    return postgres.create_database()
+
+
+def test_one_replica_leads_and_a_standby_takes_over_and_reattaches_when_it_dies(url: str, tmp_path: Path) -> None:
+    runtime = ScriptedRuntime()
+    a = replica(url, runtime, tmp_path / "runs", "a")
+    eventually(lambda: a.leading, "a leads")
+    b = replica(url, runtime, tmp_path / "runs", "b")
+    try:
+        job_id = b.store.create_job(small_job("j"))[0].id  # any replica takes API writes
+        runtime.wait_started(job_id)
+        runtime.state(job_id, JobState.RUNNING, "ranks up")
+        runtime.step(job_id, 1, 3.0)
+        eventually(lambda: a.store.get_job(job_id).steps_done == 1, "a follows the job")
+        assert not b.leading and b.pool.holders() == {}
+
+        a.stop()  # the leader dies as under SIGKILL: its loop and renewals stop, the lease is not released
+        a.leadership._stop.set()
+        eventually(lambda: b.leading, "b leads once a's lease lapsed")
+        assert job_id in runtime.attached  # re-attached to the supervisor a started, not started again
+        runtime.step(job_id, 2, 2.0)
+        runtime.state(job_id, JobState.SUCCEEDED, "done")
+        eventually(lambda: b.store.get_job(job_id).state == JobState.SUCCEEDED, "b records the end")
+        assert [m["step"] for m in b.store.step_metrics(job_id)] == [1, 2]
+        assert [e.payload["step"] for e in b.store.events(job_id) if e.type == "step"] == [1, 2]
+        assert [started for started, _ in runtime.started] == [job_id]
+    finally:
+        shut(a, b)
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_lease_race_starts_no_job_twice(url: str, tmp_path: Path, where: str) -> None:
+    """The leader freezes at its admission write past its lease, the standby takes over and starts the
+    job; when the old leader resumes, its fenced write is refused ("before") or it finds too little
+    lease left to hand the job to the runtime ("after"), and stands down. The job starts once."""
+    runtime = ScriptedRuntime()
+    a = replica(url, runtime, tmp_path / "runs", "a", PausingStore)
+    eventually(lambda: a.leading, "a leads")
+    b = replica(url, runtime, tmp_path / "runs", "b")
+    try:
+        assert isinstance(a.store, PausingStore)
+        a.store.pause_at = where
+        job_id = b.store.create_job(small_job("j"))[0].id
+        eventually(a.store.paused.is_set, "a frozen in its admission write")
+        eventually(lambda: b.leading, "b leads once a's lease lapsed")
+        # b admitted it ("before") or re-synced and started it ("after"; a re-sync attaches before it starts)
+        eventually(lambda: job_id in [started for started, _ in runtime.started], "b starts the job")
+        a.store.resume.set()
+        eventually(lambda: not a.leading, "a stands down")
+        time.sleep(PAUSE)  # both loops keep running: neither starts it again
+        assert [started for started, _ in runtime.started] == [job_id]
+        assert a.pool.holders() == {} and set(b.pool.holders().values()) == {job_id}
+        states = [e.payload["to"] for e in b.store.events(job_id) if e.type == "state"]
+        assert states == ["QUEUED", "SCHEDULED"]
+        runtime.run(job_id, [2.0])
+        eventually(lambda: b.store.get_job(job_id).state == JobState.SUCCEEDED, "b supervises it to the end")
+    finally:
+        a.store.resume.set()
+        shut(a, b)
