@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health
 
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator
@@ -136,6 +137,7 @@ class ApiServer:
     server: grpc.Server
     target: str
     sweeps: SweepDriver
+    health: health.HealthServicer
 
     def stop(self) -> None:
         self.server.stop(0).wait()
@@ -161,7 +163,7 @@ def start_api_server(
     from grpc_health.v1 import health_pb2
 
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    return ApiServer(scheduler, server, f"127.0.0.1:{port}", sweeps)
+    return ApiServer(scheduler, server, f"127.0.0.1:{port}", sweeps, health_servicer)
 
 
 def free_port() -> int:

@@ -3,8 +3,8 @@
 Under load: a real PostgreSQL behind the real gRPC server and scheduler loop (scripted runtime) is
 stopped for a few seconds while clients create, list and watch jobs and a job keeps training, then
 started again. Every call in between answers OK or UNAVAILABLE (never INTERNAL, never past its
-deadline), the service serves again by itself, every acknowledged job is there once, and the steps
-the job made meanwhile are recorded once each.
+deadline), health is NOT_SERVING meanwhile (readiness), the service serves again by itself, every
+acknowledged job is there once, and the steps the job made meanwhile are recorded once each.
 
 At the scheduler's worst moments (a store whose chosen write fails, before or after committing, as a
 lost connection leaves it): the loop survives, re-syncs from the store and neither loses nor repeats
@@ -22,10 +22,12 @@ from typing import Any
 import grpc
 import pytest
 from control_plane_fakes import ScriptedRuntime, make_scheduler, start_api_server
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from postgres_server import PostgresServer
 from small_jobs import small_job
 
 from trainctl.service.convert import job_to_proto
+from trainctl.service.readiness import StoreReadiness
 from trainctl.service.store import JobStore, StoreUnavailable
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
@@ -122,7 +124,15 @@ def test_losing_the_database_answers_unavailable_and_recovers_losing_nothing(
     api = start_api_server(tmp_path, runtime, nodes=1, gpus=2, store=private_postgres.create_database())
     channel = grpc.insecure_channel(api.target)
     stub = pb_grpc.TrainingServiceStub(channel)
+    readiness = StoreReadiness(api.scheduler.store, api.health, [""], stopping=threading.Event(), interval=0.2)
+    readiness.start()
+    health_stub = health_pb2_grpc.HealthStub(channel)
+
+    def serving() -> bool:
+        return health_stub.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+
     try:
+        assert serving()
         running = stub.CreateJob(pb.CreateJobRequest(job=job_to_proto(small_job("running")), request_id="running"))
         runtime.wait_started(running.id)
         runtime.state(running.id, JobState.RUNNING, "ranks up")
@@ -138,10 +148,12 @@ def test_losing_the_database_answers_unavailable_and_recovers_losing_nothing(
             runtime.step(running.id, 2, 2.5)  # the job trains on while the database is away
             runtime.step(running.id, 3, 2.0)
             eventually(lambda: load.codes["UNAVAILABLE"] >= CLIENTS, "UNAVAILABLE answers during the outage")
+            eventually(lambda: not serving(), "NOT_SERVING during the outage")
             time.sleep(OUTAGE_SECONDS)
             acknowledged_before = len(load.acknowledged)
             private_postgres.start()
             eventually(lambda: len(load.acknowledged) > acknowledged_before, "jobs acknowledged after the database returned")
+            eventually(serving, "SERVING again")
 
         assert set(load.codes) <= {"OK", "UNAVAILABLE"}, load.codes  # never INTERNAL, never a hang
         watcher.join(CALL_DEADLINE_SECONDS)
@@ -166,6 +178,7 @@ def test_losing_the_database_answers_unavailable_and_recovers_losing_nothing(
         runtime.wait_started(first_queued.id, timeout=RECOVERY_SECONDS)  # the scheduler admits again
         assert [job_id for job_id, _ in runtime.started].count(running.id) == 1
     finally:
+        readiness.stop()
         channel.close()
         api.stop()
 

@@ -1,7 +1,8 @@
 """The trainctl service process: store, Ray runtime, scheduler, gRPC server and metrics endpoint.
 
 `Service(config).start()` brings everything up in this process (what `trainctl serve` and
-`trainctl demo` run); `stop()` takes it down gracefully: health goes NOT_SERVING, watch streams end,
+`trainctl demo` run); health is SERVING while the store's database answers (trainctl.service.readiness);
+`stop()` takes it down gracefully: health goes NOT_SERVING, watch streams end,
 in-flight RPCs get `grace` seconds, the scheduler loop stops, and whatever the service started (the
 embedded Ray, the metrics endpoint) is stopped. Running jobs keep running (their supervisors are
 detached Ray actors) and are re-attached by the next start.
@@ -30,6 +31,7 @@ from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 from trainctl.service.paths import JobPathPolicy, check_confinement
 from trainctl.service.pool import GpuPool
+from trainctl.service.readiness import StoreReadiness
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.service.sweeps import SweepDriver
@@ -129,6 +131,7 @@ class Service:
         self._metrics_server: MetricsServer | None = None
         self._server: grpc.Server | None = None
         self.leadership: Leadership | None = None
+        self._readiness: StoreReadiness | None = None
         self.port: int = 0
         self.metrics_port: int | None = None
 
@@ -189,8 +192,8 @@ class Service:
         self.sweeps.start()
         server.start()
         self._server = server
-        for name in ("", SERVICE_NAME):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._readiness = StoreReadiness(self.store, self._health, ("", SERVICE_NAME), stopping=self._stopping)
+        self._readiness.start()  # SERVING while the store's database answers
         log.info("trainctl serving on %s (data %s, store %s, %s)", self.target, config.data_dir, self.store.location, source)
         return self
 
@@ -221,9 +224,11 @@ class Service:
         """Graceful shutdown (see the module docstring); safe to call twice."""
         if self._server is None:
             return
+        self._stopping.set()
+        if self._readiness is not None:
+            self._readiness.stop()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._stopping.set()
         self._server.stop(grace).wait()
         self._server = None
         self.sweeps.stop()

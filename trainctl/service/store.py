@@ -737,6 +737,15 @@ class JobStore:
             (fence.name, fence.holder, fence.epoch),
         ).fetchone() is not None
 
+    def reachable(self) -> bool:
+        """Whether the database answers now (readiness)."""
+        try:
+            with self._lock:
+                self._db.execute("SELECT 1 AS one").fetchone()
+        except StoreUnavailable:
+            return False
+        return True
+
     def wait_for_change(self, timeout: float) -> None:
         """Block until any write commits or `timeout` seconds pass."""
         with self._changed:
