@@ -20,6 +20,7 @@ from grpc_health.v1 import health
 
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator
+from trainctl.service.leadership import Leadership
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.server import build_grpc_server
@@ -143,14 +144,20 @@ class ApiServer:
         self.server.stop(0).wait()
         self.sweeps.stop()
         self.scheduler.stop()
+        if self.scheduler.leadership is not None:
+            self.scheduler.leadership.stop()
         self.scheduler.store.close()
 
 
 def start_api_server(
     data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None,
-    store: str | None = None,
+    store: str | None = None, lease_ttl: float | None = None,
 ) -> ApiServer:
+    """With `lease_ttl`, the scheduler works only while it holds the database lease (a replica)."""
     scheduler = make_scheduler(data_dir, runtime, nodes, gpus, topology, store)
+    if lease_ttl is not None:
+        scheduler.leadership = Leadership(scheduler.store, ttl=lease_ttl)
+        scheduler.leadership.start()
     authenticator = Authenticator(None)
     sweeps = SweepDriver(scheduler.store, scheduler, interval=0.05)
     servicer = TrainingServicer(scheduler.store, scheduler, scheduler.pool, authenticator, sweeps=sweeps)

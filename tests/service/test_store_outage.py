@@ -117,11 +117,15 @@ def watch(stub: pb_grpc.TrainingServiceStub, job_id: str, ended: dict[str, str])
         ended["code"] = exc.code().name
 
 
+@pytest.mark.parametrize("lease_ttl", [None, 1.0], ids=["single", "leader-lease-lapses"])
 def test_losing_the_database_answers_unavailable_and_recovers_losing_nothing(
-    tmp_path: Path, private_postgres: PostgresServer
+    tmp_path: Path, private_postgres: PostgresServer, lease_ttl: float | None
 ) -> None:
+    """Also as a replica whose scheduler lease (1 s) lapses during the outage: it stands down, takes
+    the lease again when the database returns and re-syncs from the store."""
     runtime = ScriptedRuntime()
-    api = start_api_server(tmp_path, runtime, nodes=1, gpus=2, store=private_postgres.create_database())
+    api = start_api_server(tmp_path, runtime, nodes=1, gpus=2, store=private_postgres.create_database(),
+                           lease_ttl=lease_ttl)
     channel = grpc.insecure_channel(api.target)
     stub = pb_grpc.TrainingServiceStub(channel)
     readiness = StoreReadiness(api.scheduler.store, api.health, [""], stopping=threading.Event(), interval=0.2)
@@ -149,6 +153,8 @@ def test_losing_the_database_answers_unavailable_and_recovers_losing_nothing(
             runtime.step(running.id, 3, 2.0)
             eventually(lambda: load.codes["UNAVAILABLE"] >= CLIENTS, "UNAVAILABLE answers during the outage")
             eventually(lambda: not serving(), "NOT_SERVING during the outage")
+            if lease_ttl is not None:
+                eventually(lambda: not api.scheduler.leading, "the lease lapsed during the outage")
             time.sleep(OUTAGE_SECONDS)
             acknowledged_before = len(load.acknowledged)
             private_postgres.start()
@@ -173,6 +179,7 @@ def test_losing_the_database_answers_unavailable_and_recovers_losing_nothing(
         assert steps == [1, 2, 3]  # each once: the scheduler resumed after the last event it applied
 
         assert api.scheduler._thread is not None and api.scheduler._thread.is_alive()
+        eventually(lambda: api.scheduler.leading, "the scheduler leads again")
         runtime.state(running.id, JobState.SUCCEEDED, "done")
         first_queued = [j for j in jobs if j.id != running.id][-1]  # ListJobs is newest first
         runtime.wait_started(first_queued.id, timeout=RECOVERY_SECONDS)  # the scheduler admits again
