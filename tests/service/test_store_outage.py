@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
-from control_plane_fakes import ScriptedRuntime, make_scheduler, start_api_server
+from control_plane_fakes import ScriptedRuntime, free_port, make_scheduler, start_api_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from postgres_server import PostgresServer
 from small_jobs import small_job
@@ -258,3 +258,17 @@ def test_an_admission_whose_write_failed_is_started_exactly_once(tmp_path: Path,
         scheduler.stop()
     assert [started for started, _ in runtime.started] == [job_id]
     assert scheduler.pool.holders() == {}
+
+
+def test_serve_with_an_unreachable_database_fails_clearly_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainctl.cli.main import main
+
+    url = f"postgresql://trainctl@127.0.0.1:{free_port()}/nothing-listens-here"
+    assert main(["serve", "--store", url, "--data-dir", str(tmp_path), "--metrics-port", "0", "--address", "127.0.0.1:0"]) == 1
+    err = capsys.readouterr().err
+    assert "error: the job store: the database postgresql://127.0.0.1:" in err and "unreachable" in err
+    import ray
+
+    assert not ray.is_initialized()  # the store is opened before Ray: nothing was started

@@ -135,6 +135,7 @@ def _load(path: str) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     from trainctl.service.server import Service, ServiceConfig
     from trainctl.service.shutdown import install_stop_signals
+    from trainctl.service.store import StoreError
     from trainctl.service.tls import TlsConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -147,7 +148,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
         allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool,
     )
-    service = Service(config).start()
+    try:
+        service = Service(config).start()
+    except StoreError as exc:  # an unreachable or newer database: nothing was started
+        raise CliError(f"the job store: {exc}") from exc
     print(f"trainctl serving on {service.target}; data in {config.data_dir}; store {service.store.location}"
           + (f"; metrics on http://{config.metrics_host}:{service.metrics_port}/metrics" if service.metrics_port else ""),
           flush=True)

@@ -158,6 +158,9 @@ class Service:
         check_confinement(authenticator.enabled, config.data_roots, config.allow_any_data_path)
         runs_dir = Path(config.data_dir).resolve() / "runs"
         paths = JobPathPolicy(config.data_roots, runs_dir)
+        registry = CollectorRegistry()
+        self.metrics = ServiceMetrics(registry)
+        self.store = JobStore(config.store or config.data_dir, metrics=self.metrics)  # before Ray: a bad store starts nothing
         ray_address = config.ray_address
         if ray_address is None:
             self._embedded = start_embedded(config.embedded_nodes, config.embedded_gpus_per_node)
@@ -166,9 +169,6 @@ class Service:
         self._runtime = RayRuntime(ray_address, warm_pool=config.warm_pool)
         topology, source = self._load_topology()
 
-        registry = CollectorRegistry()
-        self.metrics = ServiceMetrics(registry)
-        self.store = JobStore(config.store or config.data_dir, metrics=self.metrics)
         if config.metrics_port:
             self._metrics_server = start_metrics_server(registry, config.metrics_host, config.metrics_port)
             self.metrics_port = self._metrics_server.port
