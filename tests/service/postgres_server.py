@@ -2,7 +2,8 @@
 127.0.0.1 at a free port, stopped by its PID.
 
 PostgreSQL refuses to run as root: a root test process runs initdb and the server as `nobody` (through
-`setpriv`), in a directory that user owns; any other user runs them directly. Missing binaries raise
+`setpriv`), in a directory that user owns; any other user runs them as itself. The server gets SIGINT
+(fast shutdown) if the test process dies first (setpriv's parent-death signal), so none outlives it. Missing binaries raise
 `PostgresMissing` naming the package, so the tests fail instead of skipping. The cluster trusts local
 connections (user `trainctl`, no password) and runs with fsync off: tests stop the server, they never
 pull its power.
@@ -62,17 +63,20 @@ class PostgresServer:
         self.data_dir = self.root / "data"
         self.log_file = self.root / "server.log"
         self.port = free_port()
-        self._as_user: list[str] = []
+        self._as_user = ["setpriv", "--pdeathsig=SIGINT"]
         if os.geteuid() == 0:
             user = pwd.getpwnam(UNPRIVILEGED_USER)
             os.chown(self.root, user.pw_uid, user.pw_gid)
-            self._as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
+            self._as_user += [f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
         self.process: subprocess.Popen[bytes] | None = None
-        subprocess.run(
+        initdb = subprocess.run(
             [*self._as_user, str(self.bindir / "initdb"), "-D", str(self.data_dir), "-U", SUPERUSER,
              "--auth=trust", "--no-locale", "-E", "UTF8", "--no-sync"],
-            check=True, capture_output=True, cwd=self.root,
+            capture_output=True, text=True, cwd=self.root,
         )
+        if initdb.returncode != 0:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise RuntimeError(f"initdb failed ({initdb.returncode}):\n{initdb.stdout}{initdb.stderr}")
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{dbname}"
