@@ -39,27 +39,31 @@ def eventually(check: Callable[[], Any], what: str, timeout: float = TAKEOVER_SE
 
 
 class PausingStore(JobStore):
-    """A store whose process can be frozen at the admission write, before or after it commits: the
-    write and the lease renewals (the whole replica, as a long GC pause or SIGSTOP would) wait until
-    `resume`."""
-
-    pause_at = ""
-    """"before" or "after" the next SCHEDULED write commits ("" : no pause)."""
+    """A store whose replica can be frozen in one chosen write, before or after it commits: the write
+    and the lease renewals (the whole replica, as a long GC pause or SIGSTOP would) wait until `resume`."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.pause_on: tuple[str, Callable[[dict[str, Any]], bool], bool] | None = None
+        """(method, which call of it, after its commit)."""
         self.paused = threading.Event()
         self.resume = threading.Event()
 
-    def update_status(self, job_id: str, **changes: Any) -> Any:
-        where = self.pause_at if changes.get("state") == JobState.SCHEDULED else ""
-        if not where:
-            return super().update_status(job_id, **changes)
-        self.pause_at = ""
-        result = super().update_status(job_id, **changes) if where == "after" else None
+    def _pausing(self, method: str, arguments: dict[str, Any], write: Callable[[], Any]) -> Any:
+        if self.pause_on is None or self.pause_on[0] != method or not self.pause_on[1](arguments):
+            return write()
+        after_commit = self.pause_on[2]
+        self.pause_on = None
+        result = write() if after_commit else None
         self.paused.set()
         self.resume.wait(30)
-        return super().update_status(job_id, **changes) if where == "before" else result
+        return result if after_commit else write()
+
+    def update_status(self, job_id: str, **changes: Any) -> Any:
+        return self._pausing("update_status", changes, lambda: super(PausingStore, self).update_status(job_id, **changes))
+
+    def record_step(self, job_id: str, metrics: dict[str, Any], **kwargs: Any) -> int:
+        return self._pausing("record_step", metrics, lambda: super(PausingStore, self).record_step(job_id, metrics, **kwargs))
 
     def acquire_lease(self, *args: Any, **kwargs: Any) -> Any:
         if self.paused.is_set():
@@ -118,15 +122,15 @@ def test_one_replica_leads_and_a_standby_takes_over_and_reattaches_when_it_dies(
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_a_lease_race_starts_no_job_twice(url: str, tmp_path: Path, where: str) -> None:
     """The leader freezes at its admission write past its lease, the standby takes over and starts the
-    job; when the old leader resumes, its fenced write is refused ("before") or it finds too little
-    lease left to hand the job to the runtime ("after"), and stands down. The job starts once."""
+    job; when the old leader resumes, its fenced write is refused ("before": LeaseLost) or it finds too
+    little lease left to hand the job to the runtime ("after"), and stands down. The job starts once."""
     runtime = ScriptedRuntime()
     a = replica(url, runtime, tmp_path / "runs", "a", PausingStore)
     eventually(lambda: a.leading, "a leads")
     b = replica(url, runtime, tmp_path / "runs", "b")
     try:
         assert isinstance(a.store, PausingStore)
-        a.store.pause_at = where
+        a.store.pause_on = ("update_status", lambda changes: changes.get("state") == JobState.SCHEDULED, where == "after")
         job_id = b.store.create_job(small_job("j"))[0].id
         eventually(a.store.paused.is_set, "a frozen in its admission write")
         eventually(lambda: b.leading, "b leads once a's lease lapsed")
@@ -141,6 +145,37 @@ def test_a_lease_race_starts_no_job_twice(url: str, tmp_path: Path, where: str) 
         assert states == ["QUEUED", "SCHEDULED"]
         runtime.run(job_id, [2.0])
         eventually(lambda: b.store.get_job(job_id).state == JobState.SUCCEEDED, "b supervises it to the end")
+    finally:
+        a.store.resume.set()
+        shut(a, b)
+
+
+def test_a_deposed_leader_frozen_mid_follow_writes_nothing_twice(url: str, tmp_path: Path) -> None:
+    """The leader freezes in the write of a step past its lease; the standby takes over, resumes the
+    job's log at the stored cursor and records that step; the old leader's write, resumed, is refused
+    (its lease is gone) instead of appending the step a second time."""
+    runtime = ScriptedRuntime()
+    a = replica(url, runtime, tmp_path / "runs", "a", PausingStore)
+    eventually(lambda: a.leading, "a leads")
+    b = replica(url, runtime, tmp_path / "runs", "b")
+    try:
+        assert isinstance(a.store, PausingStore)
+        job_id = b.store.create_job(small_job("j"))[0].id
+        eventually(lambda: job_id in [started for started, _ in runtime.started], "a starts the job")
+        runtime.state(job_id, JobState.RUNNING, "ranks up")
+        runtime.step(job_id, 1, 3.0)
+        eventually(lambda: a.store.get_job(job_id).steps_done == 1, "a records step 1")
+        a.store.pause_on = ("record_step", lambda metrics: metrics["step"] == 2, False)
+        runtime.step(job_id, 2, 2.0)
+        eventually(a.store.paused.is_set, "a frozen in the write of step 2")
+        eventually(lambda: b.leading, "b leads once a's lease lapsed")
+        eventually(lambda: b.store.get_job(job_id).steps_done == 2, "b records step 2")
+        a.store.resume.set()
+        eventually(lambda: not a.leading, "a stands down")
+        runtime.state(job_id, JobState.SUCCEEDED, "done")
+        eventually(lambda: b.store.get_job(job_id).state == JobState.SUCCEEDED, "b records the end")
+        assert [e.payload["step"] for e in b.store.events(job_id) if e.type == "step"] == [1, 2]
+        assert [started for started, _ in runtime.started] == [job_id]
     finally:
         a.store.resume.set()
         shut(a, b)

@@ -17,6 +17,7 @@ from trainctl.service.store import (
     SCHEMA_VERSION,
     JobNotFound,
     JobStore,
+    LeaseLost,
     StoreError,
     SweepNotFound,
     SweepState,
@@ -229,7 +230,7 @@ def test_two_stores_on_one_database_never_share_a_sequence(store_location: str) 
     assert len(set(sequences)) == 30
 
 
-def test_a_lease_has_one_holder_and_fences_writes_of_a_lapsed_one(store_location: str) -> None:
+def test_a_lease_has_one_holder_and_fenced_writes_need_it_held(store_location: str) -> None:
     store = JobStore(store_location)
     job_id = store.create_job(job())[0].id
     a = store.acquire_lease("scheduler", "a", ttl=0.3)
@@ -238,13 +239,19 @@ def test_a_lease_has_one_holder_and_fences_writes_of_a_lapsed_one(store_location
     time.sleep(0.4)
     b = store.acquire_lease("scheduler", "b", ttl=30)
     assert b is not None and b.epoch == a.epoch + 1
-    assert store.update_status(job_id, fence=a, reason="from the old leader") is None  # refused
-    assert store.get_job(job_id).reason == "accepted"
-    updated = store.update_status(job_id, fence=b, reason="from the leader")
+    with store.fenced(a), pytest.raises(LeaseLost):
+        store.update_status(job_id, reason="from the old leader")  # refused, nothing written
+    with store.fenced(a), pytest.raises(LeaseLost):
+        store.record_step(job_id, {"step": 1, "loss": 1.0})
+    assert store.get_job(job_id).reason == "accepted" and store.events(job_id)[-1].type == "state"
+    with store.fenced(b):
+        updated = store.update_status(job_id, reason="from the leader")
     assert updated is not None and updated.reason == "from the leader"
+    assert store.update_status(job_id, reason="unfenced (an API call)") is not None
     store.release_lease(a)  # not a's any more: nothing happens
     assert store.acquire_lease("scheduler", "a", ttl=30) is None
     store.release_lease(b)
     again = store.acquire_lease("scheduler", "a", ttl=30)
     assert again is not None and again.epoch == b.epoch + 1
-    assert store.update_status(job_id, fence=b, reason="late") is None
+    with store.fenced(b), pytest.raises(LeaseLost):
+        store.append_event(job_id, "log", {"message": "late"})

@@ -7,8 +7,8 @@ counts its own lease as valid only until `ttl` seconds after it *sent* the reque
 (monotonic clock), which is never later than the database's expiry, so a standby (which takes the lease
 only once the database says it expired) never leads while this replica still believes it does.
 
-Work that must happen once is fenced: the admission write carries the lease (`store.Fence`) and
-commits only while it holds, and a job is handed to the runtime only while the lease has at least
+Work that must happen once is fenced: the scheduler loop's writes carry the lease (`JobStore.fenced`)
+and commit only while it holds, and a job is handed to the runtime only while the lease has at least
 `LAUNCH_MARGIN_SHARE` of its time left (`may_launch()`), so a deposed leader paused at any point starts
 nothing its successor also starts.
 """

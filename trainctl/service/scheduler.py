@@ -25,8 +25,9 @@ applied, so nothing is lost or applied twice.
 With a `leadership` (replicas sharing a PostgreSQL store, trainctl.service.leadership) the loop works
 only while this replica holds the lease: on taking it, it re-syncs from the store (`recover()`,
 re-attaching the supervisors the previous leader followed); on losing it, it forgets its jobs and
-reservations. The admission write is fenced by the lease and a job is handed to the runtime only with
-enough lease left, else it is left SCHEDULED for the next tick or the next leader's re-sync.
+reservations. Every write of the loop is fenced by the lease (`JobStore.fenced`: refused once another
+replica holds it, and the loop stands down), and a job is handed to the runtime only with enough lease
+left, else it is left SCHEDULED for the next tick or the next leader's re-sync.
 The service never runs torch collectives: the runtime (trainctl.workers.runtime) does the Ray work.
 """
 
@@ -44,7 +45,7 @@ from trainctl.service import store as st
 from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
 from trainctl.service.pool import GpuPool, PlannedPlacement
-from trainctl.service.store import JobRecord, JobStore, StoreUnavailable
+from trainctl.service.store import Fence, JobRecord, JobStore, LeaseLost, StoreUnavailable
 from trainctl.service.tenancy import Quota, TenantUsage, start_block_reason
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import ACTIVE_STATES, EVENTS_FILE, EventKind, JobState
@@ -110,14 +111,19 @@ class Scheduler:
     _store_lost: bool = False
     _epoch: int | None = None
     """The lease epoch this scheduler re-synced under (None: not leading)."""
+    _fence: Fence | None = None
+    """The lease the loop's writes carry (None without a leadership)."""
     _unlaunched: set[str] = field(default_factory=set)
     """Jobs admitted or recovered but not handed to the runtime yet (too little lease left)."""
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Re-attach to jobs the store says are active (when leading), then start the loop."""
-        if self._in_charge():
+        """Re-attach to jobs the store says are active (when leading: taking the lease does), then start
+        the loop."""
+        if self.leadership is None:
             self.recover()
+        else:
+            self._in_charge()
         self._thread = threading.Thread(target=self._run, name="trainctl-scheduler", daemon=True)
         self._thread.start()
 
@@ -134,14 +140,17 @@ class Scheduler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                if not self._in_charge():
-                    pass
-                elif self._store_lost:
-                    self.recover()
-                    self._store_lost = False
-                    log.warning("the store is back; the scheduler re-synced from it")
-                else:
-                    self.tick()
+                if self._in_charge():
+                    with self.store.fenced(self._fence):
+                        if self._store_lost:
+                            self.recover()
+                            self._store_lost = False
+                            log.warning("the store is back; the scheduler re-synced from it")
+                        else:
+                            self.tick()
+            except LeaseLost as exc:
+                log.warning("scheduler standing by: %s", exc)
+                self._stand_down()
             except StoreUnavailable as exc:
                 if not self._store_lost:
                     log.warning("scheduler paused: %s", exc)
@@ -168,8 +177,9 @@ class Scheduler:
             return False
         if lease.fence.epoch != self._epoch:
             self._stand_down()
-            self.recover()
-            self._epoch = lease.fence.epoch
+            with self.store.fenced(lease.fence):
+                self.recover()
+            self._epoch, self._fence = lease.fence.epoch, lease.fence
             log.info("scheduler leading (lease epoch %d)", lease.fence.epoch)
         return True
 
@@ -179,7 +189,7 @@ class Scheduler:
                 self.pool.release(job_id)
             self._active.clear()
             self._unlaunched.clear()
-            self._epoch = None
+            self._epoch = self._fence = None
 
     def recover(self) -> None:
         """Rebuild reservations and cursors from the store after a (re)start or a store outage: forget
@@ -358,9 +368,6 @@ class Scheduler:
         queued = sorted(self.store.list_jobs(states=[JobState.QUEUED]), key=lambda r: (-r.priority, r.seq))
         replacing = next((job_id for job_id, active in self._active.items() if active.replan_waiting), None)
         down = self._down_nodes() if queued and replacing is None else set()
-        lease = self.leadership.current() if self.leadership is not None else None
-        if self.leadership is not None and lease is None:
-            return
         blocked_by: JobRecord | None = None
         for record in queued:
             if replacing is not None:
@@ -387,11 +394,11 @@ class Scheduler:
             self.pool.reserve(record.id, placement)
             nodes = sorted({a.node for a in placement.assignments})
             updated = self.store.update_status(
-                record.id, expect=[JobState.QUEUED], fence=lease.fence if lease else None, state=JobState.SCHEDULED,
+                record.id, expect=[JobState.QUEUED], state=JobState.SCHEDULED,
                 reason=f"placed {len(placement.assignments)} ranks on {', '.join(nodes)}", schedule_time=time.time(),
                 placement=placement.records(), run_dir=str(self.runs_dir / record.id),
             )
-            if updated is None:  # cancelled meanwhile, or the lease was lost
+            if updated is None:  # cancelled meanwhile
                 self.pool.release(record.id)
                 continue
             self._decision("started", solver_seconds)

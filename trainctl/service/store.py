@@ -144,12 +144,16 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 @dataclass(frozen=True)
 class Fence:
-    """A write's proof of leadership: it commits only while `holder` holds lease `name` at `epoch`,
-    unexpired by the database's clock (else the write is refused as a compare-and-set miss)."""
+    """Proof of leadership for writes (`JobStore.fenced`): they commit only while `holder` holds lease
+    `name` at `epoch`, unexpired by the database's clock."""
 
     name: str
     holder: str
     epoch: int
+
+
+class LeaseLost(StoreError):
+    """A fenced write found its lease lapsed or held by another replica; nothing was written."""
 
 
 class JobNotFound(KeyError):
@@ -302,6 +306,7 @@ class JobStore:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._specs: dict[str, TrainingJob] = {}
+        self._fencing = threading.local()  # .fence: the Fence this thread's writes carry (see fenced)
         self._db: Database = open_database(location)
         try:
             self._migrate()
@@ -345,10 +350,24 @@ class JobStore:
             return self._db.journal_mode
 
     @contextmanager
+    def fenced(self, fence: Fence | None) -> Iterator[None]:
+        """Within this block, every write this thread makes commits only while `fence`'s lease holds,
+        checked inside the write's transaction; otherwise it raises `LeaseLost` (None: unfenced)."""
+        before = getattr(self._fencing, "fence", None)
+        self._fencing.fence = fence
+        try:
+            yield
+        finally:
+            self._fencing.fence = before
+
+    @contextmanager
     def _tx(self) -> Iterator[Database]:
         with self._lock:
             self._db.begin_write()
             try:
+                fence = getattr(self._fencing, "fence", None)
+                if fence is not None and not self._holds(self._db, fence):
+                    raise LeaseLost(f"lease {fence.name} (epoch {fence.epoch}) is no longer held by {fence.holder}")
                 yield self._db
             except BaseException:
                 self._db.rollback()
@@ -463,14 +482,12 @@ class JobStore:
 
     @_timed
     def update_status(
-        self, job_id: str, *, expect: Iterable[JobState] | None = None, fence: Fence | None = None,
-        now: float | None = None, **changes: Any
+        self, job_id: str, *, expect: Iterable[JobState] | None = None, now: float | None = None, **changes: Any
     ) -> JobRecord | None:
         """Set status columns; a changed `state` also appends a state event with `reason`.
 
         With `expect`, changes only a job whose current state is one of them (compare-and-set) and
-        returns None otherwise; with `fence`, only while that lease is held (None otherwise). Terminal
-        states are final: a later state change is ignored."""
+        returns None otherwise. Terminal states are final: a later state change is ignored."""
         unknown = set(changes) - _STATUS_COLUMNS
         if unknown:
             raise ValueError(f"not status columns: {sorted(unknown)}")
@@ -478,8 +495,6 @@ class JobStore:
         with self._tx() as db:
             current = self._get(job_id)
             if expect is not None and current.state not in set(expect):
-                return None
-            if fence is not None and not self._holds(db, fence):
                 return None
             new_state = changes.get("state", current.state)
             if new_state != current.state:
