@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,95 +87,94 @@ def shut(*schedulers: Scheduler) -> None:
         s.store.close()
 
 
+Replicas = tuple[ScriptedRuntime, Scheduler, Scheduler, PausingStore]
+
+
 @pytest.fixture
-def url(postgres: PostgresServer) -> str:
-    return postgres.create_database()
-
-
-def test_one_replica_leads_and_a_standby_takes_over_and_reattaches_when_it_dies(url: str, tmp_path: Path) -> None:
+def replicas(postgres: PostgresServer, tmp_path: Path) -> Iterator[Replicas]:
+    """One scripted cluster and two replicas on a new database: `a` (whose store can freeze it) leads,
+    `b` stands by."""
+    url = postgres.create_database()
     runtime = ScriptedRuntime()
-    a = replica(url, runtime, tmp_path / "runs", "a")
-    eventually(lambda: a.leading, "a leads")
-    b = replica(url, runtime, tmp_path / "runs", "b")
+    a = replica(url, runtime, tmp_path / "runs", "a", PausingStore)
+    assert isinstance(a.store, PausingStore)
+    b: Scheduler | None = None
     try:
-        job_id = b.store.create_job(small_job("j"))[0].id  # any replica takes API writes
-        runtime.wait_started(job_id)
-        runtime.state(job_id, JobState.RUNNING, "ranks up")
-        runtime.step(job_id, 1, 3.0)
-        eventually(lambda: a.store.get_job(job_id).steps_done == 1, "a follows the job")
-        assert not b.leading and b.pool.holders() == {}
-
-        a.stop()  # the leader dies as under SIGKILL: its loop and renewals stop, the lease is not released
-        a.leadership._stop.set()
-        eventually(lambda: b.leading, "b leads once a's lease lapsed")
-        assert job_id in runtime.attached  # re-attached to the supervisor a started, not started again
-        runtime.step(job_id, 2, 2.0)
-        runtime.state(job_id, JobState.SUCCEEDED, "done")
-        eventually(lambda: b.store.get_job(job_id).state == JobState.SUCCEEDED, "b records the end")
-        assert [m["step"] for m in b.store.step_metrics(job_id)] == [1, 2]
-        assert [e.payload["step"] for e in b.store.events(job_id) if e.type == "step"] == [1, 2]
-        assert [started for started, _ in runtime.started] == [job_id]
+        eventually(lambda: a.leading, "a leads")
+        b = replica(url, runtime, tmp_path / "runs", "b")
+        yield runtime, a, b, a.store
     finally:
-        shut(a, b)
+        a.store.resume.set()
+        shut(a, *([b] if b else []))
+
+
+def started(runtime: ScriptedRuntime) -> list[str]:
+    """Job ids in the order the runtime was asked to start them (one entry per start)."""
+    return [job_id for job_id, _ in runtime.started]
+
+
+def test_one_replica_leads_and_a_standby_takes_over_and_reattaches_when_it_dies(replicas: Replicas) -> None:
+    runtime, a, b, _ = replicas
+    job_id = b.store.create_job(small_job("j"))[0].id  # any replica takes API writes
+    runtime.wait_started(job_id)
+    runtime.state(job_id, JobState.RUNNING, "ranks up")
+    runtime.step(job_id, 1, 3.0)
+    eventually(lambda: a.store.get_job(job_id).steps_done == 1, "a follows the job")
+    assert not b.leading and b.pool.holders() == {}
+
+    a.stop()  # the leader dies as under SIGKILL: its loop and renewals stop, the lease is not released
+    a.leadership._stop.set()
+    eventually(lambda: b.leading, "b leads once a's lease lapsed")
+    assert job_id in runtime.attached  # re-attached to the supervisor a started, not started again
+    runtime.step(job_id, 2, 2.0)
+    runtime.state(job_id, JobState.SUCCEEDED, "done")
+    eventually(lambda: b.store.get_job(job_id).state == JobState.SUCCEEDED, "b records the end")
+    assert [m["step"] for m in b.store.step_metrics(job_id)] == [1, 2]
+    assert [e.payload["step"] for e in b.store.events(job_id) if e.type == "step"] == [1, 2]
+    assert started(runtime) == [job_id]
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_a_lease_race_starts_no_job_twice(url: str, tmp_path: Path, where: str) -> None:
+def test_a_lease_race_starts_no_job_twice(replicas: Replicas, where: str) -> None:
     """The leader freezes at its admission write past its lease, the standby takes over and starts the
     job; when the old leader resumes, its fenced write is refused ("before": LeaseLost) or it finds too
     little lease left to hand the job to the runtime ("after"), and stands down. The job starts once."""
-    runtime = ScriptedRuntime()
-    a = replica(url, runtime, tmp_path / "runs", "a", PausingStore)
-    eventually(lambda: a.leading, "a leads")
-    b = replica(url, runtime, tmp_path / "runs", "b")
-    try:
-        assert isinstance(a.store, PausingStore)
-        a.store.pause_on = ("update_status", lambda changes: changes.get("state") == JobState.SCHEDULED, where == "after")
-        job_id = b.store.create_job(small_job("j"))[0].id
-        eventually(a.store.paused.is_set, "a frozen in its admission write")
-        eventually(lambda: b.leading, "b leads once a's lease lapsed")
-        # b admitted it ("before") or re-synced and started it ("after"; a re-sync attaches before it starts)
-        eventually(lambda: job_id in [started for started, _ in runtime.started], "b starts the job")
-        a.store.resume.set()
-        eventually(lambda: not a.leading, "a stands down")
-        time.sleep(PAUSE)  # both loops keep running: neither starts it again
-        assert [started for started, _ in runtime.started] == [job_id]
-        assert a.pool.holders() == {} and set(b.pool.holders().values()) == {job_id}
-        states = [e.payload["to"] for e in b.store.events(job_id) if e.type == "state"]
-        assert states == ["QUEUED", "SCHEDULED"]
-        runtime.run(job_id, [2.0])
-        eventually(lambda: b.store.get_job(job_id).state == JobState.SUCCEEDED, "b supervises it to the end")
-    finally:
-        a.store.resume.set()
-        shut(a, b)
+    runtime, a, b, frozen = replicas
+    frozen.pause_on = ("update_status", lambda changes: changes.get("state") == JobState.SCHEDULED, where == "after")
+    job_id = b.store.create_job(small_job("j"))[0].id
+    eventually(frozen.paused.is_set, "a frozen in its admission write")
+    eventually(lambda: b.leading, "b leads once a's lease lapsed")
+    # b admitted it ("before") or re-synced and started it ("after"; a re-sync attaches before it starts)
+    eventually(lambda: job_id in started(runtime), "b starts the job")
+    frozen.resume.set()
+    eventually(lambda: not a.leading, "a stands down")
+    time.sleep(PAUSE)  # both loops keep running: neither starts it again
+    assert started(runtime) == [job_id]
+    assert a.pool.holders() == {} and set(b.pool.holders().values()) == {job_id}
+    states = [e.payload["to"] for e in b.store.events(job_id) if e.type == "state"]
+    assert states == ["QUEUED", "SCHEDULED"]
+    runtime.run(job_id, [2.0])
+    eventually(lambda: b.store.get_job(job_id).state == JobState.SUCCEEDED, "b supervises it to the end")
 
 
-def test_a_deposed_leader_frozen_mid_follow_writes_nothing_twice(url: str, tmp_path: Path) -> None:
+def test_a_deposed_leader_frozen_mid_follow_writes_nothing_twice(replicas: Replicas) -> None:
     """The leader freezes in the write of a step past its lease; the standby takes over, resumes the
     job's log at the stored cursor and records that step; the old leader's write, resumed, is refused
     (its lease is gone) instead of appending the step a second time."""
-    runtime = ScriptedRuntime()
-    a = replica(url, runtime, tmp_path / "runs", "a", PausingStore)
-    eventually(lambda: a.leading, "a leads")
-    b = replica(url, runtime, tmp_path / "runs", "b")
-    try:
-        assert isinstance(a.store, PausingStore)
-        job_id = b.store.create_job(small_job("j"))[0].id
-        eventually(lambda: job_id in [started for started, _ in runtime.started], "a starts the job")
-        runtime.state(job_id, JobState.RUNNING, "ranks up")
-        runtime.step(job_id, 1, 3.0)
-        eventually(lambda: a.store.get_job(job_id).steps_done == 1, "a records step 1")
-        a.store.pause_on = ("record_step", lambda metrics: metrics["step"] == 2, False)
-        runtime.step(job_id, 2, 2.0)
-        eventually(a.store.paused.is_set, "a frozen in the write of step 2")
-        eventually(lambda: b.leading, "b leads once a's lease lapsed")
-        eventually(lambda: b.store.get_job(job_id).steps_done == 2, "b records step 2")
-        a.store.resume.set()
-        eventually(lambda: not a.leading, "a stands down")
-        runtime.state(job_id, JobState.SUCCEEDED, "done")
-        eventually(lambda: b.store.get_job(job_id).state == JobState.SUCCEEDED, "b records the end")
-        assert [e.payload["step"] for e in b.store.events(job_id) if e.type == "step"] == [1, 2]
-        assert [started for started, _ in runtime.started] == [job_id]
-    finally:
-        a.store.resume.set()
-        shut(a, b)
+    runtime, a, b, frozen = replicas
+    job_id = b.store.create_job(small_job("j"))[0].id
+    eventually(lambda: job_id in started(runtime), "a starts the job")
+    runtime.state(job_id, JobState.RUNNING, "ranks up")
+    runtime.step(job_id, 1, 3.0)
+    eventually(lambda: a.store.get_job(job_id).steps_done == 1, "a records step 1")
+    frozen.pause_on = ("record_step", lambda metrics: metrics["step"] == 2, False)
+    runtime.step(job_id, 2, 2.0)
+    eventually(frozen.paused.is_set, "a frozen in the write of step 2")
+    eventually(lambda: b.leading, "b leads once a's lease lapsed")
+    eventually(lambda: b.store.get_job(job_id).steps_done == 2, "b records step 2")
+    frozen.resume.set()
+    eventually(lambda: not a.leading, "a stands down")
+    runtime.state(job_id, JobState.SUCCEEDED, "done")
+    eventually(lambda: b.store.get_job(job_id).state == JobState.SUCCEEDED, "b records the end")
+    assert [e.payload["step"] for e in b.store.events(job_id) if e.type == "step"] == [1, 2]
+    assert started(runtime) == [job_id]
