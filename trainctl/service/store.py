@@ -3,10 +3,12 @@
 PostgreSQL named by a URL (trainctl.service.store_db holds the two and the SQL that differs).
 
 Every write is one transaction committed (SQLite: synchronous=FULL) before the method returns, so a job
-the API has acknowledged survives a crash of the service. While a PostgreSQL database is unreachable
-every operation raises `StoreUnavailable` promptly and the store reconnects by itself when it returns. `events.sequence` is the global, strictly
-increasing cursor WatchJob resumes from. The schema carries a version; `MIGRATIONS[i]` upgrades a
-version-i database to i+1, and opening a store applies whatever is missing. Given the service's
+the API has acknowledged survives a crash of the service. Writes serialize, across processes too, so
+`events.sequence` is the global, strictly increasing cursor WatchJob resumes from. While a PostgreSQL
+database is unreachable every operation raises `StoreUnavailable` promptly, and the store reconnects by
+itself when it returns. Leases (`acquire_lease`) elect one replica's scheduler; writes made inside
+`fenced(...)` commit only while their lease holds. The schema carries a version; `MIGRATIONS[i]`
+upgrades a version-i database to i+1, and opening a store applies whatever is missing. Given the service's
 metrics, every public operation is timed under its method's name (`trainctl_store_operation_duration_seconds`,
 label `op`: a fixed set, the methods marked `@_timed`), lock waits included.
 """
