@@ -255,3 +255,10 @@ def test_a_lease_has_one_holder_and_fenced_writes_need_it_held(store_location: s
     assert again is not None and again.epoch == b.epoch + 1
     with store.fenced(b), pytest.raises(LeaseLost):
         store.append_event(job_id, "log", {"message": "late"})
+
+
+def test_a_malformed_postgresql_url_is_a_store_error_that_does_not_echo_it() -> None:
+    url = "postgresql://user:s3cret@[::1/db"
+    with pytest.raises(StoreError, match="not a valid PostgreSQL URL") as info:
+        JobStore(url)
+    assert "s3cret" not in str(info.value)

@@ -157,7 +157,10 @@ class PostgresDatabase:
 
     def __init__(self, url: str):
         self._url = url
-        params = conninfo_to_dict(url)
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:  # its message may quote the URL, password and all
+            raise StoreError(f"not a valid PostgreSQL URL: {_first_line(exc).replace(url, '<the URL>')}") from None
         self.location = f"postgresql://{params.get('host', '')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
         self._conn: psycopg.Connection | None = None
         self._retry_at = 0.0
