@@ -1,6 +1,7 @@
 """Two `trainctl serve` replicas on one PostgreSQL store, joined to an embedded 2-node Ray (1 simulated
 GPU per node, so each 2-rank job takes the whole pool): both serve the API, the first leads.
 
+Any replica answers for the cluster (GetCluster on the standby shows the leader's job on its GPUs).
 SIGKILL of the leader with one job running and one queued: the standby leads within 10 s (the 6 s
 lease, tried every 2 s), re-attaches to the supervisor that kept the job running (same processes,
 never restarted) and supervises it to SUCCEEDED, then runs the queued job; a watcher that was on the
@@ -93,6 +94,7 @@ def test_sigkilled_leader_replica_hands_over_losing_and_duplicating_nothing(
     ranks = freeze_once_stepping(cluster, stream, seen, running.id)  # still running when the standby leads
     try:
         assert on_standby.get_job(queued.id).status.state == pb.QUEUED
+        wait_for(lambda: on_standby.get_cluster().used_gpus == 2, "the standby's GetCluster shows the leader's job", 10)
         supervisor = supervisor_pid(cluster, running.id)
         assert supervisor is not None
 

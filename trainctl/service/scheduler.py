@@ -24,8 +24,9 @@ applied, so nothing is lost or applied twice.
 
 With a `leadership` (replicas sharing a PostgreSQL store, trainctl.service.leadership) the loop works
 only while this replica holds the lease: on taking it, it re-syncs from the store (`recover()`,
-re-attaching the supervisors the previous leader followed); on losing it, it forgets its jobs and
-reservations. Every write of the loop is fenced by the lease (`JobStore.fenced`: refused once another
+re-attaching the supervisors the previous leader followed); on losing it, it forgets its jobs. A
+standby's pool mirrors the placements in the store, so GetCluster and PlanJob answer alike on every
+replica. Every write of the loop is fenced by the lease (`JobStore.fenced`: refused once another
 replica holds it, and the loop stands down), and a job is handed to the runtime only with enough lease
 left, else it is left SCHEDULED for the next tick or the next leader's re-sync.
 The service never runs torch collectives: the runtime (trainctl.workers.runtime) does the Ray work.
@@ -140,7 +141,9 @@ class Scheduler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                if self._in_charge():
+                if not self._in_charge():
+                    self._mirror()
+                else:
                     with self.store.fenced(self._fence):
                         if self._store_lost:
                             self.recover()
@@ -182,6 +185,15 @@ class Scheduler:
             self._epoch, self._fence = lease.fence.epoch, lease.fence
             log.info("scheduler leading (lease epoch %d)", lease.fence.epoch)
         return True
+
+    def _mirror(self) -> None:
+        """A standby's pool holds what the store says the leader's jobs hold."""
+        stored = {r.id: r.placement for r in self.store.list_jobs(states=ACTIVE_STATES) if r.placement}
+        with self._lock:
+            for holder in set(self.pool.holders().values()) - set(stored):
+                self.pool.release(holder)
+            for job_id, records in stored.items():
+                self.pool.reserve(job_id, PlannedPlacement.from_records(records))
 
     def _stand_down(self) -> None:
         with self._lock:
