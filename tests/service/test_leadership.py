@@ -8,15 +8,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from control_plane_fakes import ScriptedRuntime
 from postgres_server import PostgresServer
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from small_jobs import small_job
 
 from trainctl.service.leadership import Leadership
+from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
@@ -71,10 +75,12 @@ class PausingStore(JobStore):
         return super().acquire_lease(*args, **kwargs)
 
 
-def replica(url: str, runtime: ScriptedRuntime, runs: Path, holder: str, store_type: type[JobStore] = JobStore) -> Scheduler:
+def replica(url: str, runtime: ScriptedRuntime, runs: Path, holder: str, registry: CollectorRegistry,
+            store_type: type[JobStore] = JobStore) -> Scheduler:
     store = store_type(url)
     scheduler = Scheduler(store, GpuPool(simulated_topology(1, 2), "simulated"), runtime, runs,
-                          leadership=Leadership(store, holder=holder, ttl=TTL), interval=0.05)
+                          leadership=Leadership(store, holder=holder, ttl=TTL), interval=0.05,
+                          metrics=ServiceMetrics(registry))
     scheduler.leadership.start()
     scheduler.start()
     return scheduler
@@ -87,25 +93,44 @@ def shut(*schedulers: Scheduler) -> None:
         s.store.close()
 
 
-Replicas = tuple[ScriptedRuntime, Scheduler, Scheduler, PausingStore]
+@dataclass
+class Replicas:
+    """One scripted cluster and two scheduler replicas on one database, each with its Prometheus registry."""
+
+    runtime: ScriptedRuntime
+    a: Scheduler
+    b: Scheduler
+    frozen: PausingStore
+    """`a`'s store, which can freeze it."""
+    registries: dict[str, CollectorRegistry]
 
 
 @pytest.fixture
 def replicas(postgres: PostgresServer, tmp_path: Path) -> Iterator[Replicas]:
-    """One scripted cluster and two replicas on a new database: `a` (whose store can freeze it) leads,
-    `b` stands by."""
+    """`a` leads, `b` stands by."""
     url = postgres.create_database()
     runtime = ScriptedRuntime()
-    a = replica(url, runtime, tmp_path / "runs", "a", PausingStore)
+    registries = {"a": CollectorRegistry(), "b": CollectorRegistry()}
+    a = replica(url, runtime, tmp_path / "runs", "a", registries["a"], PausingStore)
     assert isinstance(a.store, PausingStore)
     b: Scheduler | None = None
     try:
         eventually(lambda: a.leading, "a leads")
-        b = replica(url, runtime, tmp_path / "runs", "b")
-        yield runtime, a, b, a.store
+        b = replica(url, runtime, tmp_path / "runs", "b", registries["b"])
+        yield Replicas(runtime, a, b, a.store, registries)
     finally:
         a.store.resume.set()
         shut(a, *([b] if b else []))
+
+
+def exported(registry: CollectorRegistry, job_id: str) -> tuple[float, int]:
+    """(the SCHEDULED jobs gauge, how many series of the job say its state) in a replica's export."""
+    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    scheduled = next(s.value for f in families for s in f.samples
+                     if s.name == "trainctl_jobs" and s.labels == {"state": "SCHEDULED"})
+    series = sum(1 for f in families for s in f.samples
+                 if s.name == "trainctl_job_state" and s.labels.get("job_id") == job_id and s.value == 1)
+    return scheduled, series
 
 
 def started(runtime: ScriptedRuntime) -> list[str]:
@@ -114,7 +139,7 @@ def started(runtime: ScriptedRuntime) -> list[str]:
 
 
 def test_one_replica_leads_and_a_standby_takes_over_and_reattaches_when_it_dies(replicas: Replicas) -> None:
-    runtime, a, b, _ = replicas
+    runtime, a, b = replicas.runtime, replicas.a, replicas.b
     job_id = b.store.create_job(small_job("j"))[0].id  # any replica takes API writes
     runtime.wait_started(job_id)
     runtime.state(job_id, JobState.RUNNING, "ranks up")
@@ -140,7 +165,8 @@ def test_a_lease_race_starts_no_job_twice(replicas: Replicas, where: str) -> Non
     """The leader freezes at its admission write past its lease, the standby takes over and starts the
     job; when the old leader resumes, its fenced write is refused ("before": LeaseLost) or it finds too
     little lease left to hand the job to the runtime ("after"), and stands down. The job starts once."""
-    runtime, a, b, frozen = replicas
+    r = replicas
+    runtime, a, b, frozen = r.runtime, r.a, r.b, r.frozen
     frozen.pause_on = ("update_status", lambda changes: changes.get("state") == JobState.SCHEDULED, where == "after")
     job_id = b.store.create_job(small_job("j"))[0].id
     eventually(frozen.paused.is_set, "a frozen in its admission write")
@@ -153,6 +179,9 @@ def test_a_lease_race_starts_no_job_twice(replicas: Replicas, where: str) -> Non
     assert started(runtime) == [job_id]
     assert set(b.pool.holders().values()) == {job_id}  # its GPUs held once, by the new leader
     eventually(lambda: a.pool.holders() == b.pool.holders(), "the old leader's pool mirrors the new one's")
+    # the cluster gauges are the leader's; the old leader zeroed them and dropped the job's series
+    eventually(lambda: exported(r.registries["b"], job_id)[0] == 1, "the leader exports the SCHEDULED job")
+    assert exported(r.registries["a"], job_id) == (0, 0)
     states = [e.payload["to"] for e in b.store.events(job_id) if e.type == "state"]
     assert states == ["QUEUED", "SCHEDULED"]
     runtime.run(job_id, [2.0])
@@ -163,7 +192,8 @@ def test_a_deposed_leader_frozen_mid_follow_writes_nothing_twice(replicas: Repli
     """The leader freezes in the write of a step past its lease; the standby takes over, resumes the
     job's log at the stored cursor and records that step; the old leader's write, resumed, is refused
     (its lease is gone) instead of appending the step a second time."""
-    runtime, a, b, frozen = replicas
+    r = replicas
+    runtime, a, b, frozen = r.runtime, r.a, r.b, r.frozen
     job_id = b.store.create_job(small_job("j"))[0].id
     eventually(lambda: job_id in started(runtime), "a starts the job")
     runtime.state(job_id, JobState.RUNNING, "ranks up")

@@ -196,9 +196,16 @@ class Scheduler:
                 self.pool.reserve(job_id, PlannedPlacement.from_records(records))
 
     def _stand_down(self) -> None:
+        """Forget jobs, reservations and the gauges this scheduler exported (the leader exports them)."""
         with self._lock:
             for job_id in set(self._active) | set(self.pool.holders().values()):
                 self.pool.release(job_id)
+                if self.metrics is not None:
+                    self.metrics.forget_job(job_id)
+            if self.metrics is not None:
+                self.metrics.set_queue(0, None)
+                self.metrics.set_jobs_by_state({})
+                self.metrics.set_gpu_inventory([])
             self._active.clear()
             self._unlaunched.clear()
             self._epoch = self._fence = None
