@@ -6,7 +6,8 @@ Shapes: a module's `pytestmark = pytest.mark.cluster(nodes=2, gpus_per_node=4, f
 changes its cluster (default: 2 nodes x 1 simulated GPU, the dashboard on for `ray.util.state`), and
 `pytest.mark.service(warm_pool=True)` adds ServiceConfig fields to its service. The workers tests share one
 connected 3-node cluster for their whole directory instead (`embedded_ray`, tests/workers/conftest.py).
-Job builders: small_jobs.py.
+Job builders: small_jobs.py. `postgres` / `private_postgres`: a real PostgreSQL server the tests start
+(tests/postgres_server.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING  # noqa: E402
 import pytest  # noqa: E402
 
 if TYPE_CHECKING:
+    from postgres_server import PostgresServer
+
     from trainctl.cli.client import TrainctlClient
     from trainctl.service.server import Service
     from trainctl.workers.embedded import EmbeddedRay
@@ -35,6 +38,8 @@ SLOW_TESTS = (
     "deploy/test_prometheus_live.py",  # a service, a Prometheus server and a 40-step job
     "deploy/test_existing_ray.py",  # `ray start` and `trainctl serve` processes
     "service/test_readme_commands.py",  # a `trainctl serve` process training the README's 8-rank demo job
+    "service/test_store_outage.py::test_losing_the_database",  # a PostgreSQL server stopped for seconds under load
+    "service/test_leadership.py",  # leases lapsing and taken over, seconds each
     # Engine runs measured at 5 s or more (call time, 2-core machine); the quick layouts stay in the fast tier.
     "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[dp2-tp2-pp2]",
     "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[moe-",
@@ -77,6 +82,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         on_ray = any(name in getattr(item, "fixturenames", ()) for name in RAY_FIXTURES)
         if on_ray or item.nodeid.removeprefix("tests/").startswith(SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
+
+
+def running_postgres() -> Iterator[PostgresServer]:
+    """A started PostgreSQL server (tests/postgres_server.py), removed afterwards; missing binaries fail
+    the test with the package to install (CI installs it), they never skip it."""
+    from postgres_server import PostgresMissing, PostgresServer
+
+    try:
+        server = PostgresServer()
+    except PostgresMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """The session's PostgreSQL server on 127.0.0.1, started on first use (tests must not stop it)."""
+    yield from running_postgres()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server for this test alone, which it may stop and start."""
+    yield from running_postgres()
 
 
 @pytest.fixture(scope="module")

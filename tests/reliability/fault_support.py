@@ -69,6 +69,19 @@ def read_until(stream: Iterator[pb.JobEvent], seen: list[pb.JobEvent], done: Cal
     raise AssertionError(f"the stream ended before the condition held; states {states_of(seen)}")
 
 
+def freeze_once_stepping(
+    cluster: EmbeddedRay, stream: Iterator[pb.JobEvent], seen: list[pb.JobEvent], job_id: str
+) -> dict[str, int]:
+    """Read the job's watch until it runs and has made two steps, then SIGSTOP its two ranks (so it is
+    certainly still running after what the test does to the control plane); their PIDs by actor name."""
+    read_until(stream, seen, lambda e: kind(e) == "state_change" and e.state_change.to_state == pb.RUNNING)
+    ranks = rank_pids(cluster, job_id)
+    assert len(ranks) == 2, ranks
+    read_until(stream, seen, lambda e: kind(e) == "step" and e.step.step >= 2)
+    signal_all(list(ranks.values()), signal.SIGSTOP)
+    return ranks
+
+
 def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -19,6 +19,7 @@ import grpc
 import pytest
 from fault_support import (
     assert_nothing_left,
+    freeze_once_stepping,
     kind,
     rank_pids,
     read_until,
@@ -64,13 +65,9 @@ def test_sigkilled_service_restarts_losing_and_duplicating_nothing(serve: ServeP
     channel = grpc.insecure_channel(serve.target)
     stream = pb_grpc.TrainingServiceStub(channel).WatchJob(pb.WatchJobRequest(id=running.id, follow=True))
     seen: list[pb.JobEvent] = []
-    read_until(stream, seen, lambda e: kind(e) == "state_change" and e.state_change.to_state == pb.RUNNING)
-    ranks = rank_pids(cluster, running.id)
-    assert len(ranks) == 2, ranks
-    read_until(stream, seen, lambda e: kind(e) == "step" and e.step.step >= 2)
     # Freeze the ranks while the service is down, so the job is certainly still running when the
     # new service comes up (the step watchdog's 600 s default is far away).
-    signal_all(list(ranks.values()), signal.SIGSTOP)
+    ranks = freeze_once_stepping(cluster, stream, seen, running.id)
     try:
         before = client.get_job(running.id).status
         assert before.state == pb.RUNNING and before.steps_done < 30, before

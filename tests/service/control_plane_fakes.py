@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health
 
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator
+from trainctl.service.leadership import Leadership
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.server import build_grpc_server
@@ -119,12 +121,13 @@ class ScriptedRuntime:
 
 
 def make_scheduler(
-    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None
+    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None,
+    store: str | None = None,
 ) -> Scheduler:
-    """A scheduler over a fresh store and a pool of `topology`, or by default a simulated `nodes` x `gpus`
-    one (loop not started)."""
+    """A scheduler over a fresh store (SQLite in `data_dir`, or the PostgreSQL URL `store`) and a pool of
+    `topology`, or by default a simulated `nodes` x `gpus` one (loop not started)."""
     pool = GpuPool(topology or simulated_topology(nodes, gpus), "simulated" if topology is None else topology.metadata.name)
-    return Scheduler(JobStore(data_dir), pool, runtime, data_dir / "runs")
+    return Scheduler(JobStore(store or data_dir), pool, runtime, data_dir / "runs")
 
 
 @dataclass
@@ -135,18 +138,26 @@ class ApiServer:
     server: grpc.Server
     target: str
     sweeps: SweepDriver
+    health: health.HealthServicer
 
     def stop(self) -> None:
         self.server.stop(0).wait()
         self.sweeps.stop()
         self.scheduler.stop()
+        if self.scheduler.leadership is not None:
+            self.scheduler.leadership.stop()
         self.scheduler.store.close()
 
 
 def start_api_server(
-    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None
+    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None,
+    store: str | None = None, lease_ttl: float | None = None,
 ) -> ApiServer:
-    scheduler = make_scheduler(data_dir, runtime, nodes, gpus, topology)
+    """With `lease_ttl`, the scheduler works only while it holds the database lease (a replica)."""
+    scheduler = make_scheduler(data_dir, runtime, nodes, gpus, topology, store)
+    if lease_ttl is not None:
+        scheduler.leadership = Leadership(scheduler.store, ttl=lease_ttl)
+        scheduler.leadership.start()
     authenticator = Authenticator(None)
     sweeps = SweepDriver(scheduler.store, scheduler, interval=0.05)
     servicer = TrainingServicer(scheduler.store, scheduler, scheduler.pool, authenticator, sweeps=sweeps)
@@ -159,7 +170,7 @@ def start_api_server(
     from grpc_health.v1 import health_pb2
 
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    return ApiServer(scheduler, server, f"127.0.0.1:{port}", sweeps)
+    return ApiServer(scheduler, server, f"127.0.0.1:{port}", sweeps, health_servicer)
 
 
 def free_port() -> int:

@@ -229,9 +229,9 @@ def store_ops(registry: CollectorRegistry) -> dict[str, float]:
 
 
 def test_store_times_each_operation_under_its_name(
-    metrics: ServiceMetrics, registry: CollectorRegistry, tmp_path: Path
+    metrics: ServiceMetrics, registry: CollectorRegistry, tmp_path: Path, store_location: str
 ) -> None:
-    store = JobStore(tmp_path, metrics=metrics)
+    store = JobStore(store_location, metrics=metrics)
     record, _ = store.create_job(TrainingJob.model_validate({"metadata": {"name": "timed"}}))
     store.get_job(record.id)
     store.list_jobs(states=["QUEUED"])

@@ -1,16 +1,31 @@
-"""The SQLite job store: WAL, schema version and migrations, durability across reopen, idempotency."""
+"""The job store on both backends (SQLite in a data directory, a real PostgreSQL: the `store_location`
+fixture, tests/service/conftest.py): schema version and migrations, durability across reopen and a
+crash, idempotency, compare-and-set, sweeps and trials; SQLite's WAL."""
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from trainctl.service.store import DB_NAME, SCHEMA_VERSION, JobNotFound, JobStore, StoreError
+from trainctl.service.store import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    JobNotFound,
+    JobStore,
+    LeaseLost,
+    StoreError,
+    SweepNotFound,
+    SweepState,
+    TrialState,
+)
+from trainctl.service.store_db import open_database, run_script
 from trainctl.spec.job import TrainingJob
+from trainctl.spec.sweep import Sweep
 from trainctl.workers.events import JobState
 
 
@@ -20,31 +35,37 @@ def job(name: str = "j", priority: int = 0, labels: dict[str, str] | None = None
     )
 
 
-def test_new_store_is_wal_at_the_current_schema(tmp_path: Path) -> None:
-    store = JobStore(tmp_path)
-    assert store.journal_mode == "wal"
+def test_new_store_is_at_the_current_schema(store_location: str) -> None:
+    store = JobStore(store_location)
     assert store.schema_version == SCHEMA_VERSION >= 1
+    assert store.backend == ("postgresql" if store_location.startswith("postgresql://") else "sqlite")
     store.close()
 
 
-def test_a_job_survives_a_crash_right_after_create(tmp_path: Path) -> None:
+def test_a_sqlite_store_is_wal(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    assert store.journal_mode == "wal"
+    store.close()
+
+
+def test_a_job_survives_a_crash_right_after_create(store_location: str) -> None:
     """A separate process creates a job and dies with os._exit (no close, no cleanup): the job is there."""
     code = (
         "import os, sys; from trainctl.service.store import JobStore; from trainctl.spec.job import TrainingJob;"
         "s = JobStore(sys.argv[1]); r, _ = s.create_job(TrainingJob.model_validate({'metadata': {'name': 'crash'}}));"
         "print(r.id, flush=True); os._exit(9)"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code, store_location], capture_output=True, text=True, timeout=60)
     assert out.returncode == 9, out.stderr
     job_id = out.stdout.strip()
-    store = JobStore(tmp_path)
+    store = JobStore(store_location)
     record = store.get_job(job_id)
     assert record.state == JobState.QUEUED and record.name == "crash"
     assert [e.payload["to"] for e in store.events(job_id)] == [JobState.QUEUED]
 
 
-def test_reopen_keeps_jobs_events_and_metrics(tmp_path: Path) -> None:
-    store = JobStore(tmp_path)
+def test_reopen_keeps_jobs_events_and_metrics(store_location: str) -> None:
+    store = JobStore(store_location)
     record, created = store.create_job(job("a", labels={"team": "x"}))
     assert created
     store.update_status(record.id, state=JobState.SCHEDULED, reason="placed")
@@ -53,7 +74,7 @@ def test_reopen_keeps_jobs_events_and_metrics(tmp_path: Path) -> None:
     store.record_step(record.id, {"step": 2, "loss": 4.0, "tokens_per_second": 12.0})
     store.close()
 
-    again = JobStore(tmp_path)
+    again = JobStore(store_location)
     got = again.get_job(record.id)
     assert (got.state, got.steps_done, got.first_loss, got.last_loss) == (JobState.RUNNING, 2, 5.0, 4.0)
     assert got.labels == {"team": "x"} and got.job == record.job
@@ -67,11 +88,11 @@ def test_reopen_keeps_jobs_events_and_metrics(tmp_path: Path) -> None:
     ]
 
 
-def test_request_id_makes_create_idempotent_across_reopen(tmp_path: Path) -> None:
-    store = JobStore(tmp_path)
+def test_request_id_makes_create_idempotent_across_reopen(store_location: str) -> None:
+    store = JobStore(store_location)
     first, created = store.create_job(job("a"), request_id="req-1")
     store.close()
-    store = JobStore(tmp_path)
+    store = JobStore(store_location)
     second, created_again = store.create_job(job("a"), request_id="req-1")
     assert created and not created_again and second.id == first.id
     other, _ = store.create_job(job("a"), tenant="other", request_id="req-1")
@@ -79,8 +100,8 @@ def test_request_id_makes_create_idempotent_across_reopen(tmp_path: Path) -> Non
     assert len(store.list_jobs()) == 2
 
 
-def test_terminal_states_are_final_and_cas_respects_expectations(tmp_path: Path) -> None:
-    store = JobStore(tmp_path)
+def test_terminal_states_are_final_and_cas_respects_expectations(store_location: str) -> None:
+    store = JobStore(store_location)
     record, _ = store.create_job(job())
     assert store.update_status(record.id, expect=[JobState.RUNNING], state=JobState.CANCELLED) is None
     done = store.update_status(record.id, expect=[JobState.QUEUED], state=JobState.CANCELLED, reason="user")
@@ -89,8 +110,8 @@ def test_terminal_states_are_final_and_cas_respects_expectations(tmp_path: Path)
     assert store.get_job(record.id).state == JobState.CANCELLED
 
 
-def test_list_filters_and_pages(tmp_path: Path) -> None:
-    store = JobStore(tmp_path)
+def test_list_filters_and_pages(store_location: str) -> None:
+    store = JobStore(store_location)
     ids = [store.create_job(job(f"j{i}", labels={"i": str(i % 2)}))[0].id for i in range(5)]
     store.update_status(ids[0], state=JobState.CANCELLED)
     assert [r.id for r in store.list_jobs()] == ids[::-1]
@@ -102,25 +123,142 @@ def test_list_filters_and_pages(tmp_path: Path) -> None:
         store.get_job("nope")
 
 
-def test_a_restarted_step_replaces_its_metrics_row(tmp_path: Path) -> None:
-    store = JobStore(tmp_path)
+def test_a_restarted_step_replaces_its_metrics_row(store_location: str) -> None:
+    store = JobStore(store_location)
     record, _ = store.create_job(job())
     for step, loss in [(1, 5.0), (2, 4.0), (2, 3.9), (3, 3.0)]:
         store.record_step(record.id, {"step": step, "loss": loss})
     assert [(m["step"], m["loss"]) for m in store.step_metrics(record.id)] == [(1, 5.0), (2, 3.9), (3, 3.0)]
 
 
-def test_migrates_an_older_schema_and_refuses_a_newer_one(tmp_path: Path) -> None:
-    db = sqlite3.connect(tmp_path / DB_NAME)
-    db.execute("PRAGMA user_version=0")
+def set_schema_version(location: str, version: int) -> None:
+    db = open_database(location)
+    db.begin_write()
+    db.set_schema_version(version)
+    db.commit()
     db.close()
-    store = JobStore(tmp_path)  # an empty version-0 file is migrated to the current schema
+
+
+def test_migrates_an_older_schema_and_refuses_a_newer_one(store_location: str) -> None:
+    set_schema_version(store_location, 0)
+    store = JobStore(store_location)  # an empty version-0 database is migrated to the current schema
     assert store.schema_version == SCHEMA_VERSION
     store.create_job(job())
     store.close()
-    db = sqlite3.connect(tmp_path / DB_NAME)
-    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    set_schema_version(store_location, SCHEMA_VERSION + 1)
+    with pytest.raises(StoreError, match="schema version"):
+        JobStore(store_location)
+
+
+def test_each_migration_applies_on_the_schema_before_it(store_location: str) -> None:
+    """A database at version 1 (jobs, no sweeps) with a job in it is upgraded in place, the job kept."""
+    db = open_database(store_location)
+    db.begin_write()
+    run_script(db, MIGRATIONS[0])
+    db.set_schema_version(1)
     db.commit()
     db.close()
-    with pytest.raises(StoreError, match="schema version"):
-        JobStore(tmp_path)
+    store = JobStore(store_location)
+    assert store.schema_version == SCHEMA_VERSION
+    record, _ = store.create_job(job("kept"))
+    store.close()
+    store = JobStore(store_location)
+    assert store.get_job(record.id).name == "kept" and store.list_sweeps() == []
+
+
+def sweep(name: str = "s") -> Sweep:
+    return Sweep.model_validate({
+        "metadata": {"name": name},
+        "spec": {
+            "template": {},
+            "parameters": [{"path": "spec.training.lr", "type": "float", "low": 1e-4, "high": 1e-2}],
+            "trials": 3,
+        },
+    })
+
+
+def test_sweeps_and_trials_are_compare_and_set(store_location: str) -> None:
+    store = JobStore(store_location)
+    record, created = store.create_sweep(sweep(), request_id="r")
+    assert created and store.create_sweep(sweep(), request_id="r") == (record, False)
+    assert store.create_trial(record.id, 1, {}, None) is None  # not the next number
+    trial = store.create_trial(record.id, 0, {"spec.training.lr": 1e-3}, job("t0"))
+    assert trial is not None and trial.state == TrialState.RUNNING and trial.job_id is not None
+    assert store.get_job(trial.job_id).state == JobState.QUEUED  # the trial's job, in the same transaction
+    assert store.create_trial(record.id, 0, {}, job("again")) is None  # never recorded twice
+    failed = store.create_trial(record.id, 1, {"x": 1}, None, reason="bad parameters")
+    assert failed is not None and failed.state == TrialState.FAILED and failed.job_id is None
+    done = store.finish_trial(record.id, 0, TrialState.COMPLETE, reason="ok", objective=1.25, objective_step=3)
+    assert done is not None and (done.objective, done.objective_step) == (1.25, 3)
+    assert store.finish_trial(record.id, 0, TrialState.PRUNED, reason="late") is None
+    store.create_trial(record.id, 2, {}, job("t2"))
+    ended = store.finish_sweep(record.id, SweepState.CANCELLED, "enough")
+    assert ended is not None and [t.state for t in ended.trials] == [
+        TrialState.COMPLETE, TrialState.FAILED, TrialState.CANCELLED,
+    ]
+    assert store.finish_sweep(record.id, SweepState.FAILED, "twice") is None
+    assert [s.id for s in store.list_sweeps(states=[SweepState.CANCELLED])] == [record.id]
+    assert store.list_sweeps(states=[SweepState.RUNNING]) == []
+    with pytest.raises(SweepNotFound):
+        store.get_sweep("nope")
+
+
+def test_values_keep_their_range_and_precision(store_location: str) -> None:
+    """Timestamps to the microsecond, byte counts past 32 bits, an absent MFU stays absent."""
+    store = JobStore(store_location)
+    now = 1_790_000_000.123456
+    record, _ = store.create_job(job(), now=now)
+    store.record_step(record.id, {"step": 1, "loss": 2.5, "peak_memory_bytes": 80 * 2**30, "lr": 3e-4}, now=now)
+    row = store.step_metrics(record.id)[0]
+    assert (row["peak_memory_bytes"], row["lr"], row["mfu"], row["time"]) == (80 * 2**30, 3e-4, None, now)
+    assert store.get_job(record.id).create_time == now
+
+
+def test_two_stores_on_one_database_never_share_a_sequence(store_location: str) -> None:
+    """Writers in two connections (two service processes) serialize: job seqs and event sequences stay unique."""
+    stores = [JobStore(store_location), JobStore(store_location)]
+
+    def submit(store: JobStore) -> list[str]:
+        return [store.create_job(job(f"c{i}"))[0].id for i in range(15)]
+
+    with ThreadPoolExecutor(2) as pool:
+        ids = [job_id for batch in pool.map(submit, stores) for job_id in batch]
+    records = stores[0].list_jobs()
+    assert sorted(r.id for r in records) == sorted(ids)
+    assert len({r.seq for r in records}) == 30
+    sequences = [e.sequence for job_id in ids for e in stores[1].events(job_id)]
+    assert len(set(sequences)) == 30
+
+
+def test_a_lease_has_one_holder_and_fenced_writes_need_it_held(store_location: str) -> None:
+    store = JobStore(store_location)
+    job_id = store.create_job(job())[0].id
+    a = store.acquire_lease("scheduler", "a", ttl=0.3)
+    assert a is not None and store.acquire_lease("scheduler", "b", ttl=0.3) is None  # a's is live
+    assert store.acquire_lease("scheduler", "a", ttl=0.3) == a  # a renewal keeps the epoch
+    time.sleep(0.4)
+    b = store.acquire_lease("scheduler", "b", ttl=30)
+    assert b is not None and b.epoch == a.epoch + 1
+    with store.fenced(a), pytest.raises(LeaseLost):
+        store.update_status(job_id, reason="from the old leader")  # refused, nothing written
+    with store.fenced(a), pytest.raises(LeaseLost):
+        store.record_step(job_id, {"step": 1, "loss": 1.0})
+    assert store.get_job(job_id).reason == "accepted" and store.events(job_id)[-1].type == "state"
+    with store.fenced(b):
+        updated = store.update_status(job_id, reason="from the leader")
+    assert updated is not None and updated.reason == "from the leader"
+    assert store.update_status(job_id, reason="unfenced (an API call)") is not None
+    store.release_lease(a)  # not a's any more: nothing happens
+    assert store.acquire_lease("scheduler", "a", ttl=30) is None
+    store.release_lease(b)
+    again = store.acquire_lease("scheduler", "a", ttl=30)
+    assert again is not None and again.epoch == b.epoch + 1
+    with store.fenced(b), pytest.raises(LeaseLost):
+        store.append_event(job_id, "log", {"message": "late"})
+
+
+def test_a_malformed_postgresql_url_is_a_store_error_that_does_not_echo_it() -> None:
+    url = "postgresql://user:s3cret@[::1/db"
+    with pytest.raises(StoreError, match="not a valid PostgreSQL URL") as info:
+        JobStore(url)
+    assert "s3cret" not in str(info.value)

@@ -1,6 +1,6 @@
 """The `trainctl` command.
 
-    trainctl serve [--address HOST:PORT] [--data-dir DIR] [--metrics-port N] [--ray-address ADDR] [--topology FILE] [--warm-pool]
+    trainctl serve [--address HOST:PORT] [--data-dir DIR] [--store URL] [--metrics-port N] [--ray-address ADDR] [--topology FILE] [--warm-pool]
                    [--nodes N] [--gpus-per-node G]
     trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
     trainctl cancel JOB                  trainctl logs JOB [-f] [--rank N]   trainctl plan FILE [--cluster PRESET:N | --topology MAP]
@@ -10,7 +10,7 @@
     trainctl data prepare PATHS --out DIR   trainctl export JOB|CKPT --out DIR   trainctl generate JOB|CKPT --prompt T
 
 Client commands find the server in --server or TRAINCTL_SERVER (default 127.0.0.1:50051) and send
-TRAINCTL_TOKEN as a bearer token. Exit status: 0 success, 1 an API or runtime error (or a watched job
+TRAINCTL_TOKEN as a bearer token. `serve --store` (or TRAINCTL_STORE) names a PostgreSQL job store. Exit status: 0 success, 1 an API or runtime error (or a watched job
 that did not succeed), 2 an invalid spec or usage.
 """
 
@@ -100,11 +100,26 @@ def _age(ts: Any) -> str:
     return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m" if seconds < 7200 else f"{seconds // 3600}h"
 
 
+STORE_ENV = "TRAINCTL_STORE"
+"""The PostgreSQL URL `serve` uses when --store is not given (a Kubernetes Secret sets it)."""
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _store_url(text: str) -> str:
+    from trainctl.service.store_db import POSTGRES_SCHEMES
+
+    if not text.startswith(POSTGRES_SCHEMES):
+        raise argparse.ArgumentTypeError(
+            f"expected a PostgreSQL URL (postgresql://user:password@host:port/database), got {text!r}; "
+            "the SQLite store in --data-dir is the default"
+        )
+    return text
 
 
 def _load(path: str) -> Any:
@@ -120,6 +135,7 @@ def _load(path: str) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     from trainctl.service.server import Service, ServiceConfig
     from trainctl.service.shutdown import install_stop_signals
+    from trainctl.service.store import StoreError
     from trainctl.service.tls import TlsConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -128,12 +144,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     embedded = {name: value for name, value in sizes if value is not None}  # unset: ServiceConfig's defaults
     config = ServiceConfig(
         address=args.address, data_dir=args.data_dir, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-        ray_address=args.ray_address, **embedded,
+        store=args.store, ray_address=args.ray_address, **embedded,
         topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
         allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool,
     )
-    service = Service(config).start()
-    print(f"trainctl serving on {service.target}; data in {config.data_dir}"
+    try:
+        service = Service(config).start()
+    except StoreError as exc:  # an unreachable or newer database: nothing was started
+        raise CliError(f"the job store: {exc}") from exc
+    print(f"trainctl serving on {service.target}; data in {config.data_dir}; store {service.store.location}"
           + (f"; metrics on http://{config.metrics_host}:{service.metrics_port}/metrics" if service.metrics_port else ""),
           flush=True)
     install_stop_signals(service.stop)
@@ -367,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the service")
     serve.add_argument("--address", default="127.0.0.1:50051", help="gRPC listen address HOST:PORT")
     serve.add_argument("--data-dir", type=Path, default=Path(".trainctl"), help="store and run directory")
+    serve.add_argument("--store", type=_store_url, default=os.environ.get(STORE_ENV) or None,
+                       help=f"PostgreSQL URL of the job store (default: ${STORE_ENV}, else SQLite in --data-dir)")
     serve.add_argument("--metrics-port", type=int, default=9464, help="Prometheus port (0: off)")
     serve.add_argument("--metrics-host", default="127.0.0.1",
                        help="Prometheus listen address (0.0.0.0 in a pod, so Prometheus can scrape it)")

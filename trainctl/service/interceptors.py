@@ -5,7 +5,8 @@ and status code with its duration (streams: until closed), including calls that 
 (trainctl.service.auth.AuthInterceptor), the stream limit or undecodable-request handling
 (trainctl.service.hardening) answer before the servicer runs. `ErrorInterceptor` turns an `ApiError`
 raised by the servicer into its google.rpc.Status; any other exception is logged with its traceback
-and answered INTERNAL without internals, so no request can take the server down.
+and answered INTERNAL without internals, so no request can take the server down; a store that cannot
+reach its database (`StoreUnavailable`) is answered UNAVAILABLE, which clients retry.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import grpc
 
 from trainctl.service.errors import ApiError
+from trainctl.service.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 return behavior(request, context)
             except ApiError as exc:
                 context.abort_with_status(exc.to_status())
+            except StoreUnavailable as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             except Exception:
                 log.exception("%s failed", name)
                 context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}; see the server log")
@@ -76,6 +80,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 yield from behavior(request, context)
             except ApiError as exc:
                 context.abort_with_status(exc.to_status())
+            except StoreUnavailable as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             except GeneratorExit:  # the client went away
                 raise
             except Exception:

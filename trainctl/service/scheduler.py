@@ -16,6 +16,19 @@ One background thread owns every transition after QUEUED except the API's cancel
    job's reason says what it waits for.
 
 State changes use the store's compare-and-set, so a cancel racing with admission is never lost.
+While the store is unavailable (a PostgreSQL store whose database is away) ticks fail and the loop
+keeps running; the first tick after it returns re-syncs from the store (`recover()`, which is
+idempotent): a job whose admission was written but not seen to commit is started, a reservation
+whose write never committed is released, and each job's runtime log is followed from the last event
+applied, so nothing is lost or applied twice.
+
+With a `leadership` (replicas sharing a PostgreSQL store, trainctl.service.leadership) the loop works
+only while this replica holds the lease: on taking it, it re-syncs from the store (`recover()`,
+re-attaching the supervisors the previous leader followed); on losing it, it forgets its jobs. A
+standby's pool mirrors the placements in the store, so GetCluster and PlanJob answer alike on every
+replica. Every write of the loop is fenced by the lease (`JobStore.fenced`: refused once another
+replica holds it, and the loop stands down), and a job is handed to the runtime only with enough lease
+left, else it is left SCHEDULED for the next tick or the next leader's re-sync.
 The service never runs torch collectives: the runtime (trainctl.workers.runtime) does the Ray work.
 """
 
@@ -30,9 +43,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainctl.service import store as st
+from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
 from trainctl.service.pool import GpuPool, PlannedPlacement
-from trainctl.service.store import JobRecord, JobStore
+from trainctl.service.store import Fence, JobRecord, JobStore, LeaseLost, StoreUnavailable
 from trainctl.service.tenancy import Quota, TenantUsage, start_block_reason
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import ACTIVE_STATES, EVENTS_FILE, EventKind, JobState
@@ -68,6 +82,9 @@ class Runtime(Protocol):
 @dataclass
 class _Active:
     cursor: int = 0
+    """The runtime log's position after the last event applied to the store."""
+    stored_cursor: int = 0
+    """The position last written to the job's `runtime_cursor` (where a restarted service resumes)."""
     cancel_sent: bool = False
     failing_since: float | None = None
     replan_waiting: tuple[str, ...] = ()
@@ -85,16 +102,29 @@ class Scheduler:
     metrics: ServiceMetrics | None = None
     quota_of: Callable[[str], Quota] = lambda _tenant: Quota()
     interval: float = 0.2
+    leadership: Leadership | None = None
+    """None: this scheduler is the only one (SQLite, or tests); else it works only while leading."""
     _active: dict[str, _Active] = field(default_factory=dict)
     _wake: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _store_lost: bool = False
+    _epoch: int | None = None
+    """The lease epoch this scheduler re-synced under (None: not leading)."""
+    _fence: Fence | None = None
+    """The lease the loop's writes carry (None without a leadership)."""
+    _unlaunched: set[str] = field(default_factory=set)
+    """Jobs admitted or recovered but not handed to the runtime yet (too little lease left)."""
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Re-attach to jobs the store says are active, then start the loop."""
-        self.recover()
+        """Re-attach to jobs the store says are active (when leading: taking the lease does), then start
+        the loop."""
+        if self.leadership is None:
+            self.recover()
+        else:
+            self._in_charge()
         self._thread = threading.Thread(target=self._run, name="trainctl-scheduler", daemon=True)
         self._thread.start()
 
@@ -111,35 +141,115 @@ class Scheduler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.tick()
+                if not self._in_charge():
+                    self._mirror()
+                else:
+                    with self.store.fenced(self._fence):
+                        if self._store_lost:
+                            self.recover()
+                            self._store_lost = False
+                            log.warning("the store is back; the scheduler re-synced from it")
+                        else:
+                            self.tick()
+            except LeaseLost as exc:
+                log.warning("scheduler standing by: %s", exc)
+                self._stand_down()
+            except StoreUnavailable as exc:
+                if not self._store_lost:
+                    log.warning("scheduler paused: %s", exc)
+                self._store_lost = True
             except Exception:  # the loop must survive anything one job does
                 log.exception("scheduler tick failed")
             self._wake.wait(self.interval)
             self._wake.clear()
 
+    @property
+    def leading(self) -> bool:
+        """Whether this scheduler does the work that must happen once (always, without a leadership)."""
+        return self.leadership is None or self._epoch is not None
+
+    def _in_charge(self) -> bool:
+        """Whether this scheduler should work now; re-syncs on taking the lease, forgets on losing it."""
+        if self.leadership is None:
+            return True
+        lease = self.leadership.current()
+        if lease is None:
+            if self._epoch is not None:
+                log.warning("scheduler lease lost; standing by")
+                self._stand_down()
+            return False
+        if lease.fence.epoch != self._epoch:
+            self._stand_down()
+            with self.store.fenced(lease.fence):
+                self.recover()
+            self._epoch, self._fence = lease.fence.epoch, lease.fence
+            log.info("scheduler leading (lease epoch %d)", lease.fence.epoch)
+        return True
+
+    def _mirror(self) -> None:
+        """A standby's pool holds what the store says the leader's jobs hold."""
+        stored = {r.id: r.placement for r in self.store.list_jobs(states=ACTIVE_STATES) if r.placement}
+        with self._lock:
+            for holder in set(self.pool.holders().values()) - set(stored):
+                self.pool.release(holder)
+            for job_id, records in stored.items():
+                self.pool.reserve(job_id, PlannedPlacement.from_records(records))
+
+    def _stand_down(self) -> None:
+        """Forget jobs, reservations and the gauges this scheduler exported (the leader exports them)."""
+        with self._lock:
+            for job_id in set(self._active) | set(self.pool.holders().values()):
+                self.pool.release(job_id)
+                if self.metrics is not None:
+                    self.metrics.forget_job(job_id)
+            if self.metrics is not None:
+                self.metrics.set_queue(0, None)
+                self.metrics.set_jobs_by_state({})
+                self.metrics.set_gpu_inventory([])
+            self._active.clear()
+            self._unlaunched.clear()
+            self._epoch = self._fence = None
+
     def recover(self) -> None:
-        """Rebuild reservations and cursors from the store after a (re)start; re-attach supervisors,
-        and start jobs whose admission a crash interrupted before their supervisor existed."""
-        running = set(self.runtime.running_jobs())
-        for record in self.store.list_jobs(states=ACTIVE_STATES, oldest_first=True):
-            placement = PlannedPlacement.from_records(record.placement)
-            self.pool.reserve(record.id, placement)
-            self._active[record.id] = _Active(cursor=int(record.runtime_cursor or 0))
-            run_dir = Path(record.run_dir or self.runs_dir / record.id)
-            self.runtime.attach(record.id, run_dir)
-            if record.id not in running and not (run_dir / EVENTS_FILE).exists():
-                if record.state == JobState.CANCELLING:
-                    self._finish(self._set_state(record, JobState.CANCELLED, record.reason))
-                    continue
-                log.info("job %s: admission was interrupted by a service restart; starting it", record.id)
-                self._launch(record, placement)
+        """Rebuild reservations and cursors from the store after a (re)start or a store outage: forget
+        jobs the store does not have active and reservations it does not know, re-attach the supervisors
+        of active jobs not followed yet, and start those whose admission a crash interrupted before their
+        supervisor existed. Jobs already followed keep their cursors."""
+        with self._lock:
+            running = set(self.runtime.running_jobs())
+            stored = self.store.list_jobs(states=ACTIVE_STATES, oldest_first=True)
+            active_ids = {record.id for record in stored}
+            for job_id in set(self._active) - active_ids:
+                del self._active[job_id]
+                self._unlaunched.discard(job_id)
+            for holder in set(self.pool.holders().values()) - active_ids:
+                self.pool.release(holder)
+            for record in stored:
+                if record.id not in self._active:
+                    self._recover_job(record, running)
+
+    def _recover_job(self, record: JobRecord, running: set[str]) -> None:
+        placement = PlannedPlacement.from_records(record.placement)
+        self.pool.reserve(record.id, placement)
+        cursor = int(record.runtime_cursor or 0)
+        self._active[record.id] = _Active(cursor=cursor, stored_cursor=cursor)
+        run_dir = Path(record.run_dir or self.runs_dir / record.id)
+        self.runtime.attach(record.id, run_dir)
+        if record.id not in running and not (run_dir / EVENTS_FILE).exists():
+            if record.state == JobState.CANCELLING:
+                self._finish(self._set_state(record, JobState.CANCELLED, record.reason))
+                return
+            log.info("job %s: admission was interrupted by a service restart; starting it", record.id)
+            self._launch(record, placement)
 
     # ---- one tick -------------------------------------------------------------------------------------
     def tick(self) -> None:
         """Follow active jobs, send cancels, admit what fits, refresh the gauges."""
         with self._lock:
+            self._launch_pending()
             for job_id in list(self._active):
-                self._follow(job_id)
+                if job_id not in self._unlaunched:
+                    self._follow(job_id)
             self._admit()
             self._export()
 
@@ -163,9 +273,11 @@ class Scheduler:
         active.failing_since = None
         for event in status.events:
             record = self._apply(record, event)
-        if status.cursor != active.cursor:
-            active.cursor = status.cursor
+            active.cursor = event.seq  # a store failure mid-page resumes after the last event applied
+        active.cursor = status.cursor
+        if status.cursor != active.stored_cursor:
             self.store.update_status(job_id, runtime_cursor=str(status.cursor), restarts=status.restarts)
+            active.stored_cursor = status.cursor
         if status.replan and not status.state.terminal and record.state != JobState.CANCELLING:
             self._replace(record, status.replan)
         if status.drained and status.state.terminal:
@@ -180,7 +292,8 @@ class Scheduler:
         except Exception as exc:
             log.exception("job %s: cancel failed", job_id)
             self.store.append_event(job_id, st.EVENT_LOG, {"level": "ERROR", "message": f"cancel failed: {exc}"})
-        self.wake()
+        finally:
+            self.wake()
 
     def _apply(self, record: JobRecord, event: RuntimeEvent) -> JobRecord:
         if event.kind is EventKind.STEP and event.step is not None:
@@ -314,6 +427,18 @@ class Scheduler:
             self._active[record.id] = _Active()
             self._launch(updated, placement)
 
+    def _launch_pending(self) -> None:
+        """Hand the runtime the jobs a short lease held back, when the lease allows it now."""
+        for job_id in sorted(self._unlaunched):
+            if self.leadership is not None and not self.leadership.may_launch():
+                return
+            record = self.store.get_job(job_id)
+            self._unlaunched.discard(job_id)
+            if record.state == JobState.CANCELLING:
+                self._finish(self._set_state(record, JobState.CANCELLED, record.reason))
+            elif record.state == JobState.SCHEDULED:
+                self._launch(record, PlannedPlacement.from_records(record.placement))
+
     def _usage(self, tenant: str) -> TenantUsage:
         active = self.store.list_jobs(tenant=tenant, states=ACTIVE_STATES)
         queued = self.store.count_by_state(tenant).get(JobState.QUEUED, 0)
@@ -352,6 +477,9 @@ class Scheduler:
             self.store.update_status(record.id, expect=[JobState.QUEUED], reason=reason)
 
     def _launch(self, record: JobRecord, placement: PlannedPlacement) -> None:
+        if self.leadership is not None and not self.leadership.may_launch():
+            self._unlaunched.add(record.id)  # too little lease left: the next tick, or the next leader
+            return
         run_dir = self.runs_dir / record.id
         run_dir.mkdir(parents=True, exist_ok=True)
         try:

@@ -1,7 +1,8 @@
 """The trainctl service process: store, Ray runtime, scheduler, gRPC server and metrics endpoint.
 
 `Service(config).start()` brings everything up in this process (what `trainctl serve` and
-`trainctl demo` run); `stop()` takes it down gracefully: health goes NOT_SERVING, watch streams end,
+`trainctl demo` run); health is SERVING while the store's database answers (trainctl.service.readiness);
+`stop()` takes it down gracefully: health goes NOT_SERVING, watch streams end,
 in-flight RPCs get `grace` seconds, the scheduler loop stops, and whatever the service started (the
 embedded Ray, the metrics endpoint) is stopped. Running jobs keep running (their supervisors are
 detached Ray actors) and are re-attached by the next start.
@@ -26,9 +27,11 @@ from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator, AuthInterceptor, check_exposure
 from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
 from trainctl.service.interceptors import ErrorInterceptor, RpcMetricsInterceptor
+from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 from trainctl.service.paths import JobPathPolicy, check_confinement
 from trainctl.service.pool import GpuPool
+from trainctl.service.readiness import StoreReadiness
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.service.sweeps import SweepDriver
@@ -59,6 +62,10 @@ class ServiceConfig:
 
     address: str = DEFAULT_ADDRESS
     data_dir: Path = Path(DEFAULT_DATA_DIR)
+    """Run directories, and the SQLite store unless `store` names a database."""
+    store: str | None = None
+    """A `postgresql://` URL for the job store (trainctl.service.store_db); None: SQLite in `data_dir`.
+    Replicas on one PostgreSQL store all serve the API; one leads the scheduler (a lease in the database)."""
     metrics_port: int = DEFAULT_METRICS_PORT
     """0 turns the Prometheus endpoint off."""
     metrics_host: str = "127.0.0.1"
@@ -123,6 +130,8 @@ class Service:
         self._runtime: Any = None
         self._metrics_server: MetricsServer | None = None
         self._server: grpc.Server | None = None
+        self.leadership: Leadership | None = None
+        self._readiness: StoreReadiness | None = None
         self.port: int = 0
         self.metrics_port: int | None = None
 
@@ -149,6 +158,9 @@ class Service:
         check_confinement(authenticator.enabled, config.data_roots, config.allow_any_data_path)
         runs_dir = Path(config.data_dir).resolve() / "runs"
         paths = JobPathPolicy(config.data_roots, runs_dir)
+        registry = CollectorRegistry()
+        self.metrics = ServiceMetrics(registry)
+        self.store = JobStore(config.store or config.data_dir, metrics=self.metrics)  # before Ray: a bad store starts nothing
         ray_address = config.ray_address
         if ray_address is None:
             self._embedded = start_embedded(config.embedded_nodes, config.embedded_gpus_per_node)
@@ -157,16 +169,16 @@ class Service:
         self._runtime = RayRuntime(ray_address, warm_pool=config.warm_pool)
         topology, source = self._load_topology()
 
-        registry = CollectorRegistry()
-        self.metrics = ServiceMetrics(registry)
-        self.store = JobStore(config.data_dir, metrics=self.metrics)
         if config.metrics_port:
             self._metrics_server = start_metrics_server(registry, config.metrics_host, config.metrics_port)
             self.metrics_port = self._metrics_server.port
         self.pool = GpuPool(topology, source)
+        if self.store.backend == "postgresql":  # replicas may share it: the scheduler runs where the lease is
+            self.leadership = Leadership(self.store)
+            self.leadership.start()
         self.scheduler = Scheduler(
             self.store, self.pool, self._runtime, runs_dir,
-            metrics=self.metrics, quota_of=authenticator.quota,
+            metrics=self.metrics, quota_of=authenticator.quota, leadership=self.leadership,
         )
         self.sweeps = SweepDriver(self.store, self.scheduler)
         servicer = TrainingServicer(
@@ -180,9 +192,9 @@ class Service:
         self.sweeps.start()
         server.start()
         self._server = server
-        for name in ("", SERVICE_NAME):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("trainctl serving on %s (data %s, %s)", self.target, config.data_dir, source)
+        self._readiness = StoreReadiness(self.store, self._health, ("", SERVICE_NAME), stopping=self._stopping)
+        self._readiness.start()  # SERVING while the store's database answers
+        log.info("trainctl serving on %s (data %s, store %s, %s)", self.target, config.data_dir, self.store.location, source)
         return self
 
     def _load_topology(self) -> tuple[Any, str]:
@@ -212,13 +224,17 @@ class Service:
         """Graceful shutdown (see the module docstring); safe to call twice."""
         if self._server is None:
             return
+        self._stopping.set()
+        if self._readiness is not None:
+            self._readiness.stop()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._stopping.set()
         self._server.stop(grace).wait()
         self._server = None
         self.sweeps.stop()
         self.scheduler.stop()
+        if self.leadership is not None:
+            self.leadership.stop()  # a standby takes over on its next try
         if self._metrics_server is not None:
             self._metrics_server.close()
         self.store.close()

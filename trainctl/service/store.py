@@ -1,10 +1,14 @@
-"""The durable job store: SQLite in WAL mode, jobs + an append-only event log + step metrics, and sweeps
-with their trials (a trial and its job are recorded in one transaction).
+"""The durable job store: jobs + an append-only event log + step metrics, and sweeps with their trials
+(a trial and its job are recorded in one transaction), on SQLite in the data directory (WAL) or on
+PostgreSQL named by a URL (trainctl.service.store_db holds the two and the SQL that differs).
 
-Every write is one transaction committed (synchronous=FULL) before the method returns, so a job the
-API has acknowledged survives a crash of the service. `events.sequence` is the global, strictly
-increasing cursor WatchJob resumes from. The schema carries a version; `MIGRATIONS[i]` upgrades a
-version-i database to i+1, and opening a store applies whatever is missing. Given the service's
+Every write is one transaction committed (SQLite: synchronous=FULL) before the method returns, so a job
+the API has acknowledged survives a crash of the service. Writes serialize, across processes too, so
+`events.sequence` is the global, strictly increasing cursor WatchJob resumes from. While a PostgreSQL
+database is unreachable every operation raises `StoreUnavailable` promptly, and the store reconnects by
+itself when it returns. Leases (`acquire_lease`) elect one replica's scheduler; writes made inside
+`fenced(...)` commit only while their lease holds. The schema carries a version; `MIGRATIONS[i]`
+upgrades a version-i database to i+1, and opening a store applies whatever is missing. Given the service's
 metrics, every public operation is timed under its method's name (`trainctl_store_operation_duration_seconds`,
 label `op`: a fixed set, the methods marked `@_timed`), lock waits included.
 """
@@ -13,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sqlite3
 import threading
 import time
 import uuid
@@ -25,12 +28,13 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from trainctl.service.metrics import ServiceMetrics
+from trainctl.service.store_db import DB_NAME as DB_NAME  # re-exported, as the store's errors are
+from trainctl.service.store_db import NOW_SQL, Database, SqliteDatabase, open_database, run_script
+from trainctl.service.store_db import StoreError as StoreError
+from trainctl.service.store_db import StoreUnavailable as StoreUnavailable
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.sweep import Sweep
 from trainctl.workers.events import JobState
-
-DB_NAME = "trainctl.db"
-
 
 EVENT_STATE, EVENT_STEP, EVENT_LOG = "state", "step", "log"
 
@@ -39,26 +43,26 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE jobs (
         id TEXT PRIMARY KEY,
-        seq INTEGER NOT NULL UNIQUE,
+        seq $int NOT NULL UNIQUE,
         request_id TEXT UNIQUE,
         tenant TEXT NOT NULL,
         name TEXT NOT NULL,
         spec TEXT NOT NULL,
-        priority INTEGER NOT NULL,
+        priority $int NOT NULL,
         state TEXT NOT NULL,
         reason TEXT NOT NULL DEFAULT '',
-        create_time REAL NOT NULL,
-        schedule_time REAL,
-        start_time REAL,
-        end_time REAL,
-        update_time REAL NOT NULL,
-        steps_done INTEGER NOT NULL DEFAULT 0,
-        total_steps INTEGER NOT NULL,
-        first_loss REAL,
-        last_loss REAL,
-        restarts INTEGER NOT NULL DEFAULT 0,
-        tokens_per_second REAL NOT NULL DEFAULT 0,
-        mfu REAL,
+        create_time $real NOT NULL,
+        schedule_time $real,
+        start_time $real,
+        end_time $real,
+        update_time $real NOT NULL,
+        steps_done $int NOT NULL DEFAULT 0,
+        total_steps $int NOT NULL,
+        first_loss $real,
+        last_loss $real,
+        restarts $int NOT NULL DEFAULT 0,
+        tokens_per_second $real NOT NULL DEFAULT 0,
+        mfu $real,
         placement TEXT NOT NULL DEFAULT '[]',
         run_dir TEXT NOT NULL DEFAULT '',
         runtime_cursor TEXT NOT NULL DEFAULT ''
@@ -73,25 +77,25 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX job_labels_kv ON job_labels(key, value);
     CREATE TABLE events (
-        sequence INTEGER PRIMARY KEY AUTOINCREMENT,
+        sequence $serial,
         job_id TEXT NOT NULL REFERENCES jobs(id),
-        time REAL NOT NULL,
+        time $real NOT NULL,
         type TEXT NOT NULL,
         payload TEXT NOT NULL
     );
     CREATE INDEX events_job ON events(job_id, sequence);
     CREATE TABLE step_metrics (
         job_id TEXT NOT NULL REFERENCES jobs(id),
-        step INTEGER NOT NULL,
-        time REAL NOT NULL,
-        loss REAL NOT NULL,
-        grad_norm REAL NOT NULL DEFAULT 0,
-        lr REAL NOT NULL DEFAULT 0,
-        tokens INTEGER NOT NULL DEFAULT 0,
-        tokens_per_second REAL NOT NULL DEFAULT 0,
-        mfu REAL,
-        step_time_seconds REAL NOT NULL DEFAULT 0,
-        peak_memory_bytes INTEGER NOT NULL DEFAULT 0,
+        step $int NOT NULL,
+        time $real NOT NULL,
+        loss $real NOT NULL,
+        grad_norm $real NOT NULL DEFAULT 0,
+        lr $real NOT NULL DEFAULT 0,
+        tokens $int NOT NULL DEFAULT 0,
+        tokens_per_second $real NOT NULL DEFAULT 0,
+        mfu $real,
+        step_time_seconds $real NOT NULL DEFAULT 0,
+        peak_memory_bytes $int NOT NULL DEFAULT 0,
         breakdown TEXT NOT NULL DEFAULT '{}',
         PRIMARY KEY (job_id, step)
     );
@@ -100,39 +104,58 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE sweeps (
         id TEXT PRIMARY KEY,
-        seq INTEGER NOT NULL UNIQUE,
+        seq $int NOT NULL UNIQUE,
         request_id TEXT UNIQUE,
         tenant TEXT NOT NULL,
         name TEXT NOT NULL,
         spec TEXT NOT NULL,
         state TEXT NOT NULL,
         reason TEXT NOT NULL DEFAULT '',
-        create_time REAL NOT NULL,
-        update_time REAL NOT NULL,
-        end_time REAL
+        create_time $real NOT NULL,
+        update_time $real NOT NULL,
+        end_time $real
     );
     CREATE INDEX sweeps_state ON sweeps(state);
     CREATE INDEX sweeps_tenant ON sweeps(tenant, seq);
     CREATE TABLE sweep_trials (
         sweep_id TEXT NOT NULL REFERENCES sweeps(id),
-        number INTEGER NOT NULL,
+        number $int NOT NULL,
         job_id TEXT UNIQUE REFERENCES jobs(id),
         params TEXT NOT NULL,
         state TEXT NOT NULL,
-        objective REAL,
-        objective_step INTEGER,
+        objective $real,
+        objective_step $int,
         reason TEXT NOT NULL DEFAULT '',
-        create_time REAL NOT NULL,
-        end_time REAL,
+        create_time $real NOT NULL,
+        end_time $real,
         PRIMARY KEY (sweep_id, number)
+    );
+    """,
+    # 2 -> 3: leases (leadership among service replicas, trainctl.service.leadership).
+    """
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        epoch $int NOT NULL,
+        expires $real NOT NULL
     );
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-class StoreError(RuntimeError):
-    """The database is unusable (e.g. written by a newer trainctl)."""
+@dataclass(frozen=True)
+class Fence:
+    """Proof of leadership for writes (`JobStore.fenced`): they commit only while `holder` holds lease
+    `name` at `epoch`, unexpired by the database's clock."""
+
+    name: str
+    holder: str
+    epoch: int
+
+
+class LeaseLost(StoreError):
+    """A fenced write found its lease lapsed or held by another replica; nothing was written."""
 
 
 class JobNotFound(KeyError):
@@ -274,56 +297,84 @@ def _timed(method: Callable[Concatenate[JobStore, _P], _R]) -> Callable[Concaten
 
 
 class JobStore:
-    """Thread-safe access to one SQLite database; every method is one committed transaction.
+    """Thread-safe access to one database; every method is one committed transaction.
 
-    `metrics` (the service's) times each public operation; a store without it works the same, untimed.
+    `location` is a data directory (SQLite, `DB_NAME` in it) or a `postgresql://` URL. `metrics` (the
+    service's) times each public operation; a store without it works the same, untimed.
     """
 
-    def __init__(self, data_dir: str | Path, *, metrics: ServiceMetrics | None = None):
+    def __init__(self, location: str | Path, *, metrics: ServiceMetrics | None = None):
         self._metrics = metrics
-        self.path = Path(data_dir) / DB_NAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._specs: dict[str, TrainingJob] = {}
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._migrate()
+        self._fencing = threading.local()  # .fence: the Fence this thread's writes carry (see fenced)
+        self._db: Database = open_database(location)
+        try:
+            self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
 
     # ---- schema -------------------------------------------------------------------------------------
     def _migrate(self) -> None:
         with self._tx() as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
+            version = db.schema_version()
             if version > SCHEMA_VERSION:
-                raise StoreError(f"{self.path} has schema version {version}; this trainctl knows up to {SCHEMA_VERSION}")
+                raise StoreError(
+                    f"{db.location} has schema version {version}; this trainctl knows up to {SCHEMA_VERSION}"
+                )
             for target in range(version, SCHEMA_VERSION):
-                _run_script(db, MIGRATIONS[target])
-                db.execute(f"PRAGMA user_version={target + 1}")
+                run_script(db, MIGRATIONS[target])
+                db.set_schema_version(target + 1)
+
+    @property
+    def backend(self) -> str:
+        """"sqlite" or "postgresql"."""
+        return self._db.backend
+
+    @property
+    def location(self) -> str:
+        """The SQLite file, or the PostgreSQL URL without credentials."""
+        return self._db.location
 
     @property
     def schema_version(self) -> int:
         with self._lock:
-            return self._db.execute("PRAGMA user_version").fetchone()[0]
+            return self._db.schema_version()
 
     @property
     def journal_mode(self) -> str:
+        """SQLite's journal mode ("wal"); a PostgreSQL store has none."""
+        if not isinstance(self._db, SqliteDatabase):
+            raise StoreError(f"a {self._db.backend} store has no journal mode")
         with self._lock:
-            return self._db.execute("PRAGMA journal_mode").fetchone()[0]
+            return self._db.journal_mode
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def fenced(self, fence: Fence | None) -> Iterator[None]:
+        """Within this block, every write this thread makes commits only while `fence`'s lease holds,
+        checked inside the write's transaction; otherwise it raises `LeaseLost` (None: unfenced)."""
+        before = getattr(self._fencing, "fence", None)
+        self._fencing.fence = fence
+        try:
+            yield
+        finally:
+            self._fencing.fence = before
+
+    @contextmanager
+    def _tx(self) -> Iterator[Database]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._db.begin_write()
             try:
+                fence = getattr(self._fencing, "fence", None)
+                if fence is not None and not self._holds(self._db, fence):
+                    raise LeaseLost(f"lease {fence.name} (epoch {fence.epoch}) is no longer held by {fence.holder}")
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._db.rollback()
                 raise
-            self._db.execute("COMMIT")
+            self._db.commit()
             self._changed.notify_all()
 
     def close(self) -> None:
@@ -348,8 +399,8 @@ class JobStore:
             job_id = self._insert_job(db, job, tenant, key, now)
             return self._get(job_id), True
 
-    def _insert_job(self, db: sqlite3.Connection, job: TrainingJob, tenant: str, key: str | None, now: float) -> str:
-        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
+    def _insert_job(self, db: Database, job: TrainingJob, tenant: str, key: str | None, now: float) -> str:
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM jobs").fetchone()["seq"]
         job_id = f"{job.metadata.name}-{uuid.uuid4().hex[:8]}"
         db.execute(
             "INSERT INTO jobs (id, seq, request_id, tenant, name, spec, priority, state, reason, create_time,"
@@ -359,10 +410,8 @@ class JobStore:
                 job.spec.scheduling.priority, JobState.QUEUED, "accepted", now, now, total_steps(job),
             ),
         )
-        db.executemany(
-            "INSERT INTO job_labels (job_id, key, value) VALUES (?, ?, ?)",
-            [(job_id, k, v) for k, v in job.metadata.labels.items()],
-        )
+        for key_, value in job.metadata.labels.items():
+            db.execute("INSERT INTO job_labels (job_id, key, value) VALUES (?, ?, ?)", (job_id, key_, value))
         self._append(db, job_id, EVENT_STATE, {"from": "", "to": JobState.QUEUED, "reason": "accepted"}, now)
         return job_id
 
@@ -375,10 +424,10 @@ class JobStore:
         row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(job_id)
-        labels = dict(self._db.execute("SELECT key, value FROM job_labels WHERE job_id = ?", (job_id,)).fetchall())
-        return self._record(row, labels)
+        rows = self._db.execute("SELECT key, value FROM job_labels WHERE job_id = ?", (job_id,)).fetchall()
+        return self._record(row, {r["key"]: r["value"] for r in rows})
 
-    def _record(self, row: sqlite3.Row, labels: dict[str, str]) -> JobRecord:
+    def _record(self, row: dict[str, Any], labels: dict[str, str]) -> JobRecord:
         data = dict(row)
         data.pop("request_id")
         spec = data.pop("spec")
@@ -429,8 +478,8 @@ class JobStore:
             for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
                 chunk = ids[start:start + 500]
                 query = f"SELECT job_id, key, value FROM job_labels WHERE job_id IN ({','.join('?' * len(chunk))})"
-                for job_id, key, value in self._db.execute(query, chunk).fetchall():
-                    labels.setdefault(job_id, {})[key] = value
+                for label in self._db.execute(query, chunk).fetchall():
+                    labels.setdefault(label["job_id"], {})[label["key"]] = label["value"]
             return [self._record(row, labels.get(row["id"], {})) for row in rows]
 
     @_timed
@@ -483,25 +532,28 @@ class JobStore:
             current = self._get(job_id)
             values = [metrics.get(c) for c in _METRIC_COLUMNS]
             db.execute(
-                "INSERT OR REPLACE INTO step_metrics (job_id, step, time, breakdown, "
-                + ", ".join(_METRIC_COLUMNS) + ") VALUES (?, ?, ?, ?, " + ", ".join("?" * len(_METRIC_COLUMNS)) + ")",
+                "INSERT INTO step_metrics (job_id, step, time, breakdown, " + ", ".join(_METRIC_COLUMNS)
+                + ") VALUES (?, ?, ?, ?, " + ", ".join("?" * len(_METRIC_COLUMNS)) + ")"
+                " ON CONFLICT (job_id, step) DO UPDATE SET "
+                + ", ".join(f"{c} = excluded.{c}" for c in ("time", "breakdown", *_METRIC_COLUMNS)),
                 (job_id, step, metrics.get("time", now), json.dumps(metrics.get("breakdown") or {}),
                  *[0 if v is None and c != "mfu" else v for c, v in zip(_METRIC_COLUMNS, values, strict=True)]),
             )
             first = current.first_loss if current.first_loss is not None else metrics["loss"]
             db.execute(
-                "UPDATE jobs SET steps_done = MAX(steps_done, ?), first_loss = ?, last_loss = ?, tokens_per_second = ?,"
-                " mfu = ?, update_time = ? WHERE id = ?",
-                (step, first, metrics["loss"], metrics.get("tokens_per_second") or 0.0, metrics.get("mfu"), now, job_id),
+                "UPDATE jobs SET steps_done = CASE WHEN steps_done > ? THEN steps_done ELSE ? END, first_loss = ?,"
+                " last_loss = ?, tokens_per_second = ?, mfu = ?, update_time = ? WHERE id = ?",
+                (step, step, first, metrics["loss"], metrics.get("tokens_per_second") or 0.0, metrics.get("mfu"), now, job_id),
             )
             return self._append(db, job_id, EVENT_STEP, {**metrics, "time": metrics.get("time", now)}, now)
 
     @_timed
     def count_by_state(self, tenant: str | None = None) -> dict[str, int]:
         """How many jobs are in each state (of one tenant, or of all)."""
-        sql = "SELECT state, COUNT(*) FROM jobs" + (" WHERE tenant = ?" if tenant is not None else "") + " GROUP BY state"
+        sql = "SELECT state, COUNT(*) AS n FROM jobs" + (" WHERE tenant = ?" if tenant is not None else "") + " GROUP BY state"
         with self._lock:
-            return dict(self._db.execute(sql, (tenant,) if tenant is not None else ()).fetchall())
+            rows = self._db.execute(sql, (tenant,) if tenant is not None else ()).fetchall()
+        return {r["state"]: r["n"] for r in rows}
 
     @_timed
     def step_metrics(self, job_id: str, *, after_step: int = 0) -> list[dict[str, Any]]:
@@ -543,7 +595,7 @@ class JobStore:
                 row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (key,)).fetchone()
                 if row is not None:
                     return self._get_sweep(row["id"]), False
-            seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM sweeps").fetchone()[0]
+            seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM sweeps").fetchone()["seq"]
             sweep_id = f"{sweep.metadata.name}-{uuid.uuid4().hex[:8]}"
             db.execute(
                 "INSERT INTO sweeps (id, seq, request_id, tenant, name, spec, state, reason, create_time, update_time)"
@@ -564,14 +616,14 @@ class JobStore:
             raise SweepNotFound(sweep_id)
         return self._sweep_record(row)
 
-    def _sweep_record(self, row: sqlite3.Row) -> SweepRecord:
+    def _sweep_record(self, row: dict[str, Any]) -> SweepRecord:
         data = dict(row)
         data.pop("request_id")
         data["sweep"] = Sweep.model_validate_json(data.pop("spec"))
         data["state"] = SweepState(data["state"])
         trials = self._db.execute("SELECT * FROM sweep_trials WHERE sweep_id = ? ORDER BY number", (row["id"],)).fetchall()
         data["trials"] = [
-            TrialRecord(**{**dict(t), "params": json.loads(t["params"]), "state": TrialState(t["state"])}) for t in trials
+            TrialRecord(**{**t, "params": json.loads(t["params"]), "state": TrialState(t["state"])}) for t in trials
         ]
         return SweepRecord(**data)
 
@@ -613,7 +665,7 @@ class JobStore:
             sweep = db.execute("SELECT tenant, state FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
             if sweep is None:
                 raise SweepNotFound(sweep_id)
-            count_ = db.execute("SELECT COUNT(*) FROM sweep_trials WHERE sweep_id = ?", (sweep_id,)).fetchone()[0]
+            count_ = db.execute("SELECT COUNT(*) AS n FROM sweep_trials WHERE sweep_id = ?", (sweep_id,)).fetchone()["n"]
             if sweep["state"] != SweepState.RUNNING or count_ != number:
                 return None
             job_id = self._insert_job(db, job, sweep["tenant"], f"sweep/{sweep_id}/{number}", now) if job else None
@@ -644,9 +696,9 @@ class JobStore:
             db.execute("UPDATE sweeps SET update_time = ? WHERE id = ?", (now, sweep_id))
             return self._trial(db, sweep_id, number)
 
-    def _trial(self, db: sqlite3.Connection, sweep_id: str, number: int) -> TrialRecord:
+    def _trial(self, db: Database, sweep_id: str, number: int) -> TrialRecord:
         row = db.execute("SELECT * FROM sweep_trials WHERE sweep_id = ? AND number = ?", (sweep_id, number)).fetchone()
-        return TrialRecord(**{**dict(row), "params": json.loads(row["params"]), "state": TrialState(row["state"])})
+        return TrialRecord(**{**row, "params": json.loads(row["params"]), "state": TrialState(row["state"])})
 
     @_timed
     def finish_sweep(
@@ -669,24 +721,59 @@ class JobStore:
                 )
             return self._get_sweep(sweep_id)
 
+    # ---- leases -------------------------------------------------------------------------------------
+    @_timed
+    def acquire_lease(self, name: str, holder: str, ttl: float) -> Fence | None:
+        """Take or renew lease `name` for `ttl` seconds of the database's clock; None while another holder's
+        lease is unexpired. The epoch grows whenever the lease changes hands or had lapsed."""
+        now = NOW_SQL[self._db.backend]
+        with self._tx() as db:
+            row = db.execute(f"SELECT holder, epoch, expires > {now} AS live FROM leases WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                epoch = 1
+                db.execute(f"INSERT INTO leases (name, holder, epoch, expires) VALUES (?, ?, ?, {now} + ?)", (name, holder, epoch, ttl))
+                return Fence(name, holder, epoch)
+            if row["live"] and row["holder"] != holder:
+                return None
+            epoch = row["epoch"] if row["live"] else row["epoch"] + 1
+            db.execute(f"UPDATE leases SET holder = ?, epoch = ?, expires = {now} + ? WHERE name = ?", (holder, epoch, ttl, name))
+            return Fence(name, holder, epoch)
+
+    @_timed
+    def release_lease(self, fence: Fence) -> None:
+        """Give the lease up at once (a standby may take it on its next try), if `fence` still holds it."""
+        with self._tx() as db:
+            db.execute(
+                f"UPDATE leases SET expires = {NOW_SQL[self._db.backend]} - 1 WHERE name = ? AND holder = ? AND epoch = ?",
+                (fence.name, fence.holder, fence.epoch),
+            )
+
+    def _holds(self, db: Database, fence: Fence) -> bool:
+        return db.execute(
+            f"SELECT 1 AS held FROM leases WHERE name = ? AND holder = ? AND epoch = ? AND expires > {NOW_SQL[db.backend]}",
+            (fence.name, fence.holder, fence.epoch),
+        ).fetchone() is not None
+
+    def reachable(self) -> bool:
+        """Whether the database answers now (readiness)."""
+        try:
+            with self._lock:
+                self._db.execute("SELECT 1 AS one").fetchone()
+        except StoreUnavailable:
+            return False
+        return True
+
     def wait_for_change(self, timeout: float) -> None:
         """Block until any write commits or `timeout` seconds pass."""
         with self._changed:
             self._changed.wait(timeout)
 
-    def _append(self, db: sqlite3.Connection, job_id: str, type_: str, payload: dict[str, Any], now: float) -> int:
-        cursor = db.execute(
-            "INSERT INTO events (job_id, time, type, payload) VALUES (?, ?, ?, ?)",
+    def _append(self, db: Database, job_id: str, type_: str, payload: dict[str, Any], now: float) -> int:
+        row = db.execute(
+            "INSERT INTO events (job_id, time, type, payload) VALUES (?, ?, ?, ?) RETURNING sequence",
             (job_id, now, type_, json.dumps(payload)),
-        )
-        return int(cursor.lastrowid)
-
-
-def _run_script(db: sqlite3.Connection, script: str) -> None:
-    """Execute a migration's statements inside the current transaction (executescript would commit)."""
-    for statement in script.split(";"):
-        if statement.strip():
-            db.execute(statement)
+        ).fetchone()
+        return int(row["sequence"])
 
 
 def total_steps(job: TrainingJob) -> int:

@@ -22,7 +22,14 @@ from typing import Any
 import optuna
 
 from trainctl.service.scheduler import Scheduler
-from trainctl.service.store import JobStore, SweepRecord, SweepState, TrialRecord, TrialState
+from trainctl.service.store import (
+    JobStore,
+    StoreUnavailable,
+    SweepRecord,
+    SweepState,
+    TrialRecord,
+    TrialState,
+)
 from trainctl.spec.sweep import Sweep, SweepParameter, trial_job
 from trainctl.spec.validate import SpecError, semantic_violations
 from trainctl.workers.events import JobState
@@ -109,6 +116,8 @@ class SweepDriver:
         while not self._stop.is_set():
             try:
                 self.tick()
+            except StoreUnavailable as exc:  # passes resume when the database returns
+                log.warning("sweep pass skipped: %s", exc)
             except Exception:  # the loop must survive anything one sweep does
                 log.exception("sweep pass failed")
             self._wake.wait(self.interval)
@@ -124,11 +133,18 @@ class SweepDriver:
 
     # ---- one pass ------------------------------------------------------------------------------------
     def tick(self) -> None:
-        """Advance every RUNNING sweep once; forget the searches of sweeps that ended."""
+        """Advance every RUNNING sweep once; forget the searches of sweeps that ended. Only the leading
+        replica's driver works (trainctl.service.leadership); a standby's studies are dropped."""
+        if not self.scheduler.leading:
+            self._studies.clear()
+            return
         running = self.store.list_sweeps(states=[SweepState.RUNNING])
         for record in running:
             try:
                 self._advance(record)
+            except StoreUnavailable:
+                self._studies.pop(record.id, None)  # a write may have committed unseen: rebuild from the store
+                raise
             except Exception:
                 log.exception("sweep %s: pass failed", record.id)
         for sweep_id in set(self._studies) - {r.id for r in running}:

@@ -1,0 +1,62 @@
+"""Readiness follows the store: the gRPC health status (the whole server, "", and the TrainingService)
+is SERVING while the store's database answers and NOT_SERVING while it does not, so a load balancer
+or a Kubernetes gRPC readiness probe stops sending calls that could only be answered UNAVAILABLE.
+Once the service is stopping, it leaves the status alone (stop() has set NOT_SERVING for good).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from grpc_health.v1 import health, health_pb2
+
+from trainctl.service.store import JobStore
+
+log = logging.getLogger(__name__)
+
+CHECK_SECONDS = 1.0
+"""How often the store is asked (a `SELECT 1` on its connection)."""
+
+
+class StoreReadiness:
+    """Sets `names` of `health` from `store.reachable()` every `interval` seconds, in a daemon thread."""
+
+    def __init__(self, store: JobStore, health_servicer: health.HealthServicer, names: Sequence[str], *,
+                 stopping: threading.Event, interval: float = CHECK_SECONDS):
+        self.store = store
+        self.health = health_servicer
+        self.names = tuple(names)
+        self.stopping = stopping
+        self.interval = interval
+        self._ready: bool | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> bool:
+        """Ask the store once and publish the answer; whether it is reachable."""
+        ready = self.store.reachable()
+        if self.stopping.is_set():
+            return ready
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in self.names:
+            self.health.set(name, status)
+        if ready != self._ready:
+            (log.info if ready else log.warning)("readiness: %s (store %s)", "SERVING" if ready else "NOT_SERVING", self.store.location)
+        self._ready = ready
+        return ready
+
+    def start(self) -> None:
+        self.check()
+        self._thread = threading.Thread(target=self._run, name="trainctl-readiness", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.check()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval * 2)
