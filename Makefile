@@ -10,7 +10,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test test-fast lint proto clean promtool
+.PHONY: install demo test test-fast lint proto clean promtool postgres
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,14 +28,18 @@ demo: install
 promtool:
 	command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
 
+# The store tests run each backend: SQLite, and a real PostgreSQL server the tests start (tests/postgres_server.py).
+postgres:
+	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+
 # One pytest process per test directory (tests/run_groups.py says why), then the combined count.
-test: install promtool
+test: install promtool postgres
 	$(VENV)/bin/ruff check .
 	$(PY) tests/run_groups.py --durations=10
 
 # Everything not marked slow (tests/conftest.py marks the tests on Ray clusters, services and long engine
 # runs). pytest exits 5 when it collects nothing, so an empty tier fails.
-test-fast: install promtool
+test-fast: install promtool postgres
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -p no:cacheprovider --durations=10 -m "not slow" tests
 
