@@ -1,4 +1,5 @@
-"""The running-GPU quota in the scheduler: a tenant over quota waits (with the reason), others do not."""
+"""The running-GPU quota in the scheduler: a tenant over quota waits (with the reason), others do not, however
+many of its jobs are queued ahead of theirs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from secure_service import POOL_GPUS_PER_NODE, POOL_NODES
 from small_jobs import small_job
 
 from trainctl.service.pool import GpuPool
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.scheduler import QUEUE_PAGE, Scheduler
 from trainctl.service.store import JobStore
 from trainctl.service.tenancy import Quota
 from trainctl.spec.job import TrainingJob
@@ -72,5 +73,30 @@ def test_a_tenant_over_its_gpu_quota_waits_without_blocking_others(tmp_path: Pat
         assert store.get_job(first.id).state == JobState.SUCCEEDED
         assert runtime.started == [first.id, other.id, second.id]
         assert store.get_job(second.id).state == JobState.SCHEDULED
+    finally:
+        store.close()
+
+
+def test_the_admission_pass_walks_past_a_page_of_over_quota_jobs_and_marks_the_rest_in_one_write(tmp_path: Path) -> None:
+    """The pass reads the queue a page at a time (QUEUE_PAGE): more than a page of one tenant's jobs held
+    by its quota do not hide the next tenant's job, and every job behind the first that does not fit
+    gets its reason."""
+    store = JobStore(tmp_path)
+    runtime = FakeRuntime()
+    quotas = {"vision": Quota(running_gpus=0)}
+    scheduler = Scheduler(
+        store, GpuPool(simulated_topology(POOL_NODES, POOL_GPUS_PER_NODE), "simulated"), runtime, tmp_path / "runs",
+        quota_of=lambda tenant: quotas.get(tenant, Quota()),
+    )
+    try:
+        held = [store.create_job(job(f"held{i}", 1), tenant="vision")[0].id for i in range(QUEUE_PAGE + 6)]
+        fits = store.create_job(job("fits", 2), tenant="nlp")[0].id
+        too_big = store.create_job(job("too-big", POOL_NODES * POOL_GPUS_PER_NODE), tenant="nlp")[0].id
+        behind = [store.create_job(job(f"behind{i}", 1), tenant="nlp")[0].id for i in range(QUEUE_PAGE + 1)]
+        scheduler.tick()
+        assert runtime.started == [fits]
+        assert all("quota running_gpus of tenant 'vision'" in store.get_job(j).reason for j in held)
+        assert store.get_job(too_big).reason.startswith("waiting for")
+        assert {store.get_job(j).reason for j in behind} == {f"waiting behind {too_big} (priority 0), first in the queue"}
     finally:
         store.close()

@@ -123,6 +123,25 @@ def test_list_filters_and_pages(store_location: str) -> None:
         store.get_job("nope")
 
 
+def test_the_queue_reads_in_admission_order_a_page_at_a_time(store_location: str) -> None:
+    store = JobStore(store_location)
+    ids = [store.create_job(job(f"q{i}", priority=i % 3), tenant=f"t{i % 2}")[0].id for i in range(7)]
+    store.update_status(ids[4], state=JobState.SCHEDULED)  # no longer queued
+    order = [ids[i] for i in (2, 5, 1, 0, 3, 6)]  # priority 2, then 1, then 0; submission order within
+    first = store.queue(limit=4)
+    assert [q.id for q in first] == order[:4] and [q.id for q in store.queue(after=first[-1], limit=4)] == order[4:]
+    assert [(q.priority, q.tenant, q.reason, q.job.metadata.name) for q in first[:1]] == [(2, "t0", "accepted", "q2")]
+
+    assert store.set_queue_reason("waiting behind q1", behind=first[2]) == 3  # q0, q3 and q6 follow q1
+    assert {q.id: q.reason for q in store.queue()} == {
+        **{i: "accepted" for i in order[:3]}, **{i: "waiting behind q1" for i in order[3:]},
+    }
+    assert store.set_queue_reason("waiting behind q1", behind=first[2]) == 0  # nothing left to change
+    assert store.set_queue_reason("a node is being replaced", behind=None) == 6
+    assert store.get_job(ids[4]).reason != "a node is being replaced"
+    store.close()
+
+
 def test_a_restarted_step_replaces_its_metrics_row(store_location: str) -> None:
     store = JobStore(store_location)
     record, _ = store.create_job(job())

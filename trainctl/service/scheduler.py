@@ -34,10 +34,11 @@ The service never runs torch collectives: the runtime (trainctl.workers.runtime)
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,7 +47,7 @@ from trainctl.service import store as st
 from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
 from trainctl.service.pool import GpuPool, PlannedPlacement
-from trainctl.service.store import Fence, JobRecord, JobStore, LeaseLost, StoreUnavailable
+from trainctl.service.store import Fence, JobRecord, JobStore, LeaseLost, QueuedJob, StoreUnavailable
 from trainctl.service.tenancy import Quota, TenantUsage, start_block_reason
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import ACTIVE_STATES, EVENTS_FILE, EventKind, JobState
@@ -55,6 +56,8 @@ from trainctl.workers.events import JobStatus as RuntimeStatus
 
 log = logging.getLogger(__name__)
 
+QUEUE_PAGE = 64
+"""Queued jobs the admission pass reads at a time (it stops at the first job that does not fit)."""
 POLL_GRACE_SECONDS = 30.0
 """How long a job's supervisor may be unreachable (just created, or busy) before the job fails."""
 
@@ -384,48 +387,66 @@ class Scheduler:
             self.wake()
 
     def _admit(self) -> None:
-        queued = sorted(self.store.list_jobs(states=[JobState.QUEUED]), key=lambda r: (-r.priority, r.seq))
+        """One pass over the queue: start jobs in order until one does not fit; that one and every job
+        behind it get their waiting reason in one write, so a pass reads and writes the same few rows
+        however long the queue is."""
+        queue = self._queue()
+        first = next(queue, None)
+        if first is None:
+            return
         replacing = next((job_id for job_id, active in self._active.items() if active.replan_waiting), None)
-        down = self._down_nodes() if queued and replacing is None else set()
-        blocked_by: JobRecord | None = None
-        for record in queued:
-            if replacing is not None:
-                self._wait(record, f"waiting behind {replacing}, which waits for GPUs to re-place it after a node loss")
-                continue
-            if blocked_by is not None:
-                self._wait(record, f"waiting behind {blocked_by.id} (priority {blocked_by.priority}), first in the queue")
-                continue
-            gpus = record.job.spec.resources.gpus
-            quota_reason = start_block_reason(record.tenant, self.quota_of(record.tenant), self._usage(record.tenant), gpus)
+        if replacing is not None:
+            reason = f"waiting behind {replacing}, which waits for GPUs to re-place it after a node loss"
+            self.store.set_queue_reason(reason, behind=None)
+            return
+        down = self._down_nodes()
+        usage: dict[str, TenantUsage] = {}
+        for entry in itertools.chain([first], queue):
+            gpus = entry.job.spec.resources.gpus
+            if entry.tenant not in usage:
+                usage[entry.tenant] = self._usage(entry.tenant)
+            quota_reason = start_block_reason(entry.tenant, self.quota_of(entry.tenant), usage[entry.tenant], gpus)
             if quota_reason is not None:
-                self._wait(record, quota_reason)
+                self._wait(entry, quota_reason)
                 self._decision("quota")
                 continue  # a tenant over quota does not block other tenants
             started = time.perf_counter()
-            placement = self.pool.place(record.job, down=down)
+            placement = self.pool.place(entry.job, down=down)
             solver_seconds = time.perf_counter() - started
             if placement is None:
                 free = len(self.pool.free_slots(down=down))
-                self._wait(record, f"waiting for {gpus} GPUs: {free} of {self.pool.total} free")
+                self._wait(entry, f"waiting for {gpus} GPUs: {free} of {self.pool.total} free")
                 self._decision("no_capacity", solver_seconds)
-                blocked_by = record
-                continue
-            self.pool.reserve(record.id, placement)
+                behind = f"waiting behind {entry.id} (priority {entry.priority}), first in the queue"
+                self.store.set_queue_reason(behind, behind=entry)
+                return
+            self.pool.reserve(entry.id, placement)
             nodes = sorted({a.node for a in placement.assignments})
             updated = self.store.update_status(
-                record.id, expect=[JobState.QUEUED], state=JobState.SCHEDULED,
+                entry.id, expect=[JobState.QUEUED], state=JobState.SCHEDULED,
                 reason=f"placed {len(placement.assignments)} ranks on {', '.join(nodes)}", schedule_time=time.time(),
-                placement=placement.records(), run_dir=str(self.runs_dir / record.id),
+                placement=placement.records(), run_dir=str(self.runs_dir / entry.id),
             )
             if updated is None:  # cancelled meanwhile
-                self.pool.release(record.id)
+                self.pool.release(entry.id)
                 continue
+            usage.pop(entry.tenant)  # it runs more now
             self._decision("started", solver_seconds)
             if self.metrics is not None:
                 self.metrics.set_job_state(updated.id, updated.tenant, updated.state)
                 self.metrics.set_job_placement(updated.id, updated.tenant, self._by_domain(placement))
-            self._active[record.id] = _Active()
+            self._active[entry.id] = _Active()
             self._launch(updated, placement)
+
+    def _queue(self) -> Iterator[QueuedJob]:
+        """The queue in admission order, read a page at a time as the pass walks it."""
+        after = None
+        while True:
+            page = self.store.queue(after=after, limit=QUEUE_PAGE)
+            yield from page
+            if len(page) < QUEUE_PAGE:
+                return
+            after = page[-1]
 
     def _launch_pending(self) -> None:
         """Hand the runtime the jobs a short lease held back, when the lease allows it now."""
@@ -472,9 +493,9 @@ class Scheduler:
             for name, gpus in self.pool.nodes()
         )
 
-    def _wait(self, record: JobRecord, reason: str) -> None:
-        if record.reason != reason:
-            self.store.update_status(record.id, expect=[JobState.QUEUED], reason=reason)
+    def _wait(self, entry: QueuedJob, reason: str) -> None:
+        if entry.reason != reason:
+            self.store.update_status(entry.id, expect=[JobState.QUEUED], reason=reason)
 
     def _launch(self, record: JobRecord, placement: PlannedPlacement) -> None:
         if self.leadership is not None and not self.leadership.may_launch():
