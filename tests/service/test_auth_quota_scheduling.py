@@ -49,14 +49,16 @@ def job(name: str, gpus: int) -> TrainingJob:
     return small_job(name, gpus=gpus)
 
 
-def test_a_tenant_over_its_gpu_quota_waits_without_blocking_others(tmp_path: Path) -> None:
+def quota_scheduler(tmp_path: Path, quotas: dict[str, Quota]) -> tuple[Scheduler, JobStore, FakeRuntime]:
+    """A scheduler over a fresh store and the simulated pool, with these tenants' quotas (others unlimited)."""
     store = JobStore(tmp_path)
     runtime = FakeRuntime()
-    quotas = {"vision": Quota(running_gpus=4)}
-    scheduler = Scheduler(
-        store, GpuPool(simulated_topology(POOL_NODES, POOL_GPUS_PER_NODE), "simulated"), runtime, tmp_path / "runs",
-        quota_of=lambda tenant: quotas.get(tenant, Quota()),
-    )
+    pool = GpuPool(simulated_topology(POOL_NODES, POOL_GPUS_PER_NODE), "simulated")
+    return Scheduler(store, pool, runtime, tmp_path / "runs", quota_of=lambda t: quotas.get(t, Quota())), store, runtime
+
+
+def test_a_tenant_over_its_gpu_quota_waits_without_blocking_others(tmp_path: Path) -> None:
+    scheduler, store, runtime = quota_scheduler(tmp_path, {"vision": Quota(running_gpus=4)})
     try:
         first, _ = store.create_job(job("first", 4), tenant="vision")
         second, _ = store.create_job(job("second", 2), tenant="vision")
@@ -81,13 +83,7 @@ def test_the_admission_pass_walks_past_a_page_of_over_quota_jobs_and_marks_the_r
     """The pass reads the queue a page at a time (QUEUE_PAGE): more than a page of one tenant's jobs held
     by its quota do not hide the next tenant's job, and every job behind the first that does not fit
     gets its reason."""
-    store = JobStore(tmp_path)
-    runtime = FakeRuntime()
-    quotas = {"vision": Quota(running_gpus=0)}
-    scheduler = Scheduler(
-        store, GpuPool(simulated_topology(POOL_NODES, POOL_GPUS_PER_NODE), "simulated"), runtime, tmp_path / "runs",
-        quota_of=lambda tenant: quotas.get(tenant, Quota()),
-    )
+    scheduler, store, runtime = quota_scheduler(tmp_path, {"vision": Quota(running_gpus=0)})
     try:
         held = [store.create_job(job(f"held{i}", 1), tenant="vision")[0].id for i in range(QUEUE_PAGE + 6)]
         fits = store.create_job(job("fits", 2), tenant="nlp")[0].id
