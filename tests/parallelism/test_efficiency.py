@@ -13,6 +13,7 @@ from trainctl.parallelism.data.dataset import build_dataset
 from trainctl.parallelism.data.token_shards import PrefetchLoader
 from trainctl.parallelism.engine import efficiency
 from trainctl.parallelism.engine.trainer import StepReport, Trainer
+from trainctl.parallelism.sizing.micro_batch import micro_batch_candidates, with_micro_batch_size
 from trainctl.spec.job import DataSpec, TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.spec.validate import semantic_violations
@@ -23,8 +24,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_auto_takes_the_largest_micro_batch_whose_estimate_fits(corpus: str) -> None:
     job = tiny_job(corpus, training={"micro_batch_size": "auto"}, dp_replicate=2)
     config = resolve_model(job.model)
-    assert efficiency.micro_batch_candidates(job) == [4, 2, 1]
-    estimates = {m: efficiency.peak_estimate(config, efficiency.with_micro_batch_size(job, m)) for m in (4, 2, 1)}
+    assert micro_batch_candidates(job) == [4, 2, 1]
+    estimates = {m: efficiency.peak_estimate(config, with_micro_batch_size(job, m)) for m in (4, 2, 1)}
     assert estimates[4] > estimates[2] > estimates[1]
     assert efficiency.choose_micro_batch_size(config, job, estimates[4]) == 4
     assert efficiency.choose_micro_batch_size(config, job, estimates[4] - 1) == 2
@@ -77,7 +78,7 @@ def test_cuda_auto_probe_and_allocator_report(corpus: str) -> None:
     job = tiny_job(corpus, steps=2, training={"micro_batch_size": "auto", "empty_cache_steps": 1})
     job = job.model_copy(update={"resources": job.resources.model_copy(update={"device": "cuda"})})
     trainer = Trainer(job, device="cuda", on_step=reports.append)
-    assert trainer.job.training.micro_batch_size in efficiency.micro_batch_candidates(job)
+    assert trainer.job.training.micro_batch_size in micro_batch_candidates(job)
     trainer.run()
     breakdown = reports[-1].breakdown
     assert breakdown["allocator_reserved_bytes"] >= 0 and 0.0 <= breakdown["allocator_fragmentation"] <= 1.0

@@ -22,7 +22,8 @@ from trainctl.parallelism.checkpoint.pretrained import (
 )
 from trainctl.parallelism.data.corpus import PackedDataset
 from trainctl.parallelism.engine.trainer import Trainer
-from trainctl.parallelism.model.lora import LoRALinear, is_adapter
+from trainctl.parallelism.model.lora import LoRALinear
+from trainctl.parallelism.model.lora_names import is_adapter
 from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.job import JobSpecBody, TrainingJob
 from trainctl.spec.presets import resolve_model

@@ -7,11 +7,11 @@ import itertools
 import pytest
 import torch
 
-from trainctl.parallelism.layouts.pipeline import (
+from trainctl.parallelism.layouts.pipeline import split_pipeline_stages
+from trainctl.parallelism.layouts.stage_split import (
     PipelineLayoutError,
     balanced_split,
     local_stage_indices,
-    split_pipeline_stages,
     stage_rank,
 )
 from trainctl.parallelism.model.transformer import build_model

@@ -5,6 +5,8 @@ naming the option, the field or the file."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,3 +138,21 @@ def test_bad_clusters_and_maps_are_refused_naming_the_option(
     err = capsys.readouterr().err
     for text in expected:
         assert text.format(**names) in err, err
+
+
+CONTROL_PLANE_IMPORTS = """
+import sys
+from trainctl.cli.main import main
+import trainctl.service.server
+code = main(["plan", sys.argv[1], "--cluster", "hgx-h100:4"])
+print(code, sorted({m.split(".")[0] for m in sys.modules} & {"torch", "ray"}))
+"""
+
+
+def test_the_control_plane_loads_and_plans_without_torch_or_ray() -> None:
+    """The service's modules and a full plan (placement, memory per rank, step time) need neither torch nor
+    Ray loaded: the control plane starts in seconds and holds no engine in memory (Ray loads when it serves)."""
+    done = subprocess.run([sys.executable, "-c", CONTROL_PLANE_IMPORTS, str(HYBRID)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "0 []", done.stdout[-2000:]

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from trainctl.parallelism.checkpoint.pretrained import init_from_problem
+from trainctl.parallelism.checkpoint.source import init_from_problem
 from trainctl.service import store as st
 from trainctl.service.auth import Authenticator
 from trainctl.service.convert import job_from_proto, job_to_proto, timestamp

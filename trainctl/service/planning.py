@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from trainctl.parallelism.engine.efficiency import with_micro_batch_size
 from trainctl.parallelism.layouts.grid import DIMS, RankGrid
 from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
 from trainctl.parallelism.sizing.estimator import MemoryEstimate, estimate_memory, model_plan
 from trainctl.parallelism.sizing.flops import peak_flops
+from trainctl.parallelism.sizing.micro_batch import with_micro_batch_size
 from trainctl.parallelism.sizing.step_time import modelled_step_time
 from trainctl.service.pool import OFFLINE_BUDGET_S, GpuPool
 from trainctl.spec.job import INT64_MAX, JobSpecBody, TrainingJob

@@ -44,6 +44,7 @@ import yaml
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
+from trainctl.parallelism.checkpoint.source import CHECKPOINT_SUBDIR as CHECKPOINT_SUBDIR
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.job import TrainingJob
@@ -57,7 +58,6 @@ from trainctl.workers.topology.model import TopologyMap, parse_topology
 log = logging.getLogger(__name__)
 
 SUPERVISOR_PREFIX = "trainctl-job-"
-CHECKPOINT_SUBDIR = "checkpoints"
 LOGS_SUBDIR = "logs"
 """Under the run directory: each command job rank's output file (`trainctl.workers.command.output`)."""
 ROOT_CAUSE_WAIT = 2.0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
@@ -30,74 +29,14 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-COMPLETE = "COMPLETE"
-METADATA = ".metadata"
-"""DCP's metadata file in every checkpoint directory."""
-STEP_DIR = re.compile(r"^step_(\d{8})$")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint under `root`, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and (child / COMPLETE).is_file():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
-def checkpoint_problem(path: str | Path) -> str | None:
-    """Why the checkpoint at `path` cannot be loaded (no marker, a file missing or of the wrong size),
-    or None when it is intact. A marker from before manifests only needs DCP's metadata file."""
-    path = Path(path)
-    if not (path / COMPLETE).is_file():
-        return f"partial: no {COMPLETE} marker"
-    try:
-        files = json.loads((path / COMPLETE).read_text())["files"]
-    except (ValueError, KeyError, TypeError):
-        files = {METADATA: None}
-    if not isinstance(files, dict):
-        return f"its {COMPLETE} manifest is malformed"
-    for name, size in sorted(files.items()):
-        file = path / name
-        if not file.is_file():
-            return f"file {name} is missing"
-        if size is not None and file.stat().st_size != size:
-            return f"file {name} has {file.stat().st_size} bytes, {size} were written"
-    return None
-
-
-def checkpoint_size(path: str | Path) -> int:
-    """Bytes of the complete checkpoint at `path`: the files its `COMPLETE` manifest lists, plus the marker."""
-    path = Path(path)
-    marker = path / COMPLETE
-    return sum(json.loads(marker.read_text())["files"].values()) + marker.stat().st_size
-
-
-def latest_checkpoint(
-    root: str | Path, on_skip: Callable[[Path, str], None] | None = None
-) -> tuple[int, Path] | None:
-    """The newest intact complete checkpoint, or None. Partial saves and damaged checkpoints are
-    skipped; `on_skip(path, why)` hears about each one met on the way."""
-    root = Path(root)
-    skip = on_skip or (lambda _path, _why: None)
-    if root.is_dir():
-        for child in sorted(root.iterdir()):
-            if child.name.startswith(".tmp_step_") or (STEP_DIR.match(child.name) and not (child / COMPLETE).is_file()):
-                skip(child, "partial: the save did not finish")
-    for step, path in reversed(complete_checkpoints(root)):
-        problem = checkpoint_problem(path)
-        if problem is None:
-            return step, path
-        skip(path, problem)
-    return None
+from trainctl.parallelism.checkpoint.layout import COMPLETE as COMPLETE  # re-exported: the layout's names
+from trainctl.parallelism.checkpoint.layout import METADATA as METADATA
+from trainctl.parallelism.checkpoint.layout import STEP_DIR as STEP_DIR
+from trainctl.parallelism.checkpoint.layout import checkpoint_problem as checkpoint_problem
+from trainctl.parallelism.checkpoint.layout import checkpoint_size as checkpoint_size
+from trainctl.parallelism.checkpoint.layout import complete_checkpoints as complete_checkpoints
+from trainctl.parallelism.checkpoint.layout import latest_checkpoint as latest_checkpoint
+from trainctl.parallelism.checkpoint.layout import step_dir_name as step_dir_name
 
 
 @contextlib.contextmanager

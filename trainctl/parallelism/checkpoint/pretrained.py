@@ -18,113 +18,25 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from pydantic import ValidationError
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from trainctl.parallelism.checkpoint import dcp as ckpt
 from trainctl.parallelism.checkpoint.hf_import import read_model_weights
+from trainctl.parallelism.checkpoint.source import CheckpointNotFoundError as CheckpointNotFoundError
+from trainctl.parallelism.checkpoint.source import Pretrained as Pretrained
+from trainctl.parallelism.checkpoint.source import init_from_problem as init_from_problem
+from trainctl.parallelism.checkpoint.source import open_checkpoint as open_checkpoint
+from trainctl.parallelism.checkpoint.source import write_run_spec as write_run_spec
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.model.lora import apply_lora, merge_lora_state
 from trainctl.parallelism.model.transformer import Transformer, build_model
 from trainctl.spec.job import JobSpecBody
-from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
+from trainctl.spec.presets import ModelConfig
 
-RUN_SPEC = "job.json"
-CHECKPOINT_SUBDIR = "checkpoints"
 MAX_CHAIN = 16
-
-
-class CheckpointNotFoundError(ConfigurationError, FileNotFoundError):
-    """The path names no usable checkpoint (the message says what was looked for)."""
-
-
-@dataclass(frozen=True)
-class Pretrained:
-    """A resolved checkpoint: where it is, the job that wrote it, its model shape."""
-
-    path: Path
-    job: JobSpecBody
-    config: ModelConfig
-
-
-def write_run_spec(checkpoint_dir: str | Path, job: JobSpecBody) -> None:
-    """Record `job` in `checkpoint_dir/job.json` (atomically; call on one rank)."""
-    root = Path(checkpoint_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{RUN_SPEC}.tmp"
-    tmp.write_text(job.model_dump_json(indent=2))
-    tmp.replace(root / RUN_SPEC)
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The complete `step_*` checkpoint `path` names (itself, a root's newest, or a run dir's newest)."""
-    path = Path(path).expanduser()
-    if (path / ckpt.COMPLETE).is_file():
-        problem = ckpt.checkpoint_problem(path)
-        if problem is not None:
-            raise CheckpointNotFoundError(f"{path}: the checkpoint is damaged: {problem}")
-        return path
-    for root in (path, path / CHECKPOINT_SUBDIR):
-        found = ckpt.latest_checkpoint(root)
-        if found is not None:
-            return found[1]
-    raise CheckpointNotFoundError(
-        f"{path}: no complete checkpoint there (looked for a step_* directory with {ckpt.COMPLETE}, "
-        f"and for step_* directories in it or in its {CHECKPOINT_SUBDIR}/)"
-    )
-
-
-def open_checkpoint(path: str | Path, job: JobSpecBody | None = None) -> Pretrained:
-    """Resolve `path` and the job that wrote it (its recorded job.json unless `job` is given)."""
-    step_dir = resolve_checkpoint(path)
-    if job is None:
-        spec_file = step_dir.parent / RUN_SPEC
-        if not spec_file.is_file():
-            raise CheckpointNotFoundError(
-                f"{step_dir}: the run recorded no {RUN_SPEC} beside its checkpoints; pass the job spec explicitly"
-            )
-        try:
-            job = JobSpecBody.model_validate_json(spec_file.read_text())
-        except (OSError, ValidationError) as exc:
-            raise CheckpointNotFoundError(f"{spec_file}: not a readable job record: {exc}") from exc
-    try:
-        config = resolve_model(job.model)
-    except (UnknownPresetError, PretrainedConfigError) as exc:
-        raise CheckpointNotFoundError(f"{step_dir}: the model it was written for is unknown: {exc}") from exc
-    return Pretrained(path=step_dir, job=job, config=config)
-
-
-def _weight_shape(config: ModelConfig) -> dict[str, object]:
-    """The fields of a model shape that decide its parameters' names and shapes."""
-    moe = config.moe
-    return {
-        "vocab_size": config.vocab_size, "dim": config.dim, "n_layers": config.n_layers, "n_heads": config.n_heads,
-        "n_kv_heads": config.n_kv_heads, "ffn_dim": config.ffn_dim, "head_dim": config.head_dim,
-        "qkv_bias": config.qkv_bias, "qk_norm": config.qk_norm, "tie_embeddings": config.tie_embeddings,
-        "moe": None if moe is None else (moe.num_experts, moe.shared_expert, moe.interval),
-    }
-
-
-def init_from_problem(path: str, job: JobSpecBody) -> str | None:
-    """Why `path` cannot be `job`'s init_from, or None: it names no intact complete checkpoint, its run
-    recorded no job, or its model's parameters differ from `job`'s. Reads markers, manifests and the
-    recorded job only, never the weights (the submit-time check; loading catches the rest)."""
-    try:
-        source = open_checkpoint(path)
-    except CheckpointNotFoundError as exc:
-        return str(exc)
-    except OSError as exc:  # a name too long, a directory without permission
-        return f"{path}: {exc.strerror or exc}"
-    theirs, ours = _weight_shape(source.config), _weight_shape(resolve_model(job.model))
-    differ = [f"{name} {theirs[name]} (this job: {ours[name]})" for name in ours if theirs[name] != ours[name]]
-    if differ:
-        return f"{source.path} holds a model of another shape: {', '.join(differ)}"
-    return None
 
 
 @contextlib.contextmanager

@@ -21,7 +21,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from trainctl.parallelism.checkpoint.hf_import import HFWeights, Region, whole
-from trainctl.parallelism.model.lora import initial_adapter, is_adapter
+from trainctl.parallelism.model.lora import initial_adapter
+from trainctl.parallelism.model.lora_names import is_adapter
 from trainctl.spec.presets import ModelConfig
 
 

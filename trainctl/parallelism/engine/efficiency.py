@@ -30,24 +30,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainctl.parallelism.layouts.parallelize import ParallelModel
 from trainctl.parallelism.sizing.estimator import estimate_all
+from trainctl.parallelism.sizing.micro_batch import micro_batch_candidates, with_micro_batch_size
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig
 
 MEMORY_FRACTION = 0.85
 """Share of the device memory `auto` lets the estimate fill (the rest: allocator slack, workspace)."""
-
-
-def with_micro_batch_size(job: JobSpecBody, micro: int) -> JobSpecBody:
-    """`job` with `training.micro_batch_size` set to `micro` (validated)."""
-    data = job.model_dump()
-    data["training"]["micro_batch_size"] = micro
-    return JobSpecBody.model_validate(data)
-
-
-def micro_batch_candidates(job: JobSpecBody) -> list[int]:
-    """Divisors of the per-rank batch, largest first: the micro-batch sizes that keep the global batch."""
-    per_rank = job.training.global_batch_size // job.parallelism.dp
-    return [m for m in range(per_rank, 0, -1) if per_rank % m == 0]
 
 
 def host_available_bytes() -> int:

@@ -19,7 +19,6 @@ dp_shard x cp (`dp_shard_cp`) and replicated over dp_replicate.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -28,24 +27,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from trainctl.parallelism.layouts.dp_mode import DPMode, effective_mode, partition_sizes
 from trainctl.parallelism.layouts.mesh import ParallelMesh
 from trainctl.spec.job import ParallelismSpec
-
-DPMode = Literal["none", "ddp", "zero1", "zero2", "fsdp", "hsdp"]
-
-
-def select_mode(par: ParallelismSpec) -> DPMode:
-    """Which data-parallel implementation the spec's degrees and zero_stage select."""
-    shard = par.dp_shard * par.cp
-    if par.dp_replicate * shard == 1:
-        return "none"
-    if shard == 1 or par.zero_stage == 0:
-        return "ddp"
-    if par.zero_stage == 1:
-        return "zero1"
-    if par.dp_replicate > 1:
-        return "hsdp"
-    return "zero2" if par.zero_stage == 2 else "fsdp"
 
 
 def has_dtensor_params(module: nn.Module, ignored: Collection[nn.Parameter] = ()) -> bool:
@@ -108,13 +92,6 @@ def apply_ddp(
     )
 
 
-def effective_mode(par: ParallelismSpec, dtensor_params: bool) -> DPMode:
-    """`select_mode`, with ZeRO-1 upgraded to ZeRO-2 when dense parameters are DTensors (TP): DDP
-    cannot hold them, and ZeRO-2 shards a superset of what ZeRO-1 shards."""
-    mode = select_mode(par)
-    return "zero2" if mode == "zero1" and dtensor_params else mode
-
-
 def apply_data_parallel(
     parts: Sequence[nn.Module],
     pmesh: ParallelMesh,
@@ -140,20 +117,6 @@ def apply_data_parallel(
         apply_fsdp(p, mesh, reshard_after_forward=reshard, param_dtype=param_dtype, ignored=ig)
         for p, ig in zip(parts, ignored, strict=True)
     ], mode
-
-
-def partition_sizes(sizes: Sequence[int], n: int) -> list[int]:
-    """Owner (0..n-1) of each parameter for ZeRO-1: largest first, each to the least-loaded owner
-    (ties to the lowest index). Deterministic, so the estimator computes the same partition."""
-    if n < 1:
-        raise ValueError("partition needs at least one owner")
-    load = [0] * n
-    owner = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        best = min(range(n), key=lambda r: (load[r], r))
-        owner[i] = best
-        load[best] += sizes[i]
-    return owner
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

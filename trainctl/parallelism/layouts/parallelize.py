@@ -30,12 +30,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 
 from trainctl.parallelism.layouts.context_parallel import apply_context_parallel
 from trainctl.parallelism.layouts.data_parallel import (
-    DPMode,
     ZeroOneSharding,
     apply_data_parallel,
-    effective_mode,
     has_dtensor_params,
 )
+from trainctl.parallelism.layouts.dp_mode import DPMode, effective_mode
 from trainctl.parallelism.layouts.expert_parallel import apply_expert_parallel, expert_parameters
 from trainctl.parallelism.layouts.mesh import ParallelMesh
 from trainctl.parallelism.layouts.pipeline import PipelineChunk, split_pipeline_stages

@@ -23,11 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainctl.parallelism.model.lora_names import PARENTS, is_adapter
 from trainctl.spec.job import LoRASpec
-
-PARENTS = {"wq": "attention", "wk": "attention", "wv": "attention", "wo": "attention",
-           "w1": "feed_forward", "w2": "feed_forward", "w3": "feed_forward"}
-ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 
 
 class LoRALinear(nn.Linear):
@@ -98,11 +95,6 @@ def initial_adapter(name: str, shape: tuple[int, ...], seed: int) -> torch.Tenso
     generator = torch.Generator().manual_seed(_seed(seed, name.removesuffix(".lora_a")))
     bound = 1.0 / math.sqrt(shape[1])
     return torch.rand(shape, generator=generator) * 2 * bound - bound
-
-
-def is_adapter(name: str) -> bool:
-    """Whether a (canonical) parameter name is a LoRA adapter."""
-    return name.endswith(ADAPTER_SUFFIXES)
 
 
 def merge_lora_state(state: dict[str, torch.Tensor], spec: LoRASpec) -> dict[str, torch.Tensor]:

@@ -31,10 +31,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from math import ceil, prod
 
-from trainctl.parallelism.layouts.data_parallel import effective_mode, partition_sizes
+from trainctl.parallelism.layouts.dp_mode import effective_mode, partition_sizes
 from trainctl.parallelism.layouts.grid import RankGrid
-from trainctl.parallelism.layouts.pipeline import balanced_split, local_stage_indices
-from trainctl.parallelism.model.lora import PARENTS, is_adapter
+from trainctl.parallelism.layouts.stage_split import balanced_split, local_stage_indices
+from trainctl.parallelism.model.lora_names import PARENTS, is_adapter
 from trainctl.parallelism.sizing.flops import training_flops_per_token
 from trainctl.spec.job import JobSpecBody, LoRASpec
 from trainctl.spec.presets import ModelConfig

@@ -1,0 +1,287 @@
+"""Store scale: a service whose store holds 10,000 queued jobs and 1,000,000 events.
+
+Preloads a SQLite store (schema from `JobStore`, rows written in bulk: every job QUEUED and asking for
+more GPUs than the pool has, so the head of the queue blocks the rest, with labels and 100 events
+each), then, against the real `trainctl serve` process on a Ray head this script starts:
+
+- start: seconds from starting `trainctl serve` to its first OK GetJob, cold and after a SIGKILL;
+- reads: 20 concurrent clients (asyncio gRPC, 2 processes) issuing GetJob of random jobs and ListJobs
+  pages (no filter, the QUEUED state, a label, the page after a token) for `--seconds`; p50 / p99
+  per method at the client;
+- admission: with the service stopped, `Scheduler.tick()` on the same store and pool (in this
+  process): the first pass, then the p50 / max of `--passes` more.
+
+    .venv/bin/python bench/store/bench_scale.py --out bench/store/results-scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import re
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from trainctl.service.pool import GpuPool
+from trainctl.service.scheduler import Scheduler
+from trainctl.service.store import DB_NAME, EVENT_LOG, JobStore, total_steps
+from trainctl.spec.job import TrainingJob
+from trainctl.v1 import training_pb2 as pb
+from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.workers.embedded import topology_labels
+from trainctl.workers.events import JobState
+from trainctl.workers.resources import slot_resources
+from trainctl.workers.topology import simulated_topology
+
+BIN = Path(sys.executable).parent
+GPUS = 2
+"""GPU slots of the one Ray node; every preloaded job asks for more, so none is admitted."""
+LABELS = ("a", "b", "c")
+START_TIMEOUT = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def preload(data_dir: Path, jobs: int, events: int) -> list[str]:
+    """A store of `jobs` QUEUED jobs (priorities 0-4, label team=a|b|c) and `events` log events; the job ids."""
+    JobStore(data_dir).close()  # the current schema
+    job = TrainingJob.model_validate({
+        "metadata": {"name": "scale"},
+        "spec": {"model": {"preset": "debug"}, "parallelism": {"dp_shard": GPUS * 2},
+                 "resources": {"gpus": GPUS * 2, "device": "cpu"}},
+    })
+    spec, steps, now = job.model_dump_json(), total_steps(job), time.time()
+    ids = [f"scale-{i:06d}" for i in range(jobs)]
+    db = sqlite3.connect(data_dir / DB_NAME)
+    with db:
+        db.executemany(
+            "INSERT INTO jobs (id, seq, tenant, name, spec, priority, state, reason, create_time, update_time, total_steps)"
+            " VALUES (?, ?, 'default', 'scale', ?, ?, ?, 'accepted', ?, ?, ?)",
+            ((job_id, i + 1, spec, i % 5, JobState.QUEUED, now + i * 1e-3, now, steps) for i, job_id in enumerate(ids)),
+        )
+        db.executemany("INSERT INTO job_labels (job_id, key, value) VALUES (?, 'team', ?)",
+                       ((job_id, LABELS[i % 3]) for i, job_id in enumerate(ids)))
+        payload = json.dumps({"message": "step 10: loss 2.3456 grad_norm 0.812 lr 0.0003 tokens/s 123456"})
+        db.executemany("INSERT INTO events (job_id, time, type, payload) VALUES (?, ?, ?, ?)",
+                       ((ids[k % jobs], now, EVENT_LOG, payload) for k in range(events)))
+    db.close()
+    return ids
+
+
+def start_ray_head(work: Path) -> tuple[subprocess.Popen, str]:
+    """`ray start --head --block` on loopback, labelled as node-0 of the simulated map with GPUS slots."""
+    topology = simulated_topology(1, GPUS)
+    (work / "topology.yaml").write_text(topology.to_yaml())
+    port = free_port()
+    temp = Path(tempfile.mkdtemp(prefix="tc-ray-"))  # Ray's socket paths must fit in 107 bytes
+    labels = ",".join(f"{k}={v}" for k, v in topology_labels(topology, "node-0").items())
+    ports = ("ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+             "runtime-env-agent-port", "metrics-export-port", "node-manager-port", "object-manager-port")
+    log = (work / "ray-head.log").open("w")
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", f"--temp-dir={temp}", f"--resources={json.dumps(slot_resources(GPUS))}",
+         f"--labels={labels}", *(f"--{name}={free_port()}" for name in ports)],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
+    deadline = time.monotonic() + START_TIMEOUT
+    while "block forever" not in (work / "ray-head.log").read_text():
+        if head.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"ray start failed:\n{(work / 'ray-head.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    return head, f"127.0.0.1:{port}"
+
+
+def start_service(work: Path, ray_address: str, address: str, probe_id: str) -> tuple[subprocess.Popen, float]:
+    """`trainctl serve` on the preloaded store; the process and the seconds until its first OK GetJob."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [str(BIN / "trainctl"), "serve", f"--address={address}", f"--data-dir={work / 'data'}",
+         f"--ray-address={ray_address}", f"--topology={work / 'topology.yaml'}", "--metrics-port=0"],
+        stdout=(work / "serve.log").open("a"), stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.TrainingServiceStub(channel)
+        while True:
+            if proc.poll() is not None or time.monotonic() - started > START_TIMEOUT:
+                raise RuntimeError(f"the service did not serve:\n{(work / 'serve.log').read_text()[-3000:]}")
+            try:
+                stub.GetJob(pb.GetJobRequest(id=probe_id), timeout=1.0)
+                return proc, time.monotonic() - started
+            except grpc.RpcError:
+                time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """Signal the process; SIGKILL its group if it has not exited within 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+async def reader(stub: Any, ids: list[str], until: float, rng: random.Random, out: dict[str, list[float]]) -> None:
+    """One client: GetJob and the four ListJobs kinds in turn until `until`; latencies by kind."""
+    token = ""
+    kinds = ("GetJob", "ListJobs", "ListJobs state", "ListJobs label", "ListJobs next page")
+    while time.monotonic() < until:
+        kind = kinds[rng.randrange(len(kinds))]
+        request: Any
+        if kind == "GetJob":
+            call, request = stub.GetJob, pb.GetJobRequest(id=rng.choice(ids))
+        else:
+            request = pb.ListJobsRequest(page_size=50)
+            if kind == "ListJobs state":
+                request.states.append(pb.QUEUED)
+            elif kind == "ListJobs label":
+                request.labels["team"] = rng.choice(LABELS)
+            elif kind == "ListJobs next page" and token:
+                request.page_token = token
+            call = stub.ListJobs
+        t0 = time.perf_counter()
+        answer = await call(request, timeout=30)
+        out.setdefault(kind, []).append(time.perf_counter() - t0)
+        if kind == "ListJobs":
+            token = answer.next_page_token
+
+
+def client_process(address: str, ids: list[str], clients: int, seconds: float, seed: int, results: Any) -> None:
+    """`clients` concurrent readers on one channel each, in this process."""
+    async def run() -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        channels = [grpc.aio.insecure_channel(address) for _ in range(clients)]
+        until = time.monotonic() + seconds
+        await asyncio.gather(*(
+            reader(pb_grpc.TrainingServiceStub(ch), ids, until, random.Random(seed + i), out) for i, ch in enumerate(channels)
+        ))
+        for channel in channels:
+            await channel.close()
+        return out
+
+    results.put(asyncio.run(run()))
+
+
+def percentiles_ms(values: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(values, n=100, method="inclusive")
+    return {"calls": len(values), "p50_ms": round(1e3 * statistics.median(values), 2), "p99_ms": round(1e3 * q[98], 2)}
+
+
+def read_load(address: str, ids: list[str], clients: int, processes: int, seconds: float) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=client_process, args=(address, ids, clients // processes, seconds, 1000 * p, results))
+             for p in range(processes)]
+    for proc in procs:
+        proc.start()
+    merged: dict[str, list[float]] = {}
+    for _ in procs:
+        for kind, values in results.get(timeout=seconds + 120).items():
+            merged.setdefault(kind, []).extend(values)
+    for proc in procs:
+        proc.join()
+    by_method: dict[str, list[float]] = {}
+    for kind, values in merged.items():
+        by_method.setdefault(kind.split()[0], []).extend(values)
+    return {"by_kind": {k: percentiles_ms(v) for k, v in sorted(merged.items())},
+            "by_method": {m: percentiles_ms(v) for m, v in sorted(by_method.items())}}
+
+
+def admission(data_dir: Path, topology_file: Path, passes: int) -> dict[str, Any]:
+    """`Scheduler.tick()` over the preloaded queue, nothing admitted (every job needs more GPUs than there are)."""
+    from trainctl.workers.topology import load_topology
+
+    class NoRuntime:
+        """Ray as the scheduler sees it when every node is alive and no job runs."""
+
+        def live_nodes(self) -> set[str]:
+            return {"node-0"}
+
+        def running_jobs(self) -> list[str]:
+            return []
+
+        def start_job(self, job_id: str, *_: Any, **__: Any) -> None:
+            raise AssertionError(f"{job_id} was admitted, but no preloaded job fits the pool")
+
+    store = JobStore(data_dir)
+    try:
+        scheduler = Scheduler(store, GpuPool(load_topology(topology_file), "bench"), NoRuntime(), data_dir / "runs")
+        times = []
+        for _ in range(passes + 1):
+            t0 = time.perf_counter()
+            scheduler.tick()
+            times.append(time.perf_counter() - t0)
+        queued = store.count_by_state().get(JobState.QUEUED, 0)
+        reasons = {r.reason for r in store.list_jobs(states=[JobState.QUEUED], limit=1000)}
+    finally:
+        store.close()
+    return {"queued": queued, "first_pass_ms": round(1e3 * times[0], 1),
+            "pass_p50_ms": round(1e3 * statistics.median(times[1:]), 1), "pass_max_ms": round(1e3 * max(times[1:]), 1),
+            "waiting_reasons": len(reasons)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--passes", type=int, default=20)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": args.jobs, "events": args.events,
+                              "clients": args.clients, "seconds": args.seconds, "load_average": os.getloadavg()}
+    with tempfile.TemporaryDirectory(prefix="trainctl-scale-") as tmp:
+        work = Path(tmp)
+        (work / "data").mkdir()
+        t0 = time.monotonic()
+        ids = preload(work / "data", args.jobs, args.events)
+        result["preload_seconds"] = round(time.monotonic() - t0, 1)
+        result["store_mib"] = round(sum(f.stat().st_size for f in (work / "data").iterdir()) / 2**20, 1)
+        head, ray_address = start_ray_head(work)
+        try:
+            address = f"127.0.0.1:{free_port()}"
+            service, cold = start_service(work, ray_address, address, ids[0])
+            try:
+                result["reads"] = read_load(address, ids, args.clients, args.processes, args.seconds)
+                stop(service, signal.SIGKILL)
+                service, restart = start_service(work, ray_address, address, ids[-1])
+                result["start_seconds"] = {"cold": round(cold, 2), "after_sigkill": round(restart, 2)}
+            finally:
+                stop(service)
+        finally:
+            stop(head)
+        result["admission"] = admission(work / "data", work / "topology.yaml", args.passes)
+        served = re.findall(r"error.*", (work / "serve.log").read_text())
+        result["service_errors"] = served[:5]
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
