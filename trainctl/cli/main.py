@@ -9,7 +9,8 @@
     trainctl sweep create|get|list|cancel|watch   (hyperparameter sweeps: trainctl.cli.sweep_cmd)
     trainctl data prepare PATHS --out DIR   trainctl export JOB|CKPT --out DIR   trainctl generate JOB|CKPT --prompt T
 
-Client commands find the server in --server or TRAINCTL_SERVER (default 127.0.0.1:50051) and send
+Client commands find the server in --server or TRAINCTL_SERVER (default 127.0.0.1:50051; several replicas
+comma-separated, failed over on UNAVAILABLE) and send
 TRAINCTL_TOKEN as a bearer token. `serve --store` (or TRAINCTL_STORE) names a PostgreSQL job store. Exit status: 0 success, 1 an API or runtime error (or a watched job
 that did not succeed), 2 an invalid spec or usage.
 """
@@ -36,7 +37,7 @@ import grpc  # noqa: E402
 import yaml  # noqa: E402
 
 from trainctl.cli import data_cmd, export_cmd, generate_cmd, sweep_cmd, topology_cmd  # noqa: E402
-from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient  # noqa: E402
+from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, AddressError, TrainctlClient  # noqa: E402
 from trainctl.cli.progress import follow, state_name, table  # noqa: E402
 from trainctl.parallelism.sizing.step_time import STEP_TERMS  # noqa: E402
 from trainctl.service.convert import job_from_proto  # noqa: E402
@@ -379,7 +380,8 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainctl", description="Distributed LLM training service.")
-    parser.add_argument("--server", help=f"service address (default: ${SERVER_ENV} or {DEFAULT_SERVER})")
+    parser.add_argument("--server", help=f"service address HOST:PORT, or several replicas' comma-separated, tried in turn "
+                        f"while one answers UNAVAILABLE (default: ${SERVER_ENV} or {DEFAULT_SERVER})")
     sub = parser.add_subparsers(dest="command", required=True)
     # One declaration per command below: a deliberate table of parsers.
 
@@ -494,6 +496,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: not a valid job spec", file=sys.stderr)
         for violation in exc.violations:
             print(f"  {violation}", file=sys.stderr)
+        return EXIT_INVALID
+    except AddressError as exc:  # --server or $TRAINCTL_SERVER names no address
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except BrokenPipeError:  # the reader went away (`trainctl logs JOB | head`): stop quietly
         with contextlib.suppress(OSError, ValueError):  # so the flush at exit has nowhere to fail
