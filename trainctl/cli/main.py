@@ -1,6 +1,6 @@
 """The `trainctl` command.
 
-    trainctl serve [--address HOST:PORT] [--data-dir DIR] [--store URL] [--metrics-port N] [--ray-address ADDR] [--topology FILE] [--warm-pool]
+    trainctl serve [--address HOST:PORT] [--health-address HOST:PORT] [--data-dir DIR] [--store URL] [--metrics-port N] [--ray-address ADDR] [--topology FILE] [--warm-pool]
                    [--nodes N] [--gpus-per-node G]
     trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
     trainctl cancel JOB                  trainctl logs JOB [-f] [--rank N]   trainctl plan FILE [--cluster PRESET:N | --topology MAP]
@@ -147,7 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         address=args.address, data_dir=args.data_dir, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         store=args.store, ray_address=args.ray_address, **embedded,
         topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
-        allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool,
+        allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool, health_address=args.health_address,
     )
     try:
         service = Service(config).start()
@@ -387,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the service")
     serve.add_argument("--address", default="127.0.0.1:50051", help="gRPC listen address HOST:PORT")
+    serve.add_argument("--health-address", metavar="HOST:PORT",
+                       help="also serve gRPC health, and only it, in plaintext here (for Kubernetes' gRPC probe, "
+                            "which speaks no TLS; default: health only on --address)")
     serve.add_argument("--data-dir", type=Path, default=Path(".trainctl"), help="store and run directory")
     serve.add_argument("--store", type=_store_url, default=os.environ.get(STORE_ENV) or None,
                        help=f"PostgreSQL URL of the job store (default: ${STORE_ENV}, else SQLite in --data-dir)")
