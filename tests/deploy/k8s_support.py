@@ -22,10 +22,12 @@ CRD_SCHEMAS = {
 }
 CORE_FILES = {("v1", "ConfigMap"): "configmap-v1.json", ("v1", "Secret"): "secret-v1.json",
               ("v1", "Service"): "service-v1.json"}
-# Core kinds without a standalone file: their definition in the same strict _definitions.json.
+# Kinds without a standalone file: their definition in the same strict _definitions.json.
 CORE_DEFINITIONS = {("v1", "Namespace"): "io.k8s.api.core.v1.Namespace",
                     ("v1", "ServiceAccount"): "io.k8s.api.core.v1.ServiceAccount",
-                    ("v1", "PersistentVolumeClaim"): "io.k8s.api.core.v1.PersistentVolumeClaim"}
+                    ("v1", "PersistentVolumeClaim"): "io.k8s.api.core.v1.PersistentVolumeClaim",
+                    ("apps/v1", "Deployment"): "io.k8s.api.apps.v1.Deployment",
+                    ("policy/v1", "PodDisruptionBudget"): "io.k8s.api.policy.v1.PodDisruptionBudget"}
 
 
 def kustomize(kubectl: str, path: Path) -> list[dict[str, Any]]:

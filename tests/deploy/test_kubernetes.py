@@ -74,8 +74,23 @@ def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+def control_plane(docs) -> dict[str, Any]:
+    """The `trainctl serve` container: the head's sidecar, or the replicas' (components/ha-postgres)."""
+    pods = [p for p in pod_templates(docs) if p.where.startswith(("RayCluster/", "Deployment/trainctl"))]
+    (container,) = [c for p in pods for c in p.spec["containers"] if c["name"] == "trainctl"]
+    return container
+
+
+def supervisors_on_head(docs) -> bool:
+    """Whether the head advertises the control resource, which puts every job supervisor there."""
+    from trainctl.workers.resources import CONTROL_RESOURCE
+
+    (cluster,) = objects(docs, "RayCluster").values()
+    return CONTROL_RESOURCE in cluster["spec"]["headGroupSpec"].get("resources", {})
+
+
 def test_every_overlay_is_there() -> None:
-    assert {"cpu-dev", "gpu-h100", "gb200-nvl72"} <= set(OVERLAYS)
+    assert {"cpu-dev", "gpu-h100", "gb200-nvl72", "gpu-h100-ha"} <= set(OVERLAYS)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -122,11 +137,11 @@ def test_selectors_and_ports_match_pods(built, overlay) -> None:
         if "jobLabel" in mon["spec"]:
             assert all(mon["spec"]["jobLabel"] in p.labels for p in selected), mon["metadata"]["name"]
     (trainctl_monitor,) = [m for m in objects(docs, "PodMonitor").values() if m["metadata"]["name"] == "trainctl"]
-    (head,) = [p for p in pods if matches(trainctl_monitor["spec"]["selector"]["matchLabels"], p.labels)]
-    assert head.labels[trainctl_monitor["spec"]["jobLabel"]] == "trainctl"  # the rules' job="trainctl"
+    (service_pod,) = [p for p in pods if matches(trainctl_monitor["spec"]["selector"]["matchLabels"], p.labels)]
+    assert service_pod.labels[trainctl_monitor["spec"]["jobLabel"]] == "trainctl"  # the rules' job="trainctl"
     worker_monitor = objects(docs, "PodMonitor")["ray-workers"]
     assert all(matches(worker_monitor["spec"]["selector"]["matchLabels"], p.labels)
-               for p in pods if p.labels["ray.io/node-type"] == "worker")
+               for p in pods if p.labels.get("ray.io/node-type") == "worker")
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -199,8 +214,7 @@ def test_worker_gpu_slots_match_gpus_and_topology(built, overlay) -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_control_plane_args_are_real_serve_flags(built, overlay) -> None:
-    (cluster,) = objects(built[overlay], "RayCluster").values()
-    (sidecar,) = [c for c in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"] if c["name"] == "trainctl"]
+    sidecar = control_plane(built[overlay])
     assert sidecar["command"] == ["trainctl"] and sidecar["args"][0] == "serve"
     help_text = subprocess.run([sys.executable, "-m", "trainctl.cli.main", "serve", "--help"], capture_output=True,
                                text=True, check=True, timeout=60).stdout
@@ -264,16 +278,20 @@ def test_gcs_fault_tolerance_component(kubectl, tmp_path) -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_pod_shares_the_run_directories(built, overlay) -> None:
-    """Supervisor, ranks and service exchange events and checkpoints under <data dir>/runs."""
+    """Supervisor, ranks and service exchange events and checkpoints under <data dir>/runs (Ray's head
+    container too where the supervisors are placed on the head)."""
     docs = built[overlay]
     data_dir = objects(docs, "ConfigMap")["trainctl-settings"]["data"]["TRAINCTL_DATA_DIR"]
     claims = objects(docs, "PersistentVolumeClaim")
+    writers = {"trainctl", "ray-worker", *(["ray-head"] if supervisors_on_head(docs) else [])}
     for pod in pod_templates(docs):
         volumes = {v["name"]: v for v in pod.spec["volumes"]}
-        (container,) = [c for c in pod.spec["containers"] if c["name"] in ("trainctl", "ray-worker")]
-        mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
-        claim = mounts[f"{data_dir}/runs"]["persistentVolumeClaim"]["claimName"]
-        assert "ReadWriteMany" in claims[claim]["spec"]["accessModes"], (pod.where, claim)
+        containers = [c for c in pod.spec["containers"] if c["name"] in writers]
+        assert containers, pod.where
+        for container in containers:
+            mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+            claim = mounts[f"{data_dir}/runs"]["persistentVolumeClaim"]["claimName"]
+            assert "ReadWriteMany" in claims[claim]["spec"]["accessModes"], (pod.where, claim)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -283,8 +301,7 @@ def test_every_path_a_job_names_is_confined_to_the_read_only_datasets_volume(bui
     the datasets PVC read-only at that root."""
     docs = built[overlay]
     data_root = objects(docs, "ConfigMap")["trainctl-settings"]["data"]["TRAINCTL_DATA_ROOT"]
-    (cluster,) = objects(docs, "RayCluster").values()
-    (sidecar,) = [c for c in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"] if c["name"] == "trainctl"]
+    sidecar = control_plane(docs)
     assert "--data-root=$(TRAINCTL_DATA_ROOT)" in sidecar["args"]
     assert not any(a.startswith("--allow-any-data-path") for a in sidecar["args"])
     claims = objects(docs, "PersistentVolumeClaim")
@@ -295,3 +312,53 @@ def test_every_path_a_job_names_is_confined_to_the_read_only_datasets_volume(bui
             claim = volumes[mount["name"]]["persistentVolumeClaim"]
             assert mount.get("readOnly") is True and claim.get("readOnly") is True, (pod.where, container["name"])
             assert "ReadWriteMany" in claims[claim["claimName"]]["spec"]["accessModes"], (pod.where, claim)
+
+
+HA_OVERLAYS = [o for o in OVERLAYS if o.endswith("-ha")]
+
+
+@pytest.mark.parametrize("overlay", HA_OVERLAYS)
+def test_two_replicas_on_postgresql_replace_the_head_sidecar(built, overlay) -> None:
+    """components/ha-postgres: 2 replicas, one per node, a PodDisruptionBudget over exactly them, the
+    database URL from a Secret only, readiness from gRPC health on a plaintext port, liveness that a
+    database outage does not fail, the Service on the replicas, and Ray's head alone in its pod."""
+    from trainctl.workers.resources import CONTROL_CAPACITY, CONTROL_RESOURCE
+
+    docs, pods = built[overlay], pod_templates(built[overlay])
+    (deployment,) = objects(docs, "Deployment").values()
+    assert deployment["spec"]["replicas"] == 2
+    (replica,) = [p for p in pods if p.where.startswith("Deployment/")]
+    assert matches(deployment["spec"]["selector"]["matchLabels"], replica.labels)
+    (pdb,) = objects(docs, "PodDisruptionBudget").values()
+    assert pdb["spec"]["minAvailable"] == 1
+    assert [p.where for p in pods if matches(pdb["spec"]["selector"]["matchLabels"], p.labels)] == [replica.where]
+    service = objects(docs, "Service")["trainctl"]
+    assert [p.where for p in pods if matches(service["spec"]["selector"], p.labels)] == [replica.where]
+    (anti,) = replica.spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["topologyKey"] == "kubernetes.io/hostname" and matches(anti["labelSelector"]["matchLabels"], replica.labels)
+
+    serve = control_plane(docs)
+    env = {e["name"]: e for e in serve["env"]}
+    assert env["TRAINCTL_STORE"]["valueFrom"]["secretKeyRef"] == {"name": "trainctl-store", "key": "url"}
+    assert "trainctl-store" not in objects(docs, "Secret"), "the URL's Secret is the operator's, not a placeholder"
+    rendered = yaml.safe_dump_all(docs)
+    assert "postgresql://" not in rendered and "postgres://" not in rendered
+    assert not any(a.startswith("--store") for a in serve["args"])
+    (health_arg,) = [a for a in serve["args"] if a.startswith("--health-address=")]
+    health_port = int(re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)]["value"], health_arg).rsplit(":", 1)[1])
+    assert serve["readinessProbe"]["grpc"]["port"] == health_port
+    assert health_port in {p["containerPort"] for p in serve["ports"]}
+    grpc_port = next(p for p in serve["ports"] if p["name"] == "grpc")
+    assert serve["livenessProbe"]["tcpSocket"]["port"] in (grpc_port["name"], grpc_port["containerPort"])
+    assert "--warm-pool" not in serve["args"]
+
+    (cluster,) = objects(docs, "RayCluster").values()
+    assert any(a == f"--ray-address={cluster['metadata']['name']}-head-svc:$(TRAINCTL_RAY_GCS_PORT)" for a in serve["args"])
+    (ray_node,) = replica.spec["initContainers"]
+    assert ray_node["restartPolicy"] == "Always" and ray_node["command"] == ["ray"]
+    assert {"--num-cpus=0", "--num-gpus=0", "--block"} <= set(ray_node["args"])
+    head = cluster["spec"]["headGroupSpec"]
+    assert [c["name"] for c in head["template"]["spec"]["containers"]] == ["ray-head"]
+    assert "trainctl.io/component" not in head["template"]["metadata"].get("labels", {})
+    assert float(head["resources"][CONTROL_RESOURCE]) == CONTROL_CAPACITY
+    assert "trainctl-store" not in objects(docs, "PersistentVolumeClaim"), "no SQLite volume"

@@ -4,18 +4,20 @@ GPU per node, so each 2-rank job takes the whole pool): both serve the API, the 
 Any replica answers for the cluster (GetCluster on the standby shows the leader's job on its GPUs).
 SIGKILL of the leader with one job running and one queued: the standby leads within 10 s (the 6 s
 lease, tried every 2 s), re-attaches to the supervisor that kept the job running (same processes,
-never restarted) and supervises it to SUCCEEDED, then runs the queued job; a watcher that was on the
-killed replica resumes on the other at its cursor with no gap and no duplicate; nothing is lost,
-duplicated or re-run; no Ray actor or placement group is left."""
+never restarted) and supervises it to SUCCEEDED, then runs the queued job; the watchers, given both
+addresses with the leader's first (the CLI's client in the test, and `trainctl --server A,B logs -f`
+in a process of its own), were on the killed replica and resume on the other at their cursor with no
+gap and no duplicate; nothing is lost, duplicated or re-run; no Ray actor or placement group is left."""
 
 from __future__ import annotations
 
+import re
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import psycopg
 import pytest
 from fault_support import (
@@ -29,13 +31,12 @@ from fault_support import (
     wait_for,
 )
 from postgres_server import PostgresServer
-from serve_process import ServeProcess
+from serve_process import BIN, ServeProcess
 from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.service.leadership import SCHEDULER_LEASE
 from trainctl.v1 import training_pb2 as pb
-from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.workers.embedded import EmbeddedRay
 from trainctl.workers.events import EVENTS_FILE, EventKind, JobState, read_events
 
@@ -77,22 +78,48 @@ def replicas(cluster: EmbeddedRay, postgres: PostgresServer,
         yield first, second, url
 
 
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen]]:
+    """Processes the test starts, killed at its end if still running."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def printed_events(out: str) -> tuple[list[int], list[int]]:
+    """(the sequences of the state and log lines, the step numbers of the step lines) `trainctl logs -f`
+    printed (plain lines: its stdout is a file)."""
+    sequences = [int(s) for s in re.findall(r"^\[(\d+)\] ", out, flags=re.MULTILINE)]
+    steps = [int(s) for s in re.findall(r"^step (\d+)/", out, flags=re.MULTILINE)]
+    return sequences, steps
+
+
 def runs_of(*replicas: ServeProcess) -> list[Path]:
     return [r.data_dir / "runs" for r in replicas]
 
 
 def test_sigkilled_leader_replica_hands_over_losing_and_duplicating_nothing(
-    replicas: tuple[ServeProcess, ServeProcess, str], cluster: EmbeddedRay
+    replicas: tuple[ServeProcess, ServeProcess, str], cluster: EmbeddedRay, processes: list[subprocess.Popen]
 ) -> None:
     leader, standby, url = replicas
     on_leader, on_standby = TrainctlClient(leader.target), TrainctlClient(standby.target)
     running = on_standby.create_job(small_job("running", steps=30))  # either replica takes API calls
     queued = on_leader.create_job(small_job("queued", steps=3))
-    channel = grpc.insecure_channel(leader.target)
-    stream = pb_grpc.TrainingServiceStub(channel).WatchJob(pb.WatchJobRequest(id=running.id, follow=True))
+    both = f"{leader.target},{standby.target}"
+    cli_out = leader.data_dir.parent.parent / "logs-f.out"
+    with cli_out.open("w") as out:  # the CLI as users run it, following the job on the leader
+        cli = subprocess.Popen([str(BIN / "trainctl"), "--server", both, "logs", running.id, "-f"],
+                               stdout=out, stderr=subprocess.STDOUT)
+    processes.append(cli)
+    watching = TrainctlClient(both)
+    stream = watching.watch(running.id)
     seen: list[pb.JobEvent] = []
     ranks = freeze_once_stepping(cluster, stream, seen, running.id)  # still running when the standby leads
     try:
+        wait_for(lambda: "step 2/30" in cli_out.read_text(), "`trainctl logs -f` shows the job stepping", 60)
         assert on_standby.get_job(queued.id).status.state == pb.QUEUED
         wait_for(lambda: on_standby.get_cluster().used_gpus == 2, "the standby's GetCluster shows the leader's job", 10)
         supervisor = supervisor_pid(cluster, running.id)
@@ -100,10 +127,6 @@ def test_sigkilled_leader_replica_hands_over_losing_and_duplicating_nothing(
 
         leader.kill()
         killed = time.monotonic()
-        with pytest.raises(grpc.RpcError):
-            for event in stream:
-                seen.append(event)
-        channel.close()
         wait_for(lambda: holder_pid(lease_holder(url)) == standby.proc.pid, "the standby leads", TAKEOVER_SECONDS)
         took_over = time.monotonic() - killed
         jobs = {j.id: j.status.state for j in on_standby.list_jobs()}
@@ -113,10 +136,14 @@ def test_sigkilled_leader_replica_hands_over_losing_and_duplicating_nothing(
     finally:
         signal_all(list(ranks.values()), signal.SIGCONT)
 
-    cursor = seen[-1].sequence
-    resumed = list(on_standby.watch(running.id, after_sequence=cursor))  # the watcher moves to the standby
+    resumed = list(stream)  # the watcher moves to the standby at its cursor
+    assert watching.target == standby.target
     whole = list(on_standby.watch(running.id))
     assert seen + resumed == whole, "the resumed watch has no gap and no duplicate"
+    assert cli.wait(timeout=60) == 0, cli_out.read_text()
+    assert printed_events(cli_out.read_text()) == (
+        [e.sequence for e in whole if e.WhichOneof("payload") != "step"], steps_of(whole)
+    ), "`trainctl logs -f` moved to the standby with no gap and no duplicate"
     assert states_of(whole) == [pb.QUEUED, pb.SCHEDULED, pb.RUNNING, pb.SUCCEEDED]
     assert steps_of(whole) == list(range(1, 31)), "every step exactly once: nothing re-ran"
     done = on_standby.get_job(running.id, full=True)
@@ -132,5 +159,6 @@ def test_sigkilled_leader_replica_hands_over_losing_and_duplicating_nothing(
     assert on_standby.get_cluster().used_gpus == 0
     on_leader.close()
     on_standby.close()
+    watching.close()
     assert_nothing_left(cluster)
     print(f"standby led {took_over:.1f} s after the leader's SIGKILL")

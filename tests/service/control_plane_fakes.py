@@ -11,6 +11,7 @@ import importlib.util
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,16 @@ def start_api_server(
 
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     return ApiServer(scheduler, server, f"127.0.0.1:{port}", sweeps, health_servicer)
+
+
+def eventually(check: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    """`check()`'s first true result, asked every 20 ms; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout} s")
+        time.sleep(0.02)
+    return result
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from control_plane_fakes import ScriptedRuntime
+from control_plane_fakes import ScriptedRuntime, eventually
 from postgres_server import PostgresServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,16 +30,6 @@ from trainctl.workers.topology import simulated_topology
 TTL = 1.0
 """Short leases keep the test short; the protocol does not depend on the length."""
 PAUSE = 3 * TTL
-TAKEOVER_SECONDS = 10 * TTL
-
-
-def eventually(check: Callable[[], Any], what: str, timeout: float = TAKEOVER_SECONDS) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {timeout} s")
-        time.sleep(0.02)
-    return result
 
 
 class PausingStore(JobStore):

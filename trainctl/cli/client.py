@@ -5,10 +5,17 @@
     for event in client.watch(job.id):
         ...
 
+The target may name several replicas of the service, comma-separated ("a:50051,b:50051"; the same in
+$TRAINCTL_SERVER). Calls go to one address at a time; a call answered UNAVAILABLE (connection
+refused, the replica gone, its database unreachable) is tried again on the next address, and after
+each full round of addresses the client waits (0.4 s, doubling) before the next; it gives up after
+RETRIES rounds. Every call is safe to repeat: `create_job` / `create_sweep` send a fresh request id
+and repeat it unchanged, so a retry never creates the job twice, and a cancel of a cancelled job
+answers the job. `watch` re-opens a broken stream (UNAVAILABLE) the same way, on the next address,
+from the last event it saw: no gap, no duplicate.
+
 Errors are grpc.RpcError; `trainctl.service.errors.field_violations(err)` lists the offending fields
-of an INVALID_ARGUMENT. `create_job` sends a fresh request id, and retries an UNAVAILABLE answer
-with the same id, so a retry never creates the job twice. `watch` resumes from the last event it
-saw when the stream breaks.
+of an INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -33,10 +41,25 @@ DEFAULT_SERVER = "127.0.0.1:50051"
 SERVER_ENV = "TRAINCTL_SERVER"
 TOKEN_ENV = "TRAINCTL_TOKEN"
 RETRIES = 5
+"""Rounds over the addresses before a call answered UNAVAILABLE everywhere gives up."""
+
+
+class AddressError(ValueError):
+    """A server list with no address in it."""
+
+
+def server_addresses(target: str | None) -> list[str]:
+    """The service addresses in `target`, else $TRAINCTL_SERVER, else the default: comma-separated, in
+    the order they are tried."""
+    text = target or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+    addresses = [part.strip() for part in text.split(",") if part.strip()]
+    if not addresses:
+        raise AddressError(f"no service address in {text!r} (expected HOST:PORT[,HOST:PORT...])")
+    return addresses
 
 
 class TrainctlClient:
-    """A connection to a trainctl service."""
+    """A connection to a trainctl service: one or several replicas (module docstring)."""
 
     def __init__(
         self,
@@ -48,18 +71,23 @@ class TrainctlClient:
         tls_key: Path | None = None,
         timeout: float = 30.0,
     ):
-        self.target = target or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+        self.addresses = server_addresses(target)
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        if tls_ca or tls_cert:
-            self._channel = grpc.secure_channel(self.target, channel_credentials(tls_ca, tls_cert, tls_key))
-        else:
-            self._channel = grpc.insecure_channel(self.target)
-        self._stub = pb_grpc.TrainingServiceStub(self._channel)
+        self._credentials = channel_credentials(tls_ca, tls_cert, tls_key) if tls_ca or tls_cert else None
+        self._channels: dict[str, grpc.Channel] = {}
+        self._current = 0
         self.timeout = timeout
 
+    @property
+    def target(self) -> str:
+        """The address calls go to now."""
+        return self.addresses[self._current]
+
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
 
     def __enter__(self) -> TrainctlClient:
         return self
@@ -67,28 +95,54 @@ class TrainctlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _channel(self) -> grpc.Channel:
+        channel = self._channels.get(self.target)
+        if channel is None:
+            if self._credentials is not None:
+                channel = grpc.secure_channel(self.target, self._credentials)
+            else:
+                channel = grpc.insecure_channel(self.target)
+            self._channels[self.target] = channel
+        return channel
+
+    @property
+    def _stub(self) -> pb_grpc.TrainingServiceStub:
+        return pb_grpc.TrainingServiceStub(self._channel())
+
+    def _fail_over(self, exc: grpc.RpcError, failures: int) -> None:
+        """After the `failures`-th UNAVAILABLE in a row: move to the next address, waiting after each full
+        round; re-raise `exc` when it is not UNAVAILABLE or the rounds are spent."""
+        if exc.code() != grpc.StatusCode.UNAVAILABLE or failures > RETRIES * len(self.addresses):
+            raise exc
+        self._current = (self._current + 1) % len(self.addresses)
+        rounds, rest = divmod(failures, len(self.addresses))
+        if rest == 0:
+            time.sleep(0.2 * 2**rounds)
+
+    def _call(self, method: str, request: Any) -> Any:
+        """A unary call of `method`, failed over across the addresses while it answers UNAVAILABLE."""
+        failures = 0
+        while True:
+            try:
+                return getattr(self._stub, method)(request, timeout=self.timeout, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                failures += 1
+                self._fail_over(exc, failures)
+
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Block until the channel connects (grpc.FutureTimeoutError after `timeout`)."""
-        grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        """Block until the channel to the current address connects (grpc.FutureTimeoutError after `timeout`)."""
+        grpc.channel_ready_future(self._channel()).result(timeout=timeout)
 
     # ---- jobs -----------------------------------------------------------------------------------------
     def create_job(self, job: TrainingJob | pb.Job, *, request_id: str | None = None) -> pb.Job:
         """Submit a job; returns it as recorded (state QUEUED)."""
         message = job if isinstance(job, pb.Job) else job_to_proto(job)
-        request = pb.CreateJobRequest(job=message, request_id=request_id or uuid.uuid4().hex)
-        for attempt in range(RETRIES):
-            try:
-                return self._stub.CreateJob(request, timeout=self.timeout, metadata=self._metadata)
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == RETRIES - 1:
-                    raise
-                time.sleep(0.2 * 2**attempt)
-        raise AssertionError("unreachable")
+        return self._call("CreateJob", pb.CreateJobRequest(job=message, request_id=request_id or uuid.uuid4().hex))
 
     def get_job(self, job_id: str, *, full: bool = False) -> pb.Job:
         """A job; `full` adds every recorded step's metrics."""
         view = pb.JOB_VIEW_FULL if full else pb.JOB_VIEW_BASIC
-        return self._stub.GetJob(pb.GetJobRequest(id=job_id, view=view), timeout=self.timeout, metadata=self._metadata)
+        return self._call("GetJob", pb.GetJobRequest(id=job_id, view=view))
 
     def list_jobs(
         self, *, states: Iterable[str] = (), labels: dict[str, str] | None = None, page_size: int = 100
@@ -98,18 +152,18 @@ class TrainctlClient:
             states=[pb.JobState.Value(s) for s in states], labels=labels or {}, page_size=page_size
         )
         while True:
-            page = self._stub.ListJobs(request, timeout=self.timeout, metadata=self._metadata)
+            page = self._call("ListJobs", request)
             yield from page.jobs
             if not page.next_page_token:
                 return
             request.page_token = page.next_page_token
 
     def cancel_job(self, job_id: str, reason: str = "") -> pb.Job:
-        return self._stub.CancelJob(pb.CancelJobRequest(id=job_id, reason=reason), timeout=self.timeout, metadata=self._metadata)
+        return self._call("CancelJob", pb.CancelJobRequest(id=job_id, reason=reason))
 
     def watch(self, job_id: str, *, after_sequence: int = 0, follow: bool = True) -> Iterator[pb.JobEvent]:
         """The job's events after `after_sequence`; with `follow`, until the job ends. A broken stream
-        (UNAVAILABLE) is re-opened from the last event seen."""
+        (UNAVAILABLE) is re-opened from the last event seen, on the next address."""
         cursor = after_sequence
         failures = 0
         while True:
@@ -122,48 +176,37 @@ class TrainctlClient:
                 return
             except grpc.RpcError as exc:
                 failures += 1
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or failures > RETRIES:
-                    raise
-                time.sleep(0.2 * 2**failures)
+                self._fail_over(exc, failures)
 
     def plan_job(self, job: TrainingJob | pb.Job) -> pb.PlanJobResponse:
         message = job if isinstance(job, pb.Job) else job_to_proto(job)
-        return self._stub.PlanJob(pb.PlanJobRequest(job=message), timeout=self.timeout, metadata=self._metadata)
+        return self._call("PlanJob", pb.PlanJobRequest(job=message))
 
     def get_cluster(self) -> pb.Cluster:
-        return self._stub.GetCluster(pb.GetClusterRequest(), timeout=self.timeout, metadata=self._metadata)
+        return self._call("GetCluster", pb.GetClusterRequest())
 
     # ---- sweeps ---------------------------------------------------------------------------------------
     def create_sweep(self, sweep: Sweep | pb.Sweep, *, request_id: str | None = None) -> pb.Sweep:
-        """Submit a sweep (retried with the same request id while the service is UNAVAILABLE)."""
+        """Submit a sweep (repeated with the same request id while it is answered UNAVAILABLE)."""
         message = sweep if isinstance(sweep, pb.Sweep) else sweep_to_proto(sweep)
-        request = pb.CreateSweepRequest(sweep=message, request_id=request_id or uuid.uuid4().hex)
-        for attempt in range(RETRIES):
-            try:
-                return self._stub.CreateSweep(request, timeout=self.timeout, metadata=self._metadata)
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == RETRIES - 1:
-                    raise
-                time.sleep(0.2 * 2**attempt)
-        raise AssertionError("unreachable")
+        return self._call("CreateSweep", pb.CreateSweepRequest(sweep=message, request_id=request_id or uuid.uuid4().hex))
 
     def get_sweep(self, sweep_id: str) -> pb.Sweep:
-        return self._stub.GetSweep(pb.GetSweepRequest(id=sweep_id), timeout=self.timeout, metadata=self._metadata)
+        return self._call("GetSweep", pb.GetSweepRequest(id=sweep_id))
 
     def list_sweeps(self, *, page_size: int = 100) -> Iterator[pb.Sweep]:
         """Every sweep the caller may see, newest first."""
         request = pb.ListSweepsRequest(page_size=page_size)
         while True:
-            page = self._stub.ListSweeps(request, timeout=self.timeout, metadata=self._metadata)
+            page = self._call("ListSweeps", request)
             yield from page.sweeps
             if not page.next_page_token:
                 return
             request.page_token = page.next_page_token
 
     def cancel_sweep(self, sweep_id: str, reason: str = "") -> pb.Sweep:
-        request = pb.CancelSweepRequest(id=sweep_id, reason=reason)
-        return self._stub.CancelSweep(request, timeout=self.timeout, metadata=self._metadata)
+        return self._call("CancelSweep", pb.CancelSweepRequest(id=sweep_id, reason=reason))
 
     def watch_sweep(self, sweep_id: str) -> Iterator[pb.Sweep]:
-        """The sweep each time it changes, until it has ended."""
+        """The sweep each time it changes, until it has ended (opened on the current address)."""
         yield from self._stub.WatchSweep(pb.WatchSweepRequest(id=sweep_id), metadata=self._metadata)

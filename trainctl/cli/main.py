@@ -1,6 +1,6 @@
 """The `trainctl` command.
 
-    trainctl serve [--address HOST:PORT] [--data-dir DIR] [--store URL] [--metrics-port N] [--ray-address ADDR] [--topology FILE] [--warm-pool]
+    trainctl serve [--address HOST:PORT] [--health-address HOST:PORT] [--data-dir DIR] [--store URL] [--metrics-port N] [--ray-address ADDR] [--topology FILE] [--warm-pool]
                    [--nodes N] [--gpus-per-node G]
     trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
     trainctl cancel JOB                  trainctl logs JOB [-f] [--rank N]   trainctl plan FILE [--cluster PRESET:N | --topology MAP]
@@ -9,7 +9,8 @@
     trainctl sweep create|get|list|cancel|watch   (hyperparameter sweeps: trainctl.cli.sweep_cmd)
     trainctl data prepare PATHS --out DIR   trainctl export JOB|CKPT --out DIR   trainctl generate JOB|CKPT --prompt T
 
-Client commands find the server in --server or TRAINCTL_SERVER (default 127.0.0.1:50051) and send
+Client commands find the server in --server or TRAINCTL_SERVER (default 127.0.0.1:50051; several replicas
+comma-separated, failed over on UNAVAILABLE) and send
 TRAINCTL_TOKEN as a bearer token. `serve --store` (or TRAINCTL_STORE) names a PostgreSQL job store. Exit status: 0 success, 1 an API or runtime error (or a watched job
 that did not succeed), 2 an invalid spec or usage.
 """
@@ -36,7 +37,7 @@ import grpc  # noqa: E402
 import yaml  # noqa: E402
 
 from trainctl.cli import data_cmd, export_cmd, generate_cmd, sweep_cmd, topology_cmd  # noqa: E402
-from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, TrainctlClient  # noqa: E402
+from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, AddressError, TrainctlClient  # noqa: E402
 from trainctl.cli.progress import follow, state_name, table  # noqa: E402
 from trainctl.parallelism.sizing.step_time import STEP_TERMS  # noqa: E402
 from trainctl.service.convert import job_from_proto  # noqa: E402
@@ -146,7 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         address=args.address, data_dir=args.data_dir, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         store=args.store, ray_address=args.ray_address, **embedded,
         topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
-        allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool,
+        allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool, health_address=args.health_address,
     )
     try:
         service = Service(config).start()
@@ -379,12 +380,16 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainctl", description="Distributed LLM training service.")
-    parser.add_argument("--server", help=f"service address (default: ${SERVER_ENV} or {DEFAULT_SERVER})")
+    parser.add_argument("--server", help=f"service address HOST:PORT, or several replicas' comma-separated, tried in turn "
+                        f"while one answers UNAVAILABLE (default: ${SERVER_ENV} or {DEFAULT_SERVER})")
     sub = parser.add_subparsers(dest="command", required=True)
     # One declaration per command below: a deliberate table of parsers.
 
     serve = sub.add_parser("serve", help="run the service")
     serve.add_argument("--address", default="127.0.0.1:50051", help="gRPC listen address HOST:PORT")
+    serve.add_argument("--health-address", metavar="HOST:PORT",
+                       help="also serve gRPC health, and only it, in plaintext here (for Kubernetes' gRPC probe, "
+                            "which speaks no TLS; default: health only on --address)")
     serve.add_argument("--data-dir", type=Path, default=Path(".trainctl"), help="store and run directory")
     serve.add_argument("--store", type=_store_url, default=os.environ.get(STORE_ENV) or None,
                        help=f"PostgreSQL URL of the job store (default: ${STORE_ENV}, else SQLite in --data-dir)")
@@ -494,6 +499,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: not a valid job spec", file=sys.stderr)
         for violation in exc.violations:
             print(f"  {violation}", file=sys.stderr)
+        return EXIT_INVALID
+    except AddressError as exc:  # --server or $TRAINCTL_SERVER names no address
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except BrokenPipeError:  # the reader went away (`trainctl logs JOB | head`): stop quietly
         with contextlib.suppress(OSError, ValueError):  # so the flush at exit has nowhere to fail

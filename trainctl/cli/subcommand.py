@@ -32,6 +32,6 @@ def run_alone(
     """
     parser = argparse.ArgumentParser(prog=f"trainctl {name}", description=doc.splitlines()[0])
     if job_ids:
-        parser.add_argument("--server", help="service address for job ids")
+        parser.add_argument("--server", help="service address(es) for job ids, comma-separated")
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -2,6 +2,10 @@
 is SERVING while the store's database answers and NOT_SERVING while it does not, so a load balancer
 or a Kubernetes gRPC readiness probe stops sending calls that could only be answered UNAVAILABLE.
 Once the service is stopping, it leaves the status alone (stop() has set NOT_SERVING for good).
+
+`start_health_server` serves the same health status, and nothing else, on a plaintext port of its
+own (`trainctl serve --health-address`): Kubernetes' native gRPC probe speaks no TLS, so it cannot
+ask the API port once that serves TLS.
 """
 
 from __future__ import annotations
@@ -9,10 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent import futures
 
-from grpc_health.v1 import health, health_pb2
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from trainctl.service.store import JobStore
+from trainctl.service.tls import bind
 
 log = logging.getLogger(__name__)
 
@@ -60,3 +67,15 @@ class StoreReadiness:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(self.interval * 2)
+
+
+def start_health_server(health_servicer: health.HealthServicer, address: str) -> tuple[grpc.Server, int]:
+    """A started plaintext gRPC server on `address` answering only grpc.health.v1.Health from
+    `health_servicer` (the API server's, so both say the same); returns it and its bound port (OSError
+    when `address` cannot be bound)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="trainctl-health"),
+                         options=(("grpc.so_reuseport", 0),))  # a port in use is an error, not shared
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = bind(server, address, None)
+    server.start()
+    return server, port

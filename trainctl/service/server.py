@@ -31,7 +31,7 @@ from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 from trainctl.service.paths import JobPathPolicy, check_confinement
 from trainctl.service.pool import GpuPool
-from trainctl.service.readiness import StoreReadiness
+from trainctl.service.readiness import StoreReadiness, start_health_server
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.service.sweeps import SweepDriver
@@ -85,6 +85,9 @@ class ServiceConfig:
     """Serve with authentication on and no data roots (logged as a WARNING at start)."""
     workers: int = 64
     """gRPC handler threads (each open WatchJob stream holds one)."""
+    health_address: str | None = None
+    """HOST:PORT of a plaintext port serving only gRPC health (readiness.start_health_server), for
+    probes that speak no TLS; None: health only on `address`."""
     warm_pool: bool = False
     """Keep an engine-loaded rank process on every free GPU slot, so jobs start without the imports
     (about 300 MB of host memory per slot)."""
@@ -132,7 +135,10 @@ class Service:
         self._server: grpc.Server | None = None
         self.leadership: Leadership | None = None
         self._readiness: StoreReadiness | None = None
+        self._health_server: grpc.Server | None = None
         self.port: int = 0
+        self.health_port: int | None = None
+        """The bound port of `config.health_address` (None without one)."""
         self.metrics_port: int | None = None
 
     @property
@@ -194,6 +200,8 @@ class Service:
         self._server = server
         self._readiness = StoreReadiness(self.store, self._health, ("", SERVICE_NAME), stopping=self._stopping)
         self._readiness.start()  # SERVING while the store's database answers
+        if self.config.health_address is not None:
+            self._health_server, self.health_port = start_health_server(self._health, self.config.health_address)
         log.info("trainctl serving on %s (data %s, store %s, %s)", self.target, config.data_dir, self.store.location, source)
         return self
 
@@ -231,6 +239,8 @@ class Service:
             self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self._server.stop(grace).wait()
         self._server = None
+        if self._health_server is not None:
+            self._health_server.stop(0).wait()
         self.sweeps.stop()
         self.scheduler.stop()
         if self.leadership is not None:
