@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -281,3 +282,35 @@ def test_a_malformed_postgresql_url_is_a_store_error_that_does_not_echo_it() -> 
     with pytest.raises(StoreError, match="not a valid PostgreSQL URL") as info:
         JobStore(url)
     assert "s3cret" not in str(info.value)
+
+
+def test_sqlite_reads_do_not_wait_for_a_write_to_commit(tmp_path: Path) -> None:
+    """While a write transaction is open (a CreateJob waiting on its fsync), reads answer from their own
+    connection with what was committed before it."""
+    store = JobStore(tmp_path)
+    job_id = store.create_job(job("r"))[0].id
+    inside, release = threading.Event(), threading.Event()
+
+    def open_write() -> None:
+        with store._tx() as db:  # the transaction every write method runs in
+            db.execute("UPDATE jobs SET reason = 'uncommitted' WHERE id = ?", (job_id,))
+            inside.set()
+            release.wait(30)
+
+    writer = threading.Thread(target=open_write)
+    writer.start()
+    try:
+        assert inside.wait(10)
+        answers: list[object] = []
+        reader = threading.Thread(target=lambda: answers.extend(
+            [store.get_job(job_id).reason, len(store.list_jobs()), len(store.events(job_id)), store.count_by_state()]
+        ))
+        reader.start()
+        reader.join(timeout=10)
+        assert not reader.is_alive(), "a read waited for the open write transaction"
+        assert answers == ["accepted", 1, 1, {JobState.QUEUED: 1}]
+    finally:
+        release.set()
+        writer.join()
+    assert store.get_job(job_id).reason == "uncommitted"
+    store.close()

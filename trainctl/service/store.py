@@ -3,7 +3,8 @@
 PostgreSQL named by a URL (trainctl.service.store_db holds the two and the SQL that differs).
 
 Every write is one transaction committed (SQLite: synchronous=FULL) before the method returns, so a job
-the API has acknowledged survives a crash of the service. Writes serialize, across processes too, so
+the API has acknowledged survives a crash of the service. On SQLite the hot reads (jobs, listings, the
+queue, events, step metrics) run on a read connection per thread and never wait for a write to commit. Writes serialize, across processes too, so
 `events.sequence` is the global, strictly increasing cursor WatchJob resumes from. While a PostgreSQL
 database is unreachable every operation raises `StoreUnavailable` promptly, and the store reconnects by
 itself when it returns. Leases (`acquire_lease`) elect one replica's scheduler; writes made inside
@@ -398,6 +399,17 @@ class JobStore:
             self._db.commit()
             self._changed.notify_all()
 
+    @contextmanager
+    def _reading(self) -> Iterator[Database]:
+        """The connection this thread reads on: its own where the database gives one (a read never waits
+        for a write to commit), else the store's one connection, under the lock."""
+        reader = self._db.reader()
+        if reader is not None:
+            yield reader
+            return
+        with self._lock:
+            yield self._db
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
@@ -438,14 +450,15 @@ class JobStore:
 
     @_timed
     def get_job(self, job_id: str) -> JobRecord:
-        with self._lock:
-            return self._get(job_id)
+        with self._reading() as db:
+            return self._get(job_id, db)
 
-    def _get(self, job_id: str) -> JobRecord:
-        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    def _get(self, job_id: str, db: Database | None = None) -> JobRecord:
+        db = db or self._db
+        row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(job_id)
-        rows = self._db.execute("SELECT key, value FROM job_labels WHERE job_id = ?", (job_id,)).fetchall()
+        rows = db.execute("SELECT key, value FROM job_labels WHERE job_id = ?", (job_id,)).fetchall()
         return self._record(row, {r["key"]: r["value"] for r in rows})
 
     def _record(self, row: dict[str, Any], labels: dict[str, str]) -> JobRecord:
@@ -492,14 +505,14 @@ class JobStore:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        with self._lock:
-            rows = self._db.execute(sql, args).fetchall()
+        with self._reading() as db:
+            rows = db.execute(sql, args).fetchall()
             labels: dict[str, dict[str, str]] = {}
             ids = [row["id"] for row in rows]
             for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
                 chunk = ids[start:start + 500]
                 query = f"SELECT job_id, key, value FROM job_labels WHERE job_id IN ({','.join('?' * len(chunk))})"
-                for label in self._db.execute(query, chunk).fetchall():
+                for label in db.execute(query, chunk).fetchall():
                     labels.setdefault(label["job_id"], {})[label["key"]] = label["value"]
             return [self._record(row, labels.get(row["id"], {})) for row in rows]
 
@@ -572,8 +585,8 @@ class JobStore:
     def count_by_state(self, tenant: str | None = None) -> dict[str, int]:
         """How many jobs are in each state (of one tenant, or of all)."""
         sql = "SELECT state, COUNT(*) AS n FROM jobs" + (" WHERE tenant = ?" if tenant is not None else "") + " GROUP BY state"
-        with self._lock:
-            rows = self._db.execute(sql, (tenant,) if tenant is not None else ()).fetchall()
+        with self._reading() as db:
+            rows = db.execute(sql, (tenant,) if tenant is not None else ()).fetchall()
         return {r["state"]: r["n"] for r in rows}
 
     @_timed
@@ -585,8 +598,8 @@ class JobStore:
         if after is not None:
             where.append("(priority < ? OR (priority = ? AND seq > ?))")
             args.extend((after.priority, after.priority, after.seq))
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 f"SELECT id, seq, priority, tenant, reason FROM jobs WHERE {' AND '.join(where)}"
                 " ORDER BY priority DESC, seq ASC LIMIT ?",
                 (*args, limit),
@@ -594,7 +607,7 @@ class JobStore:
             missing = [row["id"] for row in rows if row["id"] not in self._specs]
             texts = {
                 row["id"]: row["spec"]
-                for row in self._db.execute(
+                for row in db.execute(
                     f"SELECT id, spec FROM jobs WHERE id IN ({','.join('?' * len(missing))})", missing
                 ).fetchall()
             } if missing else {}
@@ -611,8 +624,8 @@ class JobStore:
             where.append("(priority < ? OR (priority = ? AND seq > ?))")
             args.extend((behind.priority, behind.priority, behind.seq))
         condition = " AND ".join(where)
-        with self._lock:  # most passes change nothing: find that out without a write transaction
-            if self._db.execute(f"SELECT 1 FROM jobs WHERE {condition} LIMIT 1", args).fetchone() is None:
+        with self._reading() as db:  # most passes change nothing: find that out without a write transaction
+            if db.execute(f"SELECT 1 FROM jobs WHERE {condition} LIMIT 1", args).fetchone() is None:
                 return 0
         with self._tx() as db:
             return db.execute(f"UPDATE jobs SET reason = ?, update_time = ? WHERE {condition}", (reason, time.time(), *args)).rowcount
@@ -620,9 +633,9 @@ class JobStore:
     @_timed
     def step_metrics(self, job_id: str, *, after_step: int = 0) -> list[dict[str, Any]]:
         """Every recorded step of a job (those after `after_step`), in step order."""
-        with self._lock:
-            self._get(job_id)
-            rows = self._db.execute(
+        with self._reading() as db:
+            self._get(job_id, db)
+            rows = db.execute(
                 "SELECT * FROM step_metrics WHERE job_id = ? AND step > ? ORDER BY step", (job_id, after_step)
             ).fetchall()
         out = []
@@ -636,8 +649,8 @@ class JobStore:
     @_timed
     def events(self, job_id: str, after_sequence: int = 0, limit: int = 1000) -> list[Event]:
         """A job's events with sequence > after_sequence, oldest first."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT * FROM events WHERE job_id = ? AND sequence > ? ORDER BY sequence LIMIT ?",
                 (job_id, after_sequence, limit),
             ).fetchall()

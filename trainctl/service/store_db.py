@@ -19,6 +19,7 @@ committed: callers retry with their request id (CreateJob is idempotent by it).
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Sequence
 from enum import Enum
@@ -90,6 +91,10 @@ class Database(Protocol):
     def set_schema_version(self, version: int) -> None:
         """Inside a write transaction."""
 
+    def reader(self) -> Database | None:
+        """This thread's own read connection, which never waits for a write to commit; None where reads
+        share this connection (the store then serializes them with its writes)."""
+
     def close(self) -> None: ...
 
 
@@ -110,19 +115,36 @@ def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
 
 
 class SqliteDatabase:
-    """A SQLite file in WAL mode, every commit synced (synchronous=FULL)."""
+    """A SQLite file in WAL mode, every commit synced (synchronous=FULL). Each thread that reads gets a
+    read-only connection of its own (`reader`): in WAL mode readers see the last commit and never wait
+    for the writer."""
 
     backend = "sqlite"
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, read_only: bool = False):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.location = str(path)
+        self._path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = _dict_row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=5000")
+        if read_only:
+            self._db.execute("PRAGMA query_only=ON")
+        else:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+        self._local = threading.local()
+        self._readers: list[SqliteDatabase] = []
+        self._readers_lock = threading.Lock()
+
+    def reader(self) -> SqliteDatabase:
+        db = getattr(self._local, "reader", None)
+        if db is None:
+            db = self._local.reader = SqliteDatabase(self._path, read_only=True)
+            with self._readers_lock:
+                self._readers.append(db)
+        return db
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, params)
@@ -147,6 +169,10 @@ class SqliteDatabase:
         return self._db.execute("PRAGMA journal_mode").fetchone()["journal_mode"]
 
     def close(self) -> None:
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for reader in readers:
+            reader.close()
         self._db.close()
 
 
@@ -210,6 +236,10 @@ class PostgresDatabase:
         self.execute("CREATE TABLE IF NOT EXISTS trainctl_schema (version INTEGER NOT NULL)")
         self.execute("DELETE FROM trainctl_schema")
         self.execute("INSERT INTO trainctl_schema (version) VALUES (?)", (version,))
+
+    def reader(self) -> None:
+        """Reads share the one connection (the store serializes them with its writes)."""
+        return None
 
     def _drop(self) -> None:
         if self._conn is not None:
