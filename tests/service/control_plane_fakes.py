@@ -144,13 +144,17 @@ class ApiServer:
 
 
 def start_api_server(
-    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None
+    data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None,
+    *, workers: int = 8, streams_per_tenant: int | None = None,
 ) -> ApiServer:
+    """The server over a fresh scheduler; `workers` and `streams_per_tenant` as in ServiceConfig."""
     scheduler = make_scheduler(data_dir, runtime, nodes, gpus, topology)
     authenticator = Authenticator(None)
     sweeps = SweepDriver(scheduler.store, scheduler, interval=0.05)
     servicer = TrainingServicer(scheduler.store, scheduler, scheduler.pool, authenticator, sweeps=sweeps)
-    server, health_servicer = build_grpc_server(servicer, authenticator, None, workers=8)
+    server, health_servicer = build_grpc_server(
+        servicer, authenticator, None, workers=workers, streams_per_tenant=streams_per_tenant
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     scheduler.interval = 0.05
     scheduler.start()

@@ -50,7 +50,7 @@ EMBEDDED_GPUS_PER_NODE = 8
 """Simulated GPUs per node of the embedded Ray `trainctl serve` starts with no --ray-address: one
 8-GPU node holds every example the README runs (ranks take no CPU, so 8 slots fit a 2-core machine)."""
 STREAM_SHARE = 4
-"""One tenant may hold at most 1/STREAM_SHARE of the handler threads with open streams (WatchJob)."""
+"""By default one tenant may hold at most 1/STREAM_SHARE of the handler threads with open streams (WatchJob)."""
 
 
 @dataclass
@@ -77,7 +77,14 @@ class ServiceConfig:
     allow_any_data_path: bool = False
     """Serve with authentication on and no data roots (logged as a WARNING at start)."""
     workers: int = 64
-    """gRPC handler threads (each open WatchJob stream holds one)."""
+    """gRPC handler threads. Each open server stream (a following WatchJob) holds one until it ends;
+    unary calls and health checks share the rest. The server starts threads on demand, so a larger
+    pool costs memory only while streams are open (docs/benchmarks.md, Watch fan-out: 1,000 followers
+    on workers=1100)."""
+    streams_per_tenant: int | None = None
+    """Most server streams one tenant may hold open at once (more are answered RESOURCE_EXHAUSTED);
+    None: `workers // STREAM_SHARE` (16 with the default 64 workers), so one tenant cannot take every
+    handler thread. Must be below `workers`; a service many dashboards follow raises both."""
     warm_pool: bool = False
     """Keep an engine-loaded rank process on every free GPU slot, so jobs start without the imports
     (about 300 MB of host memory per slot)."""
@@ -89,13 +96,15 @@ def build_grpc_server(
     observer: ServiceMetrics | None,
     *,
     workers: int,
+    streams_per_tenant: int | None = None,
     limits: MessageLimits | None = None,
 ) -> tuple[grpc.Server, health.HealthServicer]:
     """The unbound gRPC server: interceptors in order (RPC metrics, auth, undecodable requests, errors),
-    message limits, the TrainingService, health checking and reflection. Tests build the same server."""
+    message limits, the TrainingService, health checking and reflection. Tests build the same server.
+    `streams_per_tenant`: see ServiceConfig."""
     interceptors: list[grpc.ServerInterceptor] = [RpcMetricsInterceptor(observer)] if observer is not None else []
     interceptors += [
-        AuthInterceptor(authenticator, StreamLimiter(max(1, workers // STREAM_SHARE))),
+        AuthInterceptor(authenticator, StreamLimiter(stream_limit(workers, streams_per_tenant))),
         MalformedRequestInterceptor(),
         ErrorInterceptor(),
     ]
@@ -109,6 +118,20 @@ def build_grpc_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     return server, health_servicer
+
+
+def stream_limit(workers: int, streams_per_tenant: int | None) -> int:
+    """The open streams one tenant may hold on a server of `workers` handler threads (ServiceConfig)."""
+    if workers < 2:
+        raise ValueError(f"workers must be at least 2, got {workers}")
+    if streams_per_tenant is None:
+        return max(1, workers // STREAM_SHARE)
+    if not 1 <= streams_per_tenant < workers:
+        raise ValueError(
+            f"streams_per_tenant must be at least 1 and below workers ({workers}): a tenant holding every "
+            f"handler thread starves all other calls; got {streams_per_tenant}"
+        )
+    return streams_per_tenant
 
 
 class Service:
@@ -174,7 +197,9 @@ class Service:
             ray_nodes=self._ray_nodes, sweeps=self.sweeps,
         )
 
-        server, self._health = build_grpc_server(servicer, authenticator, self.metrics, workers=config.workers)
+        server, self._health = build_grpc_server(
+            servicer, authenticator, self.metrics, workers=config.workers, streams_per_tenant=config.streams_per_tenant,
+        )
         self.port = bind(server, config.address, config.tls)
         self.scheduler.start()
         self.sweeps.start()
