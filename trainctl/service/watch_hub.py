@@ -59,36 +59,41 @@ class EventSource(Protocol):
 @dataclass(eq=False)
 class _Watcher(Generic[T]):
     """One follower: `taken` is the last sequence it took (from its buffer or the store); while `live`
-    the reader appends events after `high` to `buffer`."""
+    the reader appends events after `high` to `buffer` and sets `ready`. `lock` guards the fields
+    (the feed's lock is taken first where both are held); each watcher waits on its own `ready`, so a
+    batch wakes the watchers one by one instead of all of them contending for one lock."""
 
     taken: int
     high: int
     live: bool = False
     buffer: deque[tuple[int, T]] = field(default_factory=deque)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ready: threading.Event = field(default_factory=threading.Event)
 
     def offer(self, batch: list[tuple[int, T]], capacity: int) -> None:
         """Append the events of `batch` this watcher has not had; on overflow leave the feed instead."""
-        if not self.live:
-            return
-        fresh = [item for item in batch if item[0] > self.high]
-        if len(self.buffer) + len(fresh) > capacity:
-            self.buffer.clear()
-            self.live = False
-            self.high = self.taken
-            return
-        if fresh:
-            self.buffer.extend(fresh)
-            self.high = fresh[-1][0]
+        with self.lock:
+            if not self.live:
+                return
+            fresh = [item for item in batch if item[0] > self.high]
+            if len(self.buffer) + len(fresh) > capacity:
+                self.buffer.clear()
+                self.live = False
+                self.high = self.taken
+            elif fresh:
+                self.buffer.extend(fresh)
+                self.high = fresh[-1][0]
+        self.ready.set()
 
 
 @dataclass(eq=False)
 class _Feed(Generic[T]):
-    """One followed job: `cursor` is the last sequence its reader handed out; `changed` guards the rest."""
+    """One followed job: `cursor` is the last sequence its reader handed out; `lock` guards the rest."""
 
     job_id: str
     cursor: int
     watchers: set[_Watcher[T]] = field(default_factory=set)
-    changed: threading.Condition = field(default_factory=threading.Condition)
+    lock: threading.Lock = field(default_factory=threading.Lock)
     ended: bool = False
     failure: Exception | None = None
     """Why the reader stopped early (a store error): its watchers raise it instead of waiting."""
@@ -127,7 +132,7 @@ class EventHub(Generic[T]):
             feed = self._feeds.get(job_id)
         if feed is None:
             return []
-        with feed.changed:
+        with feed.lock:
             return [len(w.buffer) for w in feed.watchers]
 
     def follow(self, job_id: str, after_sequence: int, active: Callable[[], bool]) -> Iterator[T]:
@@ -136,37 +141,40 @@ class EventHub(Generic[T]):
         feed = self._join(job_id, watcher)
         try:
             while not self._stopping.is_set() and active():
-                with feed.changed:
-                    if not watcher.live and watcher.taken >= feed.cursor:
-                        watcher.live, watcher.high = True, watcher.taken
-                    if watcher.live and not watcher.buffer and not feed.ended:
-                        feed.changed.wait(self.poll_seconds)
-                    if feed.failure is not None:
-                        raise WatchFailed(f"the reader of job {job_id} failed: {feed.failure}") from feed.failure
-                    live, ended = watcher.live, feed.ended
-                    batch = list(watcher.buffer) if live else []
-                    watcher.buffer.clear()
-                    if batch:
-                        watcher.taken = batch[-1][0]
-                if batch:
+                if not watcher.live:
+                    with feed.lock, watcher.lock:
+                        if watcher.taken >= feed.cursor:
+                            watcher.live, watcher.high = True, watcher.taken
+                        live, ended, failure = watcher.live, feed.ended, feed.failure
+                else:
+                    watcher.ready.wait(self.poll_seconds)
+                    with watcher.lock:
+                        watcher.ready.clear()
+                        batch = list(watcher.buffer)
+                        watcher.buffer.clear()
+                        if batch:
+                            watcher.taken = batch[-1][0]
+                        live, ended, failure = watcher.live, feed.ended, feed.failure
                     for _, item in batch:
                         yield item
-                elif live:
-                    if ended:
+                if failure is not None:
+                    raise WatchFailed(f"the reader of job {job_id} failed: {failure}") from failure
+                if live:
+                    if ended:  # read after taking the buffer: every delivery came before it
                         return
-                else:
-                    events = self._store.events(job_id, watcher.taken, limit=self.buffer_events)
-                    if events:
-                        with feed.changed:
-                            watcher.taken = events[-1].sequence
-                        for event in events:
-                            yield self._encode(event)
-                    elif ended:
-                        return
-                    else:  # only when the feed began at a cursor beyond every event of the job
-                        self._store.wait_for_change(self.poll_seconds)
+                    continue
+                events = self._store.events(job_id, watcher.taken, limit=self.buffer_events)
+                if events:
+                    with watcher.lock:
+                        watcher.taken = events[-1].sequence
+                    for event in events:
+                        yield self._encode(event)
+                elif ended:
+                    return
+                else:  # only when the feed began at a cursor beyond every event of the job
+                    self._store.wait_for_change(self.poll_seconds)
         finally:
-            with feed.changed:
+            with feed.lock:
                 feed.watchers.discard(watcher)
 
     def _join(self, job_id: str, watcher: _Watcher[T]) -> _Feed[T]:
@@ -175,7 +183,7 @@ class EventHub(Generic[T]):
             if feed is None:
                 feed = self._feeds[job_id] = _Feed(job_id, watcher.taken)
                 threading.Thread(target=self._read, args=(feed,), name=f"trainctl-watch-{job_id}", daemon=True).start()
-            with feed.changed:
+            with feed.lock:
                 feed.watchers.add(watcher)
         return feed
 
@@ -185,9 +193,10 @@ class EventHub(Generic[T]):
             self._read_loop(feed)
         except Exception as exc:  # noqa: BLE001 - handed to every watcher, which raises it
             log.exception("watch reader of job %s failed", feed.job_id)
-            with self._lock, feed.changed:
+            with self._lock, feed.lock:
                 feed.failure = exc
-                feed.changed.notify_all()
+                for watcher in feed.watchers:
+                    watcher.ready.set()
                 if self._feeds.get(feed.job_id) is feed:
                     del self._feeds[feed.job_id]
 
@@ -202,11 +211,10 @@ class EventHub(Generic[T]):
                     return
             if events:
                 batch = [(event.sequence, self._encode(event)) for event in events]
-                with feed.changed:
+                with feed.lock:
                     for watcher in feed.watchers:
                         watcher.offer(batch, self.buffer_events)
                     feed.cursor = events[-1].sequence
-                    feed.changed.notify_all()
                 continue
             if self._retire(feed, ended=False):
                 return
@@ -215,11 +223,12 @@ class EventHub(Generic[T]):
 
     def _retire(self, feed: _Feed[T], *, ended: bool) -> bool:
         """Remove the feed when the job `ended` or it has no watchers; whether it was removed."""
-        with self._lock, feed.changed:
+        with self._lock, feed.lock:
             if not ended and feed.watchers:
                 return False
             feed.ended = ended
-            feed.changed.notify_all()
+            for watcher in feed.watchers:
+                watcher.ready.set()
             if self._feeds.get(feed.job_id) is feed:
                 del self._feeds[feed.job_id]
             return True
