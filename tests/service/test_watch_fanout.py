@@ -169,6 +169,30 @@ def test_the_reader_stops_when_its_last_watcher_leaves(store: JobStore) -> None:
     until(lambda: not hub.followed_jobs(), "the reader stops once nobody follows the job")
 
 
+def test_a_waiting_watcher_ends_as_soon_as_its_call_ends_or_the_service_stops(store: JobStore) -> None:
+    job = running_job(store)
+    start = all_sequences(store, job)[-1]
+    stopping = threading.Event()
+    hub = EventHub(store, lambda event: event, stopping=stopping, poll_seconds=600.0)
+    callbacks: list[Callable[[], None]] = []
+    call_open = threading.Event()
+    call_open.set()
+    ended_call = Follower(hub, job, start)
+    ended_call.stream = hub.follow(job, start, call_open.is_set, callbacks.append)
+    at_stop = Follower(hub, job, start)
+    for follower in (ended_call, at_stop):
+        follower.start()
+    until(lambda: len(hub.buffered(job)) == 2 and len(callbacks) == 1, "both watchers wait on the feed")
+    call_open.clear()
+    callbacks[0]()  # gRPC runs it when the call is cancelled or its deadline passes
+    ended_call.join(WAIT)
+    assert not ended_call.is_alive() and at_stop.is_alive()
+    stopping.set()
+    hub.wake_all()
+    at_stop.join(WAIT)
+    assert not at_stop.is_alive()
+
+
 def test_many_grpc_followers_of_one_running_job_each_get_every_event_once_in_order(tmp_path: Path) -> None:
     runtime = ScriptedRuntime()
     api = start_api_server(tmp_path, runtime, workers=80, streams_per_tenant=64)

@@ -47,7 +47,9 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 MAX_ID_LENGTH = 128
 MAX_LABEL_FILTERS = 32
-WATCH_POLL_SECONDS = 0.5
+WATCH_IDLE_CHECK_SECONDS = 5.0
+"""A following WatchJob with nothing to send re-checks its call this often; it is woken at once by new
+events, by its call ending (cancel, deadline) and by the service stopping (`EventHub.wake_all`)."""
 
 
 class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
@@ -77,7 +79,7 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
         self.sweeps = sweeps
         """The sweep driver, woken when a sweep is created (None: sweeps wait for its next pass)."""
         self.watch_hub: EventHub[pb.JobEvent] = EventHub(
-            store, event_to_proto, stopping=self.stopping, poll_seconds=WATCH_POLL_SECONDS
+            store, event_to_proto, stopping=self.stopping, poll_seconds=WATCH_IDLE_CHECK_SECONDS
         )
         """Following WatchJobs: one store reader per followed job, its events converted once for all."""
 
@@ -211,7 +213,7 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
         if request.after_sequence < 0:
             raise bad_field("after_sequence", "must not be negative")
         if request.follow:
-            yield from self.watch_hub.follow(record.id, request.after_sequence, context.is_active)
+            yield from self.watch_hub.follow(record.id, request.after_sequence, context.is_active, context.add_callback)
             return
         cursor = request.after_sequence
         while events := self.store.events(record.id, cursor):

@@ -146,6 +146,7 @@ class Service:
         self._runtime: Any = None
         self._metrics_server: MetricsServer | None = None
         self._server: grpc.Server | None = None
+        self._servicer: TrainingServicer | None = None
         self.port: int = 0
         self.metrics_port: int | None = None
 
@@ -192,7 +193,7 @@ class Service:
             metrics=self.metrics, quota_of=authenticator.quota,
         )
         self.sweeps = SweepDriver(self.store, self.scheduler)
-        servicer = TrainingServicer(
+        servicer = self._servicer = TrainingServicer(
             self.store, self.scheduler, self.pool, authenticator, paths=paths, stopping=self._stopping,
             ray_nodes=self._ray_nodes, sweeps=self.sweeps,
         )
@@ -240,6 +241,8 @@ class Service:
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self._stopping.set()
+        if self._servicer is not None:
+            self._servicer.watch_hub.wake_all()
         self._server.stop(grace).wait()
         self._server = None
         self.sweeps.stop()

@@ -7,7 +7,8 @@ Contract of `EventHub.follow(job_id, after_sequence, active)`:
   sequence order, each converted once by `encode` (every watcher gets the same converted object).
 - It returns once the job is terminal and every event was yielded (the store appends the terminal
   state event in the transaction that sets the state, so "terminal, then nothing more to read" is
-  drained), once `stopping` is set, or once `active()` is False (checked every `poll_seconds`).
+  drained), once `stopping` is set, or once `active()` is False: checked when the watcher is woken
+  (new events, `wake_all`, the `on_end` callback) and at least every `poll_seconds`.
 - While a job has followers one reader thread reads `store.events` after the feed's cursor and appends
   each batch to every watcher's buffer; it stops when the job has no watchers left.
 - A watcher's buffer holds at most `buffer_events` events (references to the shared converted
@@ -135,9 +136,16 @@ class EventHub(Generic[T]):
         with feed.lock:
             return [len(w.buffer) for w in feed.watchers]
 
-    def follow(self, job_id: str, after_sequence: int, active: Callable[[], bool]) -> Iterator[T]:
-        """The job's events after `after_sequence`, following it until it ends (module docstring)."""
+    def follow(
+        self, job_id: str, after_sequence: int, active: Callable[[], bool],
+        on_end: Callable[[Callable[[], None]], object] | None = None,
+    ) -> Iterator[T]:
+        """The job's events after `after_sequence`, following it until it ends (module docstring).
+        `on_end` (the RPC's `context.add_callback`) registers a wake-up for when the call ends, so a
+        waiting watcher notices at once instead of at its next `poll_seconds` check."""
         watcher: _Watcher[T] = _Watcher(taken=after_sequence, high=after_sequence)
+        if on_end is not None:
+            on_end(watcher.ready.set)
         feed = self._join(job_id, watcher)
         try:
             while not self._stopping.is_set() and active():
@@ -176,6 +184,15 @@ class EventHub(Generic[T]):
         finally:
             with feed.lock:
                 feed.watchers.discard(watcher)
+
+    def wake_all(self) -> None:
+        """Wake every waiting watcher (the service calls it once `stopping` is set, so streams end now)."""
+        with self._lock:
+            feeds = list(self._feeds.values())
+        for feed in feeds:
+            with feed.lock:
+                for watcher in feed.watchers:
+                    watcher.ready.set()
 
     def _join(self, job_id: str, watcher: _Watcher[T]) -> _Feed[T]:
         with self._lock:
