@@ -11,10 +11,11 @@ Measured: the lag of every (watcher, event) pair, receipt time minus the event's
 clock just before its append's transaction; same machine); whether every watcher got exactly the job's
 event sequences in order; the server's RSS (VmRSS) before the watchers connect and once all are open
 and served their first event, hence memory per watcher; server CPU time. `--baseline COMMIT` runs the
-same measurement first over that commit's `trainctl` (extracted with `git archive`) for a ratio.
+same measurement first over that commit's `trainctl` (extracted with `git archive`) for a ratio. The
+machine's 1-minute load average at the end of each run is recorded with it (the figures depend on it).
 
     .venv/bin/python bench/api/bench_watch_fanout.py --watchers 1000 --rate 10 --count 300 \
-        --baseline 525666c --out bench/api/results-watch-fanout.json
+        --baseline 525666c --out results.json   (docs/benchmarks.md, Watch fan-out)
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ def measure(pythonpath: str, args: argparse.Namespace, label: str) -> dict[str, 
         "server_rss_mib_with_watchers": round(rss_open / 2**20, 1),
         "server_kib_per_watcher": round((rss_open - rss_before) / 1024 / args.watchers, 1),
         "server_cpu_seconds_while_appending": round(cpu, 1),
+        "machine_load_average_1min_at_end": round(os.getloadavg()[0], 1),
     }
 
 
