@@ -133,6 +133,22 @@ def test_a_watcher_joining_mid_stream_at_an_old_cursor_misses_and_repeats_nothin
     assert late.got == [s for s in everything if s > old_cursor]
 
 
+def test_a_feed_begun_beyond_the_jobs_events_still_serves_a_watcher_behind_it(store: JobStore) -> None:
+    job = running_job(store)
+    hub = hub_over(store, threading.Event())
+    ahead = Follower(hub, job, 10**9)  # starts the feed at a cursor no event of the job carries
+    ahead.start()
+    until(lambda: len(hub.buffered(job)) == 1, "the feed is up")
+    behind = Follower(hub, job, 0)  # can never prove it caught up with 10**9: reads the store itself
+    behind.start()
+    for i in range(10):
+        store.append_event(job, "log", {"message": f"line {i}"})
+    store.update_status(job, state=JobState.SUCCEEDED, reason="done")
+    ahead.join(WAIT)
+    behind.join(WAIT)
+    assert ahead.got == [] and behind.got == all_sequences(store, job)
+
+
 def test_a_watcher_that_stops_reading_stalls_nobody_and_its_buffer_stays_bounded(store: JobStore) -> None:
     job = running_job(store)
     start = all_sequences(store, job)[-1]
