@@ -220,6 +220,8 @@ class EventHub(Generic[T]):
     def _read_loop(self, feed: _Feed[T]) -> None:
         """Hand every new event to the watchers; end with the job or its last watcher."""
         while not self._stopping.is_set():
+            if self._retire(feed, ended=False):  # before touching the store: it may be closed by now
+                return
             events = self._store.events(feed.job_id, feed.cursor, limit=self.buffer_events)
             if not events and self._store.get_job(feed.job_id).terminal:
                 events = self._store.events(feed.job_id, feed.cursor, limit=self.buffer_events)
@@ -233,8 +235,6 @@ class EventHub(Generic[T]):
                         watcher.offer(batch, self.buffer_events)
                     feed.cursor = events[-1].sequence
                 continue
-            if self._retire(feed, ended=False):
-                return
             self._store.wait_for_change(self.poll_seconds)
         self._retire(feed, ended=True)
 
