@@ -152,9 +152,10 @@ class ApiServer:
 
 def start_api_server(
     data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None,
-    store: str | None = None, lease_ttl: float | None = None,
+    store: str | None = None, lease_ttl: float | None = None, *, workers: int = 8, streams_per_tenant: int | None = None,
 ) -> ApiServer:
-    """With `lease_ttl`, the scheduler works only while it holds the database lease (a replica)."""
+    """The server over a fresh scheduler; `workers` and `streams_per_tenant` as in ServiceConfig. With
+    `lease_ttl`, the scheduler works only while it holds the database lease (a replica)."""
     scheduler = make_scheduler(data_dir, runtime, nodes, gpus, topology, store)
     if lease_ttl is not None:
         scheduler.leadership = Leadership(scheduler.store, ttl=lease_ttl)
@@ -162,7 +163,9 @@ def start_api_server(
     authenticator = Authenticator(None)
     sweeps = SweepDriver(scheduler.store, scheduler, interval=0.05)
     servicer = TrainingServicer(scheduler.store, scheduler, scheduler.pool, authenticator, sweeps=sweeps)
-    server, health_servicer = build_grpc_server(servicer, authenticator, None, workers=8)
+    server, health_servicer = build_grpc_server(
+        servicer, authenticator, None, workers=workers, streams_per_tenant=streams_per_tenant
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     scheduler.interval = 0.05
     scheduler.start()

@@ -29,6 +29,7 @@ from trainctl.service.store import JobNotFound, JobRecord, JobStore
 from trainctl.service.sweep_api import SweepRpcs
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, TenantUsage, admission_violation
+from trainctl.service.watch_hub import EventHub
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import (
     FieldViolation,
@@ -46,7 +47,9 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 MAX_ID_LENGTH = 128
 MAX_LABEL_FILTERS = 32
-WATCH_POLL_SECONDS = 0.5
+WATCH_IDLE_CHECK_SECONDS = 5.0
+"""A following WatchJob with nothing to send re-checks its call this often; it is woken at once by new
+events, by its call ending (cancel, deadline) and by the service stopping (`EventHub.wake_all`)."""
 
 
 class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
@@ -75,6 +78,10 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
         self.ray_nodes = ray_nodes
         self.sweeps = sweeps
         """The sweep driver, woken when a sweep is created (None: sweeps wait for its next pass)."""
+        self.watch_hub: EventHub[pb.JobEvent] = EventHub(
+            store, event_to_proto, stopping=self.stopping, poll_seconds=WATCH_IDLE_CHECK_SECONDS
+        )
+        """Following WatchJobs: one store reader per followed job, its events converted once for all."""
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _principal(self, context: grpc.ServicerContext) -> Principal:
@@ -205,22 +212,14 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
         record = self._job(request.id, self._principal(context))
         if request.after_sequence < 0:
             raise bad_field("after_sequence", "must not be negative")
+        if request.follow:
+            yield from self.watch_hub.follow(record.id, request.after_sequence, context.is_active, context.add_callback)
+            return
         cursor = request.after_sequence
-        while True:
-            events = self.store.events(record.id, cursor)
+        while events := self.store.events(record.id, cursor):
             for event in events:
                 yield event_to_proto(event)
-                cursor = event.sequence
-            if events:
-                continue
-            if not request.follow or self.store.get_job(record.id).terminal:
-                # the terminal state event is appended in the same transaction as the state: drained
-                if not self.store.events(record.id, cursor):
-                    return
-                continue
-            if self.stopping.is_set() or not context.is_active():
-                return
-            self.store.wait_for_change(WATCH_POLL_SECONDS)
+            cursor = events[-1].sequence
 
     def PlanJob(self, request: pb.PlanJobRequest, context: grpc.ServicerContext) -> pb.PlanJobResponse:  # noqa: N802
         principal = self._principal(context)

@@ -53,7 +53,7 @@ EMBEDDED_GPUS_PER_NODE = 8
 """Simulated GPUs per node of the embedded Ray `trainctl serve` starts with no --ray-address: one
 8-GPU node holds every example the README runs (ranks take no CPU, so 8 slots fit a 2-core machine)."""
 STREAM_SHARE = 4
-"""One tenant may hold at most 1/STREAM_SHARE of the handler threads with open streams (WatchJob)."""
+"""By default one tenant may hold at most 1/STREAM_SHARE of the handler threads with open streams (WatchJob)."""
 
 
 @dataclass
@@ -84,7 +84,14 @@ class ServiceConfig:
     allow_any_data_path: bool = False
     """Serve with authentication on and no data roots (logged as a WARNING at start)."""
     workers: int = 64
-    """gRPC handler threads (each open WatchJob stream holds one)."""
+    """gRPC handler threads. Each open server stream (a following WatchJob) holds one until it ends;
+    unary calls and health checks share the rest. The server starts threads on demand, so a larger
+    pool costs memory only while streams are open (docs/benchmarks.md, Watch fan-out: 1,000 followers
+    on workers=1100)."""
+    streams_per_tenant: int | None = None
+    """Most server streams one tenant may hold open at once (more are answered RESOURCE_EXHAUSTED);
+    None: `workers // STREAM_SHARE` (16 with the default 64 workers), so one tenant cannot take every
+    handler thread. Must be below `workers`; a service many dashboards follow raises both."""
     health_address: str | None = None
     """HOST:PORT of a plaintext port serving only gRPC health (readiness.start_health_server), for
     probes that speak no TLS; None: health only on `address`."""
@@ -99,13 +106,15 @@ def build_grpc_server(
     observer: ServiceMetrics | None,
     *,
     workers: int,
+    streams_per_tenant: int | None = None,
     limits: MessageLimits | None = None,
 ) -> tuple[grpc.Server, health.HealthServicer]:
     """The unbound gRPC server: interceptors in order (RPC metrics, auth, undecodable requests, errors),
-    message limits, the TrainingService, health checking and reflection. Tests build the same server."""
+    message limits, the TrainingService, health checking and reflection. Tests build the same server.
+    `streams_per_tenant`: see ServiceConfig."""
     interceptors: list[grpc.ServerInterceptor] = [RpcMetricsInterceptor(observer)] if observer is not None else []
     interceptors += [
-        AuthInterceptor(authenticator, StreamLimiter(max(1, workers // STREAM_SHARE))),
+        AuthInterceptor(authenticator, StreamLimiter(stream_limit(workers, streams_per_tenant))),
         MalformedRequestInterceptor(),
         ErrorInterceptor(),
     ]
@@ -119,6 +128,20 @@ def build_grpc_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     return server, health_servicer
+
+
+def stream_limit(workers: int, streams_per_tenant: int | None) -> int:
+    """The open streams one tenant may hold on a server of `workers` handler threads (ServiceConfig)."""
+    if workers < 2:
+        raise ValueError(f"workers must be at least 2, got {workers}")
+    if streams_per_tenant is None:
+        return max(1, workers // STREAM_SHARE)
+    if not 1 <= streams_per_tenant < workers:
+        raise ValueError(
+            f"streams_per_tenant must be at least 1 and below workers ({workers}): a tenant holding every "
+            f"handler thread starves all other calls; got {streams_per_tenant}"
+        )
+    return streams_per_tenant
 
 
 class Service:
@@ -136,6 +159,7 @@ class Service:
         self.leadership: Leadership | None = None
         self._readiness: StoreReadiness | None = None
         self._health_server: grpc.Server | None = None
+        self._servicer: TrainingServicer | None = None
         self.port: int = 0
         self.health_port: int | None = None
         """The bound port of `config.health_address` (None without one)."""
@@ -187,12 +211,14 @@ class Service:
             metrics=self.metrics, quota_of=authenticator.quota, leadership=self.leadership,
         )
         self.sweeps = SweepDriver(self.store, self.scheduler)
-        servicer = TrainingServicer(
+        servicer = self._servicer = TrainingServicer(
             self.store, self.scheduler, self.pool, authenticator, paths=paths, stopping=self._stopping,
             ray_nodes=self._ray_nodes, sweeps=self.sweeps,
         )
 
-        server, self._health = build_grpc_server(servicer, authenticator, self.metrics, workers=config.workers)
+        server, self._health = build_grpc_server(
+            servicer, authenticator, self.metrics, workers=config.workers, streams_per_tenant=config.streams_per_tenant,
+        )
         self.port = bind(server, config.address, config.tls)
         self.scheduler.start()
         self.sweeps.start()
@@ -237,6 +263,8 @@ class Service:
             self._readiness.stop()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._servicer is not None:
+            self._servicer.watch_hub.wake_all()
         self._server.stop(grace).wait()
         self._server = None
         if self._health_server is not None:

@@ -1,0 +1,253 @@
+"""Watch fan-out (trainctl.service.watch_hub): many followers of one job over real gRPC each get every
+event exactly once in order; the store is read once per batch of new events, not once per watcher; a
+watcher that joins late at an old cursor, or stops reading, still gets every event, without stalling
+the others or growing the server's buffers; the per-tenant stream limit is an explicit setting."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from control_plane_fakes import ScriptedRuntime, start_api_server
+from small_jobs import small_job
+
+from trainctl.service.convert import job_to_proto
+from trainctl.service.server import STREAM_SHARE, stream_limit
+from trainctl.service.store import Event, JobRecord, JobStore
+from trainctl.service.watch_hub import EventHub
+from trainctl.v1 import training_pb2 as pb
+from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.workers.events import JobState
+
+WAIT = 30.0
+
+
+class CountingStore:
+    """A JobStore whose `events` reads are counted (the hub's whole view of the store)."""
+
+    def __init__(self, store: JobStore):
+        self.store = store
+        self.reads = 0
+        self._lock = threading.Lock()
+
+    def events(self, job_id: str, after_sequence: int = 0, limit: int = 1000) -> list[Event]:
+        with self._lock:
+            self.reads += 1
+        return self.store.events(job_id, after_sequence, limit)
+
+    def get_job(self, job_id: str) -> JobRecord:
+        return self.store.get_job(job_id)
+
+    def wait_for_change(self, timeout: float) -> None:
+        self.store.wait_for_change(timeout)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[JobStore]:
+    opened = JobStore(tmp_path)
+    yield opened
+    opened.close()
+
+
+def running_job(store: JobStore) -> str:
+    record, _ = store.create_job(small_job("followed"))
+    store.update_status(record.id, state=JobState.RUNNING, reason="ranks up")
+    return record.id
+
+
+def all_sequences(store: JobStore, job_id: str) -> list[int]:
+    return [e.sequence for e in store.events(job_id, 0, limit=100_000)]
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.01)
+
+
+class Follower(threading.Thread):
+    """Drains one `hub.follow` in a thread, recording each event's sequence."""
+
+    def __init__(self, hub: EventHub[Event], job_id: str, after: int):
+        super().__init__(daemon=True)
+        self.stream = hub.follow(job_id, after, lambda: True)
+        self.got: list[int] = []
+
+    def run(self) -> None:
+        self.got.extend(event.sequence for event in self.stream)
+
+
+def hub_over(store: JobStore | CountingStore, stopping: threading.Event, buffer_events: int = 1000) -> EventHub[Event]:
+    return EventHub(store, lambda event: event, stopping=stopping, poll_seconds=0.05, buffer_events=buffer_events)
+
+
+def test_followers_share_one_reader_that_reads_once_per_batch(store: JobStore) -> None:
+    job = running_job(store)
+    counting, stopping = CountingStore(store), threading.Event()
+    hub = hub_over(counting, stopping)
+    start = all_sequences(store, job)[-1]
+    followers = [Follower(hub, job, start) for _ in range(100)]
+    for follower in followers:
+        follower.start()
+    until(lambda: len(hub.buffered(job)) == 100, "100 watchers joined the feed")
+    before, writes = counting.reads, 40
+    for i in range(writes):
+        store.append_event(job, "log", {"message": f"line {i}"})
+    store.update_status(job, state=JobState.SUCCEEDED, reason="done")
+    for follower in followers:
+        follower.join(WAIT)
+    expected = [s for s in all_sequences(store, job) if s > start]
+    assert len(expected) == writes + 1
+    assert all(f.got == expected for f in followers), "every follower gets every event once, in order"
+    # each commit wakes the reader for at most one read that finds it and one that finds nothing more,
+    # plus the drain check at the end: independent of the 100 watchers (per-watcher polling: >= 100 per write)
+    assert counting.reads - before <= 2 * (writes + 1) + 2
+    until(lambda: not hub.followed_jobs(), "the reader stops with the job")
+
+
+def test_a_watcher_joining_mid_stream_at_an_old_cursor_misses_and_repeats_nothing(store: JobStore) -> None:
+    job = running_job(store)
+    hub = hub_over(store, threading.Event())
+    early = Follower(hub, job, 0)
+    early.start()
+    for i in range(30):
+        store.append_event(job, "log", {"message": f"before {i}"})
+    until(lambda: len(early.got) >= 32, "the early follower is live")
+    old_cursor = all_sequences(store, job)[5]
+    late = Follower(hub, job, old_cursor)
+    writer = threading.Thread(target=lambda: [store.append_event(job, "log", {"message": f"after {i}"}) for i in range(50)])
+    writer.start()
+    late.start()  # catches up from the store while the reader hands out new events, then joins the feed
+    writer.join(WAIT)
+    store.update_status(job, state=JobState.FAILED, reason="stopped")
+    early.join(WAIT)
+    late.join(WAIT)
+    everything = all_sequences(store, job)
+    assert early.got == everything
+    assert late.got == [s for s in everything if s > old_cursor]
+
+
+def test_a_feed_begun_beyond_the_jobs_events_still_serves_a_watcher_behind_it(store: JobStore) -> None:
+    job = running_job(store)
+    hub = hub_over(store, threading.Event())
+    ahead = Follower(hub, job, 10**9)  # starts the feed at a cursor no event of the job carries
+    ahead.start()
+    until(lambda: len(hub.buffered(job)) == 1, "the feed is up")
+    behind = Follower(hub, job, 0)  # can never prove it caught up with 10**9: reads the store itself
+    behind.start()
+    for i in range(10):
+        store.append_event(job, "log", {"message": f"line {i}"})
+    store.update_status(job, state=JobState.SUCCEEDED, reason="done")
+    ahead.join(WAIT)
+    behind.join(WAIT)
+    assert ahead.got == [] and behind.got == all_sequences(store, job)
+
+
+def test_a_watcher_that_stops_reading_stalls_nobody_and_its_buffer_stays_bounded(store: JobStore) -> None:
+    job = running_job(store)
+    start = all_sequences(store, job)[-1]
+    hub = hub_over(store, threading.Event(), buffer_events=5)
+    stalled = hub.follow(job, start, lambda: True)
+    store.append_event(job, "log", {"message": "first"})
+    first = next(stalled)  # the stalled watcher joins the feed on its first read, then stops reading
+    others = [Follower(hub, job, start) for _ in range(20)]
+    for follower in others:
+        follower.start()
+    peak = 0
+    for i in range(60):
+        store.append_event(job, "log", {"message": f"line {i}"})
+        peak = max([peak, *hub.buffered(job)])
+    until(lambda: all(len(f.got) == 61 for f in others), "the others got every event while one reads nothing")
+    peak = max([peak, *hub.buffered(job)])  # the reader has handed out all 61 events by now
+    store.update_status(job, state=JobState.SUCCEEDED, reason="done")
+    for follower in others:
+        follower.join(WAIT)
+    expected = [s for s in all_sequences(store, job) if s > start]
+    assert all(f.got == expected for f in others), "the others finish while one watcher reads nothing"
+    assert peak <= 5, f"a watcher held {peak} undelivered events, over its buffer of 5"
+    # the stalled watcher, read again, falls back to the store at its cursor: still everything, in order
+    assert [first.sequence, *(e.sequence for e in stalled)] == expected
+
+
+def test_the_reader_stops_when_its_last_watcher_leaves(store: JobStore) -> None:
+    job = running_job(store)
+    hub = hub_over(store, threading.Event())
+    stream = hub.follow(job, 0, lambda: True)
+    assert next(stream).sequence == all_sequences(store, job)[0]
+    assert hub.followed_jobs() == [job]
+    stream.close()
+    until(lambda: not hub.followed_jobs(), "the reader stops once nobody follows the job")
+
+
+def test_a_waiting_watcher_ends_as_soon_as_its_call_ends_or_the_service_stops(store: JobStore) -> None:
+    job = running_job(store)
+    start = all_sequences(store, job)[-1]
+    stopping = threading.Event()
+    hub = EventHub(store, lambda event: event, stopping=stopping, poll_seconds=600.0)
+    callbacks: list[Callable[[], None]] = []
+    call_open = threading.Event()
+    call_open.set()
+    ended_call = Follower(hub, job, start)
+    ended_call.stream = hub.follow(job, start, call_open.is_set, callbacks.append)
+    at_stop = Follower(hub, job, start)
+    for follower in (ended_call, at_stop):
+        follower.start()
+    until(lambda: len(hub.buffered(job)) == 2 and len(callbacks) == 1, "both watchers wait on the feed")
+    call_open.clear()
+    callbacks[0]()  # gRPC runs it when the call is cancelled or its deadline passes
+    ended_call.join(WAIT)
+    assert not ended_call.is_alive() and at_stop.is_alive()
+    stopping.set()
+    hub.wake_all()
+    at_stop.join(WAIT)
+    assert not at_stop.is_alive()
+
+
+def test_many_grpc_followers_of_one_running_job_each_get_every_event_once_in_order(tmp_path: Path) -> None:
+    runtime = ScriptedRuntime()
+    api = start_api_server(tmp_path, runtime, workers=80, streams_per_tenant=64)
+    try:
+        channel = grpc.insecure_channel(api.target)
+        stub = pb_grpc.TrainingServiceStub(channel)
+        job = stub.CreateJob(pb.CreateJobRequest(job=job_to_proto(small_job("followed-by-many"))))
+        runtime.wait_started(job.id)
+        streams = [stub.WatchJob(pb.WatchJobRequest(id=job.id, follow=True)) for _ in range(60)]
+        got: list[list[int]] = [[next(s).sequence] for s in streams]  # every stream is open and serving
+        extra = [stub.WatchJob(pb.WatchJobRequest(id=job.id, follow=True)) for _ in range(4)]
+        for stream in extra:
+            next(stream)  # 64 open: the tenant's limit
+        with pytest.raises(grpc.RpcError) as info:
+            next(stub.WatchJob(pb.WatchJobRequest(id=job.id, follow=True)))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        runtime.run(job.id, [4.0 - i / 10 for i in range(20)])
+
+        def drain(index: int) -> None:
+            got[index].extend(e.sequence for e in streams[index])
+
+        threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(streams))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        expected = all_sequences(api.scheduler.store, job.id)
+        assert len(expected) >= 24  # queued, scheduled, running, 20 steps, succeeded
+        assert all(sequences == expected for sequences in got)
+        for stream in extra:
+            stream.cancel()
+        channel.close()
+    finally:
+        api.stop()
+
+
+def test_the_stream_limit_is_a_stated_policy() -> None:
+    assert stream_limit(64, None) == 64 // STREAM_SHARE
+    assert stream_limit(1100, 1000) == 1000
+    for workers, per_tenant in ((64, 64), (64, 0)):
+        with pytest.raises(ValueError, match="streams_per_tenant must be at least 1 and below workers"):
+            stream_limit(workers, per_tenant)
