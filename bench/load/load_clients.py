@@ -3,7 +3,10 @@ connection, each issuing one RPC at a time from a weighted mix until the deadlin
 
 Every call is checked against what that kind of request must get (status code and, where it says
 something, the answer's content); anything else is counted as unexpected, with the first few samples
-kept. Results go back to the driver (bench_load.py) as one dict per process.
+kept. With `unavailable_allowed` (the driver takes the database away meanwhile) any kind may also get
+UNAVAILABLE; the driver judges from each call's end time whether that answer fell in the outage.
+Results go back to the driver (bench_load.py) as one dict per process, with every call's end time,
+kind and code (the timeline) and the ids of the jobs whose CreateJob was acknowledged.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ KEEP_SAMPLES = 5
 POOL_GPUS = 4
 TEAMS = ("red", "green", "blue")
 OK = grpc.StatusCode.OK
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
 MIX: tuple[tuple[str, int], ...] = (
     ("create_valid", 16), ("create_invalid", 4), ("get_own", 16), ("get_other_tenant", 2), ("get_unknown", 1),
@@ -54,9 +58,14 @@ class Stats:
     codes: dict[str, Counter[str]] = field(default_factory=dict)
     unexpected: Counter[str] = field(default_factory=Counter)
     samples: dict[str, list[str]] = field(default_factory=dict)
+    timeline: list[tuple[float, str, str, bool]] = field(default_factory=list)
+    """Every call as (end, wall-clock seconds; kind; code name; unexpected)."""
+    acknowledged: list[str] = field(default_factory=list)
+    """Ids of the jobs CreateJob answered OK (each must be in the store afterwards)."""
     in_flight: int = 0
 
     def record(self, kind: str, method: str, seconds: float, code: grpc.StatusCode, problem: str | None) -> None:
+        self.timeline.append((time.time(), kind, code.name, problem is not None))
         self.methods[kind] = method
         self.latencies.setdefault(kind, []).append(seconds)
         self.codes.setdefault(kind, Counter())[code.name] += 1
@@ -75,6 +84,7 @@ class Shared:
     data_root: str
     stats: Stats
     follows: dict[str, asyncio.Semaphore]
+    unavailable_allowed: bool = False
     recent: dict[str, deque[str]] = field(default_factory=dict)
 
 
@@ -167,7 +177,8 @@ class Client:
         self, kind: str, method: str, run: Callable[[], Awaitable[Any]], expect: set[grpc.StatusCode], check: Check | None = None,
     ) -> Any:
         """Time `run()`; record its status, and a problem if the status or `check(answer)` is not as expected.
-        Returns the answer (or the error) when the outcome was expected, else None."""
+        Returns the answer (or the error) when the outcome was expected, else None (also for an allowed
+        UNAVAILABLE)."""
         stats = self.shared.stats
         stats.in_flight += 1
         started = time.perf_counter()
@@ -180,12 +191,13 @@ class Client:
         seconds = time.perf_counter() - started
         problem = None
         if code not in expect:
-            details = answer.details() if isinstance(answer, grpc.aio.AioRpcError) else ""
-            problem = f"{code.name}: {details}"
+            if code != UNAVAILABLE or not self.shared.unavailable_allowed:
+                details = answer.details() if isinstance(answer, grpc.aio.AioRpcError) else ""
+                problem = f"{code.name}: {details}"
         elif check is not None:
             problem = check(answer)
         stats.record(kind, method, seconds, code, problem)
-        return answer if problem is None else None
+        return answer if problem is None and code in expect else None
 
     # ---- request kinds ----------------------------------------------------------------------------
     def _job(self) -> pb.Job:
@@ -201,6 +213,7 @@ class Client:
             {OK}, lambda j: None if j.id and j.status.state == pb.QUEUED else f"answered {j.id!r} in {j.status.state}",
         )
         if job is not None:
+            self.shared.stats.acknowledged.append(job.id)
             self.live.append(job.id)
             self.shared.recent.setdefault(self.tenant, deque(maxlen=500)).append(job.id)
 
@@ -386,14 +399,14 @@ async def _sample_in_flight(stats: Stats, samples: list[int], deadline: float) -
 
 async def run_clients(
     numbers: list[int], tokens: dict[str, str], target: str, data_root: str, seconds: float, max_requests: int,
-    seed: int, processes: int, ready: Callable[[], None],
+    seed: int, processes: int, ready: Callable[[], None], unavailable_allowed: bool = False,
 ) -> dict[str, Any]:
     """Run clients `numbers` (client n belongs to tenant n mod len(tokens)); `ready()` is called once
     every channel is connected and blocks until all processes are (the start barrier)."""
     stats = Stats()
     tenants = sorted(tokens)
     follows = {t: asyncio.Semaphore(max(1, FOLLOWS_PER_TENANT // processes)) for t in tenants}
-    shared = Shared(target, data_root, stats, follows)
+    shared = Shared(target, data_root, stats, follows, unavailable_allowed=unavailable_allowed)
     clients = [Client(n, tenants[n % len(tenants)], tokens[tenants[n % len(tenants)]], shared, seed * 100_003 + n) for n in numbers]
     await asyncio.gather(*(asyncio.wait_for(c.channel.channel_ready(), 120) for c in clients))
     ready()
@@ -409,5 +422,5 @@ async def run_clients(
         "cpu_seconds": cpu.ru_utime + cpu.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime,
         "in_flight_samples": samples, "latencies": stats.latencies, "methods": stats.methods,
         "codes": {k: dict(v) for k, v in stats.codes.items()}, "unexpected": dict(stats.unexpected),
-        "samples": stats.samples,
+        "samples": stats.samples, "timeline": stats.timeline, "acknowledged": stats.acknowledged,
     }
