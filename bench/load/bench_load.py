@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -97,15 +98,30 @@ def write_access_file(path: Path) -> dict[str, str]:
     return tokens
 
 
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """A process's user + system CPU seconds so far (with its reaped children's), from /proc."""
+    ticks = [int(t) for t in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:15]]
+    return sum(ticks if reaped_children else ticks[:2]) / os.sysconf("SC_CLK_TCK")
+
+
+def database_cpu_seconds(postmaster: int) -> float:
+    """CPU seconds of a PostgreSQL server so far: the postmaster, its live and its reaped children."""
+    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+    total = cpu_seconds(postmaster, reaped_children=True)
+    for child in children:
+        with contextlib.suppress(FileNotFoundError):  # it ended meanwhile: its time is in the reaped children's
+            total += cpu_seconds(int(child))
+    return total
+
+
 def proc_status(pid: int) -> dict[str, float]:
     """The server process's memory (MiB) and CPU seconds so far, from /proc."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-    ticks = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return {
         "vm_hwm_mib": int(fields["VmHWM"].split()[0]) / 1024,
         "vm_rss_mib": int(fields["VmRSS"].split()[0]) / 1024,
         "threads": int(fields["Threads"]),
-        "cpu_seconds": (int(ticks[11]) + int(ticks[12])) / os.sysconf("SC_CLK_TCK"),
+        "cpu_seconds": cpu_seconds(pid),
     }
 
 
@@ -289,12 +305,15 @@ def run(args: argparse.Namespace, work: Path, database: PostgresServer | None = 
         barrier.wait(START_TIMEOUT)
         load_started = time.time()
         before = proc_status(proc.pid)
+        postmaster = database.process.pid if database is not None and database.process is not None else None
+        database_before = database_cpu_seconds(postmaster) if postmaster else 0.0
         times = None
         if with_outage:
             health = HealthWatch(target).start()
             times = take_database_away(database, load_started + args.outage_at, args.outage)
         parts = [results.get(timeout=args.seconds + START_TIMEOUT) for _ in workers]
         after = proc_status(proc.pid)
+        database_after = database_cpu_seconds(postmaster) if postmaster and not with_outage else None
         load_after = load_average()
         for w in workers:
             w.join(30)
@@ -306,6 +325,8 @@ def run(args: argparse.Namespace, work: Path, database: PostgresServer | None = 
             "rss_after_mib": round(after["vm_rss_mib"], 1), "threads_after": after["threads"],
             "cpu_seconds_under_load": round(after["cpu_seconds"] - before["cpu_seconds"], 1),
         }
+        if database_after is not None:  # an outage replaces the postmaster: its CPU time is not comparable
+            server["database_cpu_seconds_under_load"] = round(database_after - database_before, 1)
         summary = summarise(parts, server, args)
         summary["load_average"] = {"before": load_before, "after": load_after}
         if times is not None and health is not None:
