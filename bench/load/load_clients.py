@@ -172,6 +172,8 @@ class Client:
         self.live: list[str] = []
         self.cursors: dict[str, int] = {}
         self.created = 0
+        self.last_code = OK
+        """The status of this client's last call (it makes one at a time)."""
 
     async def call(
         self, kind: str, method: str, run: Callable[[], Awaitable[Any]], expect: set[grpc.StatusCode], check: Check | None = None,
@@ -189,6 +191,7 @@ class Client:
         finally:
             stats.in_flight -= 1
         seconds = time.perf_counter() - started
+        self.last_code = code
         problem = None
         if code not in expect:
             if code != UNAVAILABLE or not self.shared.unavailable_allowed:
@@ -338,12 +341,16 @@ class Client:
         await self._other_tenant("watch_other_tenant", "WatchJob", lambda i: self._watch(i, 0, False, RPC_TIMEOUT))
 
     async def cancel_own(self) -> None:
+        """Cancel the oldest live job; one answered UNAVAILABLE (allowed during an outage) stays live, to be
+        cancelled again later (cancelling a cancelled job answers it, CANCELLED)."""
         job_id = self.live.pop(0)
-        await self.call(
+        job = await self.call(
             "cancel_own", "CancelJob",
             lambda: self.stub.CancelJob(pb.CancelJobRequest(id=job_id, reason="load"), metadata=self.metadata, timeout=RPC_TIMEOUT),
             {OK}, lambda j: None if j.status.state == pb.CANCELLED else f"{job_id} is {pb.JobState.Name(j.status.state)}",
         )
+        if job is None and self.last_code == UNAVAILABLE and self.shared.unavailable_allowed:
+            self.live.insert(0, job_id)
 
     async def cancel_other_tenant(self) -> None:
         await self._other_tenant(
