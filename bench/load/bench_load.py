@@ -270,6 +270,14 @@ def check_store(location: str, acknowledged: list[str]) -> dict[str, Any]:
     }
 
 
+def database_transactions(url: str) -> int:
+    """Transactions the database has counted (committed and rolled back; each statement outside an
+    explicit transaction is one). The server publishes a session's counts within a second or so."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    return int(row[0]) if row else 0
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -307,6 +315,7 @@ def run(args: argparse.Namespace, work: Path, database: PostgresServer | None = 
         before = proc_status(proc.pid)
         postmaster = database.process.pid if database is not None and database.process is not None else None
         database_before = database_cpu_seconds(postmaster) if postmaster else 0.0
+        transactions_before = database_transactions(store) if store else 0
         times = None
         if with_outage:
             health = HealthWatch(target).start()
@@ -334,6 +343,8 @@ def run(args: argparse.Namespace, work: Path, database: PostgresServer | None = 
             health = None
             summary["unexpected"] += summary["outage"]["unavailable_outside_window"]
         time.sleep(SETTLE_SECONDS)
+        if store:
+            summary["server"]["database_transactions"] = database_transactions(store) - transactions_before
         summary["rpc_counts"]["server"] = server_rpc_counts(metrics_port)
         summary["rpc_counts"].update(compare_counts(summary["rpc_counts"]["clients"], summary["rpc_counts"]["server"]))
     finally:
@@ -403,9 +414,10 @@ def comparison_markdown(names: list[str], backends: dict[str, dict[str, Any]], r
 
 
 def commit() -> str:
-    """The checkout's commit, `+dirty` when it has uncommitted changes."""
+    """The checkout's commit, `+dirty` when it has uncommitted changes (other than results files)."""
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", ".", ":!bench/load/results-*.json"],
+                           capture_output=True, text=True).stdout.strip()
     return head + ("+dirty" if dirty else "")
 
 
