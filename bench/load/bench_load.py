@@ -76,6 +76,9 @@ START_TIMEOUT = 300.0
 SETTLE_SECONDS = 2.0
 """Wait before reading the server's counters: a follow's handler notices its client's deadline within 0.5 s."""
 METRIC_LINE = re.compile(r"^trainctl_grpc_requests_total\{(.*)\} (\S+)$")
+SERVICE_LOG_LINE = re.compile(r"lease|scheduler|readiness")
+"""The service's log lines kept with an outage's results: its leadership, scheduler and readiness."""
+SERVICE_LOG_LINES = 60
 RECOVERY_LIMIT = 5.0
 """Seconds after the database accepts connections again within which every kind of call must answer OK
 again; an UNAVAILABLE answer later than that (or before the stop) is unexpected."""
@@ -352,6 +355,9 @@ def run(args: argparse.Namespace, work: Path, database: PostgresServer | None = 
             health.stop()
         code = stop_server(proc)
     summary["server"]["exit_code"] = code
+    if "outage" in summary:
+        log = (work / "serve.log").read_text(errors="replace").splitlines()
+        summary["outage"]["service_log"] = [line for line in log if SERVICE_LOG_LINE.search(line)][:SERVICE_LOG_LINES]
     summary["store"] = {"backend": "postgresql" if database is not None else "sqlite",
                         **check_store(store or str(work / "data"), [i for p in parts for i in p["acknowledged"]])}
     return summary

@@ -8,7 +8,8 @@ times it returns are wall-clock seconds, as are the clients' call end times (the
 processes on the same machine).
 
 `outage_summary` counts the answers that ended between the stop and the database accepting
-connections again, by kind and code; counts as unexpected every UNAVAILABLE answer outside the window
+connections again, by kind and code (and by method and code, split at the moment the server had
+shut down); counts as unexpected every UNAVAILABLE answer outside the window
 from the stop to `recovery_limit` seconds after the database accepts connections; and measures, from
 that moment, the first OK answer of each method and the first expected answer of each request kind
 (the kinds whose answer is an error, e.g. NOT_FOUND for another tenant's job, never answer OK), and
@@ -100,6 +101,8 @@ def outage_summary(
     began, accepting = times["stop_sent"], times["accepting"]
     started, finished = min(p["started"] for p in parts), max(p["finished"] for p in parts)
     during = [e for e in timeline if began <= e[0] <= accepting]
+    shutting_down = [e for e in during if e[0] <= times["stopped"]]
+    down = [e for e in during if e[0] > times["stopped"]]
     outside = [e for e in timeline if e[2] == "UNAVAILABLE" and not began <= e[0] <= accepting + recovery_limit]
     by_kind: dict[str, dict[str, Any]] = {}
     for kind in sorted(methods, key=lambda k: (methods[k], k)):
@@ -133,6 +136,8 @@ def outage_summary(
         "calls_per_second": {"before": rate(started, began), "during": rate(began, accepting),
                              "after": rate(accepting, finished)},
         "during_outage": dict(Counter(code for _, _, code, _ in during)),
+        "while_shutting_down": dict(Counter(f"{methods[kind]} {code}" for _, kind, code, _ in shutting_down)),
+        "while_down": dict(Counter(f"{methods[kind]} {code}" for _, kind, code, _ in down)),
         "unexpected_during_outage": sum(1 for e in during if e[3]),
         "unavailable_outside_window": len(outside),
         "health": {
@@ -152,7 +157,8 @@ def outage_markdown(outage: dict[str, Any]) -> str:
         f"calls/s before / during / after: {outage['calls_per_second']}; during: {outage['during_outage']}; "
         f"unexpected during: {outage['unexpected_during_outage']}; UNAVAILABLE outside the window: "
         f"{outage['unavailable_outside_window']}; health {outage['health']['not_serving_after_stop_s']} s after "
-        f"the stop not SERVING, SERVING {outage['health']['serving_after_accepting_s']} s after the database",
+        f"the stop not SERVING, SERVING {outage['health']['serving_after_accepting_s']} s after the database; "
+        f"answers while the server shut down: {outage['while_shutting_down']}",
         "", "| method | request kind | answers during the outage | first OK / expected answer after, s |",
         "|---|---|---|---|",
     ]
