@@ -5,8 +5,9 @@ PostgreSQL refuses to run as root: a root test process runs initdb and the serve
 `setpriv`), in a directory that user owns; any other user runs them as itself. The server gets SIGINT
 (fast shutdown) if the test process dies first (setpriv's parent-death signal), so none outlives it. Missing binaries raise
 `PostgresMissing` naming the package, so the tests fail instead of skipping. The cluster trusts local
-connections (user `trainctl`, no password) and runs with fsync off: tests stop the server, they never
-pull its power.
+connections (user `trainctl`, no password) and runs with fsync off (tests stop the server, they never
+pull its power) unless made `durable` (the load benchmark, bench/load, compares it with SQLite's
+synced commits).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def free_port() -> int:
 class PostgresServer:
     """One cluster; `start()` / `stop()` may alternate (the data directory and port are kept)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = False) -> None:
+        self.durable = durable
         self.bindir = find_bindir()
         self.root = Path(tempfile.mkdtemp(prefix="trainctl-pg-"))
         self.data_dir = self.root / "data"
@@ -85,7 +87,8 @@ class PostgresServer:
         log = open(self.log_file, "ab")  # noqa: SIM115 -- the server writes to it until stopped
         self.process = subprocess.Popen(
             [*self._as_user, str(self.bindir / "postgres"), "-D", str(self.data_dir), "-k", str(self.root),
-             "-h", "127.0.0.1", "-p", str(self.port), "-c", "fsync=off", "-c", "max_connections=200"],
+             "-h", "127.0.0.1", "-p", str(self.port), "-c", f"fsync={'on' if self.durable else 'off'}",
+             "-c", "max_connections=200"],
             stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
         )
         log.close()

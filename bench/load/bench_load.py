@@ -13,18 +13,33 @@ what its kind must get counts as unexpected.
 
 Reported: calls, unexpected calls and p50 / p99 latency per kind and per method, throughput, the
 server process's peak RSS (VmHWM) and CPU time, the clients' CPU time, how many calls were in flight,
-and the server's own per-method, per-code RPC counters (from its /metrics) next to the clients'.
+the server's own per-method, per-code RPC counters (from its /metrics) next to the clients', the load
+average, and whether every job whose CreateJob was acknowledged is in the store afterwards.
+
+`--store sqlite,postgresql` runs the same mix once per store, one after the other: SQLite in the
+service's data directory, then PostgreSQL started here the way the tests start it
+(tests/postgres_server.py, fsync on like SQLite's synced commits, stopped by its PID), with the ratio
+of the two. `--outage S` takes the PostgreSQL server away for S seconds during its run, `--outage-at`
+seconds after the clients start: a fast shutdown (SIGINT to the postmaster), then a start on the same
+data directory and port. Any call may then answer UNAVAILABLE, but only between the stop and
+`RECOVERY_LIMIT` seconds after the database accepts connections again (anything else unexpected is
+still unexpected); reported: answers by code during the outage, and per request kind and method the
+time from the database accepting connections to the first OK answer, and to health SERVING.
 
     .venv/bin/python bench/load/bench_load.py --clients 200 --seconds 60 --out bench/load/results-load.json
+    .venv/bin/python bench/load/bench_load.py --store sqlite,postgresql --out bench/load/results-load-stores.json
+    .venv/bin/python bench/load/bench_load.py --store postgresql --outage 20 --out bench/load/results-load-outage.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
+import platform
 import re
 import signal
 import socket
@@ -39,18 +54,34 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import grpc
+import psycopg
 import yaml
 from load_clients import run_clients
+from outage import HealthWatch, outage_markdown, outage_summary, take_database_away
 
 from trainctl.service.auth import generate_token, hash_token
+from trainctl.service.store_db import open_database
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the PostgreSQL server the tests start, not a copy of it
+
+from postgres_server import PostgresServer  # noqa: E402
+
+STORES = ("sqlite", "postgresql")
 TENANTS = ("vision", "nlp", "speech")
 START_TIMEOUT = 300.0
 """Seconds the service may take to come up (it starts an embedded Ray), and the clients to connect."""
 SETTLE_SECONDS = 2.0
 """Wait before reading the server's counters: a follow's handler notices its client's deadline within 0.5 s."""
 METRIC_LINE = re.compile(r"^trainctl_grpc_requests_total\{(.*)\} (\S+)$")
+SERVICE_LOG_LINE = re.compile(r"lease|scheduler|readiness")
+"""The service's log lines kept with an outage's results: its leadership, scheduler and readiness."""
+SERVICE_LOG_LINES = 60
+RECOVERY_LIMIT = 5.0
+"""Seconds after the database accepts connections again within which every kind of call must answer OK
+again; an UNAVAILABLE answer later than that (or before the stop) is unexpected."""
 
 
 def free_port() -> int:
@@ -70,15 +101,30 @@ def write_access_file(path: Path) -> dict[str, str]:
     return tokens
 
 
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """A process's user + system CPU seconds so far (with its reaped children's), from /proc."""
+    ticks = [int(t) for t in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:15]]
+    return sum(ticks if reaped_children else ticks[:2]) / os.sysconf("SC_CLK_TCK")
+
+
+def database_cpu_seconds(postmaster: int) -> float:
+    """CPU seconds of a PostgreSQL server so far: the postmaster, its live and its reaped children."""
+    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+    total = cpu_seconds(postmaster, reaped_children=True)
+    for child in children:
+        with contextlib.suppress(FileNotFoundError):  # it ended meanwhile: its time is in the reaped children's
+            total += cpu_seconds(int(child))
+    return total
+
+
 def proc_status(pid: int) -> dict[str, float]:
     """The server process's memory (MiB) and CPU seconds so far, from /proc."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-    ticks = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return {
         "vm_hwm_mib": int(fields["VmHWM"].split()[0]) / 1024,
         "vm_rss_mib": int(fields["VmRSS"].split()[0]) / 1024,
         "threads": int(fields["Threads"]),
-        "cpu_seconds": (int(ticks[11]) + int(ticks[12])) / os.sysconf("SC_CLK_TCK"),
+        "cpu_seconds": cpu_seconds(pid),
     }
 
 
@@ -95,10 +141,11 @@ def server_rpc_counts(metrics_port: int) -> dict[str, dict[str, int]]:
 
 
 def compare_counts(clients: dict[str, dict[str, int]], server: dict[str, dict[str, int]]) -> dict[str, Any]:
-    """Whether the server counted the calls the clients saw, by method and code, allowing for three known
+    """Whether the server counted the calls the clients saw, by method and code, allowing for four known
     differences: calls the auth interceptor refuses (UNAUTHENTICATED) never reach the metrics
     interceptor; a following WatchJob that reaches its client's deadline (DEADLINE_EXCEEDED) ends OK or
-    CANCELLED on the server, depending on where its handler notices; and one whose deadline passes
+    CANCELLED on the server, depending on where its handler notices, or UNAVAILABLE when the database
+    went away before it noticed (`follows_ended_unavailable_by_server`); and one whose deadline passes
     while it waits for a handler thread is never counted (`follows_not_counted_by_server`)."""
     def normalised(counts: dict[str, dict[str, int]]) -> dict[str, Counter[str]]:
         out: dict[str, Counter[str]] = {}
@@ -110,19 +157,25 @@ def compare_counts(clients: dict[str, dict[str, int]], server: dict[str, dict[st
         return out
 
     ours, theirs = normalised(clients), normalised(server)
-    missing = ours.get("WatchJob", Counter())["OK"] - theirs.get("WatchJob", Counter())["OK"]
-    if missing:
-        theirs.setdefault("WatchJob", Counter())["OK"] += missing
+    watches, served = ours.setdefault("WatchJob", Counter()), theirs.setdefault("WatchJob", Counter())
     expired = clients.get("WatchJob", {}).get("DEADLINE_EXCEEDED", 0)
-    return {"agree": ours == theirs and 0 <= missing <= expired, "follows_not_counted_by_server": missing}
+    unavailable = min(max(0, served["UNAVAILABLE"] - watches["UNAVAILABLE"]), expired)
+    served["UNAVAILABLE"] -= unavailable
+    served["OK"] += unavailable
+    missing = watches["OK"] - served["OK"]
+    served["OK"] += missing
+    return {"agree": ours == theirs and missing >= 0 and missing + unavailable <= expired,
+            "follows_not_counted_by_server": missing, "follows_ended_unavailable_by_server": unavailable}
 
 
-def start_server(work: Path, tokens_file: Path, data_root: Path, metrics_port: int) -> tuple[subprocess.Popen, str]:
+def start_server(
+    work: Path, tokens_file: Path, data_root: Path, metrics_port: int, store: str | None,
+) -> tuple[subprocess.Popen, str]:
     """serve.py in its own session, logging to `work`/serve.log; the process and its address once it serves."""
     log = (work / "serve.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "serve.py"), f"--data-dir={work / 'data'}", f"--tokens-file={tokens_file}",
-         f"--data-root={data_root}", f"--metrics-port={metrics_port}"],
+         f"--data-root={data_root}", f"--metrics-port={metrics_port}", *([f"--store={store}"] if store else [])],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"},
     )
@@ -205,14 +258,46 @@ def summarise(parts: list[dict[str, Any]], server: dict[str, Any], args: argpars
     }
 
 
-def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Start the service in `work`, run the client processes against it, stop it; the summary."""
+def check_store(location: str, acknowledged: list[str]) -> dict[str, Any]:
+    """Whether every acknowledged job is in the store at `location` (read directly, the service stopped)."""
+    db = open_database(location)
+    try:
+        stored = {row["id"] for row in db.execute("SELECT id FROM jobs").fetchall()}
+    finally:
+        db.close()
+    missing = sorted(set(acknowledged) - stored)
+    return {
+        "acknowledged": len(acknowledged), "acknowledged_twice": len(acknowledged) - len(set(acknowledged)),
+        "jobs_in_store": len(stored), "missing": len(missing), "missing_samples": missing[:5],
+        "in_store_not_acknowledged": len(stored - set(acknowledged)),
+    }
+
+
+def database_transactions(url: str) -> int:
+    """Transactions the database has counted (committed and rolled back; each statement outside an
+    explicit transaction is one). The server publishes a session's counts within a second or so."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    return int(row[0]) if row else 0
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run(args: argparse.Namespace, work: Path, database: PostgresServer | None = None) -> dict[str, Any]:
+    """Start the service in `work` on SQLite there or on a new database of `database`, run the client
+    processes against it (taking `database` away for `args.outage` seconds if set), stop it; the summary."""
     data_root = work / "datasets"
     (data_root / "corpus").mkdir(parents=True)
     (data_root / "corpus" / "a.txt").write_text(__doc__ * 50)
     tokens = write_access_file(work / "access.yaml")
     metrics_port = free_port()
-    proc, target = start_server(work, work / "access.yaml", data_root, metrics_port)
+    store = database.create_database() if database is not None else None
+    with_outage = database is not None and args.outage > 0
+    load_before = load_average()
+    proc, target = start_server(work, work / "access.yaml", data_root, metrics_port, store)
+    health: HealthWatch | None = None
     try:
         idle = proc_status(proc.pid)
         ctx = multiprocessing.get_context("spawn")
@@ -220,6 +305,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         settings = {
             "tokens": {t: tokens[t] for t in TENANTS}, "target": target, "data_root": str(data_root),
             "seconds": args.seconds, "max_requests": args.max_requests, "seed": args.seed, "processes": args.processes,
+            "unavailable_allowed": with_outage,
         }
         workers = [
             ctx.Process(target=client_process, args=(list(range(i, args.clients, args.processes)), settings, barrier, results))
@@ -228,9 +314,19 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for w in workers:
             w.start()
         barrier.wait(START_TIMEOUT)
+        load_started = time.time()
         before = proc_status(proc.pid)
+        postmaster = database.process.pid if database is not None and database.process is not None else None
+        database_before = database_cpu_seconds(postmaster) if postmaster else 0.0
+        transactions_before = database_transactions(store) if store else 0
+        times = None
+        if with_outage:
+            health = HealthWatch(target).start()
+            times = take_database_away(database, load_started + args.outage_at, args.outage)
         parts = [results.get(timeout=args.seconds + START_TIMEOUT) for _ in workers]
         after = proc_status(proc.pid)
+        database_after = database_cpu_seconds(postmaster) if postmaster and not with_outage else None
+        load_after = load_average()
         for w in workers:
             w.join(30)
         failed = [p["error"] for p in parts if "error" in p]
@@ -241,14 +337,45 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "rss_after_mib": round(after["vm_rss_mib"], 1), "threads_after": after["threads"],
             "cpu_seconds_under_load": round(after["cpu_seconds"] - before["cpu_seconds"], 1),
         }
+        if database_after is not None:  # an outage replaces the postmaster: its CPU time is not comparable
+            server["database_cpu_seconds_under_load"] = round(database_after - database_before, 1)
         summary = summarise(parts, server, args)
+        summary["load_average"] = {"before": load_before, "after": load_after}
+        if times is not None and health is not None:
+            summary["outage"] = outage_summary(parts, times, health.stop(), RECOVERY_LIMIT)
+            health = None
+            summary["unexpected"] += summary["outage"]["unavailable_outside_window"]
         time.sleep(SETTLE_SECONDS)
+        if store:
+            summary["server"]["database_transactions"] = database_transactions(store) - transactions_before
         summary["rpc_counts"]["server"] = server_rpc_counts(metrics_port)
         summary["rpc_counts"].update(compare_counts(summary["rpc_counts"]["clients"], summary["rpc_counts"]["server"]))
     finally:
+        if health is not None:
+            health.stop()
         code = stop_server(proc)
     summary["server"]["exit_code"] = code
+    if "outage" in summary:
+        log = (work / "serve.log").read_text(errors="replace").splitlines()
+        summary["outage"]["service_log"] = [line for line in log if SERVICE_LOG_LINE.search(line)][:SERVICE_LOG_LINES]
+    summary["store"] = {"backend": "postgresql" if database is not None else "sqlite",
+                        **check_store(store or str(work / "data"), [i for p in parts for i in p["acknowledged"]])}
     return summary
+
+
+def run_on(backend: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """`run` on SQLite, or on a PostgreSQL server started for it (fsync on) and removed afterwards."""
+    if backend == "sqlite":
+        return run(args, work)
+    database = PostgresServer(durable=True)
+    try:
+        database.start()
+        summary = run(args, work, database)
+        with psycopg.connect(database.url()) as conn:
+            summary["store"]["server_version"] = conn.info.server_version
+        return summary
+    finally:
+        database.remove()
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -263,6 +390,48 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def comparison(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """`second`'s throughput and per-method p50 / p99 over `first`'s."""
+    def ratio(a: float, b: float) -> float | None:
+        return round(b / a, 2) if a else None
+
+    return {
+        "calls_per_second": ratio(first["calls_per_second"], second["calls_per_second"]),
+        "by_method": {
+            m: {"p50": ratio(a["p50_ms"], second["by_method"][m]["p50_ms"]), "p99": ratio(a["p99_ms"], second["by_method"][m]["p99_ms"])}
+            for m, a in first["by_method"].items() if m in second["by_method"]
+        },
+    }
+
+
+def comparison_markdown(names: list[str], backends: dict[str, dict[str, Any]], ratios: dict[str, Any]) -> str:
+    """Per method, side by side: calls, unexpected, p50, p99 on each store, and the p50 / p99 ratios."""
+    a, b = (backends[n] for n in names)
+    cells = " | ".join(f"{n} calls | {n} unexpected | {n} p50 ms | {n} p99 ms" for n in names)
+    rows = [f"| method | {cells} | p50 ratio | p99 ratio |", "|---" * (3 + 4 * len(names)) + "|"]
+    for method, r in ratios["by_method"].items():
+        stats = " | ".join(
+            f"{s['by_method'][method]['calls']} | {s['by_method'][method]['unexpected']} | "
+            f"{s['by_method'][method]['p50_ms']} | {s['by_method'][method]['p99_ms']}" for s in (a, b))
+        rows.append(f"| {method} | {stats} | {r['p50']} | {r['p99']} |")
+    totals = " | ".join(f"**{s['calls']}** ({s['calls_per_second']}/s) | **{s['unexpected']}** | | " for s in (a, b))
+    rows.append(f"| **total** | {totals} | {ratios['calls_per_second']} (calls/s) | |")
+    return "\n".join(rows)
+
+
+def commit() -> str:
+    """The checkout's commit, `+dirty` when it has uncommitted changes (other than results files)."""
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", ".", ":!bench/load/results-*.json"],
+                           capture_output=True, text=True).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
+def failed(summary: dict[str, Any]) -> bool:
+    outage = summary.get("outage")
+    return bool(summary["unexpected"] or summary["store"]["missing"] or (outage and not outage["recovered_within_limit"]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=200, help="concurrent clients")
@@ -270,15 +439,38 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2, help="client processes the clients are spread over")
     parser.add_argument("--max-requests", type=int, default=100_000, help="cap on each client's requests")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--store", default="sqlite", help=f"the stores to run the mix on, one after the other: {', '.join(STORES)}")
+    parser.add_argument("--outage", type=float, default=0.0, help="seconds the PostgreSQL server is stopped during its run")
+    parser.add_argument("--outage-at", type=float, default=15.0, help="seconds after the clients start that the outage begins")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="trainctl-bench-load-") as work:
-        summary = run(args, Path(work))
-    print(markdown(summary))
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("by_kind", "by_method", "rpc_counts")}, indent=1))
+    names = args.store.split(",")
+    if any(n not in STORES for n in names) or len(set(names)) != len(names):
+        parser.error(f"--store: a comma-separated list of distinct stores from {', '.join(STORES)}, got {args.store!r}")
+    if args.outage and "postgresql" not in names:
+        parser.error("--outage takes the PostgreSQL server away: it needs --store postgresql")
+    if args.outage and args.outage_at + args.outage + RECOVERY_LIMIT > args.seconds:
+        parser.error(f"--outage-at + --outage + {RECOVERY_LIMIT:g} s of recovery must fit in --seconds {args.seconds:g}")
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"), "commit": commit(), "command": " ".join(sys.argv),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpcio": grpc.__version__,
+                    "psycopg": psycopg.__version__},
+        "backends": {},
+    }
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="trainctl-bench-load-") as work:
+            summary = run_on(name, args, Path(work))
+        results["backends"][name] = summary
+        print(f"## {name}\n\n{markdown(summary)}\n")
+        if "outage" in summary:
+            print(outage_markdown(summary["outage"]) + "\n")
+        print(json.dumps({k: v for k, v in summary.items() if k not in ("by_kind", "by_method", "rpc_counts", "outage")}, indent=1))
+    if len(names) == 2:
+        results["ratio"] = {"of": f"{names[1]} / {names[0]}", **comparison(*(results["backends"][n] for n in names))}
+        print(comparison_markdown(names, results["backends"], results["ratio"]))
     if args.out:
-        args.out.write_text(json.dumps(summary, indent=1) + "\n")
-    return 1 if summary["unexpected"] else 0
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return 1 if any(failed(s) for s in results["backends"].values()) else 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@ connection, each issuing one RPC at a time from a weighted mix until the deadlin
 
 Every call is checked against what that kind of request must get (status code and, where it says
 something, the answer's content); anything else is counted as unexpected, with the first few samples
-kept. Results go back to the driver (bench_load.py) as one dict per process.
+kept. With `unavailable_allowed` (the driver takes the database away meanwhile) any kind may also get
+UNAVAILABLE; the driver judges from each call's end time whether that answer fell in the outage.
+Results go back to the driver (bench_load.py) as one dict per process, with every call's end time,
+kind and code (the timeline) and the ids of the jobs whose CreateJob was acknowledged.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ KEEP_SAMPLES = 5
 POOL_GPUS = 4
 TEAMS = ("red", "green", "blue")
 OK = grpc.StatusCode.OK
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
 MIX: tuple[tuple[str, int], ...] = (
     ("create_valid", 16), ("create_invalid", 4), ("get_own", 16), ("get_other_tenant", 2), ("get_unknown", 1),
@@ -54,9 +58,14 @@ class Stats:
     codes: dict[str, Counter[str]] = field(default_factory=dict)
     unexpected: Counter[str] = field(default_factory=Counter)
     samples: dict[str, list[str]] = field(default_factory=dict)
+    timeline: list[tuple[float, str, str, bool]] = field(default_factory=list)
+    """Every call as (end, wall-clock seconds; kind; code name; unexpected)."""
+    acknowledged: list[str] = field(default_factory=list)
+    """Ids of the jobs CreateJob answered OK (each must be in the store afterwards)."""
     in_flight: int = 0
 
     def record(self, kind: str, method: str, seconds: float, code: grpc.StatusCode, problem: str | None) -> None:
+        self.timeline.append((time.time(), kind, code.name, problem is not None))
         self.methods[kind] = method
         self.latencies.setdefault(kind, []).append(seconds)
         self.codes.setdefault(kind, Counter())[code.name] += 1
@@ -75,6 +84,7 @@ class Shared:
     data_root: str
     stats: Stats
     follows: dict[str, asyncio.Semaphore]
+    unavailable_allowed: bool = False
     recent: dict[str, deque[str]] = field(default_factory=dict)
 
 
@@ -162,12 +172,15 @@ class Client:
         self.live: list[str] = []
         self.cursors: dict[str, int] = {}
         self.created = 0
+        self.last_code = OK
+        """The status of this client's last call (it makes one at a time)."""
 
     async def call(
         self, kind: str, method: str, run: Callable[[], Awaitable[Any]], expect: set[grpc.StatusCode], check: Check | None = None,
     ) -> Any:
         """Time `run()`; record its status, and a problem if the status or `check(answer)` is not as expected.
-        Returns the answer (or the error) when the outcome was expected, else None."""
+        Returns the answer (or the error) when the outcome was expected, else None (also for an allowed
+        UNAVAILABLE)."""
         stats = self.shared.stats
         stats.in_flight += 1
         started = time.perf_counter()
@@ -178,14 +191,16 @@ class Client:
         finally:
             stats.in_flight -= 1
         seconds = time.perf_counter() - started
+        self.last_code = code
         problem = None
         if code not in expect:
-            details = answer.details() if isinstance(answer, grpc.aio.AioRpcError) else ""
-            problem = f"{code.name}: {details}"
+            if code != UNAVAILABLE or not self.shared.unavailable_allowed:
+                details = answer.details() if isinstance(answer, grpc.aio.AioRpcError) else ""
+                problem = f"{code.name}: {details}"
         elif check is not None:
             problem = check(answer)
         stats.record(kind, method, seconds, code, problem)
-        return answer if problem is None else None
+        return answer if problem is None and code in expect else None
 
     # ---- request kinds ----------------------------------------------------------------------------
     def _job(self) -> pb.Job:
@@ -201,6 +216,7 @@ class Client:
             {OK}, lambda j: None if j.id and j.status.state == pb.QUEUED else f"answered {j.id!r} in {j.status.state}",
         )
         if job is not None:
+            self.shared.stats.acknowledged.append(job.id)
             self.live.append(job.id)
             self.shared.recent.setdefault(self.tenant, deque(maxlen=500)).append(job.id)
 
@@ -325,12 +341,16 @@ class Client:
         await self._other_tenant("watch_other_tenant", "WatchJob", lambda i: self._watch(i, 0, False, RPC_TIMEOUT))
 
     async def cancel_own(self) -> None:
+        """Cancel the oldest live job; one answered UNAVAILABLE (allowed during an outage) stays live, to be
+        cancelled again later (cancelling a cancelled job answers it, CANCELLED)."""
         job_id = self.live.pop(0)
-        await self.call(
+        job = await self.call(
             "cancel_own", "CancelJob",
             lambda: self.stub.CancelJob(pb.CancelJobRequest(id=job_id, reason="load"), metadata=self.metadata, timeout=RPC_TIMEOUT),
             {OK}, lambda j: None if j.status.state == pb.CANCELLED else f"{job_id} is {pb.JobState.Name(j.status.state)}",
         )
+        if job is None and self.last_code == UNAVAILABLE and self.shared.unavailable_allowed:
+            self.live.insert(0, job_id)
 
     async def cancel_other_tenant(self) -> None:
         await self._other_tenant(
@@ -386,14 +406,14 @@ async def _sample_in_flight(stats: Stats, samples: list[int], deadline: float) -
 
 async def run_clients(
     numbers: list[int], tokens: dict[str, str], target: str, data_root: str, seconds: float, max_requests: int,
-    seed: int, processes: int, ready: Callable[[], None],
+    seed: int, processes: int, ready: Callable[[], None], unavailable_allowed: bool = False,
 ) -> dict[str, Any]:
     """Run clients `numbers` (client n belongs to tenant n mod len(tokens)); `ready()` is called once
     every channel is connected and blocks until all processes are (the start barrier)."""
     stats = Stats()
     tenants = sorted(tokens)
     follows = {t: asyncio.Semaphore(max(1, FOLLOWS_PER_TENANT // processes)) for t in tenants}
-    shared = Shared(target, data_root, stats, follows)
+    shared = Shared(target, data_root, stats, follows, unavailable_allowed=unavailable_allowed)
     clients = [Client(n, tenants[n % len(tenants)], tokens[tenants[n % len(tenants)]], shared, seed * 100_003 + n) for n in numbers]
     await asyncio.gather(*(asyncio.wait_for(c.channel.channel_ready(), 120) for c in clients))
     ready()
@@ -409,5 +429,5 @@ async def run_clients(
         "cpu_seconds": cpu.ru_utime + cpu.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime,
         "in_flight_samples": samples, "latencies": stats.latencies, "methods": stats.methods,
         "codes": {k: dict(v) for k, v in stats.codes.items()}, "unexpected": dict(stats.unexpected),
-        "samples": stats.samples,
+        "samples": stats.samples, "timeline": stats.timeline, "acknowledged": stats.acknowledged,
     }
