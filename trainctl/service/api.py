@@ -25,11 +25,11 @@ from trainctl.service.paths import JobPathPolicy, job_reference
 from trainctl.service.planning import fit_violations, plan_response
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
-from trainctl.service.store import JobNotFound, JobRecord, JobStore
+from trainctl.service.store import JobNotFound, JobRecord, JobStore, StoreUnavailable
 from trainctl.service.sweep_api import SweepRpcs
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, TenantUsage, admission_violation
-from trainctl.service.watch_hub import EventHub
+from trainctl.service.watch_hub import EventHub, WatchFailed
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import (
     FieldViolation,
@@ -79,7 +79,8 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
         self.sweeps = sweeps
         """The sweep driver, woken when a sweep is created (None: sweeps wait for its next pass)."""
         self.watch_hub: EventHub[pb.JobEvent] = EventHub(
-            store, event_to_proto, stopping=self.stopping, poll_seconds=WATCH_IDLE_CHECK_SECONDS
+            store, event_to_proto, stopping=self.stopping, poll_seconds=WATCH_IDLE_CHECK_SECONDS,
+            expected_failures=(StoreUnavailable,),
         )
         """Following WatchJobs: one store reader per followed job, its events converted once for all."""
 
@@ -213,7 +214,12 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
         if request.after_sequence < 0:
             raise bad_field("after_sequence", "must not be negative")
         if request.follow:
-            yield from self.watch_hub.follow(record.id, request.after_sequence, context.is_active, context.add_callback)
+            try:
+                yield from self.watch_hub.follow(record.id, request.after_sequence, context.is_active, context.add_callback)
+            except WatchFailed as exc:
+                if isinstance(exc.__cause__, StoreUnavailable):  # answered UNAVAILABLE: the client resumes
+                    raise StoreUnavailable(str(exc.__cause__)) from exc
+                raise
             return
         cursor = request.after_sequence
         while events := self.store.events(record.id, cursor):

@@ -115,6 +115,7 @@ class EventHub(Generic[T]):
         poll_seconds: float = 0.5,
         store_poll_seconds: float = 0.5,
         buffer_events: int = DEFAULT_BUFFER_EVENTS,
+        expected_failures: tuple[type[Exception], ...] = (),
     ):
         if buffer_events < 1:
             raise ValueError(f"buffer_events must be at least 1, got {buffer_events}")
@@ -123,6 +124,8 @@ class EventHub(Generic[T]):
         self._stopping = stopping
         self.poll_seconds = poll_seconds
         self.store_poll_seconds = store_poll_seconds
+        self._expected_failures = expected_failures
+        """Store errors that are logged as a warning, not with a traceback (a database away for a while)."""
         self.buffer_events = buffer_events
         self._feeds: dict[str, _Feed[T]] = {}
         self._lock = threading.Lock()
@@ -214,7 +217,10 @@ class EventHub(Generic[T]):
         try:
             self._read_loop(feed)
         except Exception as exc:  # noqa: BLE001 - handed to every watcher, which raises it
-            log.exception("watch reader of job %s failed", feed.job_id)
+            if isinstance(exc, self._expected_failures):
+                log.warning("watch reader of job %s stopped: %s", feed.job_id, exc)
+            else:
+                log.exception("watch reader of job %s failed", feed.job_id)
             with self._lock, feed.lock:
                 feed.failure = exc
                 for watcher in feed.watchers:
