@@ -5,17 +5,20 @@ accounted for exactly once, and the interrupted-cancel repair."""
 from __future__ import annotations
 
 import math
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from control_plane_fakes import ScriptedRuntime, make_scheduler
 
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import SweepState, TrialState
 from trainctl.service.sweeps import SweepDriver
 from trainctl.spec.sweep import SWEEP_LABEL, TRIAL_LABEL, Sweep, parse_sweep_object
-from trainctl.workers.events import JobState
+from trainctl.workers.events import JobState, JobStatus
 
 STEPS = 8
 BEST_LR = 1e-2
@@ -234,3 +237,34 @@ def test_command_job_sweep_passes_parameters_in_the_environment(tmp_path: Path) 
     record = scheduler.store.get_sweep(record.id)
     assert record.state == SweepState.SUCCEEDED
     assert [t.objective for t in record.trials] == [loss(t.params["spec.command.env.LR"], 2) for t in record.trials]
+
+
+@dataclass
+class SlowCancels(ScriptedRuntime):
+    """A cluster whose cancelled jobs let go of their GPUs only once `release` is set."""
+
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self, job_id: str) -> JobStatus:
+        self.release.wait(60)
+        return super().cancel(job_id)
+
+
+def test_a_sweep_ends_only_once_the_jobs_of_its_pruned_trials_have_ended(tmp_path: Path) -> None:
+    runtime = SlowCancels()
+    scheduler = make_scheduler(tmp_path, runtime)
+    driver = SweepDriver(scheduler.store, scheduler)
+    record, _ = scheduler.store.create_sweep(sweep_spec())
+    player = Player(runtime)
+    try:
+        with pytest.raises(AssertionError, match="did not end"):
+            drive(scheduler, driver, player, record.id, rounds=300)
+        waiting = scheduler.store.get_sweep(record.id)
+        assert waiting.state == SweepState.RUNNING and len(waiting.trials) == 8
+        assert all(t.state != TrialState.RUNNING for t in waiting.trials)  # every trial settled
+        assert scheduler.store.list_jobs(labels={SWEEP_LABEL: record.id}, states=[JobState.CANCELLING])
+    finally:
+        runtime.release.set()
+    drive(scheduler, driver, player, record.id)
+    assert scheduler.store.get_sweep(record.id).state == SweepState.SUCCEEDED
+    assert all(job.terminal for job in scheduler.store.list_jobs(labels={SWEEP_LABEL: record.id}))

@@ -3,7 +3,8 @@
 Per pass and sweep: report every trial job's new step metrics to the search, settle the trials whose
 jobs ended (COMPLETE with the objective, or FAILED), stop the trials the early-stopping rule condemns
 (PRUNED, then the job is cancelled with reason `pruned at step N: ...`), ask for new trials while fewer
-than `parallel_trials` run and fewer than `trials` exist, and end the sweep when every trial is settled.
+than `parallel_trials` run and fewer than `trials` exist, and end the sweep when every trial is settled
+and every trial's job has ended (a pruned trial's job may still be cancelling when the trial settles).
 
 The search is an Optuna study used through ask-and-tell (docs/sweeps.md says why Optuna). The store is
 the only state: a trial and its job are recorded in one transaction, settled by compare-and-set, and the
@@ -170,12 +171,17 @@ class SweepDriver:
             created += 1
         if created:
             self.scheduler.wake()
-        if len(record.trials) >= spec.trials and running == 0:
+        if len(record.trials) >= spec.trials and running == 0 and self._jobs_ended(record):
             complete = sum(t.state == TrialState.COMPLETE for t in record.trials)
             if complete:
                 self.store.finish_sweep(record.id, SweepState.SUCCEEDED, f"{complete} of {len(record.trials)} trials completed")
             else:
                 self.store.finish_sweep(record.id, SweepState.FAILED, f"none of {len(record.trials)} trials completed")
+
+    def _jobs_ended(self, record: SweepRecord) -> bool:
+        """Whether every trial's job has ended: a pruned trial is settled when its cancel is sent, and
+        the sweep ends only once that job has let go of its GPUs."""
+        return all(self.store.get_job(t.job_id).terminal for t in record.trials if t.job_id is not None)
 
     def _ask(self, record: SweepRecord, search: _Study) -> TrialRecord | None:
         """Sample the next trial and record it with its job (or as FAILED when its parameters make no
