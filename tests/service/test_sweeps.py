@@ -15,7 +15,7 @@ import pytest
 from control_plane_fakes import ScriptedRuntime, make_scheduler
 
 from trainctl.service.scheduler import Scheduler
-from trainctl.service.store import SweepState, TrialState
+from trainctl.service.store import SweepRecord, SweepState, TrialState
 from trainctl.service.sweeps import SweepDriver
 from trainctl.spec.sweep import SWEEP_LABEL, TRIAL_LABEL, Sweep, parse_sweep_object
 from trainctl.workers.events import JobState, JobStatus
@@ -105,12 +105,15 @@ def assert_accounted(scheduler: Scheduler, sweep_id: str, trials: int) -> None:
         assert trial.state != TrialState.RUNNING
 
 
-def test_sweep_runs_trials_as_jobs_prunes_bad_ones_and_finds_the_best(tmp_path: Path) -> None:
-    runtime = ScriptedRuntime()
+def start_sweep(tmp_path: Path, runtime: ScriptedRuntime) -> tuple[Scheduler, SweepDriver, SweepRecord, Player]:
+    """The scheduler, the sweep driver, the sweep of `sweep_spec()` created, and a player of its jobs."""
     scheduler = make_scheduler(tmp_path, runtime)
-    driver = SweepDriver(scheduler.store, scheduler)
     record, _ = scheduler.store.create_sweep(sweep_spec())
-    player = Player(runtime)
+    return scheduler, SweepDriver(scheduler.store, scheduler), record, Player(runtime)
+
+
+def test_sweep_runs_trials_as_jobs_prunes_bad_ones_and_finds_the_best(tmp_path: Path) -> None:
+    scheduler, driver, record, player = start_sweep(tmp_path, ScriptedRuntime())
     driver.tick()
     assert len(scheduler.store.list_jobs(labels={SWEEP_LABEL: record.id})) == 2  # parallel_trials at once
     drive(scheduler, driver, player, record.id)
@@ -252,10 +255,7 @@ class SlowCancels(ScriptedRuntime):
 
 def test_a_sweep_ends_only_once_the_jobs_of_its_pruned_trials_have_ended(tmp_path: Path) -> None:
     runtime = SlowCancels()
-    scheduler = make_scheduler(tmp_path, runtime)
-    driver = SweepDriver(scheduler.store, scheduler)
-    record, _ = scheduler.store.create_sweep(sweep_spec())
-    player = Player(runtime)
+    scheduler, driver, record, player = start_sweep(tmp_path, runtime)
     try:
         with pytest.raises(AssertionError, match="did not end"):
             drive(scheduler, driver, player, record.id, rounds=300)
