@@ -7,14 +7,13 @@ after a dozen such clusters in one process. Every group runs even when an earlie
 status is non-zero when any group failed or collected no test (pytest's 5), so nothing is skipped
 silently. The last line is the combined `N passed, N failed, N skipped` of every group.
 
-Groups run one after another, except that the first stage runs at once the engine tests (`parallelism`,
-which keep both CPUs busy), `deploy`, `spec`, the service tests that start no Ray cluster (`service-unit`)
-and those that train jobs on an embedded cluster (`service-ray`): the others mostly wait (for a
-Prometheus server, `ray start`, a job's ranks) and none of them is timing-sensitive. The Ray fault tests
-in workers/ and reliability/, whose heartbeat and step timeouts a loaded machine could trip, and the
-service tests timed by database leases (`service-lease`) run alone. A group run beside another writes to
-a file, printed when it ends, so the outputs do not interleave. A directory split into groups by the
-`slow` marker (tests/conftest.py) and by file has every test in exactly one of them.
+Groups run one after another, except that `deploy`, `spec` and the service tests that start no Ray cluster
+(`service-unit`, the service directory's fast tier) run beside `parallelism`: deploy's tests mostly wait (for a
+Prometheus server, `ray start`, a service's first scrape) while the engine tests keep the CPUs busy, and none
+of them is timing-sensitive (the Ray fault tests in workers/ and reliability/, whose heartbeat and step
+timeouts a loaded machine could trip, run alone). A group run beside another writes to a file, printed
+when it ends, so the outputs do not interleave. A directory split in two groups by the `slow` marker
+(tests/conftest.py) has every test in exactly one of them.
 """
 
 from __future__ import annotations
@@ -27,21 +26,18 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-LEASE_TESTS = ("service/test_leadership.py", "service/test_store_outage.py")
-"""Service tests timed by database leases of a second or more: they run alone."""
 STAGES = (
     (
-        ("parallelism", ["parallelism"], ()),
-        ("deploy", ["deploy"], ()),
-        ("spec", ["spec", "test_layering.py"], ()),
-        ("service-unit", ["service"], ("-m", "not slow")),
-        ("service-ray", ["service"], ("-m", "slow", *(f"--ignore={TESTS / path}" for path in LEASE_TESTS))),
+        ("parallelism", ["parallelism"], None),
+        ("deploy", ["deploy"], None),
+        ("spec", ["spec", "test_layering.py"], None),
+        ("service-unit", ["service"], "not slow"),
     ),
-    (("workers", ["workers"], ()),),
-    (("service-lease", list(LEASE_TESTS), ("-m", "slow")),),
-    (("reliability", ["reliability"], ()),),
+    (("workers", ["workers"], None),),
+    (("service", ["service"], "slow"),),
+    (("reliability", ["reliability"], None),),
 )
-"""Groups (name, paths under tests/, pytest selection arguments) by stage; the groups of one stage run at once."""
+"""Groups (name, paths under tests/, marker expression or None for all) by stage; the groups of one stage run at once."""
 GROUPS = tuple(group for stage in STAGES for group in stage)
 
 
@@ -67,8 +63,9 @@ def main(extra: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for stage in STAGES:
             running = []
-            for index, (name, paths, selection) in enumerate(stage):
+            for index, (name, paths, marks) in enumerate(stage):
                 junit = Path(tmp) / f"{name}.xml"
+                selection = [] if marks is None else ["-m", marks]
                 command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *extra,
                            *selection, *(str(TESTS / p) for p in paths)]
                 header = f"==== {name}: pytest {shlex.join([*selection, *('tests/' + p for p in paths)])}"
