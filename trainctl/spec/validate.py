@@ -362,8 +362,9 @@ hold control characters, which are escaped)."""
 
 
 class _SpecLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses aliases (an alias bomb expands exponentially when validated) and
-    nesting deeper than MAX_YAML_DEPTH (which would exhaust the recursion limit)."""
+    """yaml.SafeLoader that refuses aliases (an alias bomb expands exponentially when validated),
+    nesting deeper than MAX_YAML_DEPTH (which would exhaust the recursion limit) and mapping keys that
+    are not text (`? ` alone is a null key; a spec's keys are field names, labels and variables)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -380,6 +381,13 @@ class _SpecLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        mapping = super().construct_mapping(node, deep=deep)
+        for key in mapping:
+            if not isinstance(key, str):
+                raise yaml.constructor.ConstructorError(None, None, f"mapping keys must be text, got {key!r}", node.start_mark)
+        return mapping
 
 
 def bounded_yaml_document(text: str) -> dict:
