@@ -4,6 +4,7 @@ crash, idempotency, compare-and-set, sweeps and trials; SQLite's WAL."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -313,4 +314,23 @@ def test_sqlite_reads_do_not_wait_for_a_write_to_commit(tmp_path: Path) -> None:
         release.set()
         writer.join()
     assert store.get_job(job_id).reason == "uncommitted"
+    store.close()
+
+
+def test_a_reading_thread_takes_its_sqlite_connection_with_it(tmp_path: Path) -> None:
+    """Threads that come and go (a watch reader per followed job) do not accumulate open connections."""
+    store = JobStore(tmp_path)
+    store.count_by_state()
+
+    def open_files() -> int:
+        return len(list(Path("/proc/self/fd").iterdir()))
+
+    before = open_files()
+    for _ in range(200):
+        reader = threading.Thread(target=store.count_by_state)
+        reader.start()
+        reader.join()
+    time.sleep(0.5)  # a finished thread's locals go once the interpreter has let go of the thread
+    gc.collect()  # sqlite3 connections are freed by the cycle collector
+    assert open_files() - before < 100  # 2 files per connection, 400 if each thread kept its own
     store.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
@@ -135,7 +136,8 @@ class SqliteDatabase:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
         self._local = threading.local()
-        self._readers: list[SqliteDatabase] = []
+        self._readers: weakref.WeakSet[SqliteDatabase] = weakref.WeakSet()
+        """Open read connections; a thread's goes (and closes) with the thread, `close` closes the rest."""
         self._readers_lock = threading.Lock()
 
     def reader(self) -> SqliteDatabase:
@@ -143,7 +145,7 @@ class SqliteDatabase:
         if db is None:
             db = self._local.reader = SqliteDatabase(self._path, read_only=True)
             with self._readers_lock:
-                self._readers.append(db)
+                self._readers.add(db)
         return db
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
@@ -170,7 +172,8 @@ class SqliteDatabase:
 
     def close(self) -> None:
         with self._readers_lock:
-            readers, self._readers = self._readers, []
+            readers = list(self._readers)
+            self._readers.clear()
         for reader in readers:
             reader.close()
         self._db.close()
