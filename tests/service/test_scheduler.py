@@ -127,6 +127,36 @@ def test_cancel_queued_and_running(tmp_path: Path) -> None:
     assert s.pool.free_count == 8
 
 
+def test_a_cancel_that_lands_while_the_loop_applies_a_running_event_is_not_undone(tmp_path: Path) -> None:
+    """The loop reads a SCHEDULED job, the API moves it to CANCELLING, then the loop applies the
+    supervisor's RUNNING event: the job stays CANCELLING and is cancelled (found on CI, where a sweep's
+    cancelled trial kept running)."""
+    runtime = ScriptedRuntime()
+    s = make_scheduler(tmp_path, runtime)
+    job_id = submit(s, "raced", 8)
+    s.tick()
+    assert state(s, job_id).state == JobState.SCHEDULED
+    runtime.state(job_id, JobState.RUNNING, "ranks up")
+    poll = runtime.poll
+
+    def cancel_during_poll(polled: str, cursor: int):  # type: ignore[no-untyped-def]
+        if polled == job_id and state(s, job_id).state == JobState.SCHEDULED:
+            assert s.request_cancel(job_id, "by test").state == JobState.CANCELLING
+        return poll(polled, cursor)
+
+    runtime.poll = cancel_during_poll  # type: ignore[method-assign]
+    s.tick()
+    assert state(s, job_id).state == JobState.CANCELLING
+    for _ in range(50):
+        s.tick()
+        if state(s, job_id).terminal:
+            break
+        s._wake.wait(0.05)
+    assert runtime.cancelled == [job_id]
+    assert (state(s, job_id).state, state(s, job_id).reason) == (JobState.CANCELLED, "by test")
+    assert s.pool.free_count == 8
+
+
 def test_a_start_failure_fails_the_job_and_frees_its_gpus(tmp_path: Path) -> None:
     runtime = ScriptedRuntime(fail_start=True)
     s = make_scheduler(tmp_path, runtime)

@@ -371,9 +371,12 @@ class Scheduler:
         return {name for name, _ in self.pool.nodes()} - self.runtime.live_nodes()
 
     def _set_state(self, record: JobRecord, state: JobState, reason: str, **extra: Any) -> JobRecord:
+        """Record the job's new state; a job the API moved to CANCELLING meanwhile leaves it only for an
+        end, so a supervisor's late RUNNING or RESTARTING never undoes a cancel."""
         if record.state == state:
             return record
-        updated = self.store.update_status(record.id, state=state, reason=reason, **extra)
+        expect = None if JobState(state).terminal else [s for s in JobState if not s.terminal and s != JobState.CANCELLING]
+        updated = self.store.update_status(record.id, expect=expect, state=state, reason=reason, **extra)
         if updated is None:
             return self.store.get_job(record.id)
         if self.metrics is not None:
