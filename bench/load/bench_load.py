@@ -26,7 +26,11 @@ data directory and port. Any call may then answer UNAVAILABLE, but only between 
 still unexpected); reported: answers by code during the outage, and per request kind and method the
 time from the database accepting connections to the first OK answer, and to health SERVING.
 
+`--baseline COMMIT` first runs the same mix on a server importing that commit's `trainctl` (extracted
+with `git archive`), then on this checkout's, and reports this checkout's figures over the baseline's.
+
     .venv/bin/python bench/load/bench_load.py --clients 200 --seconds 60 --out bench/load/results-load.json
+    .venv/bin/python bench/load/bench_load.py --baseline 2881b7d --out bench/load/results-load-baseline.json
     .venv/bin/python bench/load/bench_load.py --store sqlite,postgresql --out bench/load/results-load-stores.json
     .venv/bin/python bench/load/bench_load.py --store postgresql --outage 20 --out bench/load/results-load-outage.json
 """
@@ -46,11 +50,13 @@ import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import traceback
 import urllib.request
 from collections import Counter
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -169,15 +175,17 @@ def compare_counts(clients: dict[str, dict[str, int]], server: dict[str, dict[st
 
 
 def start_server(
-    work: Path, tokens_file: Path, data_root: Path, metrics_port: int, store: str | None,
+    work: Path, tokens_file: Path, data_root: Path, metrics_port: int, store: str | None, tree: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """serve.py in its own session, logging to `work`/serve.log; the process and its address once it serves."""
+    """serve.py in its own session, logging to `work`/serve.log, importing trainctl from `tree` (None: this
+    checkout); the process and its address once it serves."""
     log = (work / "serve.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "serve.py"), f"--data-dir={work / 'data'}", f"--tokens-file={tokens_file}",
          f"--data-root={data_root}", f"--metrics-port={metrics_port}", *([f"--store={store}"] if store else [])],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"},
+        env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+             "PYTHONPATH": str(tree or REPO)},
     )
     deadline = time.monotonic() + START_TIMEOUT
     while (match := re.search(r"serving on (127\.0\.0\.1:\d+)", (work / "serve.log").read_text())) is None:
@@ -285,9 +293,12 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def run(args: argparse.Namespace, work: Path, database: PostgresServer | None = None) -> dict[str, Any]:
-    """Start the service in `work` on SQLite there or on a new database of `database`, run the client
-    processes against it (taking `database` away for `args.outage` seconds if set), stop it; the summary."""
+def run(
+    args: argparse.Namespace, work: Path, database: PostgresServer | None = None, tree: Path | None = None,
+) -> dict[str, Any]:
+    """Start the service (trainctl from `tree`, None: this checkout) in `work` on SQLite there or on a new
+    database of `database`, run the client processes against it (taking `database` away for
+    `args.outage` seconds if set), stop it; the summary."""
     data_root = work / "datasets"
     (data_root / "corpus").mkdir(parents=True)
     (data_root / "corpus" / "a.txt").write_text(__doc__ * 50)
@@ -296,7 +307,7 @@ def run(args: argparse.Namespace, work: Path, database: PostgresServer | None = 
     store = database.create_database() if database is not None else None
     with_outage = database is not None and args.outage > 0
     load_before = load_average()
-    proc, target = start_server(work, work / "access.yaml", data_root, metrics_port, store)
+    proc, target = start_server(work, work / "access.yaml", data_root, metrics_port, store, tree)
     health: HealthWatch | None = None
     try:
         idle = proc_status(proc.pid)
@@ -363,14 +374,14 @@ def run(args: argparse.Namespace, work: Path, database: PostgresServer | None = 
     return summary
 
 
-def run_on(backend: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def run_on(backend: str, args: argparse.Namespace, work: Path, tree: Path | None = None) -> dict[str, Any]:
     """`run` on SQLite, or on a PostgreSQL server started for it (fsync on) and removed afterwards."""
     if backend == "sqlite":
-        return run(args, work)
+        return run(args, work, tree=tree)
     database = PostgresServer(durable=True)
     try:
         database.start()
-        summary = run(args, work, database)
+        summary = run(args, work, database, tree)
         with psycopg.connect(database.url()) as conn:
             summary["store"]["server_version"] = conn.info.server_version
         return summary
@@ -427,6 +438,13 @@ def commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
+def extract_trainctl(commit: str, into: Path) -> None:
+    """The `trainctl` package of `commit` under `into`, for a baseline server."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "trainctl"], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+
+
 def failed(summary: dict[str, Any]) -> bool:
     outage = summary.get("outage")
     return bool(summary["unexpected"] or summary["store"]["missing"] or (outage and not outage["recovered_within_limit"]))
@@ -442,11 +460,18 @@ def main() -> int:
     parser.add_argument("--store", default="sqlite", help=f"the stores to run the mix on, one after the other: {', '.join(STORES)}")
     parser.add_argument("--outage", type=float, default=0.0, help="seconds the PostgreSQL server is stopped during its run")
     parser.add_argument("--outage-at", type=float, default=15.0, help="seconds after the clients start that the outage begins")
+    parser.add_argument(
+        "--baseline", metavar="COMMIT",
+        help="first run the same mix on a server of this commit's trainctl (one store only), then on this checkout's; "
+        "the ratio is this checkout's over the baseline's",
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
     names = args.store.split(",")
     if any(n not in STORES for n in names) or len(set(names)) != len(names):
         parser.error(f"--store: a comma-separated list of distinct stores from {', '.join(STORES)}, got {args.store!r}")
+    if args.baseline and len(names) != 1:
+        parser.error("--baseline compares two trees on one store: give one --store")
     if args.outage and "postgresql" not in names:
         parser.error("--outage takes the PostgreSQL server away: it needs --store postgresql")
     if args.outage and args.outage_at + args.outage + RECOVERY_LIMIT > args.seconds:
@@ -457,6 +482,12 @@ def main() -> int:
                     "psycopg": psycopg.__version__},
         "backends": {},
     }
+    if args.baseline:
+        with tempfile.TemporaryDirectory(prefix="trainctl-bench-load-") as work:
+            extract_trainctl(args.baseline, Path(work) / "tree")
+            baseline = run_on(names[0], args, Path(work), Path(work) / "tree")
+        results["baseline"] = {"commit": args.baseline, "store": names[0], **baseline}
+        print(f"## baseline {args.baseline} on {names[0]}\n\n{markdown(baseline)}\n")
     for name in names:
         with tempfile.TemporaryDirectory(prefix="trainctl-bench-load-") as work:
             summary = run_on(name, args, Path(work))
@@ -468,9 +499,13 @@ def main() -> int:
     if len(names) == 2:
         results["ratio"] = {"of": f"{names[1]} / {names[0]}", **comparison(*(results["backends"][n] for n in names))}
         print(comparison_markdown(names, results["backends"], results["ratio"]))
+    if args.baseline:
+        runs = {f"baseline {args.baseline}": results["baseline"], "this tree": results["backends"][names[0]]}
+        results["ratio"] = {"of": f"this tree / baseline {args.baseline}", **comparison(*runs.values())}
+        print(comparison_markdown(list(runs), runs, results["ratio"]))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
-    return 1 if any(failed(s) for s in results["backends"].values()) else 0
+    return 1 if any(failed(s) for s in [*results["backends"].values(), *([results["baseline"]] if args.baseline else [])]) else 0
 
 
 if __name__ == "__main__":

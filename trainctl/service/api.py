@@ -12,15 +12,15 @@ import binascii
 import json
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import grpc
 
 from trainctl.parallelism.checkpoint.source import init_from_problem
 from trainctl.service import store as st
 from trainctl.service.auth import Authenticator
-from trainctl.service.convert import job_from_proto, job_to_proto, timestamp
+from trainctl.service.convert import job_from_proto, timestamp
 from trainctl.service.errors import ApiError, bad_field, failed_precondition, invalid_argument, not_found
+from trainctl.service.job_messages import JobMessages, step_to_proto
 from trainctl.service.paths import JobPathPolicy, job_reference
 from trainctl.service.planning import fit_violations, plan_response
 from trainctl.service.pool import GpuPool
@@ -83,6 +83,8 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
             expected_failures=(StoreUnavailable,),
         )
         """Following WatchJobs: one store reader per followed job, its events converted once for all."""
+        self.jobs = JobMessages()
+        """Answers' Job messages, each job's spec converted once."""
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _principal(self, context: grpc.ServicerContext) -> Principal:
@@ -168,14 +170,14 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
             raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         record, _created = self.store.create_job(job, tenant=principal.tenant, request_id=request.request_id or None)
         self.scheduler.wake()
-        return record_to_proto(record)
+        return self.jobs.message(record)
 
     def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:  # noqa: N802
         record = self._job(request.id, self._principal(context))
         if request.view not in pb.JobView.values():
             raise bad_field("view", f"unknown JobView value {request.view}")
         metrics = self.store.step_metrics(record.id) if request.view == pb.JOB_VIEW_FULL else None
-        return record_to_proto(record, metrics)
+        return self.jobs.message(record, metrics)
 
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:  # noqa: N802
         principal = self._principal(context)
@@ -194,7 +196,7 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
             tenant=principal.tenant_filter(), states=states, labels=dict(request.labels), limit=size + 1,
             before_seq=before,
         )
-        response = pb.ListJobsResponse(jobs=[record_to_proto(r) for r in records[:size]])
+        response = pb.ListJobsResponse(jobs=[self.jobs.message(r) for r in records[:size]])
         if len(records) > size:
             response.next_page_token = _encode_page_token(records[size - 1].seq)
         return response
@@ -207,7 +209,7 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
         if len(request.reason) > 1000:
             raise bad_field("reason", "longer than 1000 characters")
         reason = request.reason or f"cancelled by {principal.name}"
-        return record_to_proto(self.scheduler.request_cancel(record.id, reason))
+        return self.jobs.message(self.scheduler.request_cancel(record.id, reason))
 
     def WatchJob(self, request: pb.WatchJobRequest, context: grpc.ServicerContext) -> Iterator[pb.JobEvent]:  # noqa: N802
         record = self._job(request.id, self._principal(context))
@@ -273,50 +275,6 @@ def _decode_page_token(token: str) -> int:
         return value
     except (ValueError, KeyError, TypeError, UnicodeError, binascii.Error):
         raise bad_field("page_token", "not a token this server issued (pass next_page_token unchanged)") from None
-
-
-def record_to_proto(record: JobRecord, metrics: list[dict[str, Any]] | None = None) -> pb.Job:
-    """A stored job as the API's Job message."""
-    message = job_to_proto(record.job)
-    message.id = record.id
-    status = message.status
-    status.state = pb.JobState.Value(record.state)
-    status.reason = record.reason
-    for name in ("create_time", "schedule_time", "start_time", "end_time", "update_time"):
-        timestamp(getattr(status, name), getattr(record, name))
-    status.steps_done = record.steps_done
-    status.total_steps = record.total_steps
-    if record.first_loss is not None:
-        status.first_loss = record.first_loss
-    if record.last_loss is not None:
-        status.last_loss = record.last_loss
-    if record.mfu is not None:
-        status.mfu = record.mfu
-    status.restarts = record.restarts
-    status.tokens_per_second = record.tokens_per_second
-    status.run_dir = record.run_dir
-    for row in record.placement:
-        status.placement.add(rank=int(row["rank"]), node=str(row["node"]), gpu=int(row["gpu"]), coords=row.get("coords", {}))
-    for row in metrics or ():
-        step_to_proto(row, message.metrics.add())
-    return message
-
-
-def step_to_proto(row: dict[str, Any], out: pb.StepMetrics) -> pb.StepMetrics:
-    """One step's metrics (a store row or a step event payload) as StepMetrics."""
-    out.step = int(row["step"])
-    out.loss = float(row["loss"])
-    for name in ("grad_norm", "lr", "tokens_per_second", "step_time_seconds"):
-        if row.get(name) is not None:
-            setattr(out, name, float(row[name]))
-    for name in ("tokens", "peak_memory_bytes"):
-        if row.get(name) is not None:
-            setattr(out, name, int(row[name]))
-    if row.get("mfu") is not None:
-        out.mfu = float(row["mfu"])
-    out.breakdown.update({str(k): float(v) for k, v in (row.get("breakdown") or {}).items()})
-    timestamp(out.time, row.get("time"))
-    return out
 
 
 def event_to_proto(event: st.Event) -> pb.JobEvent:

@@ -247,7 +247,7 @@ class Service:
         return simulated_topology(len(named), gpus), f"simulated ({len(named)} Ray nodes x {gpus} GPUs)"
 
     def _ray_nodes(self) -> dict[str, bool]:
-        return {n.name: n.alive for n in self._runtime.cluster_nodes() if n.name is not None}
+        return self._runtime.node_liveness()
 
     def wait(self) -> None:
         """Block until the server stops."""

@@ -493,7 +493,9 @@ class JobStore:
             where.append(f"state IN ({','.join('?' * len(states))})")
             args.extend(states)
         for key, value in (labels or {}).items():
-            where.append("id IN (SELECT job_id FROM job_labels WHERE key = ? AND value = ?)")
+            # a lookup per job walked in seq order: the page ends after `limit` matches, whereas
+            # `id IN (...)` would first collect every job carrying the label
+            where.append("EXISTS (SELECT 1 FROM job_labels WHERE job_id = jobs.id AND key = ? AND value = ?)")
             args.extend((key, value))
         if before_seq is not None:
             where.append("seq > ?" if oldest_first else "seq < ?")

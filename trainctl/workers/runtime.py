@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +36,6 @@ from trainctl.workers.events import (
 from trainctl.workers.nodes import ClusterNode, cluster_nodes
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import check_slots, owned_by
-from trainctl.workers.replan import live_nodes
 from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, SUPERVISOR_SHARE
 from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, SupervisorConfig, supervisor_name
 from trainctl.workers.topology.model import TopologyMap
@@ -56,6 +56,10 @@ class JobAlreadyStarted(RuntimeError):
 
 class PlacementError(ValueError):
     """The placement does not fit the job or the cluster."""
+
+
+LIVENESS_MAX_AGE = 1.0
+"""Seconds one answer of Ray about which nodes are alive is reused (`RayRuntime.node_liveness`)."""
 
 
 class _Placement(Protocol):
@@ -95,6 +99,8 @@ class RayRuntime:
         self._poll_timeout = poll_timeout
         self._replan_timeout = replan_timeout
         self._run_dirs: dict[str, Path] = {}
+        self._liveness: tuple[float, dict[str, bool]] = (-LIVENESS_MAX_AGE, {})
+        self._liveness_lock = threading.Lock()
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:
             ray.init(address=address, namespace=namespace, log_to_driver=False, include_dashboard=False)
@@ -221,9 +227,23 @@ class RayRuntime:
         """The Ray nodes, with their trainctl name, labels and GPU slots (free ones included)."""
         return cluster_nodes()
 
+    def node_liveness(self) -> dict[str, bool]:
+        """Whether a Ray node of each name is alive, as Ray said at most `LIVENESS_MAX_AGE` seconds ago: the
+        scheduler asks on every pass and GetCluster on every call, and Ray itself takes seconds to
+        declare a node dead, so one answer serves them all for a moment."""
+        with self._liveness_lock:
+            asked, known = self._liveness
+            if time.monotonic() - asked >= LIVENESS_MAX_AGE:
+                known = {}
+                for node in cluster_nodes():  # a name may be on a dead node and on the live one replacing it
+                    if node.name is not None:
+                        known[node.name] = known.get(node.name, False) or node.alive
+                self._liveness = (time.monotonic(), known)
+            return dict(known)
+
     def live_nodes(self) -> set[str]:
-        """Names (``trainctl.io/node``) of the Ray nodes that are alive."""
-        return live_nodes()
+        """Names (``trainctl.io/node``) of the Ray nodes that are alive (`node_liveness`)."""
+        return {name for name, alive in self.node_liveness().items() if alive}
 
     # ---- internals ---------------------------------------------------------------------------
 
