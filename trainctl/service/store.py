@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -300,6 +300,10 @@ _METRIC_COLUMNS = (
 )
 
 
+_RECORD_COLUMNS = ", ".join(f.name for f in fields(JobRecord) if f.name not in ("job", "labels"))
+"""The `jobs` columns a JobRecord holds: all but the spec text (parsed once per job, `JobStore._specs`)
+and the request id."""
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -455,22 +459,34 @@ class JobStore:
 
     def _get(self, job_id: str, db: Database | None = None) -> JobRecord:
         db = db or self._db
-        row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = db.execute(f"SELECT {_RECORD_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise JobNotFound(job_id)
         rows = db.execute("SELECT key, value FROM job_labels WHERE job_id = ?", (job_id,)).fetchall()
+        self._parse_specs(self._unparsed_specs(db, [job_id]))
         return self._record(row, {r["key"]: r["value"] for r in rows})
 
+    def _unparsed_specs(self, db: Database, job_ids: list[str]) -> dict[str, str]:
+        """The spec texts of those of `job_ids` whose spec is not parsed yet."""
+        missing = [job_id for job_id in job_ids if job_id not in self._specs]
+        texts = {}
+        for start in range(0, len(missing), 500):  # SQLite's bound-parameter limit
+            chunk = missing[start:start + 500]
+            query = f"SELECT id, spec FROM jobs WHERE id IN ({','.join('?' * len(chunk))})"
+            texts.update((row["id"], row["spec"]) for row in db.execute(query, chunk).fetchall())
+        return texts
+
+    def _parse_specs(self, texts: dict[str, str]) -> None:
+        """Parse spec texts once for good (specs never change); callers that hold the store's lock to read
+        them parse after letting it go."""
+        for job_id, text in texts.items():
+            self._specs.setdefault(job_id, TrainingJob.model_validate_json(text))
+
     def _record(self, row: dict[str, Any], labels: dict[str, str]) -> JobRecord:
-        data = dict(row)
-        data.pop("request_id")
-        spec = data.pop("spec")
-        data["placement"] = json.loads(data["placement"])
-        job = self._specs.get(row["id"])
-        if job is None:  # specs never change: parse each once
-            job = self._specs[row["id"]] = TrainingJob.model_validate_json(spec)
-        data["state"] = JobState(data["state"])
-        return JobRecord(job=job, labels=labels, **data)
+        """A row of `_RECORD_COLUMNS` as a record; its spec must be parsed (`_parse_specs`)."""
+        row["placement"] = json.loads(row["placement"]) if row["placement"] != "[]" else []
+        row["state"] = JobState(row["state"])
+        return JobRecord(job=self._specs[row["id"]], labels=labels, **row)
 
     @_timed
     def list_jobs(
@@ -500,7 +516,7 @@ class JobStore:
         if before_seq is not None:
             where.append("seq > ?" if oldest_first else "seq < ?")
             args.append(before_seq)
-        sql = "SELECT * FROM jobs"
+        sql = f"SELECT {_RECORD_COLUMNS} FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY seq " + ("ASC" if oldest_first else "DESC")
@@ -516,7 +532,9 @@ class JobStore:
                 query = f"SELECT job_id, key, value FROM job_labels WHERE job_id IN ({','.join('?' * len(chunk))})"
                 for label in db.execute(query, chunk).fetchall():
                     labels.setdefault(label["job_id"], {})[label["key"]] = label["value"]
-            return [self._record(row, labels.get(row["id"], {})) for row in rows]
+            texts = self._unparsed_specs(db, ids)
+        self._parse_specs(texts)
+        return [self._record(row, labels.get(row["id"], {})) for row in rows]
 
     @_timed
     def update_status(
@@ -606,15 +624,8 @@ class JobStore:
                 " ORDER BY priority DESC, seq ASC LIMIT ?",
                 (*args, limit),
             ).fetchall()
-            missing = [row["id"] for row in rows if row["id"] not in self._specs]
-            texts = {
-                row["id"]: row["spec"]
-                for row in db.execute(
-                    f"SELECT id, spec FROM jobs WHERE id IN ({','.join('?' * len(missing))})", missing
-                ).fetchall()
-            } if missing else {}
-        for job_id, text in texts.items():
-            self._specs.setdefault(job_id, TrainingJob.model_validate_json(text))
+            texts = self._unparsed_specs(db, [row["id"] for row in rows])
+        self._parse_specs(texts)
         return [QueuedJob(job=self._specs[row["id"]], **row) for row in rows]
 
     @_timed

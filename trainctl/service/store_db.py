@@ -111,8 +111,20 @@ def open_database(location: str | Path) -> Database:
     return SqliteDatabase(Path(location) / DB_NAME)
 
 
-def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
-    return {column[0]: value for column, value in zip(cursor.description, row, strict=True)}
+class _DictRows:
+    """A connection's row factory: rows as dicts, the column names taken once per statement (a cursor's
+    `description` is the same object for every row of its statement)."""
+
+    def __init__(self) -> None:
+        self._description: Any = None
+        self._names: tuple[str, ...] = ()
+
+    def __call__(self, cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
+        description = cursor.description
+        if description is not self._description:
+            self._names = tuple(column[0] for column in description)
+            self._description = description
+        return dict(zip(self._names, row, strict=True))
 
 
 class SqliteDatabase:
@@ -127,7 +139,7 @@ class SqliteDatabase:
         self.location = str(path)
         self._path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.row_factory = _dict_row
+        self._db.row_factory = _DictRows()
         self._db.execute("PRAGMA busy_timeout=5000")
         if read_only:
             self._db.execute("PRAGMA query_only=ON")
