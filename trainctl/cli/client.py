@@ -25,17 +25,17 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from trainctl.service.convert import job_to_proto
-from trainctl.service.sweep_convert import sweep_to_proto
 from trainctl.service.tls import channel_credentials
-from trainctl.spec.job import TrainingJob
-from trainctl.spec.sweep import Sweep
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:  # the spec models load only when a call converts one (`trainctl list` never does)
+    from trainctl.spec.job import TrainingJob
+    from trainctl.spec.sweep import Sweep
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 SERVER_ENV = "TRAINCTL_SERVER"
@@ -56,6 +56,18 @@ def server_addresses(target: str | None) -> list[str]:
     if not addresses:
         raise AddressError(f"no service address in {text!r} (expected HOST:PORT[,HOST:PORT...])")
     return addresses
+
+
+def _job_message(job: TrainingJob) -> pb.Job:
+    from trainctl.service.convert import job_to_proto
+
+    return job_to_proto(job)
+
+
+def _sweep_message(sweep: Sweep) -> pb.Sweep:
+    from trainctl.service.sweep_convert import sweep_to_proto
+
+    return sweep_to_proto(sweep)
 
 
 class TrainctlClient:
@@ -136,7 +148,7 @@ class TrainctlClient:
     # ---- jobs -----------------------------------------------------------------------------------------
     def create_job(self, job: TrainingJob | pb.Job, *, request_id: str | None = None) -> pb.Job:
         """Submit a job; returns it as recorded (state QUEUED)."""
-        message = job if isinstance(job, pb.Job) else job_to_proto(job)
+        message = job if isinstance(job, pb.Job) else _job_message(job)
         return self._call("CreateJob", pb.CreateJobRequest(job=message, request_id=request_id or uuid.uuid4().hex))
 
     def get_job(self, job_id: str, *, full: bool = False) -> pb.Job:
@@ -179,7 +191,7 @@ class TrainctlClient:
                 self._fail_over(exc, failures)
 
     def plan_job(self, job: TrainingJob | pb.Job) -> pb.PlanJobResponse:
-        message = job if isinstance(job, pb.Job) else job_to_proto(job)
+        message = job if isinstance(job, pb.Job) else _job_message(job)
         return self._call("PlanJob", pb.PlanJobRequest(job=message))
 
     def get_cluster(self) -> pb.Cluster:
@@ -188,7 +200,7 @@ class TrainctlClient:
     # ---- sweeps ---------------------------------------------------------------------------------------
     def create_sweep(self, sweep: Sweep | pb.Sweep, *, request_id: str | None = None) -> pb.Sweep:
         """Submit a sweep (repeated with the same request id while it is answered UNAVAILABLE)."""
-        message = sweep if isinstance(sweep, pb.Sweep) else sweep_to_proto(sweep)
+        message = sweep if isinstance(sweep, pb.Sweep) else _sweep_message(sweep)
         return self._call("CreateSweep", pb.CreateSweepRequest(sweep=message, request_id=request_id or uuid.uuid4().hex))
 
     def get_sweep(self, sweep_id: str) -> pb.Sweep:

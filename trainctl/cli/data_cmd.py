@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import get_args
 
 from trainctl.cli.subcommand import register_command, run_alone
-from trainctl.spec.job import DataFormat
+from trainctl.spec.data_format import DataFormat
 
 SOURCE_FORMATS = [f for f in get_args(DataFormat) if f != "tokens"]
 """What `data prepare` reads: every spec.data.format but its own output."""

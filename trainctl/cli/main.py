@@ -31,21 +31,19 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterable, Iterator, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import grpc  # noqa: E402
-import yaml  # noqa: E402
 
 from trainctl.cli import data_cmd, export_cmd, generate_cmd, sweep_cmd, topology_cmd  # noqa: E402
 from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, AddressError, TrainctlClient  # noqa: E402
 from trainctl.cli.progress import follow, state_name, table  # noqa: E402
-from trainctl.parallelism.sizing.step_time import STEP_TERMS  # noqa: E402
-from trainctl.service.convert import job_from_proto  # noqa: E402
-from trainctl.service.errors import field_violations  # noqa: E402
-from trainctl.spec.job import TrainingJob  # noqa: E402
-from trainctl.spec.validate import FieldViolation, SpecError, load_job_file, semantic_violations  # noqa: E402
+from trainctl.spec.violations import FieldViolation, SpecError  # noqa: E402
 from trainctl.v1 import training_pb2 as pb  # noqa: E402
 from trainctl.workers.topology.presets import CLUSTER_PRESETS  # noqa: E402
+
+if TYPE_CHECKING:  # client commands load no spec models unless they read or print a spec
+    from trainctl.spec.job import TrainingJob
 
 EXIT_OK, EXIT_ERROR, EXIT_INVALID = 0, 1, 2
 
@@ -78,6 +76,8 @@ def metrics_dict(m: pb.StepMetrics) -> dict[str, Any]:
 
 def job_document(job: pb.Job) -> dict[str, Any]:
     """A job as the document `get -o yaml|json` prints: the spec as written, status, metrics."""
+    from trainctl.service.convert import job_from_proto
+
     s = job.status
     status = {
         "state": state_name(s.state), "reason": s.reason,
@@ -124,6 +124,8 @@ def _store_url(text: str) -> str:
 
 
 def _load(path: str) -> Any:
+    from trainctl.spec.validate import load_job_file
+
     try:
         return load_job_file(path)
     except SpecError as exc:
@@ -187,6 +189,8 @@ def cmd_get(args: argparse.Namespace, client: TrainctlClient) -> int:
     if args.output == "json":
         print(json.dumps(job_document(job), indent=2))
     elif args.output == "yaml":
+        import yaml
+
         print(yaml.safe_dump(job_document(job), sort_keys=False), end="")
     else:
         print(table([_row(job)], LIST_HEADER))
@@ -244,6 +248,8 @@ def of_rank(events: Iterable[pb.JobEvent], rank: int | None) -> Iterator[pb.JobE
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from trainctl.parallelism.sizing.step_time import STEP_TERMS
+
     job = _load(args.file)
     if args.suggest:
         return _suggest(args, job)
@@ -335,6 +341,8 @@ def _offline_plan(args: argparse.Namespace, job: TrainingJob) -> tuple[pb.PlanJo
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from trainctl.spec.validate import semantic_violations
+
     job = _load(args.file)
     violations = semantic_violations(job, pool_gpus=args.pool_gpus, check_data=True)
     if violations:
@@ -508,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except grpc.RpcError as exc:
+        from trainctl.service.errors import field_violations
+
         violations = field_violations(exc)
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr) if not violations else print(
             f"error: {exc.code().name}: the server rejected the job", file=sys.stderr)

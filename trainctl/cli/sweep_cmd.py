@@ -16,12 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from trainctl.cli.client import TrainctlClient
 from trainctl.cli.progress import state_name, table
-from trainctl.service.sweep_convert import sweep_from_proto, value_from_proto
-from trainctl.spec.sweep import load_sweep_file
 from trainctl.v1 import training_pb2 as pb
 
 if TYPE_CHECKING:
@@ -58,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     """Run `trainctl sweep <command>` against the server."""
     with TrainctlClient(args.server) as client:
         if args.sweep_command == "create":
+            from trainctl.spec.sweep import load_sweep_file  # spec models: only where a spec is read
+
             sweep = client.create_sweep(load_sweep_file(args.file))
             print(f"sweep {sweep.id} {_state(sweep.status.state)}", flush=True)
             return _watch(client, sweep.id) if args.watch else EXIT_OK
@@ -68,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
             elif args.output == "json":
                 print(json.dumps(sweep_document(sweep), indent=2))
             else:
+                import yaml
+
                 print(yaml.safe_dump(sweep_document(sweep), sort_keys=False), end="")
             return EXIT_OK
         if args.sweep_command == "list":
@@ -116,6 +116,8 @@ def _trial_state(number: int) -> str:
 
 
 def _params(trial: pb.Trial) -> dict[str, Any]:
+    from trainctl.service.sweep_convert import value_from_proto
+
     return {path: value_from_proto(trial.params[path]) for path in sorted(trial.params)}
 
 
@@ -149,6 +151,8 @@ def describe(sweep: pb.Sweep) -> str:
 
 def sweep_document(sweep: pb.Sweep) -> dict[str, Any]:
     """A sweep as the document `sweep get -o yaml|json` prints: the spec as written, status, trials."""
+    from trainctl.service.sweep_convert import sweep_from_proto
+
     s = sweep.status
     trials = [
         {"number": t.number, "job_id": t.job_id or None, "state": _trial_state(t.state), "params": _params(t),

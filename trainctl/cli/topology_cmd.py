@@ -16,7 +16,6 @@ from pathlib import Path
 
 import yaml
 
-from trainctl.workers.placement import capacity
 from trainctl.workers.topology.discovery import (
     parse_fabric_query,
     parse_ib_sysfs_listing,
@@ -53,6 +52,8 @@ def inspect(args: argparse.Namespace) -> str:
 
 
 def validate(args: argparse.Namespace) -> str:
+    from trainctl.workers.placement import capacity  # the solver's imports: only this command needs them
+
     topology = load_topology(args.map)
     domains = len(topology.spec.nvlink_domains)
     return (

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainctl.spec.data_format import DataFormat
+
 API_VERSION = "trainctl/v1"
 KIND = "TrainingJob"
 NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -163,8 +165,6 @@ class ModelSpec(StrictModel):
             )
         return self
 
-
-DataFormat = Literal["text", "tokens", "jsonl", "parquet", "arrow"]
 
 MAX_FIELD_NAME = 256
 FieldName = Annotated[str, Field(min_length=1, max_length=MAX_FIELD_NAME)]

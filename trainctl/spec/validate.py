@@ -10,7 +10,6 @@ import glob
 import json
 import os
 import sysconfig
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -28,27 +27,12 @@ from trainctl.spec.job import (
     resolve_tokenizer,
 )
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
+from trainctl.spec.violations import (
+    FieldViolation as FieldViolation,  # re-exported: most callers import it here
+)
+from trainctl.spec.violations import SpecError as SpecError
 
 STDLIB_CORPUS = "@stdlib"
-
-
-@dataclass(frozen=True)
-class FieldViolation:
-    """One problem with a spec: the dotted path of the field and what is wrong with it."""
-
-    field: str
-    description: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.description}"
-
-
-class SpecError(ValueError):
-    """A spec that cannot be accepted; `violations` lists every offending field."""
-
-    def __init__(self, violations: list[FieldViolation]):
-        self.violations = violations
-        super().__init__("; ".join(str(v) for v in violations))
 
 
 def parse_yaml(text: str) -> TrainingJob:

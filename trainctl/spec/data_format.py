@@ -1,0 +1,8 @@
+"""The formats a job's data may come in (`spec.data.format`), apart from the spec models so that the
+CLI's parser can offer them without loading pydantic."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+DataFormat = Literal["text", "tokens", "jsonl", "parquet", "arrow"]
