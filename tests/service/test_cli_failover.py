@@ -1,7 +1,8 @@
 """The CLI given two replicas' addresses (`--server A,B`) on one PostgreSQL store: when the replica it is
 connected to stops mid-watch, `submit --watch` re-opens the stream on the other after the last event it
-showed, so the job's progress is printed whole, with no gap and no duplicate; a unary command whose
-first address refuses the connection is answered by the next (trainctl.cli.client)."""
+showed, so the job's progress is printed whole, with no gap and no duplicate; a sweep's watch moves the
+same way; a unary command whose first address refuses the connection is answered by the next
+(trainctl.cli.client)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ import yaml
 from control_plane_fakes import ApiServer, ScriptedRuntime, eventually, free_port, start_api_server
 from postgres_server import PostgresServer
 from small_jobs import small_job
+from test_sweep_api import DOCUMENT
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.cli.main import EXIT_INVALID, main
+from trainctl.spec.sweep import parse_sweep_object
+from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.events import JobState
 
 TTL = 1.0
@@ -120,3 +124,21 @@ def test_unary_calls_skip_an_address_that_refuses(replicas: Replicas) -> None:
 def test_an_empty_server_list_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--server", " , ", "list"]) == EXIT_INVALID
     assert capsys.readouterr().err == "error: no service address in ' , ' (expected HOST:PORT[,HOST:PORT...])\n"
+
+
+def test_a_sweep_watch_moves_to_the_other_replica_and_sees_the_end(replicas: Replicas) -> None:
+    first, second = replicas.first, replicas.second
+    nobody = f"127.0.0.1:{free_port()}"
+    with TrainctlClient(f"{nobody},{first.target},{second.target}") as client:
+        created = client.create_sweep(parse_sweep_object(DOCUMENT))
+        stream = client.watch_sweep(created.id)
+        opened = next(stream)  # answered by the first replica: the refusing address was skipped
+        assert opened.id == created.id and client.target == first.target
+        replicas.stop(first)  # the replica the watch is connected to goes away mid-stream
+        with TrainctlClient(second.target) as other:
+            other.cancel_sweep(created.id, "enough")
+        rest = list(stream)
+    assert client.target == second.target
+    assert rest and rest[-1].status.state == pb.SWEEP_STATE_CANCELLED, rest
+    serialized = [opened.SerializeToString(deterministic=True), *(s.SerializeToString(deterministic=True) for s in rest)]
+    assert len(set(serialized)) == len(serialized), "a re-opened stream repeats no sweep already shown"

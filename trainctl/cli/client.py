@@ -12,7 +12,8 @@ each full round of addresses the client waits (0.4 s, doubling) before the next;
 RETRIES rounds. Every call is safe to repeat: `create_job` / `create_sweep` send a fresh request id
 and repeat it unchanged, so a retry never creates the job twice, and a cancel of a cancelled job
 answers the job. `watch` re-opens a broken stream (UNAVAILABLE) the same way, on the next address,
-from the last event it saw: no gap, no duplicate.
+from the last event it saw: no gap, no duplicate; `watch_sweep` too, skipping the repeat of the sweep
+it last showed.
 
 Errors are grpc.RpcError; `trainctl.service.errors.field_violations(err)` lists the offending fields
 of an INVALID_ARGUMENT.
@@ -220,5 +221,20 @@ class TrainctlClient:
         return self._call("CancelSweep", pb.CancelSweepRequest(id=sweep_id, reason=reason))
 
     def watch_sweep(self, sweep_id: str) -> Iterator[pb.Sweep]:
-        """The sweep each time it changes, until it has ended (opened on the current address)."""
-        yield from self._stub.WatchSweep(pb.WatchSweepRequest(id=sweep_id), metadata=self._metadata)
+        """The sweep each time it changes, until it has ended. A broken stream (UNAVAILABLE) is re-opened
+        on the next address; a stream opens with the sweep as it is, which is skipped when it is the
+        one last seen."""
+        last = b""
+        failures = 0
+        while True:
+            try:
+                for sweep in self._stub.WatchSweep(pb.WatchSweepRequest(id=sweep_id), metadata=self._metadata):
+                    failures = 0
+                    seen = sweep.SerializeToString(deterministic=True)
+                    if seen != last:
+                        last = seen
+                        yield sweep
+                return
+            except grpc.RpcError as exc:
+                failures += 1
+                self._fail_over(exc, failures)
