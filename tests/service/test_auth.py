@@ -310,6 +310,10 @@ def test_open_streams_are_capped_per_tenant(tmp_path: Path) -> None:
         release.set()
         channel.close()
         srv.stop(None)
+    # a stopped server's handlers end on their own threads, each releasing its slot as it returns
+    deadline = time.monotonic() + 10
+    while limiter.open_streams("vision") + limiter.open_streams("nlp") and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert limiter.open_streams("vision") == 0 and limiter.open_streams("nlp") == 0
 
 
