@@ -2,7 +2,7 @@
 at a steady rate; per-event delivery lag, completeness and order, and the server's memory per watcher.
 
 The server (bench/api/watch_fanout_server.py) is the TrainingService's gRPC server with its whole
-interceptor chain over a SQLite store, in its own process; a writer thread in it appends the job's
+call chain over a SQLite store, in its own process; a writer thread in it appends the job's
 events (as the scheduler does while a job trains), then ends the job. The watchers are asyncio gRPC
 clients spread over `--processes` processes, on `--channels` connections each; each opens
 `WatchJob(follow=True)` from sequence 0 and reads until the stream ends.

@@ -1,5 +1,5 @@
 """The server side of bench_watch_fanout.py: the TrainingService's gRPC server (`build_grpc_server`,
-its whole interceptor chain) over a SQLite JobStore holding one RUNNING job, and a writer thread that
+the same server and call chain `trainctl serve` runs) over a SQLite JobStore holding one RUNNING job, and a writer thread that
 appends that job's events at a steady rate, as the scheduler does while a job trains.
 
 Prints `serving on PORT job JOB_ID` when ready. On stdin: `go RATE COUNT` appends COUNT log events at
@@ -65,7 +65,10 @@ def main() -> int:
     authenticator = Authenticator(None)
     servicer = TrainingServicer(store, scheduler, pool, authenticator)
     workers = args.streams + SPARE_THREADS
-    if "streams_per_tenant" in inspect.signature(build_grpc_server).parameters:
+    parameters = inspect.signature(build_grpc_server).parameters
+    if parameters["workers"].default is not inspect.Parameter.empty:  # the asyncio server: a stream holds no thread
+        server, _health = build_grpc_server(servicer, authenticator, None, streams_per_tenant=args.streams)
+    elif "streams_per_tenant" in parameters:  # thread per call: each open stream holds a handler thread
         server, _health = build_grpc_server(servicer, authenticator, None, workers=workers, streams_per_tenant=args.streams)
     else:  # before the setting: one tenant could hold a quarter of the threads
         server, _health = build_grpc_server(servicer, authenticator, None, workers=4 * args.streams + SPARE_THREADS)

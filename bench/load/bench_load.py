@@ -148,8 +148,8 @@ def server_rpc_counts(metrics_port: int) -> dict[str, dict[str, int]]:
 
 def compare_counts(clients: dict[str, dict[str, int]], server: dict[str, dict[str, int]]) -> dict[str, Any]:
     """Whether the server counted the calls the clients saw, by method and code, allowing for four known
-    differences: calls the auth interceptor refuses (UNAUTHENTICATED) never reach the metrics
-    interceptor; a following WatchJob that reaches its client's deadline (DEADLINE_EXCEEDED) ends OK or
+    differences: UNAUTHENTICATED calls are left out on both sides (servers before the asyncio one
+    refused them before their metrics interceptor saw them); a following WatchJob that reaches its client's deadline (DEADLINE_EXCEEDED) ends OK or
     CANCELLED on the server, depending on where its handler notices, or UNAVAILABLE when the database
     went away before it noticed (`follows_ended_unavailable_by_server`); and one whose deadline passes
     while it waits for a handler thread is never counted (`follows_not_counted_by_server`)."""

@@ -2,8 +2,8 @@
 
 `Service(ServiceConfig(...)).start()` is exactly what `trainctl serve --gpus-per-node 4` starts: the
 embedded single-node Ray (4 simulated GPUs, the pool docs/benchmarks.md measured on), the SQLite
-store (or, with `--store postgresql://...`, PostgreSQL with the scheduler's leadership lease), the scheduler loop, the gRPC server with its interceptor chain (auth, undecodable requests,
-errors and RPC metrics), the access file and the data-root policy, and the Prometheus endpoint. The
+store (or, with `--store postgresql://...`, PostgreSQL with the scheduler's leadership lease), the scheduler loop, the gRPC server with its call chain (RPC metrics, auth, undecodable requests,
+errors), the access file and the data-root policy, and the Prometheus endpoint. The
 one difference: once it serves, every GPU of the pool is reserved for a placeholder, so admitted jobs
 stay QUEUED and nothing trains (the scheduler still runs its admission pass on every tick and records
 why each job waits). The placeholder is pinned: the scheduler forgets reservations the store does

@@ -16,15 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health
-
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator
 from trainctl.service.leadership import Leadership
 from trainctl.service.pool import GpuPool
+from trainctl.service.readiness import HealthStatus
+from trainctl.service.rpc_server import RpcServer
 from trainctl.service.scheduler import Scheduler
-from trainctl.service.server import build_grpc_server
+from trainctl.service.server import DEFAULT_STREAMS_PER_TENANT, build_grpc_server
 from trainctl.service.store import JobStore
 from trainctl.service.sweeps import SweepDriver
 from trainctl.spec.job import TrainingJob
@@ -136,10 +135,10 @@ class ApiServer:
     """A real gRPC server on loopback over a scheduler whose loop runs."""
 
     scheduler: Scheduler
-    server: grpc.Server
+    server: RpcServer
     target: str
     sweeps: SweepDriver
-    health: health.HealthServicer
+    health: HealthStatus
 
     def stop(self) -> None:
         self.server.stop(0).wait()
@@ -152,7 +151,8 @@ class ApiServer:
 
 def start_api_server(
     data_dir: Path, runtime: ScriptedRuntime, nodes: int = 2, gpus: int = 4, topology: TopologyMap | None = None,
-    store: str | None = None, lease_ttl: float | None = None, *, workers: int = 8, streams_per_tenant: int | None = None,
+    store: str | None = None, lease_ttl: float | None = None, *, workers: int = 8,
+    streams_per_tenant: int = DEFAULT_STREAMS_PER_TENANT,
 ) -> ApiServer:
     """The server over a fresh scheduler; `workers` and `streams_per_tenant` as in ServiceConfig. With
     `lease_ttl`, the scheduler works only while it holds the database lease (a replica)."""

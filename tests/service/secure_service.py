@@ -1,5 +1,5 @@
 """A Ray-free TrainingService on loopback for the security tests: the real servicer, store, pool and
-gRPC server (`build_grpc_server`, the same interceptor chain `trainctl serve` runs), with the scheduler
+gRPC server (`build_grpc_server`, the same call chain `trainctl serve` runs), with the scheduler
 loop not started, so jobs stay where the API puts them."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from trainctl.service.hardening import MessageLimits
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.paths import JobPathPolicy
 from trainctl.service.pool import GpuPool
+from trainctl.service.rpc_server import RpcServer
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.server import build_grpc_server
 from trainctl.service.store import JobStore
@@ -62,7 +63,7 @@ def write_access_file(directory: Path, quotas: dict[str, dict[str, int]] | None 
 @dataclass
 class SecureService:
     store: JobStore
-    server: grpc.Server
+    server: RpcServer
     port: int
     data_dir: Path
 
@@ -83,6 +84,7 @@ def start_service(
     tls: TlsConfig | None = None,
     limits: MessageLimits | None = None,
     metrics: ServiceMetrics | None = None,
+    streams_per_tenant: int | None = None,
 ) -> SecureService:
     authenticator = Authenticator.from_file(access_file)
     store = JobStore(data_dir)
@@ -91,7 +93,8 @@ def start_service(
     servicer = TrainingServicer(
         store, scheduler, pool, authenticator, paths=JobPathPolicy(data_roots or [], scheduler.runs_dir)
     )
-    server, _health = build_grpc_server(servicer, authenticator, metrics, workers=8, limits=limits)
+    extra = {} if streams_per_tenant is None else {"streams_per_tenant": streams_per_tenant}
+    server, _health = build_grpc_server(servicer, authenticator, metrics, workers=8, limits=limits, **extra)
     port = bind(server, "127.0.0.1:0", tls)
     server.start()
     return SecureService(store, server, port, data_dir)

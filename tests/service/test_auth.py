@@ -1,4 +1,4 @@
-"""Bearer-token authentication: the access file, hashing, the Authenticator and the interceptor over real gRPC."""
+"""Bearer-token authentication: the access file, hashing, the Authenticator, and authenticated calls over real gRPC."""
 
 from __future__ import annotations
 
@@ -6,17 +6,16 @@ import hashlib
 import io
 import logging
 import os
-import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
 import yaml
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from secure_service import bearer, job_message, start_service, stub, write_access_file
 
 from trainctl.cli.token_cmd import token_main
 from trainctl.service.auth import (
@@ -26,16 +25,14 @@ from trainctl.service.auth import (
     AuthConfigError,
     AuthenticationError,
     Authenticator,
-    AuthInterceptor,
     check_exposure,
     generate_token,
     hash_token,
     is_loopback,
     load_access_config,
 )
-from trainctl.service.errors import ApiError
-from trainctl.service.hardening import StreamLimiter
 from trainctl.service.tenancy import ANONYMOUS, Principal, Quota, Role
+from trainctl.v1 import training_pb2 as pb
 
 ALICE = generate_token()
 ROOT = generate_token()
@@ -54,16 +51,6 @@ def write_access(tmp_path: Path, extra: dict | None = None) -> Path:
     path = tmp_path / "access.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
-
-
-class FakeContext:
-    """The one ServicerContext method principal_of reads."""
-
-    def __init__(self, metadata: list[tuple[str, str]]):
-        self._metadata = metadata
-
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return self._metadata
 
 
 def test_generated_tokens_are_long_prefixed_and_distinct() -> None:
@@ -138,10 +125,9 @@ def test_authenticate_maps_tokens_to_principals(tmp_path: Path) -> None:
     for message, metadata in cases.items():
         with pytest.raises(AuthenticationError, match=message):
             auth.authenticate(metadata)
-    assert auth.principal_of(FakeContext([("authorization", f"Bearer {ALICE}")])).tenant == "vision"
-    with pytest.raises(ApiError) as info:
-        auth.principal_of(FakeContext([("authorization", "Bearer " + ALICE[:-1] + ("A" if ALICE[-1] != "A" else "B"))]))
-    assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert auth.authenticate([("authorization", f"Bearer {ALICE}")]).tenant == "vision"
+    with pytest.raises(AuthenticationError, match="invalid token"):
+        auth.authenticate([("authorization", "Bearer " + ALICE[:-1] + ("A" if ALICE[-1] != "A" else "B"))])
 
 
 def test_without_access_file_everyone_is_anonymous_admin_and_a_warning_says_so(caplog: pytest.LogCaptureFixture) -> None:
@@ -149,7 +135,7 @@ def test_without_access_file_everyone_is_anonymous_admin_and_a_warning_says_so(c
         auth = Authenticator.from_file(None)
     assert not auth.enabled
     assert "authentication is OFF" in caplog.text
-    assert auth.authenticate([]) is ANONYMOUS and auth.principal_of(FakeContext([])) is ANONYMOUS
+    assert auth.authenticate([]) is ANONYMOUS and auth.authenticate(None) is ANONYMOUS
     assert auth.quota("default") == Quota()
 
 
@@ -189,75 +175,65 @@ def test_token_cli_hash_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert "at least 32" in capsys.readouterr().err
 
 
-# ---- the interceptor over real gRPC on loopback ---------------------------------------------------
+# ---- the TrainingService's calls over real gRPC on loopback (trainctl.service.rpc_calls) -------------
 
-ECHO = "/test.Echo/Echo"
-ECHO_STREAM = "/test.Echo/EchoStream"
+GET = "/trainctl.v1.TrainingService/GetJob"
+WATCH = "/trainctl.v1.TrainingService/WatchJob"
+GARBAGE = b"\x0a\xff\x01abc"  # field 1 with a length far past the end: never decodes
 
 
 @pytest.fixture
-def server(tmp_path: Path):
-    """A loopback server with health checking and a raw-bytes echo service behind the AuthInterceptor."""
-    decoded: list[bytes] = []
-
-    def deserialize(data: bytes) -> bytes:
-        decoded.append(data)
-        return data
-
-    handlers = {
-        "Echo": grpc.unary_unary_rpc_method_handler(lambda request, context: request, request_deserializer=deserialize),
-        "EchoStream": grpc.unary_stream_rpc_method_handler(lambda request, context: iter([request, request]), request_deserializer=deserialize),
-    }
-    srv = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=4),
-        interceptors=[AuthInterceptor(Authenticator.from_file(write_access(tmp_path)))],
-    )
-    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", handlers)])
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), srv)
-    port = srv.add_insecure_port("127.0.0.1:0")
-    srv.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    yield channel, decoded
+def service(tmp_path: Path):
+    tokens = write_access_file(tmp_path)
+    running = start_service(tmp_path / "data", tokens.path)
+    channel = running.channel()
+    yield channel, tokens
     channel.close()
-    srv.stop(None)
+    running.stop()
 
 
-def call(channel: grpc.Channel, method: str, token: str | None, stream: bool = False):
+def raw_call(channel: grpc.Channel, method: str, payload: bytes, token: str | None, stream: bool = False) -> tuple[grpc.StatusCode, str]:
     metadata = [("authorization", f"Bearer {token}")] if token else None
-    if stream:
-        return list(channel.unary_stream(method)(b"hello", metadata=metadata, timeout=10))
-    return channel.unary_unary(method)(b"hello", metadata=metadata, timeout=10)
+    try:
+        if stream:
+            list(channel.unary_stream(method)(payload, metadata=metadata, timeout=10))
+        else:
+            channel.unary_unary(method)(payload, metadata=metadata, timeout=10)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details()
+    return grpc.StatusCode.OK, ""
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_interceptor_refuses_missing_and_bad_tokens_without_decoding(server, stream: bool, caplog: pytest.LogCaptureFixture) -> None:
-    channel, decoded = server
-    method = ECHO_STREAM if stream else ECHO
+def test_calls_without_a_valid_token_are_refused_before_their_payload_is_decoded(
+    service, stream: bool, caplog: pytest.LogCaptureFixture,
+) -> None:
+    channel, tokens = service
+    method = WATCH if stream else GET
     bad = generate_token()
     with caplog.at_level(logging.DEBUG):
         for token, message in ((None, "missing credentials"), (bad, "invalid token")):
-            with pytest.raises(grpc.RpcError) as info:
-                call(channel, method, token, stream)
-            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert message in info.value.details()
-        assert decoded == []  # a refused payload is never decoded
-        assert call(channel, method, ALICE, stream) == ([b"hello", b"hello"] if stream else b"hello")
-    assert decoded == [b"hello"]
-    assert "refused /test.Echo" in caplog.text and "called by alice" in caplog.text
-    assert bad not in caplog.text and ALICE not in caplog.text
+            code, details = raw_call(channel, method, GARBAGE, token, stream)
+            assert code == grpc.StatusCode.UNAUTHENTICATED, details  # not INVALID_ARGUMENT: never decoded
+            assert message in details
+        code, details = raw_call(channel, method, GARBAGE, tokens.alice, stream)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "trainctl." in details
+        code, details = raw_call(channel, method, b"", tokens.alice, stream)  # an empty request decodes: no id
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "a job id is required" in details
+    assert f"refused {method}" in caplog.text and "called by alice" in caplog.text
+    assert bad not in caplog.text and tokens.alice not in caplog.text
 
 
-def test_health_is_served_without_a_token(server) -> None:
-    channel, _ = server
+def test_health_is_served_without_a_token(service) -> None:
+    channel, _ = service
     reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_unknown_methods_stay_unimplemented(server) -> None:
-    channel, _ = server
-    with pytest.raises(grpc.RpcError) as info:
-        call(channel, "/test.Echo/Nope", None)
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+def test_unknown_methods_stay_unimplemented(service) -> None:
+    channel, tokens = service
+    for method in ("/trainctl.v1.TrainingService/Nope", "/test.Echo/Echo"):
+        assert raw_call(channel, method, b"", tokens.alice)[0] == grpc.StatusCode.UNIMPLEMENTED
 
 
 @settings(max_examples=200, deadline=None)
@@ -273,48 +249,38 @@ def test_arbitrary_authorization_values_only_ever_fail_as_authentication_errors(
 
 def test_open_streams_are_capped_per_tenant(tmp_path: Path) -> None:
     """A tenant holding its quota of streams gets RESOURCE_EXHAUSTED; other tenants and closed streams free slots."""
-    bob = generate_token()
-    access = write_access(tmp_path)
-    document = load_access_config(access).model_dump(mode="json")
-    document["tokens"].append({"name": "bob", "tenant": "nlp", "role": "user", "sha256": hash_token(bob)})
-    config = AccessConfig.model_validate(document)
-    limiter = StreamLimiter(2)
-    release = threading.Event()
-
-    def hold(request: bytes, context: grpc.ServicerContext):
-        yield request
-        while not release.is_set() and context.is_active():
-            release.wait(0.05)
-
-    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[AuthInterceptor(Authenticator(config), limiter)])
-    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {"Hold": grpc.unary_stream_rpc_method_handler(hold)})])
-    port = srv.add_insecure_port("127.0.0.1:0")
-    srv.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    hold_call = channel.unary_stream("/test.Echo/Hold")
+    tokens = write_access_file(tmp_path)
+    running = start_service(tmp_path / "data", tokens.path, streams_per_tenant=2)
+    channel = running.channel()
+    api = stub(channel)
     try:
-        streams = [hold_call(b"x", metadata=bearer_of(ALICE), timeout=20) for _ in range(2)]
-        assert [next(s) for s in streams] == [b"x", b"x"]  # both open and counted
-        assert limiter.open_streams("vision") == 2
+        alices = api.CreateJob(pb.CreateJobRequest(job=job_message("held")), metadata=bearer(tokens.alice)).id
+        bobs = api.CreateJob(pb.CreateJobRequest(job=job_message("held")), metadata=bearer(tokens.bob)).id
+
+        def follow(job_id: str, token: str):
+            stream = api.WatchJob(pb.WatchJobRequest(id=job_id, follow=True), metadata=bearer(token), timeout=30)
+            assert next(stream).state_change.to_state == pb.QUEUED  # open: its first event came
+            return stream
+
+        streams = [follow(alices, tokens.alice) for _ in range(2)]
         with pytest.raises(grpc.RpcError) as info:
-            next(hold_call(b"x", metadata=bearer_of(ALICE), timeout=20))
+            follow(alices, tokens.alice)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "'vision'" in info.value.details()
-        other = hold_call(b"y", metadata=bearer_of(bob), timeout=20)
-        assert next(other) == b"y"  # another tenant is not affected
+        other = follow(bobs, tokens.bob)  # another tenant is not affected
         streams[0].cancel()
         deadline = time.monotonic() + 10
-        while limiter.open_streams("vision") > 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert next(hold_call(b"z", metadata=bearer_of(ALICE), timeout=20)) == b"z"  # the closed stream's slot is free
+        while True:  # the cancelled stream's slot is freed once the server has seen the cancel
+            try:
+                streams.append(follow(alices, tokens.alice))
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                time.sleep(0.05)
+        for stream in (*streams, other):
+            stream.cancel()
     finally:
-        release.set()
         channel.close()
-        srv.stop(None)
-    # a stopped server's handlers end on their own threads, each releasing its slot as it returns
-    deadline = time.monotonic() + 10
-    while limiter.open_streams("vision") + limiter.open_streams("nlp") and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert limiter.open_streams("vision") == 0 and limiter.open_streams("nlp") == 0
+        running.stop()
 
 
 def bearer_of(token: str) -> list[tuple[str, str]]:

@@ -84,9 +84,12 @@ def test_cancel_while_running_leaves_nothing_behind(client: TrainctlClient, clus
 
 def test_gang_queueing_and_priority(client: TrainctlClient) -> None:
     first = client.create_job(job("whole-pool", gpus=2, steps=4))
+    deadline = time.monotonic() + 60
+    while client.get_job(first.id).status.state == pb.QUEUED:  # it holds the pool before the others queue
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     low = client.create_job(job("low", gpus=2, steps=2, priority=0))
     high = client.create_job(job("high", gpus=1, steps=2, priority=5))  # submitted later, runs earlier
-    deadline = time.monotonic() + 60
     while client.get_job(first.id).status.state not in (pb.RUNNING, pb.SUCCEEDED):
         assert time.monotonic() < deadline
         time.sleep(0.2)

@@ -1,6 +1,6 @@
 """Fuzzing, fast tier (issue 20): proto jobs through the servicer's CreateJob and PlanJob, and YAML text
 through `trainctl validate`, in-process. Nothing may escape but a refusal: no exception other than
-ApiError (which the interceptor would turn into INTERNAL), no INTERNAL or UNKNOWN code, no traceback
+ApiError (which the server's call chain would answer INTERNAL), no INTERNAL or UNKNOWN code, no traceback
 from the CLI, whose exit status is 0 or 2.
 
 The servicer runs over a real store and a pool of two 4-GPU nodes that the map calls H100s, so the
@@ -10,7 +10,9 @@ CI sees the same ones every run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import io
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +35,7 @@ from trainctl.service.errors import ApiError
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
+from trainctl.service.tenancy import ANONYMOUS
 from trainctl.spec.validate import parse_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.topology import simulated_topology
@@ -43,13 +46,6 @@ EXAMPLES = 1000
 BAD_CODES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 STRINGS = st.one_of(st.sampled_from(["", "..", "@stdlib", "debug", "\x00", "é" * 70]), st.text(max_size=20))
-
-
-class AnonymousCall:
-    """The little of grpc.ServicerContext the servicer reads when authentication is off."""
-
-    def invocation_metadata(self) -> tuple:
-        return ()
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +70,8 @@ def near_valid_jobs(draw: st.DrawFn) -> pb.Job:
 def answer(call: Any, request: Any) -> Any:
     """The servicer's answer, or None when it refused with a well-formed, non-internal error."""
     try:
-        return call(request, AnonymousCall())
+        answered = call(request, ANONYMOUS)
+        return asyncio.run(answered) if inspect.iscoroutine(answered) else answered
     except ApiError as exc:
         assert exc.code not in BAD_CODES, exc.message
         exc.to_status()  # the refusal must serialise (details trailer included)

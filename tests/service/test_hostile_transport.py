@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from concurrent import futures
-
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
+from trainctl.service.readiness import HealthStatus
+from trainctl.service.rpc_server import RpcServer
 
 CHECK = "/grpc.health.v1.Health/Check"
 WATCH = "/grpc.health.v1.Health/Watch"
@@ -19,10 +19,9 @@ TRUNCATED = b"\x0a\xff\x01abc"
 
 
 def start(interceptors: list, limits: MessageLimits | None = None):
-    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=interceptors, options=(limits or MessageLimits()).server_options())
-    servicer = health.HealthServicer()
-    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, srv)
+    """The service's server (an asyncio gRPC server behind RpcServer) serving only gRPC health."""
+    srv = RpcServer(workers=2, interceptors=interceptors, options=(limits or MessageLimits()).server_options())
+    HealthStatus(srv).set("", health_pb2.HealthCheckResponse.SERVING)
     port = srv.add_insecure_port("127.0.0.1:0")
     srv.start()
     return srv, grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
@@ -48,11 +47,11 @@ def raw_code(channel: grpc.Channel, method: str, payload: bytes, stream: bool = 
     return grpc.StatusCode.OK, ""
 
 
-def test_plain_grpc_answers_garbage_with_internal() -> None:
-    """Why the interceptor exists: without it grpc reports the client's bad bytes as a server fault."""
+def test_plain_grpc_answers_garbage_as_a_server_fault() -> None:
+    """Why the interceptor exists: without it asyncio grpc answers the client's bad bytes UNKNOWN (a server fault)."""
     srv, channel = start([])
     try:
-        assert raw_code(channel, CHECK, TRUNCATED)[0] == grpc.StatusCode.INTERNAL
+        assert raw_code(channel, CHECK, TRUNCATED)[0] == grpc.StatusCode.UNKNOWN
     finally:
         channel.close()
         srv.stop(None)
@@ -97,5 +96,6 @@ def test_stream_limiter_needs_a_positive_cap() -> None:
     with pytest.raises(ValueError, match="max_per_key must be at least 1"):
         StreamLimiter(0)
     limiter = StreamLimiter(1)
-    unary = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
-    assert limiter.limit(unary, "t") is unary and limiter.limit(None, "t") is None  # only server streams are counted
+    assert limiter.acquire("t") and not limiter.acquire("t") and limiter.acquire("u")
+    limiter.release("t")
+    assert limiter.open_streams("t") == 0 and limiter.acquire("t")

@@ -4,6 +4,7 @@ and tests/reliability/test_node_loss.py."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from control_plane_fakes import ScriptedRuntime, make_scheduler
@@ -275,3 +276,31 @@ def test_ranks_are_started_with_the_nccl_settings_of_the_map(tmp_path: Path) -> 
         assert runtime.node_envs[a][node] == nccl_env(topology, node)
         assert runtime.node_envs[a][node]["NCCL_CROSS_NIC"] == "0"
         assert runtime.node_envs[a][node]["NCCL_IB_HCA"].startswith("=mlx5_0:1,")
+
+
+def test_a_burst_of_wakes_is_served_by_few_ticks_and_a_lone_wake_at_once(tmp_path: Path) -> None:
+    scheduler = make_scheduler(tmp_path, ScriptedRuntime())
+    scheduler.interval, scheduler.min_tick_gap = 60.0, 0.1  # only wakes start a tick
+    ticks: list[float] = []
+    tick = scheduler.tick
+    scheduler.tick = lambda: (ticks.append(time.monotonic()), tick())[1]  # type: ignore[method-assign]
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not ticks and time.monotonic() < deadline:  # the first tick runs at start
+            time.sleep(0.01)
+        time.sleep(0.2)
+        woken = time.monotonic()
+        scheduler.wake()
+        while len(ticks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert ticks[1] - woken < 0.05, "a wake after a quiet spell is served at once"
+        burst_start, before = time.monotonic(), len(ticks)
+        while time.monotonic() - burst_start < 0.5:  # 500 wakes in half a second, as busy API calls give
+            scheduler.wake()
+            time.sleep(0.001)
+        assert len(ticks) - before <= 0.5 / scheduler.min_tick_gap + 2
+        assert all(b - a >= scheduler.min_tick_gap * 0.9 for a, b in zip(ticks, ticks[1:], strict=False))
+    finally:
+        scheduler.stop()
+        scheduler.store.close()

@@ -121,8 +121,34 @@ def test_list_filters_and_pages(store_location: str) -> None:
     assert [r.id for r in store.list_jobs(labels={"i": "1"})] == [ids[3], ids[1]]
     page = store.list_jobs(limit=2)
     assert [r.id for r in store.list_jobs(limit=2, before_seq=page[-1].seq)] == [ids[2], ids[1]]
+    queued = [JobState.QUEUED]  # without a limit the rows are sorted after the query: the same order
+    assert [r.id for r in store.list_jobs(states=queued, oldest_first=True)] == ids[1:]
+    assert [r.id for r in store.list_jobs(states=queued, labels={"i": "0"})] == [ids[4], ids[2]]
     with pytest.raises(JobNotFound):
         store.get_job("nope")
+
+
+def test_commit_listeners_hear_every_commit_or_only_their_jobs_events(store_location: str) -> None:
+    store = JobStore(store_location)
+    first, second = (store.create_job(job(name))[0].id for name in ("a", "b"))
+    heard: dict[str, int] = {"any": 0, first: 0}
+    stop_any = store.on_commit(lambda: heard.__setitem__("any", heard["any"] + 1))
+    stop_first = store.on_commit(lambda: heard.__setitem__(first, heard[first] + 1), first)
+    store.append_event(second, "log", {"message": "not the first job's"})
+    assert heard == {"any": 1, first: 0}
+    store.append_event(first, "log", {"message": "the first job's"})
+    assert heard == {"any": 2, first: 1}
+    with pytest.raises(TypeError):  # appends the first job's state event, then fails: rolled back, nobody called
+        store.update_status(first, state=JobState.RUNNING, placement=[{"rank": object()}])
+    store.create_job(job("c"))  # and the rolled-back append is not heard with the next commit
+    assert heard == {"any": 3, first: 1}
+    store.update_status(first, state=JobState.CANCELLED, reason="stop")  # its state event
+    assert heard == {"any": 4, first: 2}
+    stop_any()
+    stop_first()
+    store.append_event(first, "log", {"message": "nobody listens"})
+    assert heard == {"any": 4, first: 2}
+    store.close()
 
 
 def test_the_queue_reads_in_admission_order_a_page_at_a_time(store_location: str) -> None:

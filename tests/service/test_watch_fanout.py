@@ -5,9 +5,12 @@ the others or growing the server's buffers; the per-tenant stream limit is an ex
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -16,7 +19,8 @@ from control_plane_fakes import ScriptedRuntime, start_api_server
 from small_jobs import small_job
 
 from trainctl.service.convert import job_to_proto
-from trainctl.service.server import STREAM_SHARE, stream_limit
+from trainctl.service.hardening import StreamLimiter
+from trainctl.service.server import DEFAULT_STREAMS_PER_TENANT, ServiceConfig
 from trainctl.service.store import Event, JobRecord, JobStore
 from trainctl.service.watch_hub import EventHub
 from trainctl.v1 import training_pb2 as pb
@@ -42,8 +46,12 @@ class CountingStore:
     def get_job(self, job_id: str) -> JobRecord:
         return self.store.get_job(job_id)
 
-    def wait_for_change(self, timeout: float) -> None:
-        self.store.wait_for_change(timeout)
+    def on_commit(self, callback: Callable[[], None], job_id: str | None = None) -> Callable[[], None]:
+        return self.store.on_commit(callback, job_id)
+
+    @property
+    def reads_wait_for_writes(self) -> bool:
+        return self.store.reads_wait_for_writes
 
 
 @pytest.fixture
@@ -71,16 +79,61 @@ def until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.01)
 
 
+@pytest.fixture(autouse=True)
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """The event loop the watchers run on (the RPC server's, in the service), in a thread of its own."""
+    running = asyncio.new_event_loop()
+    thread = threading.Thread(target=running.run_forever, daemon=True)
+    thread.start()
+    LOOPS.append(running)
+    yield running
+    LOOPS.remove(running)
+    running.call_soon_threadsafe(running.stop)
+    thread.join(WAIT)
+    running.close()
+
+
+LOOPS: list[asyncio.AbstractEventLoop] = []
+
+
+class Stream:
+    """An async generator of the loop, read from a thread: `next(stream)`, `for event in stream`;
+    `cancel()` cancels the read in progress, as gRPC does when the call ends."""
+
+    def __init__(self, generator: AsyncIterator[Event]):
+        self._generator = generator
+        self._loop = LOOPS[-1]
+        self._pending: concurrent.futures.Future | None = None
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Event:
+        self._pending = asyncio.run_coroutine_threadsafe(anext(self._generator, None), self._loop)
+        event = self._pending.result(WAIT)
+        if event is None:
+            raise StopIteration
+        return event
+
+    def cancel(self) -> None:
+        assert self._pending is not None
+        self._pending.cancel()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._generator.aclose(), self._loop).result(WAIT)
+
+
 class Follower(threading.Thread):
     """Drains one `hub.follow` in a thread, recording each event's sequence."""
 
     def __init__(self, hub: EventHub[Event], job_id: str, after: int):
         super().__init__(daemon=True)
-        self.stream = hub.follow(job_id, after, lambda: True)
+        self.stream = Stream(hub.follow(job_id, after))
         self.got: list[int] = []
 
     def run(self) -> None:
-        self.got.extend(event.sequence for event in self.stream)
+        with contextlib.suppress(concurrent.futures.CancelledError):
+            self.got.extend(event.sequence for event in self.stream)
 
 
 def hub_over(store: JobStore | CountingStore, stopping: threading.Event, buffer_events: int = 1000) -> EventHub[Event]:
@@ -153,7 +206,7 @@ def test_a_watcher_that_stops_reading_stalls_nobody_and_its_buffer_stays_bounded
     job = running_job(store)
     start = all_sequences(store, job)[-1]
     hub = hub_over(store, threading.Event(), buffer_events=5)
-    stalled = hub.follow(job, start, lambda: True)
+    stalled = Stream(hub.follow(job, start))
     store.append_event(job, "log", {"message": "first"})
     first = next(stalled)  # the stalled watcher joins the feed on its first read, then stops reading
     others = [Follower(hub, job, start) for _ in range(20)]
@@ -178,7 +231,7 @@ def test_a_watcher_that_stops_reading_stalls_nobody_and_its_buffer_stays_bounded
 def test_the_reader_stops_when_its_last_watcher_leaves(store: JobStore) -> None:
     job = running_job(store)
     hub = hub_over(store, threading.Event())
-    stream = hub.follow(job, 0, lambda: True)
+    stream = Stream(hub.follow(job, 0))
     assert next(stream).sequence == all_sequences(store, job)[0]
     assert hub.followed_jobs() == [job]
     stream.close()
@@ -190,19 +243,15 @@ def test_a_waiting_watcher_ends_as_soon_as_its_call_ends_or_the_service_stops(st
     start = all_sequences(store, job)[-1]
     stopping = threading.Event()
     hub = EventHub(store, lambda event: event, stopping=stopping, poll_seconds=600.0)
-    callbacks: list[Callable[[], None]] = []
-    call_open = threading.Event()
-    call_open.set()
     ended_call = Follower(hub, job, start)
-    ended_call.stream = hub.follow(job, start, call_open.is_set, callbacks.append)
     at_stop = Follower(hub, job, start)
     for follower in (ended_call, at_stop):
         follower.start()
-    until(lambda: len(hub.buffered(job)) == 2 and len(callbacks) == 1, "both watchers wait on the feed")
-    call_open.clear()
-    callbacks[0]()  # gRPC runs it when the call is cancelled or its deadline passes
+    until(lambda: len(hub.buffered(job)) == 2, "both watchers wait on the feed")
+    ended_call.stream.cancel()  # gRPC cancels the call's task when it is cancelled or its deadline passes
     ended_call.join(WAIT)
     assert not ended_call.is_alive() and at_stop.is_alive()
+    until(lambda: len(hub.buffered(job)) == 1, "the ended call's watcher left the feed")
     stopping.set()
     hub.wake_all()
     at_stop.join(WAIT)
@@ -211,7 +260,7 @@ def test_a_waiting_watcher_ends_as_soon_as_its_call_ends_or_the_service_stops(st
 
 def test_many_grpc_followers_of_one_running_job_each_get_every_event_once_in_order(tmp_path: Path) -> None:
     runtime = ScriptedRuntime()
-    api = start_api_server(tmp_path, runtime, workers=80, streams_per_tenant=64)
+    api = start_api_server(tmp_path, runtime, streams_per_tenant=64)
     try:
         channel = grpc.insecure_channel(api.target)
         stub = pb_grpc.TrainingServiceStub(channel)
@@ -246,8 +295,6 @@ def test_many_grpc_followers_of_one_running_job_each_get_every_event_once_in_ord
 
 
 def test_the_stream_limit_is_a_stated_policy() -> None:
-    assert stream_limit(64, None) == 64 // STREAM_SHARE
-    assert stream_limit(1100, 1000) == 1000
-    for workers, per_tenant in ((64, 64), (64, 0)):
-        with pytest.raises(ValueError, match="streams_per_tenant must be at least 1 and below workers"):
-            stream_limit(workers, per_tenant)
+    assert ServiceConfig().streams_per_tenant == DEFAULT_STREAMS_PER_TENANT
+    with pytest.raises(ValueError, match="max_per_key must be at least 1"):
+        StreamLimiter(0)

@@ -1,22 +1,27 @@
 """The TrainingService servicer: request checks, tenancy, and the store/scheduler calls behind each RPC.
 
-Handlers raise `ApiError` (trainctl.service.errors); the interceptor turns it into the status. The
-caller's Principal comes from the authenticator (trainctl.service.auth); a job of another tenant is
-NOT_FOUND to a user, so ids cannot be probed.
+Each method takes the request and the caller's Principal (authenticated by trainctl.service.rpc_calls,
+which also runs the method: the methods in `BLOCKING` on a thread of the server's pool, the other unary
+ones on its event loop, the coroutines and streams on it too, handing their blocking parts to the pool). Handlers raise `ApiError`
+(trainctl.service.errors), which becomes the call's status. A job of another tenant is NOT_FOUND to a
+user, so ids cannot be probed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import grpc
 
 from trainctl.parallelism.checkpoint.source import init_from_problem
 from trainctl.service import store as st
+from trainctl.service.async_bridge import store_read
 from trainctl.service.auth import Authenticator
 from trainctl.service.convert import job_from_proto, timestamp
 from trainctl.service.errors import ApiError, bad_field, failed_precondition, invalid_argument, not_found
@@ -40,7 +45,6 @@ from trainctl.spec.validate import (
     working_dir_violations,
 )
 from trainctl.v1 import training_pb2 as pb
-from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.workers.events import ACTIVE_STATES, JobState
 
 DEFAULT_PAGE_SIZE = 50
@@ -48,13 +52,18 @@ MAX_PAGE_SIZE = 1000
 MAX_ID_LENGTH = 128
 MAX_LABEL_FILTERS = 32
 WATCH_IDLE_CHECK_SECONDS = 5.0
-"""A following WatchJob with nothing to send re-checks its call this often; it is woken at once by new
-events, by its call ending (cancel, deadline) and by the service stopping (`EventHub.wake_all`)."""
+"""A following WatchJob with nothing to send re-checks that the service is not stopping this often; it
+is woken at once by new events and by the service stopping (`EventHub.wake_all`)."""
 
 
-class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
+class TrainingServicer(SweepRpcs):
     """Implements trainctl.v1.TrainingService over a JobStore, a Scheduler and a GpuPool (the sweep RPCs:
     trainctl.service.sweep_api, driven by a SweepDriver)."""
+
+    BLOCKING = frozenset({"CancelJob", "GetCluster", "CreateSweep", "GetSweep", "ListSweeps", "CancelSweep"})
+    """Unary methods that may block (a write's commit, a call to Ray, the store lock the sweep reads
+    take): they run on the server's thread pool. The other plain methods only read and compute; the
+    async ones (CreateJob, the streams) hand their own blocking parts to the pool."""
 
     def __init__(
         self,
@@ -87,9 +96,6 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
         """Answers' Job messages, each job's spec converted once."""
 
     # ---- helpers ----------------------------------------------------------------------------------
-    def _principal(self, context: grpc.ServicerContext) -> Principal:
-        return self.auth.principal_of(context)
-
     def _job(self, job_id: str, principal: Principal) -> JobRecord:
         if not job_id:
             raise bad_field("id", "a job id is required")
@@ -153,34 +159,36 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
             return None
 
     # ---- RPCs ---------------------------------------------------------------------------------------
-    def CreateJob(self, request: pb.CreateJobRequest, context: grpc.ServicerContext) -> pb.Job:  # noqa: N802
-        principal = self._principal(context)
+    async def CreateJob(self, request: pb.CreateJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
+        """Checked on the event loop (the checks only read and compute); committed on the thread pool."""
         if not request.HasField("job"):
             raise bad_field("job", "the job to create is required")
         if len(request.request_id) > MAX_ID_LENGTH:
             raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
         job = self._validated(request.job, principal)
-        counts = self.store.count_by_state(principal.tenant)
-        held = sum(r.job.spec.resources.gpus for r in self.store.list_jobs(tenant=principal.tenant, states=ACTIVE_STATES))
-        refusal = admission_violation(
-            principal.tenant, self.auth.quota(principal.tenant),
-            TenantUsage(queued_jobs=counts.get(JobState.QUEUED, 0), running_gpus=held), job.spec.resources.gpus,
-        )
+        refusal = await store_read(self.store, partial(self._quota_refusal, principal.tenant, job.spec.resources.gpus))
         if refusal is not None:
             raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-        record, _created = self.store.create_job(job, tenant=principal.tenant, request_id=request.request_id or None)
+        create = partial(self.store.create_job, job, tenant=principal.tenant, request_id=request.request_id or None)
+        record, _created = await asyncio.get_running_loop().run_in_executor(None, create)
         self.scheduler.wake()
         return self.jobs.message(record)
 
-    def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:  # noqa: N802
-        record = self._job(request.id, self._principal(context))
+    def _quota_refusal(self, tenant: str, gpus: int) -> str | None:
+        """Why the tenant's quota refuses one more job of `gpus` GPUs now (None: it does not)."""
+        counts = self.store.count_by_state(tenant)
+        held = sum(r.job.spec.resources.gpus for r in self.store.list_jobs(tenant=tenant, states=ACTIVE_STATES))
+        usage = TenantUsage(queued_jobs=counts.get(JobState.QUEUED, 0), running_gpus=held)
+        return admission_violation(tenant, self.auth.quota(tenant), usage, gpus)
+
+    def GetJob(self, request: pb.GetJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
+        record = self._job(request.id, principal)
         if request.view not in pb.JobView.values():
             raise bad_field("view", f"unknown JobView value {request.view}")
         metrics = self.store.step_metrics(record.id) if request.view == pb.JOB_VIEW_FULL else None
         return self.jobs.message(record, metrics)
 
-    def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:  # noqa: N802
-        principal = self._principal(context)
+    def ListJobs(self, request: pb.ListJobsRequest, principal: Principal) -> pb.ListJobsResponse:  # noqa: N802
         if request.page_size < 0:
             raise bad_field("page_size", "must not be negative")
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -201,8 +209,7 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
             response.next_page_token = _encode_page_token(records[size - 1].seq)
         return response
 
-    def CancelJob(self, request: pb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:  # noqa: N802
-        principal = self._principal(context)
+    def CancelJob(self, request: pb.CancelJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
         record = self._job(request.id, principal)
         if record.state in (JobState.SUCCEEDED, JobState.FAILED):
             raise failed_precondition(f"job {record.id} already ended {record.state}")
@@ -211,33 +218,32 @@ class TrainingServicer(SweepRpcs, pb_grpc.TrainingServiceServicer):
         reason = request.reason or f"cancelled by {principal.name}"
         return self.jobs.message(self.scheduler.request_cancel(record.id, reason))
 
-    def WatchJob(self, request: pb.WatchJobRequest, context: grpc.ServicerContext) -> Iterator[pb.JobEvent]:  # noqa: N802
-        record = self._job(request.id, self._principal(context))
+    async def WatchJob(self, request: pb.WatchJobRequest, principal: Principal) -> AsyncIterator[pb.JobEvent]:  # noqa: N802
+        record = await store_read(self.store, lambda: self._job(request.id, principal))
         if request.after_sequence < 0:
             raise bad_field("after_sequence", "must not be negative")
         if request.follow:
             try:
-                yield from self.watch_hub.follow(record.id, request.after_sequence, context.is_active, context.add_callback)
+                async for event in self.watch_hub.follow(record.id, request.after_sequence):
+                    yield event
             except WatchFailed as exc:
                 if isinstance(exc.__cause__, StoreUnavailable):  # answered UNAVAILABLE: the client resumes
                     raise StoreUnavailable(str(exc.__cause__)) from exc
                 raise
             return
         cursor = request.after_sequence
-        while events := self.store.events(record.id, cursor):
+        while events := await store_read(self.store, partial(self.store.events, record.id, cursor)):
             for event in events:
                 yield event_to_proto(event)
             cursor = events[-1].sequence
 
-    def PlanJob(self, request: pb.PlanJobRequest, context: grpc.ServicerContext) -> pb.PlanJobResponse:  # noqa: N802
-        principal = self._principal(context)
+    def PlanJob(self, request: pb.PlanJobRequest, principal: Principal) -> pb.PlanJobResponse:  # noqa: N802
         if not request.HasField("job"):
             raise bad_field("job", "the job to plan is required")
         job, violations = self._violations(request.job, principal)
         return plan_response(job, violations, self.pool)
 
-    def GetCluster(self, request: pb.GetClusterRequest, context: grpc.ServicerContext) -> pb.Cluster:  # noqa: N802
-        principal = self._principal(context)
+    def GetCluster(self, request: pb.GetClusterRequest, principal: Principal) -> pb.Cluster:  # noqa: N802
         holders = self.pool.holders()
         alive = self.ray_nodes() if self.ray_nodes is not None else {}
         cluster = pb.Cluster(topology_source=self.pool.source, total_gpus=self.pool.total)

@@ -1,4 +1,6 @@
-"""Bearer-token authentication: the access file, token hashing, the gRPC interceptor, principals.
+"""Bearer-token authentication: the access file, token hashing, principals. Every TrainingService call
+is authenticated before its payload is decoded (trainctl.service.rpc_calls); health checks and reflection
+are served without a token.
 
 Tokens are random 256-bit secrets (`generate_token`), so the access file stores only their SHA-256
 (a slow password hash adds nothing against a 256-bit secret and would cost every request a KDF run).
@@ -28,16 +30,13 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import grpc
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainctl.service.errors import ApiError
-from trainctl.service.hardening import StreamLimiter, rejecting_handler
 from trainctl.service.tenancy import ANONYMOUS, TENANT_PATTERN, Principal, Quota, Role
 from trainctl.spec.validate import violations_from_pydantic
 
@@ -53,12 +52,6 @@ _BEARER = re.compile(r"^\s*bearer\s+(\S+)\s*$", re.IGNORECASE)
 RELOAD_SECONDS = 5.0
 """How often, at most, the access file's modification time is checked for a reload."""
 
-PUBLIC_METHOD_PREFIXES = (
-    "/grpc.health.v1.Health/",
-    "/grpc.reflection.v1alpha.ServerReflection/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
-"""RPCs served without a token: health checks (load balancers, kubelet probes) and reflection."""
 
 
 class AuthConfigError(ValueError):
@@ -284,13 +277,6 @@ class Authenticator:
             raise AuthenticationError("malformed 'authorization' metadata: expected 'Bearer <token>'")
         return self.authenticate_token(match.group(1))
 
-    def principal_of(self, context: grpc.ServicerContext) -> Principal:
-        """The principal of the call being served, for the servicer; ApiError(UNAUTHENTICATED) if none."""
-        try:
-            return self.authenticate(context.invocation_metadata())
-        except AuthenticationError as exc:
-            raise ApiError(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
-
 
 def is_loopback(address: str) -> bool:
     """Whether a HOST:PORT listen address is reachable from this machine only."""
@@ -310,30 +296,3 @@ def check_exposure(address: str, authenticator: Authenticator) -> None:
             f"refusing to serve {address} without authentication: only a loopback address "
             "(127.0.0.1, ::1, localhost) may run without --tokens-file"
         )
-
-
-class AuthInterceptor(grpc.ServerInterceptor):
-    """Refuses every RPC except health and reflection unless it carries a valid bearer token.
-
-    Refused calls get UNAUTHENTICATED and their payload is never decoded. The servicer learns who is
-    calling from `Authenticator.principal_of(context)`, which re-derives the principal from the same
-    metadata (a hash and a few comparisons), so no state travels between the two. With a
-    `StreamLimiter`, the server streams each tenant holds open are capped too.
-    """
-
-    def __init__(self, authenticator: Authenticator, streams: StreamLimiter | None = None):
-        self._auth = authenticator
-        self._streams = streams
-
-    def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        method = handler_call_details.method
-        if method.startswith(PUBLIC_METHOD_PREFIXES):
-            return continuation(handler_call_details)
-        try:
-            principal = self._auth.authenticate(handler_call_details.invocation_metadata)
-        except AuthenticationError as exc:
-            log.warning("refused %s: %s", method, exc)
-            return rejecting_handler(continuation(handler_call_details), grpc.StatusCode.UNAUTHENTICATED, str(exc))
-        log.debug("%s called by %s (tenant %s, %s)", method, principal.name, principal.tenant, principal.role)
-        handler = continuation(handler_call_details)
-        return self._streams.limit(handler, principal.tenant) if self._streams else handler

@@ -4,18 +4,18 @@ and a cap on the server-streaming calls one tenant holds open.
 gRPC Python answers a request whose bytes do not decode as the method's message with INTERNAL
 ("Exception deserializing request!"). DESIGN.md decision 9 says nothing a client sends yields an
 internal error, so `MalformedRequestInterceptor` decodes requests itself and answers undecodable
-ones with INVALID_ARGUMENT naming the expected message type. `rejecting_handler` is also how the
-auth interceptor refuses a call without ever decoding its payload.
+ones with INVALID_ARGUMENT naming the expected message type (the TrainingService's own handlers do
+the same, trainctl.service.rpc_calls).
 
-Each open server stream (a following WatchJob) holds one of the server's handler threads until it
-ends. `StreamLimiter` caps how many one tenant holds, so a single tenant cannot take every thread and
-starve the others (and the health checks) of the server.
+`StreamLimiter` caps the server streams (following WatchJobs, WatchSweeps) one tenant holds open, so a
+single tenant cannot hold an unbounded share of the server's memory and wake-ups.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,27 +58,6 @@ class _Undecodable:
         self.error = error
 
 
-def _abort(code: grpc.StatusCode, details: str) -> Callable[[Any, grpc.ServicerContext], Any]:
-    def behaviour(_request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(code, details)
-
-    return behaviour
-
-
-def rejecting_handler(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler | None:
-    """A handler of the same streaming shape as `handler` that answers `code` without decoding the request."""
-    if handler is None:
-        return None
-    abort = _abort(code, details)
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(abort, response_serializer=handler.response_serializer)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(abort, response_serializer=handler.response_serializer)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(abort, response_serializer=handler.response_serializer)
-    return grpc.unary_unary_rpc_method_handler(abort, response_serializer=handler.response_serializer)
-
-
 def _tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def decode(data: bytes) -> Any:
         try:
@@ -89,49 +68,97 @@ def _tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return decode
 
 
-def _message_name(deserializer: Callable[[bytes], Any]) -> str:
-    owner = getattr(deserializer, "__self__", None)
+def message_name(message_class: Any) -> str:
+    """The full protobuf name of a message class (or of a bound `FromString`'s class)."""
+    owner = getattr(message_class, "__self__", message_class)
     descriptor = getattr(owner, "DESCRIPTOR", None)
     return getattr(descriptor, "full_name", "the method's request message")
 
 
-class MalformedRequestInterceptor(grpc.ServerInterceptor):
-    """Answers requests whose bytes do not decode with INVALID_ARGUMENT instead of INTERNAL."""
+def undecodable_details(name: str, error: Exception) -> str:
+    """The INVALID_ARGUMENT details for request bytes that are not a `name`."""
+    return f"request is not a valid {name}: {error}"
 
-    def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
+
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    """Answers requests whose bytes do not decode with INVALID_ARGUMENT instead of INTERNAL, for every
+    handler that decodes its requests through grpc (health, reflection; the TrainingService's handlers
+    decode their own, trainctl.service.rpc_calls). Synchronous behaviours stay synchronous (grpc runs
+    them on its thread pool, with a context whose `abort` raises at once)."""
+
+    async def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        name = _message_name(handler.request_deserializer)
+        name = message_name(handler.request_deserializer)
         decode = _tolerant(handler.request_deserializer)
-
-        def bad(request: _Undecodable, context: grpc.ServicerContext) -> None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid {name}: {request.error}")
-
-        if handler.request_streaming:
-            behaviour = handler.stream_stream or handler.stream_unary
-
-            def checked_stream(requests: Any, context: grpc.ServicerContext) -> Any:
-                def messages() -> Any:
-                    for request in requests:
-                        if isinstance(request, _Undecodable):
-                            bad(request, context)
-                        yield request
-
-                return behaviour(messages(), context)
-
-            make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
-            return make(checked_stream, request_deserializer=decode, response_serializer=handler.response_serializer)
-
-        behaviour = handler.unary_stream or handler.unary_unary
-
-        def checked(request: Any, context: grpc.ServicerContext) -> Any:
-            if isinstance(request, _Undecodable):
-                bad(request, context)
-            return behaviour(request, context)
-
-        make = grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler
+        behaviour = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+        checked = _checked_stream(behaviour, name) if handler.request_streaming else _checked_unary(behaviour, name)
+        make = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(handler.request_streaming, handler.response_streaming)]
         return make(checked, request_deserializer=decode, response_serializer=handler.response_serializer)
+
+
+def _checked_unary(behaviour: Callable, name: str) -> Callable:
+    """`behaviour` of a unary request, first answering an undecodable one INVALID_ARGUMENT."""
+    if inspect.isasyncgenfunction(behaviour):
+        async def async_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
+            async for item in behaviour(request, context):
+                yield item
+
+        return async_stream
+    if inspect.iscoroutinefunction(behaviour):
+        async def async_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
+            return await behaviour(request, context)
+
+        return async_unary
+
+    def sync(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
+        return behaviour(request, context)
+
+    return sync
+
+
+def _checked_stream(behaviour: Callable, name: str) -> Callable:
+    """`behaviour` of a request stream, answering INVALID_ARGUMENT at the first undecodable request."""
+    async def checked_async(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async for request in requests:
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
+            yield request
+
+    if inspect.isasyncgenfunction(behaviour):
+        async def async_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            async for item in behaviour(checked_async(requests, context), context):
+                yield item
+
+        return async_stream
+    if inspect.iscoroutinefunction(behaviour):
+        async def async_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await behaviour(checked_async(requests, context), context)
+
+        return async_unary
+
+    def sync_requests(requests: Any, context: grpc.ServicerContext) -> Any:
+        def checked() -> Any:
+            for request in requests:
+                if isinstance(request, _Undecodable):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
+                yield request
+
+        return behaviour(checked(), context)
+
+    return sync_requests
 
 
 class StreamLimiter:
@@ -149,37 +176,17 @@ class StreamLimiter:
         with self._lock:
             return self._open.get(key, 0)
 
-    def _acquire(self, key: str) -> bool:
+    def acquire(self, key: str) -> bool:
+        """Count one more stream against `key`; False (nothing counted) while it holds `max_per_key`."""
         with self._lock:
             if self._open.get(key, 0) >= self.max_per_key:
                 return False
             self._open[key] = self._open.get(key, 0) + 1
             return True
 
-    def _release(self, key: str) -> None:
+    def release(self, key: str) -> None:
+        """Count one of `key`'s streams as closed."""
         with self._lock:
             self._open[key] -= 1
             if not self._open[key]:
                 del self._open[key]
-
-    def limit(self, handler: grpc.RpcMethodHandler | None, key: str) -> grpc.RpcMethodHandler | None:
-        """`handler` unchanged unless it is unary-request, server-streaming; then counted against `key`
-        and answered RESOURCE_EXHAUSTED while `key` already holds `max_per_key` streams."""
-        if handler is None or handler.request_streaming or not handler.response_streaming:
-            return handler
-        behaviour = handler.unary_stream
-
-        def limited(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            if not self._acquire(key):
-                context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"{key!r} already holds {self.max_per_key} open streams (the most per tenant); close one and retry",
-                )
-            try:
-                yield from behaviour(request, context)
-            finally:
-                self._release(key)
-
-        return grpc.unary_stream_rpc_method_handler(
-            limited, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-        )

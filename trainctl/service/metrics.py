@@ -20,6 +20,7 @@ import platform
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -111,6 +112,8 @@ class ServiceMetrics:
         self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[str, _JobSeries] = {}
+        self._finished: deque[tuple[float, str]] = deque()
+        """(finished_at, job id) in the order jobs finished: what `expire_finished_jobs` walks."""
         self._oldest_queued_at: float | None = None
         r = registry
         # The metric catalogue: one declaration per metric, a deliberate table (rows look alike by design).
@@ -281,9 +284,11 @@ class ServiceMetrics:
         series = self._jobs.get(job_id)
         if series is None:
             series = self._jobs[job_id] = _JobSeries(tenant=tenant)
-            # Counters start at 0, so increase() also sees a job's first restart and first tokens.
+            # Counters and the checkpoint histogram start at 0, so increase() and rate() also see a
+            # job's first restart, first tokens and first checkpoint.
             self.job_restarts.labels(job_id, tenant)
             self.job_tokens.labels(job_id, tenant)
+            self.job_checkpoint_duration.labels(job_id, tenant)
         elif series.tenant != tenant:
             raise ValueError(f"job {job_id!r} belongs to tenant {series.tenant!r}, not {tenant!r}")
         return series
@@ -295,6 +300,8 @@ class ServiceMetrics:
         with self._lock:
             series = self._job(job_id, tenant)
             series.finished_at = now if state in TERMINAL_STATES else None
+            if series.finished_at is not None:
+                self._finished.append((now, job_id))
             for s in JobState:
                 self.job_state.labels(job_id, tenant, s).set(1 if s == state else 0)
             if state == JobState.RUNNING:
@@ -374,10 +381,14 @@ class ServiceMetrics:
     def expire_finished_jobs(self) -> list[str]:
         """Remove the series of jobs finished more than `finished_job_ttl_seconds` ago; returns their ids."""
         now = self._clock()
+        expired = []
         with self._lock:
-            expired = [j for j, s in self._jobs.items() if s.finished_at is not None and now - s.finished_at >= self._ttl]
-            for job_id in expired:
-                self._forget(job_id)
+            while self._finished and now - self._finished[0][0] >= self._ttl:
+                finished_at, job_id = self._finished.popleft()
+                series = self._jobs.get(job_id)
+                if series is not None and series.finished_at == finished_at:  # not restarted or re-ended since
+                    self._forget(job_id)
+                    expired.append(job_id)
         return expired
 
 

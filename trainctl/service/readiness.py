@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent import futures
 
-import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from trainctl.service.hardening import MalformedRequestInterceptor
+from trainctl.service.rpc_server import RpcServer
 from trainctl.service.store import JobStore
 from trainctl.service.tls import bind
 
@@ -27,13 +27,27 @@ CHECK_SECONDS = 1.0
 """How often the store is asked (a `SELECT 1` on its connection)."""
 
 
+class HealthStatus:
+    """The health status a server publishes: grpc_health's asyncio servicer, serving on `server`'s loop
+    (no open health watch holds a thread), whose status any thread may `set`."""
+
+    def __init__(self, server: RpcServer):
+        self.server = server
+        self.servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server.aio)
+
+    def set(self, name: str, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        """Publish `status` for service `name` ("" is the whole server)."""
+        self.server.call(self.servicer.set(name, status))
+
+
 class StoreReadiness:
     """Sets `names` of `health` from `store.reachable()` every `interval` seconds, in a daemon thread."""
 
-    def __init__(self, store: JobStore, health_servicer: health.HealthServicer, names: Sequence[str], *,
+    def __init__(self, store: JobStore, health_status: HealthStatus, names: Sequence[str], *,
                  stopping: threading.Event, interval: float = CHECK_SECONDS):
         self.store = store
-        self.health = health_servicer
+        self.health = health_status
         self.names = tuple(names)
         self.stopping = stopping
         self.interval = interval
@@ -69,13 +83,13 @@ class StoreReadiness:
             self._thread.join(self.interval * 2)
 
 
-def start_health_server(health_servicer: health.HealthServicer, address: str) -> tuple[grpc.Server, int]:
-    """A started plaintext gRPC server on `address` answering only grpc.health.v1.Health from
-    `health_servicer` (the API server's, so both say the same); returns it and its bound port (OSError
-    when `address` cannot be bound)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="trainctl-health"),
-                         options=(("grpc.so_reuseport", 0),))  # a port in use is an error, not shared
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+def start_health_server(status: HealthStatus, address: str) -> tuple[RpcServer, int]:
+    """A started plaintext gRPC server on `address` answering only grpc.health.v1.Health from `status`
+    (the API server's, on its loop, so both say the same); returns it and its bound port (OSError when
+    `address` cannot be bound). Stop it before the API server."""
+    server = RpcServer(workers=1, options=(("grpc.so_reuseport", 0),),  # a port in use is an error, not shared
+                       interceptors=[MalformedRequestInterceptor()], beside=status.server)
+    health_pb2_grpc.add_HealthServicer_to_server(status.servicer, server.aio)
     port = bind(server, address, None)
     server.start()
     return server, port

@@ -105,6 +105,9 @@ class Scheduler:
     metrics: ServiceMetrics | None = None
     quota_of: Callable[[str], Quota] = lambda _tenant: Quota()
     interval: float = 0.2
+    min_tick_gap: float = 0.1
+    """Least time between the starts of two ticks: wakes that come sooner (a burst of creates and
+    cancels) are served by one tick, so the loop's cost does not grow with the API's call rate."""
     leadership: Leadership | None = None
     """None: this scheduler is the only one (SQLite, or tests); else it works only while leading."""
     _active: dict[str, _Active] = field(default_factory=dict)
@@ -143,6 +146,7 @@ class Scheduler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 if not self._in_charge():
                     self._mirror()
@@ -164,6 +168,7 @@ class Scheduler:
             except Exception:  # the loop must survive anything one job does
                 log.exception("scheduler tick failed")
             self._wake.wait(self.interval)
+            self._stop.wait(started + self.min_tick_gap - time.monotonic())
             self._wake.clear()
 
     @property

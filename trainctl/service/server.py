@@ -13,31 +13,29 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from trainctl.service.api import TrainingServicer
-from trainctl.service.auth import Authenticator, AuthInterceptor, check_exposure
+from trainctl.service.auth import Authenticator, check_exposure
 from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
-from trainctl.service.interceptors import ErrorInterceptor, RpcMetricsInterceptor
 from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 from trainctl.service.paths import JobPathPolicy, check_confinement
 from trainctl.service.pool import GpuPool
-from trainctl.service.readiness import StoreReadiness, start_health_server
+from trainctl.service.readiness import HealthStatus, StoreReadiness, start_health_server
+from trainctl.service.rpc_calls import TrainingServiceCalls
+from trainctl.service.rpc_server import RpcServer
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tls import TlsConfig, bind
 from trainctl.v1 import training_pb2 as pb
-from trainctl.v1 import training_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from trainctl.workers.warm_pool import WarmPool
@@ -52,8 +50,8 @@ EMBEDDED_NODES = 1
 EMBEDDED_GPUS_PER_NODE = 8
 """Simulated GPUs per node of the embedded Ray `trainctl serve` starts with no --ray-address: one
 8-GPU node holds every example the README runs (ranks take no CPU, so 8 slots fit a 2-core machine)."""
-STREAM_SHARE = 4
-"""By default one tenant may hold at most 1/STREAM_SHARE of the handler threads with open streams (WatchJob)."""
+DEFAULT_WORKERS = 16
+DEFAULT_STREAMS_PER_TENANT = 256
 
 
 @dataclass
@@ -83,15 +81,14 @@ class ServiceConfig:
     embedded use; with authentication on only with `allow_any_data_path`)."""
     allow_any_data_path: bool = False
     """Serve with authentication on and no data roots (logged as a WARNING at start)."""
-    workers: int = 64
-    """gRPC handler threads. Each open server stream (a following WatchJob) holds one until it ends;
-    unary calls and health checks share the rest. The server starts threads on demand, so a larger
-    pool costs memory only while streams are open (docs/benchmarks.md, Watch fan-out: 1,000 followers
-    on workers=1100)."""
-    streams_per_tenant: int | None = None
-    """Most server streams one tenant may hold open at once (more are answered RESOURCE_EXHAUSTED);
-    None: `workers // STREAM_SHARE` (16 with the default 64 workers), so one tenant cannot take every
-    handler thread. Must be below `workers`; a service many dashboards follow raises both."""
+    workers: int = DEFAULT_WORKERS
+    """Threads for the calls' blocking work (writes and their commits, calls to Ray, sweep reads) and, as
+    many again, for gRPC health. Reads and open streams need none: they run on the server's event loop
+    (trainctl.service.rpc_server)."""
+    streams_per_tenant: int = DEFAULT_STREAMS_PER_TENANT
+    """Most server streams (following WatchJobs, WatchSweeps) one tenant may hold open at once; more are
+    answered RESOURCE_EXHAUSTED. An open stream is a suspended coroutine (tens of KiB); a service many
+    dashboards follow may raise it (docs/benchmarks.md, Watch fan-out: 1,000 followers of one job)."""
     health_address: str | None = None
     """HOST:PORT of a plaintext port serving only gRPC health (readiness.start_health_server), for
     probes that speak no TLS; None: health only on `address`."""
@@ -105,43 +102,21 @@ def build_grpc_server(
     authenticator: Authenticator,
     observer: ServiceMetrics | None,
     *,
-    workers: int,
-    streams_per_tenant: int | None = None,
+    workers: int = DEFAULT_WORKERS,
+    streams_per_tenant: int = DEFAULT_STREAMS_PER_TENANT,
     limits: MessageLimits | None = None,
-) -> tuple[grpc.Server, health.HealthServicer]:
-    """The unbound gRPC server: interceptors in order (RPC metrics, auth, undecodable requests, errors),
-    message limits, the TrainingService, health checking and reflection. Tests build the same server.
-    `streams_per_tenant`: see ServiceConfig."""
-    interceptors: list[grpc.ServerInterceptor] = [RpcMetricsInterceptor(observer)] if observer is not None else []
-    interceptors += [
-        AuthInterceptor(authenticator, StreamLimiter(stream_limit(workers, streams_per_tenant))),
-        MalformedRequestInterceptor(),
-        ErrorInterceptor(),
-    ]
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trainctl-rpc"),
-        interceptors=interceptors,
-        options=(limits or MessageLimits()).server_options(),
+) -> tuple[RpcServer, HealthStatus]:
+    """The unbound gRPC server (trainctl.service.rpc_server): the TrainingService's calls
+    (trainctl.service.rpc_calls: metrics, auth, the per-tenant stream cap, decoding, errors), health
+    checking and reflection (their undecodable requests answered INVALID_ARGUMENT), message limits.
+    Tests build the same server. `workers`, `streams_per_tenant`: see ServiceConfig."""
+    server = RpcServer(
+        workers=workers, options=(limits or MessageLimits()).server_options(), interceptors=[MalformedRequestInterceptor()],
     )
-    pb_grpc.add_TrainingServiceServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    return server, health_servicer
-
-
-def stream_limit(workers: int, streams_per_tenant: int | None) -> int:
-    """The open streams one tenant may hold on a server of `workers` handler threads (ServiceConfig)."""
-    if workers < 2:
-        raise ValueError(f"workers must be at least 2, got {workers}")
-    if streams_per_tenant is None:
-        return max(1, workers // STREAM_SHARE)
-    if not 1 <= streams_per_tenant < workers:
-        raise ValueError(
-            f"streams_per_tenant must be at least 1 and below workers ({workers}): a tenant holding every "
-            f"handler thread starves all other calls; got {streams_per_tenant}"
-        )
-    return streams_per_tenant
+    server.add_generic_rpc_handlers([TrainingServiceCalls(servicer, authenticator, observer, StreamLimiter(streams_per_tenant))])
+    status = HealthStatus(server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server.aio)
+    return server, status
 
 
 class Service:
@@ -155,10 +130,10 @@ class Service:
         self._embedded: Any = None
         self._runtime: Any = None
         self._metrics_server: MetricsServer | None = None
-        self._server: grpc.Server | None = None
+        self._server: RpcServer | None = None
         self.leadership: Leadership | None = None
         self._readiness: StoreReadiness | None = None
-        self._health_server: grpc.Server | None = None
+        self._health_server: RpcServer | None = None
         self._servicer: TrainingServicer | None = None
         self.port: int = 0
         self.health_port: int | None = None
@@ -251,8 +226,9 @@ class Service:
 
     def wait(self) -> None:
         """Block until the server stops."""
-        if self._server is not None:
-            self._server.wait_for_termination()
+        server = self._server
+        if server is not None:
+            server.wait_for_termination()
 
     def stop(self, grace: float = 5.0) -> None:
         """Graceful shutdown (see the module docstring); safe to call twice."""
@@ -265,10 +241,10 @@ class Service:
             self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._servicer is not None:
             self._servicer.watch_hub.wake_all()
-        self._server.stop(grace).wait()
+        if self._health_server is not None:  # it serves on the API server's loop
+            self._health_server.stop(0)
+        self._server.stop(grace)
         self._server = None
-        if self._health_server is not None:
-            self._health_server.stop(0).wait()
         self.sweeps.stop()
         self.scheduler.stop()
         if self.leadership is not None:

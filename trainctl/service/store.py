@@ -332,7 +332,10 @@ class JobStore:
     def __init__(self, location: str | Path, *, metrics: ServiceMetrics | None = None):
         self._metrics = metrics
         self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
+        self._commit_listeners: dict[str | None, set[Callable[[], None]]] = {}
+        """Job id (None: any commit) -> what to call after a commit that appended that job's events."""
+        self._appended: set[str] = set()
+        """Jobs whose events the open write transaction appended (under the lock)."""
         self._specs: dict[str, TrainingJob] = {}
         self._fencing = threading.local()  # .fence: the Fence this thread's writes carry (see fenced)
         self._db: Database = open_database(location)
@@ -358,6 +361,12 @@ class JobStore:
     def backend(self) -> str:
         """"sqlite" or "postgresql"."""
         return self._db.backend
+
+    @property
+    def reads_wait_for_writes(self) -> bool:
+        """Whether a read may wait for a write to commit (PostgreSQL: reads share the writers' connection);
+        SQLite reads run on a connection of their own."""
+        return not self._db.has_readers
 
     @property
     def location(self) -> str:
@@ -398,10 +407,18 @@ class JobStore:
                     raise LeaseLost(f"lease {fence.name} (epoch {fence.epoch}) is no longer held by {fence.holder}")
                 yield self._db
             except BaseException:
+                self._appended.clear()
                 self._db.rollback()
                 raise
             self._db.commit()
-            self._changed.notify_all()
+            self._notify()
+
+    def _notify(self) -> None:
+        """Call the listeners of the transaction just committed (under the lock)."""
+        appended, self._appended = self._appended, set()
+        for key in (None, *appended):
+            for listener in list(self._commit_listeners.get(key, ())):
+                listener()
 
     @contextmanager
     def _reading(self) -> Iterator[Database]:
@@ -519,12 +536,14 @@ class JobStore:
         sql = f"SELECT {_RECORD_COLUMNS} FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY seq " + ("ASC" if oldest_first else "DESC")
-        if limit is not None:
-            sql += " LIMIT ?"
+        if limit is not None:  # a page: walk the seq order, stopping after `limit` matches
+            sql += " ORDER BY seq " + ("ASC" if oldest_first else "DESC") + " LIMIT ?"
             args.append(limit)
         with self._reading() as db:
             rows = db.execute(sql, args).fetchall()
+            if limit is None:  # everything that matches: sorted here, so the planner may take the most
+                # selective index (a tenant's active jobs: (tenant, state)) instead of the seq order
+                rows.sort(key=lambda row: row["seq"], reverse=not oldest_first)
             labels: dict[str, dict[str, str]] = {}
             ids = [row["id"] for row in rows]
             for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
@@ -851,12 +870,24 @@ class JobStore:
             return False
         return True
 
-    def wait_for_change(self, timeout: float) -> None:
-        """Block until any write commits or `timeout` seconds pass."""
-        with self._changed:
-            self._changed.wait(timeout)
+    def on_commit(self, callback: Callable[[], None], job_id: str | None = None) -> Callable[[], None]:
+        """Call `callback` (quick, never raising) in the committing thread after each write of this
+        process commits (with `job_id`: each write that appended an event of that job), until the
+        returned function is called. Another process's commits are not seen: poll for those."""
+        with self._lock:
+            self._commit_listeners.setdefault(job_id, set()).add(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                listeners = self._commit_listeners.get(job_id, set())
+                listeners.discard(callback)
+                if not listeners:
+                    self._commit_listeners.pop(job_id, None)
+
+        return unsubscribe
 
     def _append(self, db: Database, job_id: str, type_: str, payload: dict[str, Any], now: float) -> int:
+        self._appended.add(job_id)
         row = db.execute(
             "INSERT INTO events (job_id, time, type, payload) VALUES (?, ?, ?, ?) RETURNING sequence",
             (job_id, now, type_, json.dumps(payload)),

@@ -76,6 +76,8 @@ class Database(Protocol):
     """One connection; the store serializes its use. Rows are dicts keyed by column name."""
 
     backend: str
+    has_readers: bool
+    """Whether `reader` gives each thread a connection of its own."""
     location: str
     """Where the data lives, for messages (a file path, or a URL without its password)."""
 
@@ -133,6 +135,7 @@ class SqliteDatabase:
     for the writer."""
 
     backend = "sqlite"
+    has_readers = True
 
     def __init__(self, path: Path, *, read_only: bool = False):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,6 +198,7 @@ class PostgresDatabase:
     """A PostgreSQL database by URL, in autocommit mode with explicit write transactions."""
 
     backend = "postgresql"
+    has_readers = False
 
     def __init__(self, url: str):
         self._url = url

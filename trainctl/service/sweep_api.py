@@ -7,11 +7,11 @@ own rules (trainctl.spec.sweep.sweep_violations) plus the tenant's quota against
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
-import grpc
-
+from trainctl.service.async_bridge import wait_for_store_change
 from trainctl.service.auth import Authenticator
 from trainctl.service.convert import timestamp
 from trainctl.service.errors import bad_field, failed_precondition, invalid_argument, not_found
@@ -60,7 +60,6 @@ class SweepRpcs:
     auth: Authenticator
     sweeps: SweepDriver | None
     stopping: threading.Event
-    _principal: Callable[[grpc.ServicerContext], Principal]
     _checked: Callable[[TrainingJob, Principal], tuple[TrainingJob, list[FieldViolation]]]
 
     def _sweep(self, sweep_id: str, principal: Principal) -> SweepRecord:
@@ -97,8 +96,7 @@ class SweepRpcs:
             raise invalid_argument(violations, "invalid sweep: " + "; ".join(map(str, violations)))
         return sweep
 
-    def CreateSweep(self, request: pb.CreateSweepRequest, context: grpc.ServicerContext) -> pb.Sweep:  # noqa: N802
-        principal = self._principal(context)
+    def CreateSweep(self, request: pb.CreateSweepRequest, principal: Principal) -> pb.Sweep:  # noqa: N802
         if not request.HasField("sweep"):
             raise bad_field("sweep", "the sweep to create is required")
         if len(request.request_id) > MAX_ID_LENGTH:
@@ -109,11 +107,10 @@ class SweepRpcs:
             self.sweeps.wake()
         return self._sweep_message(record)
 
-    def GetSweep(self, request: pb.GetSweepRequest, context: grpc.ServicerContext) -> pb.Sweep:  # noqa: N802
-        return self._sweep_message(self._sweep(request.id, self._principal(context)))
+    def GetSweep(self, request: pb.GetSweepRequest, principal: Principal) -> pb.Sweep:  # noqa: N802
+        return self._sweep_message(self._sweep(request.id, principal))
 
-    def ListSweeps(self, request: pb.ListSweepsRequest, context: grpc.ServicerContext) -> pb.ListSweepsResponse:  # noqa: N802
-        principal = self._principal(context)
+    def ListSweeps(self, request: pb.ListSweepsRequest, principal: Principal) -> pb.ListSweepsResponse:  # noqa: N802
         if request.page_size < 0:
             raise bad_field("page_size", "must not be negative")
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -128,8 +125,7 @@ class SweepRpcs:
             response.next_page_token = str(records[size - 1].seq)
         return response
 
-    def CancelSweep(self, request: pb.CancelSweepRequest, context: grpc.ServicerContext) -> pb.Sweep:  # noqa: N802
-        principal = self._principal(context)
+    def CancelSweep(self, request: pb.CancelSweepRequest, principal: Principal) -> pb.Sweep:  # noqa: N802
         record = self._sweep(request.id, principal)
         if len(request.reason) > 1000:
             raise bad_field("reason", "longer than 1000 characters")
@@ -145,19 +141,25 @@ class SweepRpcs:
                     self.scheduler.request_cancel(trial.job_id, trial.reason)
         return self._sweep_message(record)
 
-    def WatchSweep(self, request: pb.WatchSweepRequest, context: grpc.ServicerContext) -> Iterator[pb.Sweep]:  # noqa: N802
-        record = self._sweep(request.id, self._principal(context))
+    async def WatchSweep(self, request: pb.WatchSweepRequest, principal: Principal) -> AsyncIterator[pb.Sweep]:  # noqa: N802
+        """The sweep as it is, then again each time it changes, until it ends or the service stops. Its
+        reads take the store's lock, so they run on the server's thread pool."""
+        loop = asyncio.get_running_loop()
+        record = await loop.run_in_executor(None, self._sweep, request.id, principal)
         last = b""
         while True:
-            record = self.store.get_sweep(record.id)
-            message = self._sweep_message(record)
+            record, message = await loop.run_in_executor(None, self._sweep_snapshot, record.id)
             serialized = message.SerializeToString(deterministic=True)
             if serialized != last:
                 last = serialized
                 yield message
-            if record.state.terminal or self.stopping.is_set() or not context.is_active():
+            if record.state.terminal or self.stopping.is_set():
                 return
-            self.store.wait_for_change(WATCH_POLL_SECONDS)
+            await wait_for_store_change(self.store, WATCH_POLL_SECONDS)
+
+    def _sweep_snapshot(self, sweep_id: str) -> tuple[SweepRecord, pb.Sweep]:
+        record = self.store.get_sweep(sweep_id)
+        return record, self._sweep_message(record)
 
 
 # ---- a stored sweep as the API's answer ------------------------------------------------------------

@@ -1,17 +1,19 @@
 """Watch fan-out: one reader per followed job reads its new events from the store once and hands them
 to every watcher following that job (WatchJob with `follow`).
 
-Contract of `EventHub.follow(job_id, after_sequence, active)`:
+Contract of `EventHub.follow(job_id, after_sequence)`, an async generator run on the RPC server's loop:
 
 - It yields the job's events with a sequence larger than `after_sequence`, each exactly once and in
   sequence order, each converted once by `encode` (every watcher gets the same converted object).
 - It returns once the job is terminal and every event was yielded (the store appends the terminal
   state event in the transaction that sets the state, so "terminal, then nothing more to read" is
-  drained), once `stopping` is set, or once `active()` is False: checked when the watcher is woken
-  (new events, `wake_all`, the `on_end` callback) and at least every `poll_seconds`.
-- The reader (and a watcher reading the store itself) waits on `store.wait_for_change`, which wakes at
-  once on this process's commits; it re-reads at least every `store_poll_seconds`, the delay at which
-  a commit made by another process (another replica on the same PostgreSQL) reaches the watchers.
+  drained), or once `stopping` is set: checked when the watcher is woken (new events, `wake_all`) and
+  at least every `poll_seconds`. A call that ends (cancelled, past its deadline) closes the generator,
+  which leaves the feed.
+- The reader (and a watcher reading the store itself) waits for the store's next commit of an event of
+  its job (`JobStore.on_commit`), which wakes it at once for this process's commits, and no other
+  commit wakes it; it re-reads at least every `store_poll_seconds`, the delay at which a commit made by
+  another process (another replica on the same PostgreSQL) reaches the watchers.
 - While a job has followers one reader thread reads `store.events` after the feed's cursor and appends
   each batch to every watcher's buffer; it stops when the job has no watchers left.
 - A watcher's buffer holds at most `buffer_events` events (references to the shared converted
@@ -32,10 +34,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Generic, Protocol, TypeVar
 
+from trainctl.service.async_bridge import (
+    CommitSource,
+    LoopSignal,
+    ReadSource,
+    store_read,
+    wait_for_store_change,
+)
 from trainctl.service.store import Event, JobRecord
 
 T = TypeVar("T")
@@ -50,14 +60,13 @@ class WatchFailed(RuntimeError):
     """The job's reader stopped on a store error; the watcher may resume from its last sequence."""
 
 
-class EventSource(Protocol):
+class EventSource(CommitSource, ReadSource, Protocol):
     """The store methods the hub reads (trainctl.service.store.JobStore)."""
 
     def events(self, job_id: str, after_sequence: int = 0, limit: int = 1000) -> list[Event]: ...
 
     def get_job(self, job_id: str) -> JobRecord: ...
 
-    def wait_for_change(self, timeout: float) -> None: ...
 
 
 @dataclass(eq=False)
@@ -69,10 +78,10 @@ class _Watcher(Generic[T]):
 
     taken: int
     high: int
+    ready: LoopSignal
     live: bool = False
     buffer: deque[tuple[int, T]] = field(default_factory=deque)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    ready: threading.Event = field(default_factory=threading.Event)
 
     def offer(self, batch: list[tuple[int, T]], capacity: int) -> None:
         """Append the events of `batch` this watcher has not had; on overflow leave the feed instead."""
@@ -144,28 +153,22 @@ class EventHub(Generic[T]):
         with feed.lock:
             return [len(w.buffer) for w in feed.watchers]
 
-    def follow(
-        self, job_id: str, after_sequence: int, active: Callable[[], bool],
-        on_end: Callable[[Callable[[], None]], object] | None = None,
-    ) -> Iterator[T]:
-        """The job's events after `after_sequence`, following it until it ends (module docstring).
-        `on_end` (the RPC's `context.add_callback`) registers a wake-up for when the call ends, so a
-        waiting watcher notices at once instead of at its next `poll_seconds` check."""
-        watcher: _Watcher[T] = _Watcher(taken=after_sequence, high=after_sequence)
-        if on_end is not None:
-            on_end(watcher.ready.set)
+    async def follow(self, job_id: str, after_sequence: int) -> AsyncIterator[T]:
+        """The job's events after `after_sequence`, following it until it ends (module docstring). Runs
+        on the RPC server's loop: a waiting watcher is a suspended coroutine, woken by the reader thread
+        through its LoopSignal; a call that ends (cancelled, past its deadline) closes the generator."""
+        watcher: _Watcher[T] = _Watcher(taken=after_sequence, high=after_sequence, ready=LoopSignal())
         feed = self._join(job_id, watcher)
         try:
-            while not self._stopping.is_set() and active():
+            while not self._stopping.is_set():
                 if not watcher.live:
                     with feed.lock, watcher.lock:
                         if watcher.taken >= feed.cursor:
                             watcher.live, watcher.high = True, watcher.taken
                         live, ended, failure = watcher.live, feed.ended, feed.failure
                 else:
-                    watcher.ready.wait(self.poll_seconds)
+                    await watcher.ready.wait(self.poll_seconds)
                     with watcher.lock:
-                        watcher.ready.clear()
                         batch = list(watcher.buffer)
                         watcher.buffer.clear()
                         if batch:
@@ -179,7 +182,7 @@ class EventHub(Generic[T]):
                     if ended:  # read after taking the buffer: every delivery came before it
                         return
                     continue
-                events = self._store.events(job_id, watcher.taken, limit=self.buffer_events)
+                events = await store_read(self._store, partial(self._store.events, job_id, watcher.taken, limit=self.buffer_events))
                 if events:
                     with watcher.lock:
                         watcher.taken = events[-1].sequence
@@ -188,7 +191,7 @@ class EventHub(Generic[T]):
                 elif ended:
                     return
                 else:  # only when the feed began at a cursor beyond every event of the job
-                    self._store.wait_for_change(self.store_poll_seconds)
+                    await wait_for_store_change(self._store, self.store_poll_seconds, job_id)
         finally:
             with feed.lock:
                 feed.watchers.discard(watcher)
@@ -214,8 +217,10 @@ class EventHub(Generic[T]):
 
     def _read(self, feed: _Feed[T]) -> None:
         """The feed's reader thread: its loop, and a store error handed to the watchers."""
+        appended = threading.Event()
+        unsubscribe = self._store.on_commit(appended.set, feed.job_id)
         try:
-            self._read_loop(feed)
+            self._read_loop(feed, appended)
         except Exception as exc:  # noqa: BLE001 - handed to every watcher, which raises it
             if isinstance(exc, self._expected_failures):
                 log.warning("watch reader of job %s stopped: %s", feed.job_id, exc)
@@ -227,12 +232,16 @@ class EventHub(Generic[T]):
                     watcher.ready.set()
                 if self._feeds.get(feed.job_id) is feed:
                     del self._feeds[feed.job_id]
+        finally:
+            unsubscribe()
 
-    def _read_loop(self, feed: _Feed[T]) -> None:
-        """Hand every new event to the watchers; end with the job or its last watcher."""
+    def _read_loop(self, feed: _Feed[T], appended: threading.Event) -> None:
+        """Hand every new event to the watchers; end with the job or its last watcher. `appended` is set
+        when this process commits an event of the job."""
         while not self._stopping.is_set():
             if self._retire(feed, ended=False):  # before touching the store: it may be closed by now
                 return
+            appended.clear()
             events = self._store.events(feed.job_id, feed.cursor, limit=self.buffer_events)
             if not events and self._store.get_job(feed.job_id).terminal:
                 events = self._store.events(feed.job_id, feed.cursor, limit=self.buffer_events)
@@ -246,7 +255,7 @@ class EventHub(Generic[T]):
                         watcher.offer(batch, self.buffer_events)
                     feed.cursor = events[-1].sequence
                 continue
-            self._store.wait_for_change(self.store_poll_seconds)
+            appended.wait(self.store_poll_seconds)
         self._retire(feed, ended=True)
 
     def _retire(self, feed: _Feed[T], *, ended: bool) -> bool:
