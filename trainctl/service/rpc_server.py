@@ -5,9 +5,9 @@ One loop serves every call: a unary read runs on it from start to finish and a f
 coroutine, so no call holds a thread and no answer crosses threads (the thread-per-call server spent
 most of its time handing the GIL between 64 handler threads; docs/benchmarks.md, Load). Work that
 blocks (a write's commit, a call to Ray, a read on a store whose reads wait behind writes) runs on
-`blocking`, a thread pool of `workers` threads (the loop's default executor); synchronous servicers
-(gRPC health) run on a pool of their own, as large, so that no open health watch takes a thread the
-calls need.
+`blocking`, a thread pool of `workers` threads (the loop's default executor); a synchronous servicer,
+should one be registered, runs on a pool of its own, so that it cannot take a thread the calls need
+(the service registers none: health and reflection are grpc's asyncio servicers).
 """
 
 from __future__ import annotations

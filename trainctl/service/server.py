@@ -82,9 +82,8 @@ class ServiceConfig:
     allow_any_data_path: bool = False
     """Serve with authentication on and no data roots (logged as a WARNING at start)."""
     workers: int = DEFAULT_WORKERS
-    """Threads for the calls' blocking work (writes and their commits, calls to Ray, sweep reads) and, as
-    many again, for gRPC health. Reads and open streams need none: they run on the server's event loop
-    (trainctl.service.rpc_server)."""
+    """Threads for the calls' blocking work (writes and their commits, calls to Ray, sweep reads). Reads
+    and open streams need none: they run on the server's event loop (trainctl.service.rpc_server)."""
     streams_per_tenant: int = DEFAULT_STREAMS_PER_TENANT
     """Most server streams (following WatchJobs, WatchSweeps) one tenant may hold open at once; more are
     answered RESOURCE_EXHAUSTED. An open stream is a suspended coroutine (tens of KiB); a service many
