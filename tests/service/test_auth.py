@@ -323,3 +323,13 @@ def test_reloads_are_throttled(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"tokens": [{"name": "x", "tenant": "t", "sha256": "0" * 64}]}))
     touch_later(path, 1)
     assert auth.authenticate_token(ALICE).name == "alice"  # not checked again within the interval
+
+
+def test_undecodable_reflection_requests_get_invalid_argument(service) -> None:
+    """Reflection, a request stream served without a token, refuses bytes that are not its request."""
+    channel, _ = service
+    method = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    with pytest.raises(grpc.RpcError) as info:
+        list(channel.stream_stream(method)(iter([GARBAGE]), timeout=10))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "grpc.reflection.v1alpha.ServerReflectionRequest" in info.value.details()

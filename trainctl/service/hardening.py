@@ -81,84 +81,71 @@ def undecodable_details(name: str, error: Exception) -> str:
 
 
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
-    """Answers requests whose bytes do not decode with INVALID_ARGUMENT instead of INTERNAL, for every
-    handler that decodes its requests through grpc (health, reflection; the TrainingService's handlers
-    decode their own, trainctl.service.rpc_calls). Synchronous behaviours stay synchronous (grpc runs
-    them on its thread pool, with a context whose `abort` raises at once)."""
+    """Answers requests whose bytes do not decode with INVALID_ARGUMENT instead of UNKNOWN, for every
+    asynchronous handler that decodes its requests through grpc (health, reflection; the TrainingService's
+    handlers decode their own, trainctl.service.rpc_calls). The server registers no synchronous handler
+    (trainctl.service.rpc_server); one would be passed through unchanged."""
 
     async def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        name = message_name(handler.request_deserializer)
-        decode = _tolerant(handler.request_deserializer)
         behaviour = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
-        checked = _checked_stream(behaviour, name) if handler.request_streaming else _checked_unary(behaviour, name)
+        streams = inspect.isasyncgenfunction(behaviour)
+        if not streams and not inspect.iscoroutinefunction(behaviour):
+            return handler
+        name = message_name(handler.request_deserializer)
+        checked = (_checked_stream if handler.request_streaming else _checked_unary)(behaviour, name, streams)
         make = {
             (False, False): grpc.unary_unary_rpc_method_handler,
             (False, True): grpc.unary_stream_rpc_method_handler,
             (True, False): grpc.stream_unary_rpc_method_handler,
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(handler.request_streaming, handler.response_streaming)]
-        return make(checked, request_deserializer=decode, response_serializer=handler.response_serializer)
+        return make(checked, request_deserializer=_tolerant(handler.request_deserializer), response_serializer=handler.response_serializer)
 
 
-def _checked_unary(behaviour: Callable, name: str) -> Callable:
-    """`behaviour` of a unary request, first answering an undecodable one INVALID_ARGUMENT."""
-    if inspect.isasyncgenfunction(behaviour):
-        async def async_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if isinstance(request, _Undecodable):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
+async def _refuse_undecodable(request: Any, context: grpc.aio.ServicerContext, name: str) -> None:
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
+
+
+def _checked_unary(behaviour: Callable, name: str, streams: bool) -> Callable:
+    """`behaviour` of a unary request (an async generator when `streams`, else a coroutine), first
+    answering an undecodable request INVALID_ARGUMENT."""
+    if streams:
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await _refuse_undecodable(request, context, name)
             async for item in behaviour(request, context):
                 yield item
 
-        return async_stream
-    if inspect.iscoroutinefunction(behaviour):
-        async def async_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if isinstance(request, _Undecodable):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
-            return await behaviour(request, context)
+        return stream
 
-        return async_unary
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await _refuse_undecodable(request, context, name)
+        return await behaviour(request, context)
 
-    def sync(request: Any, context: grpc.ServicerContext) -> Any:
-        if isinstance(request, _Undecodable):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
-        return behaviour(request, context)
-
-    return sync
+    return unary
 
 
-def _checked_stream(behaviour: Callable, name: str) -> Callable:
+def _checked_stream(behaviour: Callable, name: str, streams: bool) -> Callable:
     """`behaviour` of a request stream, answering INVALID_ARGUMENT at the first undecodable request."""
-    async def checked_async(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def checked(requests: Any, context: grpc.aio.ServicerContext) -> Any:
         async for request in requests:
-            if isinstance(request, _Undecodable):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
+            await _refuse_undecodable(request, context, name)
             yield request
 
-    if inspect.isasyncgenfunction(behaviour):
-        async def async_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            async for item in behaviour(checked_async(requests, context), context):
+    if streams:
+        async def stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            async for item in behaviour(checked(requests, context), context):
                 yield item
 
-        return async_stream
-    if inspect.iscoroutinefunction(behaviour):
-        async def async_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            return await behaviour(checked_async(requests, context), context)
+        return stream
 
-        return async_unary
+    async def unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await behaviour(checked(requests, context), context)
 
-    def sync_requests(requests: Any, context: grpc.ServicerContext) -> Any:
-        def checked() -> Any:
-            for request in requests:
-                if isinstance(request, _Undecodable):
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_details(name, request.error))
-                yield request
-
-        return behaviour(checked(), context)
-
-    return sync_requests
+    return unary
 
 
 class StreamLimiter:

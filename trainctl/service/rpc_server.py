@@ -5,9 +5,9 @@ One loop serves every call: a unary read runs on it from start to finish and a f
 coroutine, so no call holds a thread and no answer crosses threads (the thread-per-call server spent
 most of its time handing the GIL between 64 handler threads; docs/benchmarks.md, Load). Work that
 blocks (a write's commit, a call to Ray, a read on a store whose reads wait behind writes) runs on
-`blocking`, a thread pool of `workers` threads (the loop's default executor); a synchronous servicer,
-should one be registered, runs on a pool of its own, so that it cannot take a thread the calls need
-(the service registers none: health and reflection are grpc's asyncio servicers).
+`blocking`, a thread pool of `workers` threads (the loop's default executor). Every handler is
+asynchronous (health and reflection are grpc's asyncio servicers): grpc would run a synchronous one on
+`blocking` too, where an open stream of it would hold a thread the calls need.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class RpcServer:
         name: str = "trainctl-rpc",
         beside: RpcServer | None = None,
     ):
-        """`beside`: serve on that server's loop and thread pools (a second port with other services,
+        """`beside`: serve on that server's loop and thread pool (a second port with other services,
         such as the plaintext health port) instead of starting a loop of its own."""
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
@@ -47,19 +47,18 @@ class RpcServer:
         if beside is None:
             self.blocking = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-blocking")
             """Threads for the calls' blocking work (see the module docstring)."""
-            self._synchronous = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-sync")
             self.loop = asyncio.new_event_loop()
             self.loop.set_default_executor(self.blocking)
             self._thread = threading.Thread(target=self._run_loop, name=f"{name}-loop", daemon=True)
             self._thread.start()
         else:
-            self.blocking, self._synchronous, self.loop, self._thread = beside.blocking, beside._synchronous, beside.loop, beside._thread
+            self.blocking, self.loop, self._thread = beside.blocking, beside.loop, beside._thread
         self._server: grpc.aio.Server = self.call(self._create(list(options), list(interceptors)))
         self._stopped = threading.Event()
         self._started = False
 
     async def _create(self, options: list[tuple[str, Any]], interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
-        return grpc.aio.server(migration_thread_pool=self._synchronous, options=options, interceptors=interceptors)
+        return grpc.aio.server(migration_thread_pool=self.blocking, options=options, interceptors=interceptors)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -103,7 +102,6 @@ class RpcServer:
                 self._thread.join()
                 self.loop.close()
                 self.blocking.shutdown(wait=False, cancel_futures=True)
-                self._synchronous.shutdown(wait=False, cancel_futures=True)
             self._stopped.set()
         return self._stopped
 
