@@ -160,12 +160,13 @@ class TrainingServicer(SweepRpcs):
 
     # ---- RPCs ---------------------------------------------------------------------------------------
     async def CreateJob(self, request: pb.CreateJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
-        """Checked on the event loop (the checks only read and compute); committed on the thread pool."""
+        """Checked as the store's reads run (on the event loop on SQLite, the checks only read and compute);
+        committed on the thread pool."""
         if not request.HasField("job"):
             raise bad_field("job", "the job to create is required")
         if len(request.request_id) > MAX_ID_LENGTH:
             raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
-        job = self._validated(request.job, principal)
+        job = await store_read(self.store, partial(self._validated, request.job, principal))  # may read jobs' tenants
         refusal = await store_read(self.store, partial(self._quota_refusal, principal.tenant, job.spec.resources.gpus))
         if refusal is not None:
             raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
