@@ -81,7 +81,7 @@ def logs_of(events: list[pb.JobEvent]) -> list[str]:
 
 def test_a_lost_node_restarts_the_job_on_the_free_node(serve: ServeProcess, cluster: EmbeddedRay) -> None:
     client = TrainctlClient(serve.target)
-    moved = client.create_job(job("moved", steps=10))
+    moved = client.create_job(job("moved", steps=30))  # room after step 3 for the node's removal to land
     stream = client.watch(moved.id)
     seen: list[pb.JobEvent] = []
     read_until(stream, seen, lambda e: kind(e) == "step" and e.step.step >= 3)
@@ -99,7 +99,7 @@ def test_a_lost_node_restarts_the_job_on_the_free_node(serve: ServeProcess, clus
     assert done.status.state == pb.SUCCEEDED and done.status.restarts == 1, done.status.reason
     assert nodes_of(client, moved.id) == {spare}, "GetJob shows where the ranks run now"
     steps = steps_of(seen)
-    assert steps[-1] == 10 and steps.count(1) == 1, "resumed from a checkpoint, not from scratch"
+    assert steps[-1] == 30 and steps.count(1) == 1, "resumed from a checkpoint, not from scratch"
     assert client.get_cluster().used_gpus == 0
     add_pool_node(cluster, lost)  # the pool is whole again for the next test
     client.close()
