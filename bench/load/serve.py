@@ -8,7 +8,8 @@ one difference: once it serves, every GPU of the pool is reserved for a placehol
 stay QUEUED and nothing trains (the scheduler still runs its admission pass on every tick and records
 why each job waits). The placeholder is pinned: the scheduler forgets reservations the store does
 not know whenever it re-syncs (after a database outage, on taking the lease again), and releasing it
-there would let queued jobs start. Prints `serving on HOST:PORT` when ready; SIGTERM stops it gracefully.
+there would let queued jobs start. Once serving, it settles the heap as `trainctl serve` does (on trees
+that have `settle_heap_for_serving`). Prints `serving on HOST:PORT` when ready; SIGTERM stops it gracefully.
 
     .venv/bin/python bench/load/serve.py --data-dir DIR --tokens-file FILE --data-root DIR --metrics-port N [--store URL]
 """
@@ -23,6 +24,11 @@ from pathlib import Path
 
 from trainctl.service.pool import GpuPool, PlannedPlacement
 from trainctl.service.server import Service, ServiceConfig
+
+try:
+    from trainctl.service.server import settle_heap_for_serving
+except ImportError:  # a baseline tree from before it (--baseline): its `trainctl serve` did not call it either
+    settle_heap_for_serving = None
 
 HOLDER = "load-bench-holds-the-pool"
 
@@ -54,6 +60,8 @@ def main() -> int:
     stop = lambda *_: service.stop()  # noqa: E731 - a signal handler
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if settle_heap_for_serving is not None:
+        settle_heap_for_serving()
     service.wait()
     return 0
 

@@ -6,8 +6,9 @@ each), then, against the real `trainctl serve` process on a Ray head this script
 
 - start: seconds from starting `trainctl serve` to its first OK GetJob, cold and after a SIGKILL;
 - reads: 20 concurrent clients (asyncio gRPC, 2 processes) issuing GetJob of random jobs and ListJobs
-  pages (no filter, the QUEUED state, a label, the page after a token) for `--seconds`; p50 / p99
-  per method at the client;
+  pages (no filter, the QUEUED state, a label, the page after a token) for `--warmup` seconds (not
+  recorded: a service's first reads of a job convert it once; the steady state is the figure) and then
+  `--seconds`; p50 / p99 per method at the client;
 - admission: with the service stopped, `Scheduler.tick()` on the same store and pool (in this
   process): the first pass, then the p50 / max of `--passes` more.
 
@@ -167,15 +168,18 @@ async def reader(stub: Any, ids: list[str], until: float, rng: random.Random, ou
             token = answer.next_page_token
 
 
-def client_process(address: str, ids: list[str], clients: int, seconds: float, seed: int, results: Any) -> None:
-    """`clients` concurrent readers on one channel each, in this process."""
+def client_process(
+    address: str, ids: list[str], clients: int, warmup: float, seconds: float, seed: int, results: Any
+) -> None:
+    """`clients` concurrent readers on one channel each, in this process: `warmup` seconds not recorded,
+    then `seconds` recorded."""
     async def run() -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}
         channels = [grpc.aio.insecure_channel(address) for _ in range(clients)]
-        until = time.monotonic() + seconds
-        await asyncio.gather(*(
-            reader(pb_grpc.TrainingServiceStub(ch), ids, until, random.Random(seed + i), out) for i, ch in enumerate(channels)
-        ))
+        stubs = [pb_grpc.TrainingServiceStub(channel) for channel in channels]
+        for span, into in ((warmup, {}), (seconds, out)):
+            until = time.monotonic() + span
+            await asyncio.gather(*(reader(stub, ids, until, random.Random(seed + i), into) for i, stub in enumerate(stubs)))
         for channel in channels:
             await channel.close()
         return out
@@ -188,16 +192,17 @@ def percentiles_ms(values: list[float]) -> dict[str, float]:
     return {"calls": len(values), "p50_ms": round(1e3 * statistics.median(values), 2), "p99_ms": round(1e3 * q[98], 2)}
 
 
-def read_load(address: str, ids: list[str], clients: int, processes: int, seconds: float) -> dict[str, Any]:
+def read_load(address: str, ids: list[str], clients: int, processes: int, warmup: float, seconds: float) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=client_process, args=(address, ids, clients // processes, seconds, 1000 * p, results))
+    procs = [ctx.Process(target=client_process,
+                         args=(address, ids, clients // processes, warmup, seconds, 1000 * p, results))
              for p in range(processes)]
     for proc in procs:
         proc.start()
     merged: dict[str, list[float]] = {}
     for _ in procs:
-        for kind, values in results.get(timeout=seconds + 120).items():
+        for kind, values in results.get(timeout=warmup + seconds + 120).items():
             merged.setdefault(kind, []).extend(values)
     for proc in procs:
         proc.join()
@@ -247,12 +252,13 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds of reads before the recorded ones")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--passes", type=int, default=20)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": args.jobs, "events": args.events,
-                              "clients": args.clients, "seconds": args.seconds, "load_average": os.getloadavg()}
+                              "clients": args.clients, "warmup": args.warmup, "seconds": args.seconds, "load_average": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="trainctl-scale-") as tmp:
         work = Path(tmp)
         (work / "data").mkdir()
@@ -265,7 +271,7 @@ def main() -> int:
             address = f"127.0.0.1:{free_port()}"
             service, cold = start_service(work, ray_address, address, ids[0])
             try:
-                result["reads"] = read_load(address, ids, args.clients, args.processes, args.seconds)
+                result["reads"] = read_load(address, ids, args.clients, args.processes, args.warmup, args.seconds)
                 stop(service, signal.SIGKILL)
                 service, restart = start_service(work, ray_address, address, ids[-1])
                 result["start_seconds"] = {"cold": round(cold, 2), "after_sigkill": round(restart, 2)}

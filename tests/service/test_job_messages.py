@@ -1,5 +1,5 @@
-"""Answers' Job messages built from a kept serialized spec: the same message as a fresh conversion, the
-status always the store's current one, the kept specs bounded."""
+"""Answers' Job messages kept serialized: the same message as a fresh conversion, the status always the
+store's current one, a page the entries of its jobs, the kept answers bounded."""
 
 from __future__ import annotations
 
@@ -54,3 +54,20 @@ def test_kept_specs_are_bounded_by_the_capacity(tmp_path: Path) -> None:
     assert messages.message(records[0]) == converted(records[0])  # evicted, converted again
     with pytest.raises(ValueError, match="capacity"):
         JobMessages(capacity=0)
+
+
+def test_a_page_is_its_jobs_answers_and_a_changed_job_is_answered_anew(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    messages = JobMessages()
+    for i in range(3):
+        store.create_job(small_job(f"job-{i}"))
+    records = store.list_jobs()
+    page = pb.ListJobsResponse.FromString(messages.page(records))
+    assert page == pb.ListJobsResponse(jobs=[converted(r) for r in records])
+    kept = messages.listed(records[0])
+    assert messages.listed(store.list_jobs()[0]) is kept  # the store's same record: the same bytes
+    store.update_status(records[0].id, state=JobState.CANCELLED, reason="user")
+    changed = store.list_jobs()
+    page = pb.ListJobsResponse.FromString(messages.page(changed))
+    assert page == pb.ListJobsResponse(jobs=[converted(r) for r in changed])
+    assert page.jobs[0].status.state == pb.CANCELLED

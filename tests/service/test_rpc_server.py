@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -111,4 +110,3 @@ def test_the_server_needs_a_thread_and_refuses_a_taken_port() -> None:
     finally:
         second.stop(0)
         first.stop(0)
-    assert isinstance(first.blocking, futures.ThreadPoolExecutor)

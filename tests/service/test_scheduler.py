@@ -283,7 +283,7 @@ def test_a_burst_of_wakes_is_served_by_few_ticks_and_a_lone_wake_at_once(tmp_pat
     scheduler.interval, scheduler.min_tick_gap = 60.0, 0.1  # only wakes start a tick
     ticks: list[float] = []
     tick = scheduler.tick
-    scheduler.tick = lambda: (ticks.append(time.monotonic()), tick())[1]  # type: ignore[method-assign]
+    scheduler.tick = lambda **kw: (ticks.append(time.monotonic()), tick(**kw))[1]  # type: ignore[method-assign]
     scheduler.start()
     try:
         deadline = time.monotonic() + 5
@@ -301,6 +301,40 @@ def test_a_burst_of_wakes_is_served_by_few_ticks_and_a_lone_wake_at_once(tmp_pat
             time.sleep(0.001)
         assert len(ticks) - before <= 0.5 / scheduler.min_tick_gap + 2
         assert all(b - a >= scheduler.min_tick_gap * 0.9 for a, b in zip(ticks, ticks[1:], strict=False))
+    finally:
+        scheduler.stop()
+        scheduler.store.close()
+
+
+def test_an_idle_loop_passes_over_the_queue_again_only_when_something_it_reads_changed(tmp_path: Path) -> None:
+    """A queue blocked at its head: the loop's ticks skip the admission pass until a write to the store,
+    a node's loss or `admission_refresh` makes it due, and then pass at once."""
+    runtime = ScriptedRuntime()
+    scheduler = make_scheduler(tmp_path, runtime)  # 8 GPUs
+    scheduler.interval, scheduler.min_tick_gap, scheduler.admission_refresh = 0.02, 0.0, 60.0
+    blocked = submit(scheduler, "too-big", 16)
+    passes: list[float] = []
+    admit = scheduler._admit  # noqa: SLF001
+    scheduler._admit = lambda: (passes.append(time.monotonic()), admit())[1]  # type: ignore[method-assign]  # noqa: SLF001
+
+    def passes_within(seconds: float) -> int:
+        before = len(passes)
+        time.sleep(seconds)
+        return len(passes) - before
+
+    scheduler.start()
+    try:
+        time.sleep(0.3)  # the first pass, then the one after its own write of the waiting reason
+        assert state(scheduler, blocked).reason == "waiting for 16 GPUs: 8 of 8 free"
+        assert passes_within(0.5) == 0, "about 25 ticks, nothing changed: no pass"
+        submit(scheduler, "small", 1)  # a write: the next tick passes, and the job behind the head waits
+        assert passes_within(0.3) >= 1
+        assert passes_within(0.5) == 0
+        runtime.nodes.discard("node-1")  # a node lost: fewer GPUs for the head, so its reason changes
+        assert passes_within(0.3) >= 1
+        assert state(scheduler, blocked).reason == "waiting for 16 GPUs: 4 of 8 free"
+        scheduler.admission_refresh = 0.2
+        assert passes_within(0.5) >= 2, "with nothing changed, a pass still comes every admission_refresh"
     finally:
         scheduler.stop()
         scheduler.store.close()

@@ -128,6 +128,53 @@ def test_list_filters_and_pages(store_location: str) -> None:
         store.get_job("nope")
 
 
+def test_an_unchanged_job_is_the_same_record_and_any_change_is_seen(
+    store_location: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records are kept by their row's version, which every write adds one to, so a change written by
+    another store on the same database is seen as surely as one of this store's own (writes of every
+    kind: a status, a step, the queue's reasons); the kept records and specs are bounded."""
+    monkeypatch.setattr("trainctl.service.store.RECORDS_KEPT", 3)
+    store, other = JobStore(store_location), JobStore(store_location)
+    ids = [store.create_job(job(f"k{i}", labels={"team": "a"}))[0].id for i in range(3)]
+    first = store.get_job(ids[0])
+    assert store.get_job(ids[0]) is first and store.list_jobs()[-1] is first
+    other.update_status(ids[0], reason="moved by the other store")
+    changed = store.get_job(ids[0])
+    assert changed is not first and changed.reason == "moved by the other store"
+    assert changed == other.get_job(ids[0]) and changed.labels == {"team": "a"}
+    assert [r.id for r in store.list_jobs(labels={"team": "a"})] == ids[::-1]
+    other.record_step(ids[1], {"step": 1, "loss": 2.5})
+    assert store.get_job(ids[1]).steps_done == 1
+    other.set_queue_reason("behind the first", behind=None)
+    assert {r.reason for r in store.list_jobs()} == {"behind the first"}
+    store.create_job(job("k3"))
+    assert (len(store._records), len(store._specs)) == (3, 3)  # noqa: SLF001  # the bound: the oldest went
+
+
+def test_a_filtered_listing_returns_its_jobs_as_they_matched_even_when_one_changes_meanwhile(
+    store_location: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing reads the matching jobs' ids, then the rows of those it has no record of: a write that
+    commits in between (here, another store cancelling one) must not show, or the QUEUED listing would
+    return a CANCELLED job."""
+    store, other = JobStore(store_location), JobStore(store_location)
+    ids = [store.create_job(job(f"f{i}"))[0].id for i in range(3)]
+    read_rows = store._records_of  # noqa: SLF001
+
+    def cancelled_in_between(db: object, heads: list[dict[str, object]]) -> object:
+        other.update_status(ids[1], state=JobState.CANCELLED, reason="in between")
+        return read_rows(db, heads)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_records_of", cancelled_in_between)
+    store._records.clear()  # noqa: SLF001  # no record kept: every row is read after the ids
+    listed = store.list_jobs(states=[JobState.QUEUED])
+    monkeypatch.undo()
+    assert [(r.id, r.state) for r in listed] == [(i, JobState.QUEUED) for i in ids[::-1]]
+    assert [r.id for r in store.list_jobs(states=[JobState.QUEUED])] == [ids[2], ids[0]]
+    assert store.get_job(ids[1]).state == JobState.CANCELLED
+
+
 def test_commit_listeners_hear_every_commit_or_only_their_jobs_events(store_location: str) -> None:
     store = JobStore(store_location)
     first, second = (store.create_job(job(name))[0].id for name in ("a", "b"))
@@ -320,7 +367,7 @@ def test_sqlite_reads_do_not_wait_for_a_write_to_commit(tmp_path: Path) -> None:
 
     def open_write() -> None:
         with store._tx() as db:  # the transaction every write method runs in
-            db.execute("UPDATE jobs SET reason = 'uncommitted' WHERE id = ?", (job_id,))
+            db.execute("UPDATE jobs SET reason = 'uncommitted', version = version + 1 WHERE id = ?", (job_id,))
             inside.set()
             release.wait(30)
 

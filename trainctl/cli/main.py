@@ -136,7 +136,7 @@ def _load(path: str) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from trainctl.service.server import Service, ServiceConfig
+    from trainctl.service.server import Service, ServiceConfig, settle_heap_for_serving
     from trainctl.service.shutdown import install_stop_signals
     from trainctl.service.store import StoreError
     from trainctl.service.tls import TlsConfig
@@ -159,6 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           + (f"; metrics on http://{config.metrics_host}:{service.metrics_port}/metrics" if service.metrics_port else ""),
           flush=True)
     install_stop_signals(service.stop)
+    settle_heap_for_serving()
     service.wait()
     return EXIT_OK
 

@@ -189,7 +189,8 @@ class TrainingServicer(SweepRpcs):
         metrics = self.store.step_metrics(record.id) if request.view == pb.JOB_VIEW_FULL else None
         return self.jobs.message(record, metrics)
 
-    def ListJobs(self, request: pb.ListJobsRequest, principal: Principal) -> pb.ListJobsResponse:  # noqa: N802
+    def ListJobs(self, request: pb.ListJobsRequest, principal: Principal) -> bytes:  # noqa: N802
+        """The page as a serialized ListJobsResponse: its jobs' answers are kept serialized (`JobMessages`)."""
         if request.page_size < 0:
             raise bad_field("page_size", "must not be negative")
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -205,10 +206,10 @@ class TrainingServicer(SweepRpcs):
             tenant=principal.tenant_filter(), states=states, labels=dict(request.labels), limit=size + 1,
             before_seq=before,
         )
-        response = pb.ListJobsResponse(jobs=[self.jobs.message(r) for r in records[:size]])
+        answer = self.jobs.page(records[:size])
         if len(records) > size:
-            response.next_page_token = _encode_page_token(records[size - 1].seq)
-        return response
+            answer += pb.ListJobsResponse(next_page_token=_encode_page_token(records[size - 1].seq)).SerializeToString()
+        return answer
 
     def CancelJob(self, request: pb.CancelJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
         record = self._job(request.id, principal)

@@ -1,57 +1,77 @@
-"""Stored jobs as the API's `Job` message, with each job's spec converted once.
+"""Stored jobs as the API's `Job` message, each answer kept serialized until its job changes.
 
-A job's spec never changes after CreateJob, but converting it (`convert.job_to_proto`, a walk of the
-pydantic model) is most of what a GetJob or a ListJobs page costs. `JobMessages` keeps the serialized
-spec part of each recently answered job (api_version, kind, metadata, spec) and builds each answer from
-it plus the record's status, which is cheap and always read fresh from the store.
+Converting a job (`convert.job_to_proto`, a walk of the pydantic model, then its status) is most of what a
+GetJob or a ListJobs page would cost. `JobMessages` keeps, for the most recently answered jobs, the spec
+part serialized (api_version, kind, metadata, spec: it never changes) and the whole answer serialized as
+one entry of `ListJobsResponse.jobs`: serialized messages concatenate (a repeated field's entries add
+up), so a ListJobs answer is its jobs' entries joined and goes out without being built or converted. The
+store answers an unchanged job with the same `JobRecord` object (`JobStore._kept`), so an answer is kept
+exactly as long as its record is the one the store returns.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainctl.service.convert import job_to_proto, timestamp
 from trainctl.service.store import JobRecord
 from trainctl.v1 import training_pb2 as pb
 
 DEFAULT_CAPACITY = 20_000
-"""Specs kept (a small job's is about 0.5 KiB serialized): a ListJobs walk over the newest jobs of every
-tenant stays converted."""
+"""Jobs kept (a small job's answer is about 0.6 KiB serialized, its spec part 0.5 KiB): a ListJobs walk
+over the newest jobs of every tenant stays converted."""
+
+
+class _Kept(NamedTuple):
+    spec: bytes
+    """The spec part of the Job message, serialized."""
+    record: JobRecord
+    """The record `listed` was built from."""
+    listed: bytes
+    """The whole Job message as one serialized entry of `ListJobsResponse.jobs`."""
 
 
 class JobMessages:
-    """Job messages of stored records; the specs' serialized form is kept for the `capacity` most recently
-    used jobs. Thread-safe."""
+    """Job messages of stored records, kept serialized for the `capacity` most recently answered jobs.
+    Thread-safe."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, not {capacity}")
         self._capacity = capacity
-        self._specs: dict[str, bytes] = {}
+        self._kept: dict[str, _Kept] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._specs)
+        return len(self._kept)
 
-    def _spec_bytes(self, record: JobRecord) -> bytes:
+    def listed(self, record: JobRecord) -> bytes:
+        """`record` as one serialized entry of `ListJobsResponse.jobs`."""
+        kept = self._kept.get(record.id)
+        if kept is not None and kept.record is record:
+            return kept.listed
+        spec = kept.spec if kept is not None else job_to_proto(record.job).SerializeToString(deterministic=True)
+        message = pb.Job.FromString(spec)
+        message.id = record.id
+        fill_status(message.status, record)
+        listed = pb.ListJobsResponse(jobs=[message]).SerializeToString(deterministic=True)
         with self._lock:
-            cached = self._specs.pop(record.id, None)
-            if cached is not None:
-                self._specs[record.id] = cached  # most recently used last
-                return cached
-        serialized = job_to_proto(record.job).SerializeToString(deterministic=True)
-        with self._lock:
-            self._specs[record.id] = serialized
-            while len(self._specs) > self._capacity:
-                del self._specs[next(iter(self._specs))]
-        return serialized
+            self._kept.pop(record.id, None)
+            self._kept[record.id] = _Kept(spec, record, listed)
+            while len(self._kept) > self._capacity:
+                del self._kept[next(iter(self._kept))]
+        return listed
+
+    def page(self, records: list[JobRecord]) -> bytes:
+        """A serialized ListJobsResponse holding `records`, in order (and nothing else: the caller may
+        append other fields, serialized)."""
+        return b"".join(self.listed(record) for record in records)
 
     def message(self, record: JobRecord, metrics: list[dict[str, Any]] | None = None) -> pb.Job:
         """`record` as the API's Job message, with `metrics` (step rows) when given."""
-        message = pb.Job.FromString(self._spec_bytes(record))
-        message.id = record.id
-        fill_status(message.status, record)
+        message = pb.Job()
+        message.MergeFrom(pb.ListJobsResponse.FromString(self.listed(record)).jobs[0])
         for row in metrics or ():
             step_to_proto(row, message.metrics.add())
         return message

@@ -12,7 +12,8 @@ Each call goes through the same steps, in this order:
 5. the servicer's method (trainctl.service.api): a plain method in `servicer.BLOCKING`, and every plain
    method while the store's reads wait for its writes, on the server's thread pool; the other plain
    methods on the event loop itself (they only read and compute); coroutines (CreateJob) and streams
-   (async generators) on the loop, handing their blocking parts to the pool themselves;
+   (async generators) on the loop, handing their blocking parts to the pool themselves. A method may
+   answer with its response message already serialized (ListJobs: `bytes`), which goes out as it is;
 6. its exceptions as statuses: `ApiError` its own (with the google.rpc details), `StoreUnavailable`
    UNAVAILABLE (clients retry), anything else INTERNAL without internals, logged with its traceback.
 """
@@ -77,6 +78,16 @@ def _ended_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
 
 
+def _serializer(response_class: type[Message]) -> Callable[[Message | bytes], bytes]:
+    """The method's response serializer, passing an answer that is already serialized through."""
+    serialize = response_class.SerializeToString
+
+    def serialized(response: Message | bytes) -> bytes:
+        return response if isinstance(response, bytes) else serialize(response)
+
+    return serialized
+
+
 class TrainingServiceCalls(grpc.GenericRpcHandler):
     """Serves every TrainingService method from `servicer` (module docstring); `observer` None: no metrics."""
 
@@ -102,7 +113,7 @@ class TrainingServiceCalls(grpc.GenericRpcHandler):
         behaviour = getattr(self._servicer, method.name)
         if method.server_streaming:
             return grpc.unary_stream_rpc_method_handler(
-                self._stream(method.name, request_class, behaviour), response_serializer=response_class.SerializeToString
+                self._stream(method.name, request_class, behaviour), response_serializer=_serializer(response_class)
             )
         if inspect.iscoroutinefunction(behaviour):
             run = "await"
@@ -111,7 +122,7 @@ class TrainingServiceCalls(grpc.GenericRpcHandler):
         else:
             run = "loop"
         return grpc.unary_unary_rpc_method_handler(
-            self._unary(method.name, request_class, behaviour, run), response_serializer=response_class.SerializeToString
+            self._unary(method.name, request_class, behaviour, run), response_serializer=_serializer(response_class)
         )
 
     # ---- the steps ---------------------------------------------------------------------------------

@@ -110,6 +110,9 @@ class Scheduler:
     cancels) are served by one tick, so the loop's cost does not grow with the API's call rate."""
     leadership: Leadership | None = None
     """None: this scheduler is the only one (SQLite, or tests); else it works only while leading."""
+    admission_refresh: float = 5.0
+    """Longest time between two admission passes of the loop while nothing a pass reads has changed (a
+    write to the store, a node gone or back, GPUs freed): a reloaded access file's quotas are seen by then."""
     _active: dict[str, _Active] = field(default_factory=dict)
     _wake: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -122,11 +125,17 @@ class Scheduler:
     """The lease the loop's writes carry (None without a leadership)."""
     _unlaunched: set[str] = field(default_factory=set)
     """Jobs admitted or recovered but not handed to the runtime yet (too little lease left)."""
+    _written: threading.Event = field(default_factory=threading.Event)
+    """Set by every write this process commits to the store (`JobStore.on_commit`)."""
+    _last_admission: tuple[float, frozenset[str], int] | None = None
+    """When the loop's last admission pass started (monotonic), the nodes down and the GPUs free then."""
+    _unsubscribe: Callable[[], None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
         """Re-attach to jobs the store says are active (when leading: taking the lease does), then start
         the loop."""
+        self._unsubscribe = self.store.on_commit(self._written.set)
         if self.leadership is None:
             self.recover()
         else:
@@ -139,6 +148,8 @@ class Scheduler:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._unsubscribe is not None:
+            self._unsubscribe()
 
     def wake(self) -> None:
         """Run the next tick now (a job was created or cancelled)."""
@@ -157,7 +168,7 @@ class Scheduler:
                             self._store_lost = False
                             log.warning("the store is back; the scheduler re-synced from it")
                         else:
-                            self.tick()
+                            self.tick(admit=self._admission_due())
             except LeaseLost as exc:
                 log.warning("scheduler standing by: %s", exc)
                 self._stand_down()
@@ -251,15 +262,31 @@ class Scheduler:
             self._launch(record, placement)
 
     # ---- one tick -------------------------------------------------------------------------------------
-    def tick(self) -> None:
-        """Follow active jobs, send cancels, admit what fits, refresh the gauges."""
+    def tick(self, *, admit: bool = True) -> None:
+        """Follow active jobs, send cancels, and (with `admit`) admit what fits and refresh the gauges."""
         with self._lock:
             self._launch_pending()
             for job_id in list(self._active):
                 if job_id not in self._unlaunched:
                     self._follow(job_id)
-            self._admit()
-            self._export()
+            if admit:
+                self._admit()
+                self._export()
+
+    def _admission_due(self) -> bool:
+        """Whether the loop's next tick runs an admission pass: not when nothing the last one read has
+        changed since it started (no write to the store, the same nodes down and GPUs free) and it is
+        less than `admission_refresh` old, so an idle service with a long queue does not re-decide the
+        same thing every tick. Replicas sharing a store always pass: another one's writes are not seen."""
+        now, down, free = time.monotonic(), frozenset(self._down_nodes()), self.pool.free_count
+        written = self._written.is_set()
+        self._written.clear()  # a write committed during this pass sets it again: the next tick passes too
+        last = self._last_admission
+        due = (self.leadership is not None or last is None or written or (down, free) != last[1:]
+               or now - last[0] >= self.admission_refresh)
+        if due:
+            self._last_admission = (now, down, free)
+        return due
 
     def _follow(self, job_id: str) -> None:
         active = self._active[job_id]

@@ -16,6 +16,7 @@ label `op`: a fixed set, the methods marked `@_timed`), lock waits included.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
@@ -149,6 +150,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX jobs_queue ON jobs(state, priority DESC, seq);
     CREATE INDEX jobs_tenant_state ON jobs(tenant, state);
     """,
+    # 4 -> 5: a job row's change count, which every write of the row adds one to: a reader that keeps
+    # records built (JobStore._records) reads a listing's ids and versions and builds only what changed.
+    """
+    ALTER TABLE jobs ADD COLUMN version $int NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -273,6 +279,8 @@ class JobRecord:
     placement: list[dict[str, Any]] = field(default_factory=list)
     run_dir: str = ""
     runtime_cursor: str = ""
+    version: int = 0
+    """How many times the row was written since CreateJob (every write adds one)."""
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -300,12 +308,25 @@ _METRIC_COLUMNS = (
 )
 
 
+RECORDS_KEPT = 20_000
+"""Records, and parsed specs, a store keeps (about 2 KiB each together): every job of a 10,000-job store's
+listings stays built, and the memory of a store of any size is bounded."""
+
+
+def _in_chunks(ids: list[str]) -> Iterator[tuple[list[str], str]]:
+    """`ids` in chunks that fit SQLite's bound-parameter limit, each with its `?, ?, ...` placeholders."""
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        yield chunk, ",".join("?" * len(chunk))
+
+
 _RECORD_COLUMNS = ", ".join(f.name for f in fields(JobRecord) if f.name not in ("job", "labels"))
-"""The `jobs` columns a JobRecord holds: all but the spec text (parsed once per job, `JobStore._specs`)
-and the request id."""
+"""The `jobs` columns a JobRecord holds: all but the spec text (parsed once per job while kept,
+`JobStore._specs_of`) and the request id."""
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+_V = TypeVar("_V")
 
 
 def _timed(method: Callable[Concatenate[JobStore, _P], _R]) -> Callable[Concatenate[JobStore, _P], _R]:
@@ -337,6 +358,12 @@ class JobStore:
         self._appended: set[str] = set()
         """Jobs whose events the open write transaction appended (under the lock)."""
         self._specs: dict[str, TrainingJob] = {}
+        """Job id -> its parsed spec, for the RECORDS_KEPT most recently parsed (see `_specs_of`)."""
+        self._records: dict[str, JobRecord] = {}
+        """Job id -> its record, for the RECORDS_KEPT most recently built: a job whose row has not changed
+        since (the same version) is answered with the same record (see `_kept`)."""
+        self._kept_lock = threading.Lock()
+        """Held to add to `_records` or `_specs` (lookups take no lock)."""
         self._fencing = threading.local()  # .fence: the Fence this thread's writes carry (see fenced)
         self._db: Database = open_database(location)
         try:
@@ -421,15 +448,23 @@ class JobStore:
                 listener()
 
     @contextmanager
-    def _reading(self) -> Iterator[Database]:
+    def _reading(self, *, snapshot: bool = False) -> Iterator[Database]:
         """The connection this thread reads on: its own where the database gives one (a read never waits
-        for a write to commit), else the store's one connection, under the lock."""
+        for a write to commit), else the store's one connection, under the lock. With `snapshot`, every
+        read of the block sees the same commit (one read-only transaction)."""
         reader = self._db.reader()
-        if reader is not None:
-            yield reader
-            return
-        with self._lock:
-            yield self._db
+        with contextlib.nullcontext() if reader is not None else self._lock:
+            db = reader if reader is not None else self._db
+            if not snapshot:
+                yield db
+                return
+            db.begin_read()
+            try:
+                yield db
+            except BaseException:
+                db.rollback()
+                raise
+            db.commit()
 
     def close(self) -> None:
         with self._lock:
@@ -476,34 +511,77 @@ class JobStore:
 
     def _get(self, job_id: str, db: Database | None = None) -> JobRecord:
         db = db or self._db
-        row = db.execute(f"SELECT {_RECORD_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
+        head = db.execute("SELECT id, version FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if head is None:
             raise JobNotFound(job_id)
-        rows = db.execute("SELECT key, value FROM job_labels WHERE job_id = ?", (job_id,)).fetchall()
-        self._parse_specs(self._unparsed_specs(db, [job_id]))
-        return self._record(row, {r["key"]: r["value"] for r in rows})
+        return self._records_of(db, [head])()[0]
 
-    def _unparsed_specs(self, db: Database, job_ids: list[str]) -> dict[str, str]:
-        """The spec texts of those of `job_ids` whose spec is not parsed yet."""
-        missing = [job_id for job_id in job_ids if job_id not in self._specs]
+    def _records_of(self, db: Database, heads: list[dict[str, Any]]) -> Callable[[], list[JobRecord]]:
+        """Jobs, given as rows of their id and version, as records: the kept record where its version is
+        the row's, else a new one. Reads what the new ones need (their rows, labels, spec texts) on `db`
+        now: in the snapshot `heads` were read in, where the caller took one (a listing's filter must
+        hold for what it returns), else as of now. The call it returns builds them, parsing the specs,
+        and is made after any lock held to read is let go (see `_specs_of`)."""
+        kept = [self._kept(head["id"], head["version"]) for head in heads]
+        new = [head["id"] for head, record in zip(heads, kept, strict=True) if record is None]
+        rows: dict[str, dict[str, Any]] = {}
+        labels: dict[str, dict[str, str]] = {}
+        for chunk, marks in _in_chunks(new):
+            for row in db.execute(f"SELECT {_RECORD_COLUMNS} FROM jobs WHERE id IN ({marks})", chunk).fetchall():
+                rows[row["id"]] = row
+            for label in db.execute(f"SELECT job_id, key, value FROM job_labels WHERE job_id IN ({marks})", chunk).fetchall():
+                labels.setdefault(label["job_id"], {})[label["key"]] = label["value"]
+        specs_of = self._specs_of(db, new)
+
+        def build() -> list[JobRecord]:
+            specs = specs_of()
+            return [
+                record or self._keep(rows[head["id"]], specs[head["id"]], labels.get(head["id"], {}))
+                for head, record in zip(heads, kept, strict=True)
+            ]
+
+        return build
+
+    def _kept(self, job_id: str, version: int) -> JobRecord | None:
+        """The record kept for `job_id` if it is of that version of the job's row. Labels and specs never
+        change after CreateJob and records are frozen, so the same version means an equal record."""
+        record = self._records.get(job_id)
+        return record if record is not None and record.version == version else None
+
+    def _keep(self, row: dict[str, Any], spec: TrainingJob, labels: dict[str, str]) -> JobRecord:
+        """A new record of `row`, kept in place of any older one. Called from any thread: a lost race only
+        builds a record twice."""
+        record = JobRecord(
+            job=spec, labels=labels,
+            **{**row, "placement": json.loads(row["placement"]) if row["placement"] != "[]" else [],
+               "state": JobState(row["state"])},
+        )
+        return self._keep_bounded(self._records, record.id, record)
+
+    def _keep_bounded(self, kept: dict[str, _V], key: str, value: _V) -> _V:
+        """Keep `value` under `key` as the newest entry of `kept`, dropping the oldest beyond RECORDS_KEPT."""
+        with self._kept_lock:
+            kept.pop(key, None)
+            kept[key] = value
+            while len(kept) > RECORDS_KEPT:
+                del kept[next(iter(kept))]
+        return value
+
+    def _specs_of(self, db: Database, job_ids: list[str]) -> Callable[[], dict[str, TrainingJob]]:
+        """The parsed specs of `job_ids`. Reads the texts of those not kept parsed on `db` now; the call it
+        returns parses them (specs never change, so each is parsed once while kept) and is made after any
+        lock held to read is let go, so a first listing of many jobs does not hold up the writers."""
+        specs = {job_id: spec for job_id in job_ids if (spec := self._specs.get(job_id)) is not None}
         texts = {}
-        for start in range(0, len(missing), 500):  # SQLite's bound-parameter limit
-            chunk = missing[start:start + 500]
-            query = f"SELECT id, spec FROM jobs WHERE id IN ({','.join('?' * len(chunk))})"
-            texts.update((row["id"], row["spec"]) for row in db.execute(query, chunk).fetchall())
-        return texts
+        for chunk, marks in _in_chunks([job_id for job_id in job_ids if job_id not in specs]):
+            texts.update((row["id"], row["spec"]) for row in db.execute(f"SELECT id, spec FROM jobs WHERE id IN ({marks})", chunk).fetchall())
 
-    def _parse_specs(self, texts: dict[str, str]) -> None:
-        """Parse spec texts once for good (specs never change); callers that hold the store's lock to read
-        them parse after letting it go."""
-        for job_id, text in texts.items():
-            self._specs.setdefault(job_id, TrainingJob.model_validate_json(text))
+        def parse() -> dict[str, TrainingJob]:
+            for job_id, text in texts.items():
+                specs[job_id] = self._keep_bounded(self._specs, job_id, TrainingJob.model_validate_json(text))
+            return specs
 
-    def _record(self, row: dict[str, Any], labels: dict[str, str]) -> JobRecord:
-        """A row of `_RECORD_COLUMNS` as a record; its spec must be parsed (`_parse_specs`)."""
-        row["placement"] = json.loads(row["placement"]) if row["placement"] != "[]" else []
-        row["state"] = JobState(row["state"])
-        return JobRecord(job=self._specs[row["id"]], labels=labels, **row)
+        return parse
 
     @_timed
     def list_jobs(
@@ -533,27 +611,19 @@ class JobStore:
         if before_seq is not None:
             where.append("seq > ?" if oldest_first else "seq < ?")
             args.append(before_seq)
-        sql = f"SELECT {_RECORD_COLUMNS} FROM jobs"
+        sql = "SELECT id, version, seq FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
         if limit is not None:  # a page: walk the seq order, stopping after `limit` matches
             sql += " ORDER BY seq " + ("ASC" if oldest_first else "DESC") + " LIMIT ?"
             args.append(limit)
-        with self._reading() as db:
-            rows = db.execute(sql, args).fetchall()
+        with self._reading(snapshot=True) as db:  # the matching jobs and their rows as of one commit
+            heads = db.execute(sql, args).fetchall()
             if limit is None:  # everything that matches: sorted here, so the planner may take the most
                 # selective index (a tenant's active jobs: (tenant, state)) instead of the seq order
-                rows.sort(key=lambda row: row["seq"], reverse=not oldest_first)
-            labels: dict[str, dict[str, str]] = {}
-            ids = [row["id"] for row in rows]
-            for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
-                chunk = ids[start:start + 500]
-                query = f"SELECT job_id, key, value FROM job_labels WHERE job_id IN ({','.join('?' * len(chunk))})"
-                for label in db.execute(query, chunk).fetchall():
-                    labels.setdefault(label["job_id"], {})[label["key"]] = label["value"]
-            texts = self._unparsed_specs(db, ids)
-        self._parse_specs(texts)
-        return [self._record(row, labels.get(row["id"], {})) for row in rows]
+                heads.sort(key=lambda head: head["seq"], reverse=not oldest_first)
+            build = self._records_of(db, heads)
+        return build()
 
     @_timed
     def update_status(
@@ -585,7 +655,7 @@ class JobStore:
                 changes["placement"] = json.dumps(changes["placement"])
             changes["update_time"] = now
             sets = ", ".join(f"{k} = ?" for k in changes)
-            db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*changes.values(), job_id))
+            db.execute(f"UPDATE jobs SET {sets}, version = version + 1 WHERE id = ?", (*changes.values(), job_id))
             return self._get(job_id)
 
     # ---- events and metrics -------------------------------------------------------------------------
@@ -615,7 +685,7 @@ class JobStore:
             first = current.first_loss if current.first_loss is not None else metrics["loss"]
             db.execute(
                 "UPDATE jobs SET steps_done = CASE WHEN steps_done > ? THEN steps_done ELSE ? END, first_loss = ?,"
-                " last_loss = ?, tokens_per_second = ?, mfu = ?, update_time = ? WHERE id = ?",
+                " last_loss = ?, tokens_per_second = ?, mfu = ?, update_time = ?, version = version + 1 WHERE id = ?",
                 (step, step, first, metrics["loss"], metrics.get("tokens_per_second") or 0.0, metrics.get("mfu"), now, job_id),
             )
             return self._append(db, job_id, EVENT_STEP, {**metrics, "time": metrics.get("time", now)}, now)
@@ -631,8 +701,7 @@ class JobStore:
     @_timed
     def queue(self, *, after: QueuedJob | None = None, limit: int = 100) -> list[QueuedJob]:
         """QUEUED jobs in admission order (priority descending, then submission order), the first `limit`
-        after `after`. Specs come from the cache of parsed specs; those not parsed yet are read, and parsed
-        outside the lock."""
+        after `after`, with their specs (`_specs_of`)."""
         where, args = ["state = ?"], [JobState.QUEUED]
         if after is not None:
             where.append("(priority < ? OR (priority = ? AND seq > ?))")
@@ -643,9 +712,9 @@ class JobStore:
                 " ORDER BY priority DESC, seq ASC LIMIT ?",
                 (*args, limit),
             ).fetchall()
-            texts = self._unparsed_specs(db, [row["id"] for row in rows])
-        self._parse_specs(texts)
-        return [QueuedJob(job=self._specs[row["id"]], **row) for row in rows]
+            specs_of = self._specs_of(db, [row["id"] for row in rows])
+        specs = specs_of()
+        return [QueuedJob(job=specs[row["id"]], **row) for row in rows]
 
     @_timed
     def set_queue_reason(self, reason: str, *, behind: QueuedJob | None) -> int:
@@ -660,7 +729,7 @@ class JobStore:
             if db.execute(f"SELECT 1 FROM jobs WHERE {condition} LIMIT 1", args).fetchone() is None:
                 return 0
         with self._tx() as db:
-            return db.execute(f"UPDATE jobs SET reason = ?, update_time = ? WHERE {condition}", (reason, time.time(), *args)).rowcount
+            return db.execute(f"UPDATE jobs SET reason = ?, update_time = ?, version = version + 1 WHERE {condition}", (reason, time.time(), *args)).rowcount
 
     @_timed
     def step_metrics(self, job_id: str, *, after_step: int = 0) -> list[dict[str, Any]]:

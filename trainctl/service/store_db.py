@@ -85,6 +85,10 @@ class Database(Protocol):
 
     def begin_write(self) -> None: ...
 
+    def begin_read(self) -> None:
+        """Start a read-only transaction: its reads see one commit, whatever commits meanwhile; `commit`
+        or `rollback` ends it."""
+
     def commit(self) -> None: ...
 
     def rollback(self) -> None: ...
@@ -129,10 +133,16 @@ class _DictRows:
         return dict(zip(self._names, row, strict=True))
 
 
+SQLITE_MMAP_BYTES = 1 << 30
+"""How much of the database file each SQLite connection reads through a memory map rather than read
+calls: a lookup of a job that is not in SQLite's own small page cache then costs no system call (a random
+GetJob on a 10,000-job store: 20 instead of 100 microseconds), and all connections share the OS's copy."""
+
+
 class SqliteDatabase:
-    """A SQLite file in WAL mode, every commit synced (synchronous=FULL). Each thread that reads gets a
-    read-only connection of its own (`reader`): in WAL mode readers see the last commit and never wait
-    for the writer."""
+    """A SQLite file in WAL mode, every commit synced (synchronous=FULL), read through a memory map. Each
+    thread that reads gets a read-only connection of its own (`reader`): in WAL mode readers see the last
+    commit and never wait for the writer."""
 
     backend = "sqlite"
     has_readers = True
@@ -144,6 +154,7 @@ class SqliteDatabase:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = _DictRows()
         self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.execute(f"PRAGMA mmap_size={SQLITE_MMAP_BYTES}")
         if read_only:
             self._db.execute("PRAGMA query_only=ON")
         else:
@@ -168,6 +179,9 @@ class SqliteDatabase:
 
     def begin_write(self) -> None:
         self._db.execute("BEGIN IMMEDIATE")
+
+    def begin_read(self) -> None:
+        self._db.execute("BEGIN DEFERRED")  # WAL: the snapshot is taken at the first read
 
     def commit(self) -> None:
         self._db.execute("COMMIT")
@@ -238,6 +252,9 @@ class PostgresDatabase:
     def begin_write(self) -> None:
         self.execute("BEGIN")
         self.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK_KEY,))
+
+    def begin_read(self) -> None:
+        self.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 
     def commit(self) -> None:
         self.execute("COMMIT")
