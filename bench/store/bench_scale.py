@@ -8,7 +8,7 @@ each), then, against the real `trainctl serve` process on a Ray head this script
 - reads: 20 concurrent clients (asyncio gRPC, 2 processes) issuing GetJob of random jobs and ListJobs
   pages (no filter, the QUEUED state, a label, the page after a token) for `--warmup` seconds (not
   recorded: a service's first reads of a job convert it once; the steady state is the figure) and then
-  `--seconds`; p50 / p99 per method at the client;
+  `--seconds`; p50 / p99 per method at the client, and the service's resident memory after them;
 - admission: with the service stopped, `Scheduler.tick()` on the same store and pool (in this
   process): the first pass, then the p50 / max of `--passes` more.
 
@@ -187,6 +187,12 @@ def client_process(
     results.put(asyncio.run(run()))
 
 
+def memory_mib(pid: int) -> dict[str, float]:
+    """The process's resident set now and at its peak (VmRSS, VmHWM), MiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {name: round(int(fields[key].split()[0]) / 1024, 1) for name, key in (("rss", "VmRSS"), ("peak", "VmHWM"))}
+
+
 def percentiles_ms(values: list[float]) -> dict[str, float]:
     q = statistics.quantiles(values, n=100, method="inclusive")
     return {"calls": len(values), "p50_ms": round(1e3 * statistics.median(values), 2), "p99_ms": round(1e3 * q[98], 2)}
@@ -272,6 +278,7 @@ def main() -> int:
             service, cold = start_service(work, ray_address, address, ids[0])
             try:
                 result["reads"] = read_load(address, ids, args.clients, args.processes, args.warmup, args.seconds)
+                result["service_memory_after_reads_mib"] = memory_mib(service.pid)
                 stop(service, signal.SIGKILL)
                 service, restart = start_service(work, ray_address, address, ids[-1])
                 result["start_seconds"] = {"cold": round(cold, 2), "after_sigkill": round(restart, 2)}

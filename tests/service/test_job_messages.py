@@ -65,7 +65,7 @@ def test_a_page_is_its_jobs_answers_and_a_changed_job_is_answered_anew(tmp_path:
     page = pb.ListJobsResponse.FromString(messages.page(records))
     assert page == pb.ListJobsResponse(jobs=[converted(r) for r in records])
     kept = messages.listed(records[0])
-    assert messages.listed(store.list_jobs()[0]) is kept  # the store's same record: the same bytes
+    assert messages.listed(store.list_jobs()[0]) is kept  # the same version of the job: the same bytes
     store.update_status(records[0].id, state=JobState.CANCELLED, reason="user")
     changed = store.list_jobs()
     page = pb.ListJobsResponse.FromString(messages.page(changed))

@@ -4,9 +4,9 @@ Converting a job (`convert.job_to_proto`, a walk of the pydantic model, then its
 GetJob or a ListJobs page would cost. `JobMessages` keeps, for the most recently answered jobs, the spec
 part serialized (api_version, kind, metadata, spec: it never changes) and the whole answer serialized as
 one entry of `ListJobsResponse.jobs`: serialized messages concatenate (a repeated field's entries add
-up), so a ListJobs answer is its jobs' entries joined and goes out without being built or converted. The
-store answers an unchanged job with the same `JobRecord` object (`JobStore._kept`), so an answer is kept
-exactly as long as its record is the one the store returns.
+up), so a ListJobs answer is its jobs' entries joined and goes out without being built or converted. An
+answer is good while the job's record has the version it was built from: every write of a job's row
+adds one to its version (`JobRecord.version`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from trainctl.service.store import JobRecord
 from trainctl.v1 import training_pb2 as pb
 
 DEFAULT_CAPACITY = 20_000
-"""Jobs kept (a small job's answer is about 0.6 KiB serialized, its spec part 0.5 KiB): a ListJobs walk
-over the newest jobs of every tenant stays converted."""
+"""Jobs kept (a small job's spec part and answer together are about 0.7 KiB): a ListJobs walk over the
+newest jobs of every tenant stays converted."""
 
 
 class _Kept(NamedTuple):
     spec: bytes
     """The spec part of the Job message, serialized."""
-    record: JobRecord
-    """The record `listed` was built from."""
+    version: int
+    """The version of the job's record that `listed` was built from."""
     listed: bytes
     """The whole Job message as one serialized entry of `ListJobsResponse.jobs`."""
 
@@ -49,7 +49,7 @@ class JobMessages:
     def listed(self, record: JobRecord) -> bytes:
         """`record` as one serialized entry of `ListJobsResponse.jobs`."""
         kept = self._kept.get(record.id)
-        if kept is not None and kept.record is record:
+        if kept is not None and kept.version == record.version:
             return kept.listed
         spec = kept.spec if kept is not None else job_to_proto(record.job).SerializeToString(deterministic=True)
         message = pb.Job.FromString(spec)
@@ -58,7 +58,7 @@ class JobMessages:
         listed = pb.ListJobsResponse(jobs=[message]).SerializeToString(deterministic=True)
         with self._lock:
             self._kept.pop(record.id, None)
-            self._kept[record.id] = _Kept(spec, record, listed)
+            self._kept[record.id] = _Kept(spec, record.version, listed)
             while len(self._kept) > self._capacity:
                 del self._kept[next(iter(self._kept))]
         return listed

@@ -308,9 +308,9 @@ _METRIC_COLUMNS = (
 )
 
 
-RECORDS_KEPT = 20_000
-"""Records, and parsed specs, a store keeps (about 2 KiB each together): every job of a 10,000-job store's
-listings stays built, and the memory of a store of any size is bounded."""
+RECORDS_KEPT = 10_000
+"""Records, and parsed specs, a store keeps: every job of a 10,000-job store stays built, and a store of
+any size holds at most about 110 MiB of them (a small job's parsed spec is about 10 KiB, its record 1)."""
 
 
 def _in_chunks(ids: list[str]) -> Iterator[tuple[list[str], str]]:
