@@ -168,7 +168,7 @@ class Scheduler:
                             self._store_lost = False
                             log.warning("the store is back; the scheduler re-synced from it")
                         else:
-                            self.tick(admit=self._admission_due())
+                            self.tick(skip_idle_admission=True)
             except LeaseLost as exc:
                 log.warning("scheduler standing by: %s", exc)
                 self._stand_down()
@@ -262,22 +262,24 @@ class Scheduler:
             self._launch(record, placement)
 
     # ---- one tick -------------------------------------------------------------------------------------
-    def tick(self, *, admit: bool = True) -> None:
-        """Follow active jobs, send cancels, and (with `admit`) admit what fits and refresh the gauges."""
+    def tick(self, *, skip_idle_admission: bool = False) -> None:
+        """Follow active jobs, send cancels, admit what fits, refresh the gauges. With
+        `skip_idle_admission` (the loop's ticks) the last two only when `_admission_due()`."""
         with self._lock:
             self._launch_pending()
             for job_id in list(self._active):
                 if job_id not in self._unlaunched:
                     self._follow(job_id)
-            if admit:
+            if not skip_idle_admission or self._admission_due():
                 self._admit()
                 self._export()
 
     def _admission_due(self) -> bool:
-        """Whether the loop's next tick runs an admission pass: not when nothing the last one read has
-        changed since it started (no write to the store, the same nodes down and GPUs free) and it is
-        less than `admission_refresh` old, so an idle service with a long queue does not re-decide the
-        same thing every tick. Replicas sharing a store always pass: another one's writes are not seen."""
+        """Whether this tick (its jobs followed) runs an admission pass: not when nothing the last one
+        read has changed since it started (no write to the store, this tick's included; the same nodes
+        down and GPUs free) and it is less than `admission_refresh` old, so an idle service with a long
+        queue does not re-decide the same thing every tick. Replicas sharing a store always pass:
+        another one's writes are not seen."""
         now, down, free = time.monotonic(), frozenset(self._down_nodes()), self.pool.free_count
         written = self._written.is_set()
         self._written.clear()  # a write committed during this pass sets it again: the next tick passes too
