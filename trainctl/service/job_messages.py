@@ -11,10 +11,10 @@ adds one to its version (`JobRecord.version`).
 
 from __future__ import annotations
 
-import threading
 from typing import Any, NamedTuple
 
 from trainctl.service.convert import job_to_proto, timestamp
+from trainctl.service.newest_kept import NewestKept
 from trainctl.service.store import JobRecord
 from trainctl.v1 import training_pb2 as pb
 
@@ -37,11 +37,7 @@ class JobMessages:
     Thread-safe."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
-        if capacity < 1:
-            raise ValueError(f"capacity must be at least 1, not {capacity}")
-        self._capacity = capacity
-        self._kept: dict[str, _Kept] = {}
-        self._lock = threading.Lock()
+        self._kept: NewestKept[_Kept] = NewestKept(capacity)
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -56,12 +52,7 @@ class JobMessages:
         message.id = record.id
         fill_status(message.status, record)
         listed = pb.ListJobsResponse(jobs=[message]).SerializeToString(deterministic=True)
-        with self._lock:
-            self._kept.pop(record.id, None)
-            self._kept[record.id] = _Kept(spec, record.version, listed)
-            while len(self._kept) > self._capacity:
-                del self._kept[next(iter(self._kept))]
-        return listed
+        return self._kept.add(record.id, _Kept(spec, record.version, listed)).listed
 
     def page(self, records: list[JobRecord]) -> bytes:
         """A serialized ListJobsResponse holding `records`, in order (and nothing else: the caller may

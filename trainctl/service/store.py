@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from trainctl.service.metrics import ServiceMetrics
+from trainctl.service.newest_kept import NewestKept
 from trainctl.service.store_db import DB_NAME as DB_NAME  # re-exported, as the store's errors are
 from trainctl.service.store_db import NOW_SQL, Database, SqliteDatabase, open_database, run_script
 from trainctl.service.store_db import StoreError as StoreError
@@ -326,7 +327,6 @@ _RECORD_COLUMNS = ", ".join(f.name for f in fields(JobRecord) if f.name not in (
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
-_V = TypeVar("_V")
 
 
 def _timed(method: Callable[Concatenate[JobStore, _P], _R]) -> Callable[Concatenate[JobStore, _P], _R]:
@@ -357,13 +357,11 @@ class JobStore:
         """Job id (None: any commit) -> what to call after a commit that appended that job's events."""
         self._appended: set[str] = set()
         """Jobs whose events the open write transaction appended (under the lock)."""
-        self._specs: dict[str, TrainingJob] = {}
-        """Job id -> its parsed spec, for the RECORDS_KEPT most recently parsed (see `_specs_of`)."""
-        self._records: dict[str, JobRecord] = {}
-        """Job id -> its record, for the RECORDS_KEPT most recently built: a job whose row has not changed
-        since (the same version) is answered with the same record (see `_kept`)."""
-        self._kept_lock = threading.Lock()
-        """Held to add to `_records` or `_specs` (lookups take no lock)."""
+        self._specs: NewestKept[TrainingJob] = NewestKept(RECORDS_KEPT)
+        """Job id -> its parsed spec, for the most recently parsed (see `_specs_of`)."""
+        self._records: NewestKept[JobRecord] = NewestKept(RECORDS_KEPT)
+        """Job id -> its record, for the most recently built: a job whose row has not changed since (the
+        same version) is answered with the same record (see `_kept`)."""
         self._fencing = threading.local()  # .fence: the Fence this thread's writes carry (see fenced)
         self._db: Database = open_database(location)
         try:
@@ -556,16 +554,7 @@ class JobStore:
             **{**row, "placement": json.loads(row["placement"]) if row["placement"] != "[]" else [],
                "state": JobState(row["state"])},
         )
-        return self._keep_bounded(self._records, record.id, record)
-
-    def _keep_bounded(self, kept: dict[str, _V], key: str, value: _V) -> _V:
-        """Keep `value` under `key` as the newest entry of `kept`, dropping the oldest beyond RECORDS_KEPT."""
-        with self._kept_lock:
-            kept.pop(key, None)
-            kept[key] = value
-            while len(kept) > RECORDS_KEPT:
-                del kept[next(iter(kept))]
-        return value
+        return self._records.add(record.id, record)
 
     def _specs_of(self, db: Database, job_ids: list[str]) -> Callable[[], dict[str, TrainingJob]]:
         """The parsed specs of `job_ids`. Reads the texts of those not kept parsed on `db` now; the call it
@@ -578,7 +567,7 @@ class JobStore:
 
         def parse() -> dict[str, TrainingJob]:
             for job_id, text in texts.items():
-                specs[job_id] = self._keep_bounded(self._specs, job_id, TrainingJob.model_validate_json(text))
+                specs[job_id] = self._specs.add(job_id, TrainingJob.model_validate_json(text))
             return specs
 
         return parse
