@@ -85,9 +85,11 @@ def start_service(
     limits: MessageLimits | None = None,
     metrics: ServiceMetrics | None = None,
     streams_per_tenant: int | None = None,
+    store_location: str | None = None,
 ) -> SecureService:
+    """`store_location`: a PostgreSQL URL for the store (default: SQLite in `data_dir`)."""
     authenticator = Authenticator.from_file(access_file)
-    store = JobStore(data_dir)
+    store = JobStore(store_location or data_dir)
     pool = GpuPool(simulated_topology(POOL_NODES, POOL_GPUS_PER_NODE), "simulated")
     scheduler = Scheduler(store, pool, NoRuntime(), data_dir / "runs", quota_of=authenticator.quota)
     servicer = TrainingServicer(

@@ -20,16 +20,25 @@ WORKERS = 8
 
 @pytest.fixture
 def service(tmp_path: Path):
+    yield from _serving(tmp_path)
+
+
+@pytest.fixture
+def service_on_each_store(tmp_path: Path, store_location: str):
+    yield from _serving(tmp_path, store_location)
+
+
+def _serving(tmp_path: Path, store_location: str | None = None):
     tokens = write_access_file(tmp_path)
-    running = start_service(tmp_path / "data", tokens.path)
+    running = start_service(tmp_path / "data", tokens.path, store_location=store_location)
     channel = running.channel()
     yield running, stub(channel), tokens
     channel.close()
     running.stop()
 
 
-def test_reads_are_answered_while_a_write_holds_the_store(service) -> None:
-    running, api, tokens = service
+def test_reads_are_answered_while_a_write_holds_the_store(service_on_each_store) -> None:
+    running, api, tokens = service_on_each_store
     job = api.CreateJob(pb.CreateJobRequest(job=job_message("first")), metadata=bearer(tokens.alice), timeout=10)
     release = threading.Event()
     held = threading.Event()

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from trainctl.service.store import (
@@ -25,7 +26,7 @@ from trainctl.service.store import (
     SweepState,
     TrialState,
 )
-from trainctl.service.store_db import open_database, run_script
+from trainctl.service.store_db import READ_CONNECTIONS, open_database, run_script
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.sweep import Sweep
 from trainctl.workers.events import JobState
@@ -358,10 +359,10 @@ def test_a_malformed_postgresql_url_is_a_store_error_that_does_not_echo_it() -> 
     assert "s3cret" not in str(info.value)
 
 
-def test_sqlite_reads_do_not_wait_for_a_write_to_commit(tmp_path: Path) -> None:
-    """While a write transaction is open (a CreateJob waiting on its fsync), reads answer from their own
-    connection with what was committed before it."""
-    store = JobStore(tmp_path)
+def test_reads_do_not_wait_for_a_write_to_commit(store_location: str) -> None:
+    """While a write transaction is open (a CreateJob waiting on its fsync, or on PostgreSQL's round
+    trips), reads answer from their own connection with what was committed before it."""
+    store = JobStore(store_location)
     job_id = store.create_job(job("r"))[0].id
     inside, release = threading.Event(), threading.Event()
 
@@ -388,6 +389,35 @@ def test_sqlite_reads_do_not_wait_for_a_write_to_commit(tmp_path: Path) -> None:
         writer.join()
     assert store.get_job(job_id).reason == "uncommitted"
     store.close()
+
+
+def test_postgresql_reads_share_a_few_read_only_connections_closed_with_the_store(postgres) -> None:
+    """However many threads read at once, a store opens at most READ_CONNECTIONS read connections
+    besides its write connection; they refuse writes, and closing the store closes them all."""
+    url = postgres.create_database()
+    store = JobStore(url)
+    job_id = store.create_job(job("p"))[0].id
+    database = url.rsplit("/", 1)[1]
+    watcher = psycopg.connect(postgres.url(), autocommit=True)
+
+    def connections() -> int:
+        return watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = 'trainctl'", (database,)
+        ).fetchone()[0]
+
+    with ThreadPoolExecutor(4 * READ_CONNECTIONS) as pool:
+        reads = list(pool.map(lambda _: (store.get_job(job_id).name, len(store.list_jobs())), range(400)))
+    assert reads == [("p", 1)] * 400
+    assert 1 < connections() <= READ_CONNECTIONS + 1
+    with store._db.reading() as db, pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+        db.execute("UPDATE jobs SET reason = 'written through a read connection'")
+    store.close()
+    deadline = time.monotonic() + 10  # a backend leaves pg_stat_activity once it has exited
+    while connections() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert connections() == 0
+    watcher.close()
+    postgres.drop_database(url)
 
 
 def test_a_reading_thread_takes_its_sqlite_connection_with_it(tmp_path: Path) -> None:

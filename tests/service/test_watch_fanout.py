@@ -50,8 +50,8 @@ class CountingStore:
         return self.store.on_commit(callback, job_id)
 
     @property
-    def reads_wait_for_writes(self) -> bool:
-        return self.store.reads_wait_for_writes
+    def reads_are_local(self) -> bool:
+        return self.store.reads_are_local
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 `LoopSignal` is an asyncio event that any thread may set (a watch reader, a committing writer);
 `wait_for_store_change` waits on the loop for the store's next commit (`JobStore.on_commit`); `store_read` runs a store
-read on the loop when the store's reads never wait for its writes (SQLite: a read connection per
-thread), else on the loop's executor (PostgreSQL: one connection, shared with the writes, under a lock).
+read on the loop when the store's reads are file reads in this process (SQLite), else on the loop's
+executor (PostgreSQL: a round trip to the server).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class ReadSource(Protocol):
     """What `store_read` needs of a store (trainctl.service.store.JobStore)."""
 
     @property
-    def reads_wait_for_writes(self) -> bool: ...
+    def reads_are_local(self) -> bool: ...
 
 
 async def wait_for_store_change(store: CommitSource, timeout: float, job_id: str | None = None) -> None:
@@ -74,6 +74,6 @@ async def wait_for_store_change(store: CommitSource, timeout: float, job_id: str
 
 async def store_read(store: ReadSource, read: Callable[[], R]) -> R:
     """`read()` (a call of `store`'s read methods) without blocking the loop (module docstring)."""
-    if store.reads_wait_for_writes:
-        return await asyncio.get_running_loop().run_in_executor(None, read)
-    return read()
+    if store.reads_are_local:
+        return read()
+    return await asyncio.get_running_loop().run_in_executor(None, read)

@@ -117,7 +117,7 @@ class TrainingServiceCalls(grpc.GenericRpcHandler):
             )
         if inspect.iscoroutinefunction(behaviour):
             run = "await"
-        elif method.name in self._servicer.BLOCKING or self._servicer.store.reads_wait_for_writes:
+        elif method.name in self._servicer.BLOCKING or not self._servicer.store.reads_are_local:
             run = "pool"
         else:
             run = "loop"

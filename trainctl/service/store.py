@@ -3,8 +3,9 @@
 PostgreSQL named by a URL (trainctl.service.store_db holds the two and the SQL that differs).
 
 Every write is one transaction committed (SQLite: synchronous=FULL) before the method returns, so a job
-the API has acknowledged survives a crash of the service. On SQLite the hot reads (jobs, listings, the
-queue, events, step metrics) run on a read connection per thread and never wait for a write to commit. Writes serialize, across processes too, so
+the API has acknowledged survives a crash of the service. Reads (jobs, listings, the queue, events, step
+metrics) run on read connections of their own (SQLite: one per thread; PostgreSQL: a few, lent per read)
+and never wait for a write to commit. Writes serialize, across processes too, so
 `events.sequence` is the global, strictly increasing cursor WatchJob resumes from. While a PostgreSQL
 database is unreachable every operation raises `StoreUnavailable` promptly, and the store reconnects by
 itself when it returns. Leases (`acquire_lease`) elect one replica's scheduler; writes made inside
@@ -16,7 +17,6 @@ label `op`: a fixed set, the methods marked `@_timed`), lock waits included.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import threading
@@ -355,6 +355,8 @@ class JobStore:
         self._lock = threading.RLock()
         self._commit_listeners: dict[str | None, set[Callable[[], None]]] = {}
         """Job id (None: any commit) -> what to call after a commit that appended that job's events."""
+        self._listeners_lock = threading.Lock()
+        """Guards `_commit_listeners` (not `_lock`, which a write holds until it commits)."""
         self._appended: set[str] = set()
         """Jobs whose events the open write transaction appended (under the lock)."""
         self._specs: NewestKept[TrainingJob] = NewestKept(RECORDS_KEPT)
@@ -388,10 +390,10 @@ class JobStore:
         return self._db.backend
 
     @property
-    def reads_wait_for_writes(self) -> bool:
-        """Whether a read may wait for a write to commit (PostgreSQL: reads share the writers' connection);
-        SQLite reads run on a connection of their own."""
-        return not self._db.has_readers
+    def reads_are_local(self) -> bool:
+        """Whether a read is a file read in this process (SQLite), quick enough for an event loop; on
+        PostgreSQL each read is a round trip to the server."""
+        return self._db.local_reads
 
     @property
     def location(self) -> str:
@@ -442,17 +444,17 @@ class JobStore:
         """Call the listeners of the transaction just committed (under the lock)."""
         appended, self._appended = self._appended, set()
         for key in (None, *appended):
-            for listener in list(self._commit_listeners.get(key, ())):
+            with self._listeners_lock:
+                listeners = list(self._commit_listeners.get(key, ()))
+            for listener in listeners:
                 listener()
 
     @contextmanager
     def _reading(self, *, snapshot: bool = False) -> Iterator[Database]:
-        """The connection this thread reads on: its own where the database gives one (a read never waits
-        for a write to commit), else the store's one connection, under the lock. With `snapshot`, every
-        read of the block sees the same commit (one read-only transaction)."""
-        reader = self._db.reader()
-        with contextlib.nullcontext() if reader is not None else self._lock:
-            db = reader if reader is not None else self._db
+        """A read connection for the block (`Database.reading`: a read never waits for a write to
+        commit). With `snapshot`, every read of the block sees the same commit (one read-only
+        transaction)."""
+        with self._db.reading() as db:
             if not snapshot:
                 yield db
                 return
@@ -931,12 +933,13 @@ class JobStore:
     def on_commit(self, callback: Callable[[], None], job_id: str | None = None) -> Callable[[], None]:
         """Call `callback` (quick, never raising) in the committing thread after each write of this
         process commits (with `job_id`: each write that appended an event of that job), until the
-        returned function is called. Another process's commits are not seen: poll for those."""
-        with self._lock:
+        returned function is called. Another process's commits are not seen: poll for those. Never waits
+        for a write in progress."""
+        with self._listeners_lock:
             self._commit_listeners.setdefault(job_id, set()).add(callback)
 
         def unsubscribe() -> None:
-            with self._lock:
+            with self._listeners_lock:
                 listeners = self._commit_listeners.get(job_id, set())
                 listeners.discard(callback)
                 if not listeners:

@@ -1,5 +1,6 @@
 """The databases a JobStore runs on: SQLite in the data directory (the default) or PostgreSQL named by a
-URL, each behind one connection with the same small surface, and the SQL that differs between them.
+URL, each behind one write connection and read connections of their own (`Database.reading`), with the
+same small surface, and the SQL that differs between them.
 
 The store's SQL is written once, portable to both: `?` placeholders (PostgreSQL's connection rewrites
 them to `%s`), `ON CONFLICT ... DO UPDATE`, `RETURNING`, rows as dicts. What differs is declared here
@@ -13,16 +14,19 @@ A PostgreSQL connection that fails (the server stopped, restarted, unreachable) 
 `StoreUnavailable` and is dropped; the next call reconnects, at most once per `RECONNECT_BACKOFF_SECONDS`
 and within `CONNECT_TIMEOUT_SECONDS`, so callers get a prompt error while the database is away and
 the store heals by itself when it returns. A write whose COMMIT failed that way may or may not have
-committed: callers retry with their request id (CreateJob is idempotent by it).
+committed: callers retry with their request id (CreateJob is idempotent by it). Each read connection
+fails and heals the same way, on its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from string import Template
@@ -42,6 +46,9 @@ TCP_USER_TIMEOUT_MS = 5000
 """How long sent data may stay unacknowledged before the connection is given up (a vanished host)."""
 WRITE_LOCK_KEY = 0x7472_6169_6e63
 """The advisory lock every PostgreSQL write transaction holds ("trainc" in hex)."""
+READ_CONNECTIONS = 8
+"""The most read connections a PostgreSQL store opens besides its write connection; a read finding all
+of them in use waits for one."""
 
 DDL_TYPES: dict[str, dict[str, str]] = {
     "sqlite": {"int": "INTEGER", "real": "REAL", "serial": "INTEGER PRIMARY KEY AUTOINCREMENT"},
@@ -73,11 +80,13 @@ class Cursor(Protocol):
 
 
 class Database(Protocol):
-    """One connection; the store serializes its use. Rows are dicts keyed by column name."""
+    """The write connection (the store serializes its use) and, through `reading`, read connections.
+    Rows are dicts keyed by column name."""
 
     backend: str
-    has_readers: bool
-    """Whether `reader` gives each thread a connection of its own."""
+    local_reads: bool
+    """Whether a read is a file read in this process (SQLite), quick enough for an event loop; False: a
+    round trip to a database server (PostgreSQL)."""
     location: str
     """Where the data lives, for messages (a file path, or a URL without its password)."""
 
@@ -98,9 +107,9 @@ class Database(Protocol):
     def set_schema_version(self, version: int) -> None:
         """Inside a write transaction."""
 
-    def reader(self) -> Database | None:
-        """This thread's own read connection, which never waits for a write to commit; None where reads
-        share this connection (the store then serializes them with its writes)."""
+    def reading(self) -> contextlib.AbstractContextManager[Database]:
+        """A read-only connection for the block, used by no other thread meanwhile, which never waits for
+        a write to commit."""
 
     def close(self) -> None: ...
 
@@ -145,7 +154,7 @@ class SqliteDatabase:
     commit and never wait for the writer."""
 
     backend = "sqlite"
-    has_readers = True
+    local_reads = True
 
     def __init__(self, path: Path, *, read_only: bool = False):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,13 +175,15 @@ class SqliteDatabase:
         """Open read connections; a thread's goes (and closes) with the thread, `close` closes the rest."""
         self._readers_lock = threading.Lock()
 
-    def reader(self) -> SqliteDatabase:
+    @contextmanager
+    def reading(self) -> Iterator[SqliteDatabase]:
+        """This thread's own read connection."""
         db = getattr(self._local, "reader", None)
         if db is None:
             db = self._local.reader = SqliteDatabase(self._path, read_only=True)
             with self._readers_lock:
                 self._readers.add(db)
-        return db
+        yield db
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, params)
@@ -209,13 +220,18 @@ class SqliteDatabase:
 
 
 class PostgresDatabase:
-    """A PostgreSQL database by URL, in autocommit mode with explicit write transactions."""
+    """A PostgreSQL database by URL, in autocommit mode with explicit write transactions. `reading` lends
+    one of up to `READ_CONNECTIONS` read-only connections, each opened at its first read."""
 
     backend = "postgresql"
-    has_readers = False
+    local_reads = False
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, read_only: bool = False):
+        """`read_only`: one of a store's read connections (opened at its first use, refusing writes);
+        otherwise the store's write connection, opened now, so a bad URL or an unreachable server fails
+        the store's opening."""
         self._url = url
+        self._read_only = read_only
         try:
             params = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:  # its message may quote the URL, password and all
@@ -223,7 +239,12 @@ class PostgresDatabase:
         self.location = f"postgresql://{params.get('host', '')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
         self._conn: psycopg.Connection | None = None
         self._retry_at = 0.0
-        self._connection()  # a bad URL or an unreachable server fails the store's opening
+        self._idle_readers: list[PostgresDatabase] = []
+        self._readers_opened = 0
+        self._reader_returned = threading.Condition()
+        self._closed = False
+        if not read_only:
+            self._connection()
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is not None and not self._conn.closed:
@@ -236,7 +257,10 @@ class PostgresDatabase:
                 tcp_user_timeout=TCP_USER_TIMEOUT_MS, keepalives=1, keepalives_idle=5, keepalives_interval=2,
                 keepalives_count=2, application_name="trainctl",
             )
+            if self._read_only:  # a session setting, so the URL's own `options` stay as they are
+                self._conn.execute("SET default_transaction_read_only = on")
         except psycopg.OperationalError as exc:
+            self._drop()
             self._retry_at = time.monotonic() + RECONNECT_BACKOFF_SECONDS
             raise StoreUnavailable(f"the database {self.location} is unreachable: {_first_line(exc)}") from exc
         return self._conn
@@ -273,9 +297,25 @@ class PostgresDatabase:
         self.execute("DELETE FROM trainctl_schema")
         self.execute("INSERT INTO trainctl_schema (version) VALUES (?)", (version,))
 
-    def reader(self) -> None:
-        """Reads share the one connection (the store serializes them with its writes)."""
-        return None
+    @contextmanager
+    def reading(self) -> Iterator[PostgresDatabase]:
+        with self._reader_returned:
+            while not self._idle_readers and self._readers_opened >= READ_CONNECTIONS:
+                self._reader_returned.wait()
+            if self._idle_readers:
+                reader = self._idle_readers.pop()
+            else:
+                reader = PostgresDatabase(self._url, read_only=True)
+                self._readers_opened += 1
+        try:
+            yield reader
+        finally:
+            with self._reader_returned:
+                if self._closed:
+                    reader.close()
+                else:
+                    self._idle_readers.append(reader)
+                self._reader_returned.notify()
 
     def _drop(self) -> None:
         if self._conn is not None:
@@ -283,6 +323,12 @@ class PostgresDatabase:
         self._conn = None
 
     def close(self) -> None:
+        """Closes the write connection and the read connections; one lent out closes when given back."""
+        with self._reader_returned:
+            self._closed = True
+            readers, self._idle_readers = self._idle_readers, []
+        for reader in readers:
+            reader.close()
         self._drop()
 
 
