@@ -26,7 +26,7 @@ from trainctl.service.store import (
     SweepState,
     TrialState,
 )
-from trainctl.service.store_db import READ_CONNECTIONS, open_database, run_script
+from trainctl.service.store_db import READ_CONNECTIONS, PostgresDatabase, open_database, run_script
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.sweep import Sweep
 from trainctl.workers.events import JobState
@@ -127,6 +127,39 @@ def test_list_filters_and_pages(store_location: str) -> None:
     assert [r.id for r in store.list_jobs(states=queued, labels={"i": "0"})] == [ids[4], ids[2]]
     with pytest.raises(JobNotFound):
         store.get_job("nope")
+
+
+def _rows_read(plan: dict[str, object]) -> int:
+    """Rows an EXPLAIN ANALYZE plan node and those below it produced or threw away, over all its loops."""
+    loops = int(plan.get("Actual Loops", 1))  # type: ignore[arg-type]
+    here = sum(int(plan.get(key, 0)) for key in ("Actual Rows", "Rows Removed by Filter", "Rows Removed by Join Filter"))  # type: ignore[arg-type]
+    return here * loops + sum(_rows_read(child) for child in plan.get("Plans", []))  # type: ignore[union-attr]
+
+
+def test_a_label_filtered_page_on_postgresql_reads_rows_of_the_jobs_it_walks_only(
+    postgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A young table has no statistics: the page's plan must still look each walked job's label up by its
+    key, not read every job's label once per job walked (what a (key, value) index invited)."""
+    url = postgres.create_database()
+    store = JobStore(url)
+    for i in range(600):
+        created = store.create_job(job(f"l{i}", labels={"team": "ab"[i % 2]}), tenant="t")[0]
+        if i % 3 == 0:
+            store.update_status(created.id, state=JobState.CANCELLED)
+    statements: list[tuple[str, tuple[object, ...]]] = []
+    execute = PostgresDatabase.execute
+    monkeypatch.setattr(PostgresDatabase, "execute", lambda db, sql, params=(): (
+        statements.append((sql, tuple(params))), execute(db, sql, params))[1])
+    page = store.list_jobs(tenant="t", states=[JobState.QUEUED], labels={"team": "a"}, limit=51)
+    monkeypatch.undo()
+    assert len(page) == 51 and all(r.labels == {"team": "a"} and r.state == JobState.QUEUED for r in page)
+    sql, params = next((sql, params) for sql, params in statements if "FROM job_labels WHERE job_id = jobs.id" in sql)
+    with psycopg.connect(url, autocommit=True) as conn:
+        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.replace("?", "%s"), [str(p) for p in params]).fetchone()[0]
+    assert _rows_read(plan[0]["Plan"]) < 2_000  # about 700 here; the (key, value) index invited 180,000
+    store.close()
+    postgres.drop_database(url)
 
 
 def test_an_unchanged_job_is_the_same_record_and_any_change_is_seen(

@@ -156,6 +156,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE jobs ADD COLUMN version $int NOT NULL DEFAULT 0;
     """,
+    # 5 -> 6: a label filter looks up each walked job's label by the primary key (job_id, key); with the
+    # (key, value) index there as well, PostgreSQL without fresh statistics (a young or fast-growing
+    # table) chose it for every walked job, reading every job's label each time (a filtered page of
+    # 51 among 3,000 jobs: 97 ms instead of 2 ms). Nothing else reads labels by value.
+    """
+    DROP INDEX job_labels_kv;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
