@@ -26,7 +26,13 @@ from trainctl.service.store import (
     SweepState,
     TrialState,
 )
-from trainctl.service.store_db import READ_CONNECTIONS, PostgresDatabase, open_database, run_script
+from trainctl.service.store_db import (
+    READ_CONNECTIONS,
+    PostgresDatabase,
+    StoreUnavailable,
+    open_database,
+    run_script,
+)
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.sweep import Sweep
 from trainctl.workers.events import JobState
@@ -184,6 +190,32 @@ def test_an_unchanged_job_is_the_same_record_and_any_change_is_seen(
     assert {r.reason for r in store.list_jobs()} == {"behind the first"}
     store.create_job(job("k3"))
     assert (len(store._records), len(store._specs)) == (3, 3)  # noqa: SLF001  # the bound: the oldest went
+
+
+def test_a_change_whose_commit_failed_is_never_answered(store_location: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write builds its record from the row it wrote; when the commit fails (rolled back, such as a
+    PostgreSQL connection lost at COMMIT) that record must not be kept: the next write gives the row the
+    same version with other values, and a kept record of that version would be answered instead."""
+    store = JobStore(store_location)
+    job_id = store.create_job(job("c"))[0].id
+    commit = store._db.commit
+
+    def lost() -> None:
+        store._db.rollback()
+        raise StoreUnavailable("the commit's answer was lost")
+
+    monkeypatch.setattr(store._db, "commit", lost)
+    with pytest.raises(StoreUnavailable):
+        store.update_status(job_id, state=JobState.CANCELLED, reason="never committed")
+    with pytest.raises(StoreUnavailable):
+        store.create_job(job("never"))
+    monkeypatch.setattr(store._db, "commit", commit)
+    store.set_queue_reason("waiting for GPUs", behind=None)  # the row's next version, with other values
+    record = store.get_job(job_id)
+    assert (record.state, record.reason) == (JobState.QUEUED, "waiting for GPUs")
+    assert JobStore(store_location).get_job(job_id) == record
+    assert [r.id for r in store.list_jobs()] == [job_id]
+    store.close()
 
 
 def test_a_filtered_listing_returns_its_jobs_as_they_matched_even_when_one_changes_meanwhile(

@@ -328,9 +328,19 @@ def _in_chunks(ids: list[str]) -> Iterator[tuple[list[str], str]]:
         yield chunk, ",".join("?" * len(chunk))
 
 
-_RECORD_COLUMNS = ", ".join(f.name for f in fields(JobRecord) if f.name not in ("job", "labels"))
+_RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord) if f.name not in ("job", "labels"))
+_RECORD_COLUMNS = ", ".join(sorted(_RECORD_FIELDS))
 """The `jobs` columns a JobRecord holds: all but the spec text (parsed once per job while kept,
 `JobStore._specs_of`) and the request id."""
+
+def _record(row: dict[str, Any], spec: TrainingJob, labels: dict[str, str]) -> JobRecord:
+    """The record of a `jobs` row (its `_RECORD_COLUMNS`), its parsed spec and its labels."""
+    return JobRecord(
+        job=spec, labels=labels,
+        **{**row, "placement": json.loads(row["placement"]) if row["placement"] != "[]" else [],
+           "state": JobState(row["state"])},
+    )
+
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -366,6 +376,8 @@ class JobStore:
         """Guards `_commit_listeners` (not `_lock`, which a write holds until it commits)."""
         self._appended: set[str] = set()
         """Jobs whose events the open write transaction appended (under the lock)."""
+        self._written: list[JobRecord] = []
+        """Records of the rows the open write transaction wrote, kept once it commits (under the lock)."""
         self._specs: NewestKept[TrainingJob] = NewestKept(RECORDS_KEPT)
         """Job id -> its parsed spec, for the most recently parsed (see `_specs_of`)."""
         self._records: NewestKept[JobRecord] = NewestKept(RECORDS_KEPT)
@@ -442,9 +454,17 @@ class JobStore:
                 yield self._db
             except BaseException:
                 self._appended.clear()
+                self._written.clear()
                 self._db.rollback()
                 raise
-            self._db.commit()
+            written, self._written = self._written, []
+            try:
+                self._db.commit()
+            except BaseException:
+                self._appended.clear()
+                raise
+            for record in written:  # only now: a record of a change that did not commit must never be kept
+                self._records.add(record.id, record)
             self._notify()
 
     def _notify(self) -> None:
@@ -492,24 +512,30 @@ class JobStore:
                 row = db.execute("SELECT id FROM jobs WHERE request_id = ?", (key,)).fetchone()
                 if row is not None:
                     return self._get(row["id"]), False
-            job_id = self._insert_job(db, job, tenant, key, now)
-            return self._get(job_id), True
+            return self._insert_job(db, job, tenant, key, now), True
 
-    def _insert_job(self, db: Database, job: TrainingJob, tenant: str, key: str | None, now: float) -> str:
-        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM jobs").fetchone()["seq"]
+    def _insert_job(self, db: Database, job: TrainingJob, tenant: str, key: str | None, now: float) -> JobRecord:
+        """The job inserted, with its labels and first event; its record (kept once the write commits)."""
         job_id = f"{job.metadata.name}-{uuid.uuid4().hex[:8]}"
-        db.execute(
+        spec = job.model_dump_json()
+        row = db.execute(
             "INSERT INTO jobs (id, seq, request_id, tenant, name, spec, priority, state, reason, create_time,"
-            " update_time, total_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " update_time, total_steps) VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            f" RETURNING {_RECORD_COLUMNS}",
             (
-                job_id, seq, key, tenant, job.metadata.name, job.model_dump_json(),
+                job_id, key, tenant, job.metadata.name, spec,
                 job.spec.scheduling.priority, JobState.QUEUED, "accepted", now, now, total_steps(job),
             ),
-        )
-        for key_, value in job.metadata.labels.items():
-            db.execute("INSERT INTO job_labels (job_id, key, value) VALUES (?, ?, ?)", (job_id, key_, value))
+        ).fetchone()
+        labels = job.metadata.labels
+        if labels:  # one statement: on PostgreSQL each is a round trip made holding the write lock
+            db.execute(
+                "INSERT INTO job_labels (job_id, key, value) VALUES " + ", ".join(["(?, ?, ?)"] * len(labels)),
+                [part for key_, value in labels.items() for part in (job_id, key_, value)],
+            )
         self._append(db, job_id, EVENT_STATE, {"from": "", "to": JobState.QUEUED, "reason": "accepted"}, now)
-        return job_id
+        # the spec as read back (a copy the caller cannot change), parsed once here rather than at the first read
+        return self._wrote(row, self._specs.add(job_id, TrainingJob.model_validate_json(spec)), dict(labels))
 
     @_timed
     def get_job(self, job_id: str) -> JobRecord:
@@ -518,24 +544,26 @@ class JobStore:
 
     def _get(self, job_id: str, db: Database | None = None) -> JobRecord:
         db = db or self._db
-        head = db.execute("SELECT id, version FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if head is None:
+        row = db.execute(f"SELECT {_RECORD_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
             raise JobNotFound(job_id)
-        return self._records_of(db, [head])()[0]
+        return self._records_of(db, [row])()[0]
 
     def _records_of(self, db: Database, heads: list[dict[str, Any]]) -> Callable[[], list[JobRecord]]:
-        """Jobs, given as rows of their id and version, as records: the kept record where its version is
-        the row's, else a new one. Reads what the new ones need (their rows, labels, spec texts) on `db`
-        now: in the snapshot `heads` were read in, where the caller took one (a listing's filter must
-        hold for what it returns), else as of now. The call it returns builds them, parsing the specs,
-        and is made after any lock held to read is let go (see `_specs_of`)."""
+        """Jobs, given as rows of at least their id and version, as records: the kept record where its
+        version is the row's, else a new one. Reads what the new ones need (their rows, unless a head is
+        the whole row already; labels; spec texts) on `db` now: in the snapshot `heads` were read in,
+        where the caller took one (a listing's filter must hold for what it returns), else as of now. The
+        call it returns builds them, parsing the specs, and is made after any lock held to read is let go
+        (see `_specs_of`)."""
         kept = [self._kept(head["id"], head["version"]) for head in heads]
         new = [head["id"] for head, record in zip(heads, kept, strict=True) if record is None]
-        rows: dict[str, dict[str, Any]] = {}
+        rows = {head["id"]: head for head in heads if head.keys() >= _RECORD_FIELDS}
         labels: dict[str, dict[str, str]] = {}
-        for chunk, marks in _in_chunks(new):
+        for chunk, marks in _in_chunks([job_id for job_id in new if job_id not in rows]):
             for row in db.execute(f"SELECT {_RECORD_COLUMNS} FROM jobs WHERE id IN ({marks})", chunk).fetchall():
                 rows[row["id"]] = row
+        for chunk, marks in _in_chunks(new):
             for label in db.execute(f"SELECT job_id, key, value FROM job_labels WHERE job_id IN ({marks})", chunk).fetchall():
                 labels.setdefault(label["job_id"], {})[label["key"]] = label["value"]
         specs_of = self._specs_of(db, new)
@@ -556,14 +584,16 @@ class JobStore:
         return record if record is not None and record.version == version else None
 
     def _keep(self, row: dict[str, Any], spec: TrainingJob, labels: dict[str, str]) -> JobRecord:
-        """A new record of `row`, kept in place of any older one. Called from any thread: a lost race only
-        builds a record twice."""
-        record = JobRecord(
-            job=spec, labels=labels,
-            **{**row, "placement": json.loads(row["placement"]) if row["placement"] != "[]" else [],
-               "state": JobState(row["state"])},
-        )
+        """A new record of committed `row`, kept in place of any older one. Called from any thread: a lost
+        race only builds a record twice."""
+        record = _record(row, spec, labels)
         return self._records.add(record.id, record)
+
+    def _wrote(self, row: dict[str, Any], spec: TrainingJob, labels: dict[str, str]) -> JobRecord:
+        """The record of `row` as the open write transaction wrote it (RETURNING), kept once it commits."""
+        record = _record(row, spec, labels)
+        self._written.append(record)
+        return record
 
     def _specs_of(self, db: Database, job_ids: list[str]) -> Callable[[], dict[str, TrainingJob]]:
         """The parsed specs of `job_ids`. Reads the texts of those not kept parsed on `db` now; the call it
@@ -653,8 +683,11 @@ class JobStore:
                 changes["placement"] = json.dumps(changes["placement"])
             changes["update_time"] = now
             sets = ", ".join(f"{k} = ?" for k in changes)
-            db.execute(f"UPDATE jobs SET {sets}, version = version + 1 WHERE id = ?", (*changes.values(), job_id))
-            return self._get(job_id)
+            row = db.execute(
+                f"UPDATE jobs SET {sets}, version = version + 1 WHERE id = ? RETURNING {_RECORD_COLUMNS}",
+                (*changes.values(), job_id),
+            ).fetchone()
+            return self._wrote(row, current.job, current.labels)  # the spec and labels never change
 
     # ---- events and metrics -------------------------------------------------------------------------
     @_timed
@@ -842,7 +875,7 @@ class JobStore:
             count_ = db.execute("SELECT COUNT(*) AS n FROM sweep_trials WHERE sweep_id = ?", (sweep_id,)).fetchone()["n"]
             if sweep["state"] != SweepState.RUNNING or count_ != number:
                 return None
-            job_id = self._insert_job(db, job, sweep["tenant"], f"sweep/{sweep_id}/{number}", now) if job else None
+            job_id = self._insert_job(db, job, sweep["tenant"], f"sweep/{sweep_id}/{number}", now).id if job else None
             state, end = (TrialState.RUNNING, None) if job else (TrialState.FAILED, now)
             db.execute(
                 "INSERT INTO sweep_trials (sweep_id, number, job_id, params, state, reason, create_time, end_time)"

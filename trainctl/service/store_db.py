@@ -274,8 +274,7 @@ class PostgresDatabase:
             raise StoreUnavailable(f"the database {self.location} is unreachable: {_first_line(exc)}") from exc
 
     def begin_write(self) -> None:
-        self.execute("BEGIN")
-        self.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK_KEY,))
+        self.execute(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY:d})")  # one round trip
 
     def begin_read(self) -> None:
         self.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
