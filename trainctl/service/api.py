@@ -160,20 +160,36 @@ class TrainingServicer(SweepRpcs):
 
     # ---- RPCs ---------------------------------------------------------------------------------------
     async def CreateJob(self, request: pb.CreateJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
-        """Checked as the store's reads run (on the event loop on SQLite, the checks only read and compute);
-        committed on the thread pool."""
+        """Checked where the store's reads run (on the event loop on SQLite: the checks only read files and
+        compute), committed on the thread pool; on PostgreSQL, whose reads are round trips, checked and
+        committed in one call on the pool, which a busy pool would otherwise make wait twice more."""
         if not request.HasField("job"):
             raise bad_field("job", "the job to create is required")
         if len(request.request_id) > MAX_ID_LENGTH:
             raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
-        job = await store_read(self.store, partial(self._validated, request.job, principal))  # may read jobs' tenants
-        refusal = await store_read(self.store, partial(self._quota_refusal, principal.tenant, job.spec.resources.gpus))
-        if refusal is not None:
-            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-        create = partial(self.store.create_job, job, tenant=principal.tenant, request_id=request.request_id or None)
-        record, _created = await asyncio.get_running_loop().run_in_executor(None, create)
+        loop = asyncio.get_running_loop()
+        if self.store.reads_are_local:
+            job = self._admissible(request.job, principal)
+            record = await loop.run_in_executor(None, self._create, job, request.request_id, principal)
+        else:
+            record = await loop.run_in_executor(
+                None, lambda: self._create(self._admissible(request.job, principal), request.request_id, principal)
+            )
         self.scheduler.wake()
         return self.jobs.message(record)
+
+    def _admissible(self, message: pb.Job, principal: Principal) -> TrainingJob:
+        """The job of `message` if it is valid (else INVALID_ARGUMENT) and the tenant's quota admits it now
+        (else RESOURCE_EXHAUSTED). Reads jobs' tenants and the tenant's usage."""
+        job = self._validated(message, principal)
+        refusal = self._quota_refusal(principal.tenant, job.spec.resources.gpus)
+        if refusal is not None:
+            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        return job
+
+    def _create(self, job: TrainingJob, request_id: str, principal: Principal) -> JobRecord:
+        record, _created = self.store.create_job(job, tenant=principal.tenant, request_id=request_id or None)
+        return record
 
     def _quota_refusal(self, tenant: str, gpus: int) -> str | None:
         """Why the tenant's quota refuses one more job of `gpus` GPUs now (None: it does not)."""
