@@ -1,8 +1,12 @@
 """Store scale: a service whose store holds 10,000 queued jobs and 1,000,000 events.
 
-Preloads a SQLite store (schema from `JobStore`, rows written in bulk: every job QUEUED and asking for
-more GPUs than the pool has, so the head of the queue blocks the rest, with labels and 100 events
-each), then, against the real `trainctl serve` process on a Ray head this script starts:
+Preloads a store (schema from `JobStore`, rows written in bulk: every job QUEUED and asking for more
+GPUs than the pool has, so the head of the queue blocks the rest, with labels and 100 events each):
+SQLite in the service's data directory, or with `--store postgresql` a database on a PostgreSQL server
+started here the way the tests start it (tests/postgres_server.py, fsync on, stopped by its PID), then
+analyzed (`--no-analyze`: not), as autovacuum does within a minute of such a load; until then the
+planner estimates one row per table and picks plans that read every matching job. Then, against the
+real `trainctl serve` process on a Ray head this script starts:
 
 - start: seconds from starting `trainctl serve` to its first OK GetJob, cold and after a SIGKILL;
 - reads: 20 concurrent clients (asyncio gRPC, 2 processes) issuing GetJob of random jobs and ListJobs
@@ -13,12 +17,15 @@ each), then, against the real `trainctl serve` process on a Ray head this script
   process): the first pass, then the p50 / max of `--passes` more.
 
     .venv/bin/python bench/store/bench_scale.py --out bench/store/results-scale.json
+    .venv/bin/python bench/store/bench_scale.py --store postgresql --out bench/store/results-scale-postgres.json
+    .venv/bin/python bench/store/bench_scale.py --store postgresql --no-analyze --out bench/store/results-scale-postgres-unanalyzed.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -36,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psycopg
 
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
@@ -47,6 +55,11 @@ from trainctl.workers.embedded import topology_labels
 from trainctl.workers.events import JobState
 from trainctl.workers.resources import slot_resources
 from trainctl.workers.topology import simulated_topology
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent / "tests"))  # the PostgreSQL server the tests start, not a copy of it
+
+from postgres_server import PostgresServer  # noqa: E402
 
 BIN = Path(sys.executable).parent
 GPUS = 2
@@ -61,9 +74,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def preload(data_dir: Path, jobs: int, events: int) -> list[str]:
-    """A store of `jobs` QUEUED jobs (priorities 0-4, label team=a|b|c) and `events` log events; the job ids."""
-    JobStore(data_dir).close()  # the current schema
+def preload(location: str, jobs: int, events: int, *, analyze: bool = True) -> list[str]:
+    """A store at `location` (a data directory or a PostgreSQL URL) of `jobs` QUEUED jobs (priorities 0-4,
+    label team=a|b|c) and `events` log events; the job ids. `analyze`: a PostgreSQL store's statistics
+    are gathered after the load."""
+    JobStore(location).close()  # the current schema
     job = TrainingJob.model_validate({
         "metadata": {"name": "scale"},
         "spec": {"model": {"preset": "debug"}, "parallelism": {"dp_shard": GPUS * 2},
@@ -71,20 +86,39 @@ def preload(data_dir: Path, jobs: int, events: int) -> list[str]:
     })
     spec, steps, now = job.model_dump_json(), total_steps(job), time.time()
     ids = [f"scale-{i:06d}" for i in range(jobs)]
-    db = sqlite3.connect(data_dir / DB_NAME)
+    payload = json.dumps({"message": "step 10: loss 2.3456 grad_norm 0.812 lr 0.0003 tokens/s 123456"})
+    tables = {
+        "jobs (id, seq, tenant, name, spec, priority, state, reason, create_time, update_time, total_steps)": (
+            (job_id, i + 1, "default", "scale", spec, i % 5, JobState.QUEUED.value, "accepted", now + i * 1e-3, now, steps)
+            for i, job_id in enumerate(ids)
+        ),
+        "job_labels (job_id, key, value)": ((job_id, "team", LABELS[i % 3]) for i, job_id in enumerate(ids)),
+        "events (job_id, time, type, payload)": ((ids[k % jobs], now, EVENT_LOG, payload) for k in range(events)),
+    }
+    if location.startswith("postgresql://"):
+        with psycopg.connect(location) as conn, conn.cursor() as cursor:
+            for table, rows in tables.items():
+                with cursor.copy(f"COPY {table} FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+        if analyze:
+            with psycopg.connect(location, autocommit=True) as conn:
+                conn.execute("ANALYZE")
+        return ids
+    db = sqlite3.connect(Path(location) / DB_NAME)
     with db:
-        db.executemany(
-            "INSERT INTO jobs (id, seq, tenant, name, spec, priority, state, reason, create_time, update_time, total_steps)"
-            " VALUES (?, ?, 'default', 'scale', ?, ?, ?, 'accepted', ?, ?, ?)",
-            ((job_id, i + 1, spec, i % 5, JobState.QUEUED, now + i * 1e-3, now, steps) for i, job_id in enumerate(ids)),
-        )
-        db.executemany("INSERT INTO job_labels (job_id, key, value) VALUES (?, 'team', ?)",
-                       ((job_id, LABELS[i % 3]) for i, job_id in enumerate(ids)))
-        payload = json.dumps({"message": "step 10: loss 2.3456 grad_norm 0.812 lr 0.0003 tokens/s 123456"})
-        db.executemany("INSERT INTO events (job_id, time, type, payload) VALUES (?, ?, ?, ?)",
-                       ((ids[k % jobs], now, EVENT_LOG, payload) for k in range(events)))
+        for table, rows in tables.items():
+            marks = ", ".join("?" for _ in table[table.index("(") + 1:-1].split(", "))
+            db.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
     db.close()
     return ids
+
+
+def store_mib(location: str) -> float:
+    if location.startswith("postgresql://"):
+        with psycopg.connect(location) as conn:
+            return round(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0] / 2**20, 1)
+    return round(sum(f.stat().st_size for f in Path(location).iterdir()) / 2**20, 1)
 
 
 def start_ray_head(work: Path) -> tuple[subprocess.Popen, str]:
@@ -111,11 +145,12 @@ def start_ray_head(work: Path) -> tuple[subprocess.Popen, str]:
     return head, f"127.0.0.1:{port}"
 
 
-def start_service(work: Path, ray_address: str, address: str, probe_id: str) -> tuple[subprocess.Popen, float]:
+def start_service(work: Path, store: str, ray_address: str, address: str, probe_id: str) -> tuple[subprocess.Popen, float]:
     """`trainctl serve` on the preloaded store; the process and the seconds until its first OK GetJob."""
     started = time.monotonic()
+    on_postgres = [f"--store={store}"] if store.startswith("postgresql://") else []
     proc = subprocess.Popen(
-        [str(BIN / "trainctl"), "serve", f"--address={address}", f"--data-dir={work / 'data'}",
+        [str(BIN / "trainctl"), "serve", f"--address={address}", f"--data-dir={work / 'data'}", *on_postgres,
          f"--ray-address={ray_address}", f"--topology={work / 'topology.yaml'}", "--metrics-port=0"],
         stdout=(work / "serve.log").open("a"), stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "RAY_AUTH_MODE": "disabled"},
@@ -219,7 +254,7 @@ def read_load(address: str, ids: list[str], clients: int, processes: int, warmup
             "by_method": {m: percentiles_ms(v) for m, v in sorted(by_method.items())}}
 
 
-def admission(data_dir: Path, topology_file: Path, passes: int) -> dict[str, Any]:
+def admission(store_location: str, data_dir: Path, topology_file: Path, passes: int) -> dict[str, Any]:
     """`Scheduler.tick()` over the preloaded queue, nothing admitted (every job needs more GPUs than there are)."""
     from trainctl.workers.topology import load_topology
 
@@ -235,7 +270,7 @@ def admission(data_dir: Path, topology_file: Path, passes: int) -> dict[str, Any
         def start_job(self, job_id: str, *_: Any, **__: Any) -> None:
             raise AssertionError(f"{job_id} was admitted, but no preloaded job fits the pool")
 
-    store = JobStore(data_dir)
+    store = JobStore(store_location)
     try:
         scheduler = Scheduler(store, GpuPool(load_topology(topology_file), "bench"), NoRuntime(), data_dir / "runs")
         times = []
@@ -261,32 +296,41 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds of reads before the recorded ones")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--passes", type=int, default=20)
+    parser.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--no-analyze", action="store_true", help="PostgreSQL: leave the loaded tables without statistics")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": args.jobs, "events": args.events,
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "store": args.store, "analyzed": args.store == "postgresql" and not args.no_analyze, "jobs": args.jobs, "events": args.events,
                               "clients": args.clients, "warmup": args.warmup, "seconds": args.seconds, "load_average": os.getloadavg()}
-    with tempfile.TemporaryDirectory(prefix="trainctl-scale-") as tmp:
+    postgres = PostgresServer(durable=True) if args.store == "postgresql" else None
+    with tempfile.TemporaryDirectory(prefix="trainctl-scale-") as tmp, contextlib.ExitStack() as cleanup:
         work = Path(tmp)
         (work / "data").mkdir()
+        location = str(work / "data")
+        if postgres is not None:
+            cleanup.callback(postgres.remove)
+            postgres.start()
+            cleanup.callback(postgres.stop)
+            location = postgres.create_database()
         t0 = time.monotonic()
-        ids = preload(work / "data", args.jobs, args.events)
+        ids = preload(location, args.jobs, args.events, analyze=not args.no_analyze)
         result["preload_seconds"] = round(time.monotonic() - t0, 1)
-        result["store_mib"] = round(sum(f.stat().st_size for f in (work / "data").iterdir()) / 2**20, 1)
+        result["store_mib"] = store_mib(location)
         head, ray_address = start_ray_head(work)
         try:
             address = f"127.0.0.1:{free_port()}"
-            service, cold = start_service(work, ray_address, address, ids[0])
+            service, cold = start_service(work, location, ray_address, address, ids[0])
             try:
                 result["reads"] = read_load(address, ids, args.clients, args.processes, args.warmup, args.seconds)
                 result["service_memory_after_reads_mib"] = memory_mib(service.pid)
                 stop(service, signal.SIGKILL)
-                service, restart = start_service(work, ray_address, address, ids[-1])
+                service, restart = start_service(work, location, ray_address, address, ids[-1])
                 result["start_seconds"] = {"cold": round(cold, 2), "after_sigkill": round(restart, 2)}
             finally:
                 stop(service)
         finally:
             stop(head)
-        result["admission"] = admission(work / "data", work / "topology.yaml", args.passes)
+        result["admission"] = admission(location, work / "data", work / "topology.yaml", args.passes)
         served = re.findall(r"error.*", (work / "serve.log").read_text())
         result["service_errors"] = served[:5]
     text = json.dumps(result, indent=2)
