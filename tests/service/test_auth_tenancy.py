@@ -29,21 +29,21 @@ def test_users_see_their_tenant_only_admins_see_all() -> None:
 
 def test_unlimited_quota_admits_and_starts_anything() -> None:
     usage = TenantUsage(queued_jobs=10_000, running_gpus=10_000)
-    assert admission_violation("vision", Quota(), usage, 512) is None
+    assert admission_violation("vision", Quota(), 512, lambda: 10_000) is None
     assert start_block_reason("vision", Quota(), usage, 512) is None
 
 
 def test_queued_jobs_quota_refuses_at_the_limit_naming_it() -> None:
     quota = Quota(queued_jobs=2)
-    assert admission_violation("vision", quota, TenantUsage(queued_jobs=1, running_gpus=0), 1) is None
-    message = admission_violation("vision", quota, TenantUsage(queued_jobs=2, running_gpus=0), 1)
+    assert admission_violation("vision", quota, 1, lambda: 1) is None
+    message = admission_violation("vision", quota, 1, lambda: 2)
     assert message is not None and "quota queued_jobs" in message and "'vision'" in message and "2" in message
 
 
 def test_a_job_larger_than_the_gpu_quota_is_refused_at_admission() -> None:
     quota = Quota(running_gpus=4)
-    assert admission_violation("vision", quota, TenantUsage(0, 0), 4) is None
-    message = admission_violation("vision", quota, TenantUsage(0, 0), 8)
+    assert admission_violation("vision", quota, 4, lambda: 0) is None
+    message = admission_violation("vision", quota, 8, lambda: 0)
     assert message is not None and "quota running_gpus" in message and "could never start" in message
 
 

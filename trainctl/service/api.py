@@ -33,7 +33,7 @@ from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobRecord, JobStore, StoreUnavailable
 from trainctl.service.sweep_api import SweepRpcs
 from trainctl.service.sweeps import SweepDriver
-from trainctl.service.tenancy import Principal, TenantUsage, admission_violation
+from trainctl.service.tenancy import Principal, admission_violation
 from trainctl.service.watch_hub import EventHub, WatchFailed
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import (
@@ -193,10 +193,8 @@ class TrainingServicer(SweepRpcs):
 
     def _quota_refusal(self, tenant: str, gpus: int) -> str | None:
         """Why the tenant's quota refuses one more job of `gpus` GPUs now (None: it does not)."""
-        counts = self.store.count_by_state(tenant)
-        held = sum(r.job.spec.resources.gpus for r in self.store.list_jobs(tenant=tenant, states=ACTIVE_STATES))
-        usage = TenantUsage(queued_jobs=counts.get(JobState.QUEUED, 0), running_gpus=held)
-        return admission_violation(tenant, self.auth.quota(tenant), usage, gpus)
+        queued = lambda: self.store.count_by_state(tenant).get(JobState.QUEUED, 0)  # noqa: E731
+        return admission_violation(tenant, self.auth.quota(tenant), gpus, queued)
 
     def GetJob(self, request: pb.GetJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
         record = self._job(request.id, principal)

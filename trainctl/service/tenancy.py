@@ -13,6 +13,7 @@ QUEUED with that reason, as a full cluster would leave it).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -77,8 +78,9 @@ class TenantUsage:
     running_gpus: int
 
 
-def admission_violation(tenant: str, quota: Quota, usage: TenantUsage, job_gpus: int) -> str | None:
+def admission_violation(tenant: str, quota: Quota, job_gpus: int, queued_jobs: Callable[[], int]) -> str | None:
     """Why a new job of `job_gpus` GPUs must be refused at CreateJob, or None to accept it.
+    `queued_jobs()` counts the tenant's queued jobs, called only under a queued_jobs quota.
 
     The message names the quota and its limit; the caller answers RESOURCE_EXHAUSTED with it.
     """
@@ -87,10 +89,10 @@ def admission_violation(tenant: str, quota: Quota, usage: TenantUsage, job_gpus:
             f"quota running_gpus of tenant {tenant!r} is {quota.running_gpus}: "
             f"a job of {job_gpus} GPUs could never start"
         )
-    if quota.queued_jobs is not None and usage.queued_jobs >= quota.queued_jobs:
+    if quota.queued_jobs is not None and (queued := queued_jobs()) >= quota.queued_jobs:
         return (
             f"quota queued_jobs of tenant {tenant!r} is {quota.queued_jobs} and "
-            f"{usage.queued_jobs} jobs are already queued"
+            f"{queued} jobs are already queued"
         )
     return None
 
