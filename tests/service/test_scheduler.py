@@ -4,6 +4,7 @@ and tests/reliability/test_node_loss.py."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -126,6 +127,38 @@ def test_cancel_queued_and_running(tmp_path: Path) -> None:
     assert state(s, running).state == JobState.CANCELLED
     assert [j for j, _ in runtime.started] == [running]
     assert s.pool.free_count == 8
+
+
+def test_stop_waits_for_a_cancel_in_flight(tmp_path: Path) -> None:
+    """A cancel still stopping the job's supervisor when the service stops finishes first: it would
+    otherwise use the store and the runtime after the service has closed them (seen on CI: a write on a
+    closed SQLite store, and Ray connected again by the late cancel)."""
+    runtime = ScriptedRuntime()
+    s = make_scheduler(tmp_path, runtime)
+    job_id = submit(s, "cancelled", 8)
+    s.tick()
+    runtime.state(job_id, JobState.RUNNING)
+    s.tick()
+    inside, release = threading.Event(), threading.Event()
+    cancel = runtime.cancel
+
+    def slow_cancel(cancelled: str):  # type: ignore[no-untyped-def]
+        inside.set()
+        release.wait(10)
+        return cancel(cancelled)
+
+    runtime.cancel = slow_cancel  # type: ignore[method-assign]
+    s.request_cancel(job_id, "by test")
+    s.tick()  # sends the cancel, in a thread of its own
+    assert inside.wait(10)
+    stopper = threading.Thread(target=s.stop)
+    stopper.start()
+    stopper.join(0.5)
+    assert stopper.is_alive(), "stop returned while the cancel was still running"
+    release.set()
+    stopper.join(10)
+    assert not stopper.is_alive() and runtime.cancelled == [job_id]
+    s.store.close()
 
 
 def test_a_cancel_that_lands_while_the_loop_applies_a_running_event_is_not_undone(tmp_path: Path) -> None:

@@ -180,7 +180,8 @@ class TrainingServicer(SweepRpcs):
 
     def _admissible(self, message: pb.Job, principal: Principal) -> TrainingJob:
         """The job of `message` if it is valid (else INVALID_ARGUMENT) and the tenant's quota admits it now
-        (else RESOURCE_EXHAUSTED). Reads jobs' tenants and the tenant's usage."""
+        (else RESOURCE_EXHAUSTED). Reads the tenants of jobs the spec names and, under a queued_jobs
+        quota, how many jobs the tenant has queued."""
         job = self._validated(message, principal)
         refusal = self._quota_refusal(principal.tenant, job.spec.resources.gpus)
         if refusal is not None:
@@ -193,7 +194,9 @@ class TrainingServicer(SweepRpcs):
 
     def _quota_refusal(self, tenant: str, gpus: int) -> str | None:
         """Why the tenant's quota refuses one more job of `gpus` GPUs now (None: it does not)."""
-        queued = lambda: self.store.count_by_state(tenant).get(JobState.QUEUED, 0)  # noqa: E731
+        def queued() -> int:
+            return self.store.count_by_state(tenant).get(JobState.QUEUED, 0)
+
         return admission_violation(tenant, self.auth.quota(tenant), gpus, queued)
 
     def GetJob(self, request: pb.GetJobRequest, principal: Principal) -> pb.Job:  # noqa: N802

@@ -130,6 +130,9 @@ class Scheduler:
     _last_admission: tuple[float, frozenset[str], int] | None = None
     """When the loop's last admission pass started (monotonic), the nodes down and the GPUs free then."""
     _unsubscribe: Callable[[], None] | None = None
+    _cancels: set[threading.Thread] = field(default_factory=set)
+    """Threads sending a cancel to the runtime (`_cancel`), until each ends; `stop` waits for them."""
+    _cancels_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -144,10 +147,17 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop and wait (within `timeout` in all) for the cancels in flight, so none outlives
+        the store and the runtime it uses."""
+        deadline = time.monotonic() + timeout
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        with self._cancels_lock:
+            cancels = list(self._cancels)
+        for thread in cancels:
+            thread.join(max(0.0, deadline - time.monotonic()))
         if self._unsubscribe is not None:
             self._unsubscribe()
 
@@ -295,7 +305,10 @@ class Scheduler:
         record = self.store.get_job(job_id)
         if record.state == JobState.CANCELLING and not active.cancel_sent:
             active.cancel_sent = True
-            threading.Thread(target=self._cancel, args=(job_id,), name=f"cancel-{job_id}", daemon=True).start()
+            thread = threading.Thread(target=self._cancel, args=(job_id,), name=f"cancel-{job_id}", daemon=True)
+            with self._cancels_lock:
+                self._cancels.add(thread)
+            thread.start()
         try:
             status = self.runtime.poll(job_id, active.cursor)
         except Exception as exc:
@@ -330,6 +343,8 @@ class Scheduler:
             log.exception("job %s: cancel failed", job_id)
             self.store.append_event(job_id, st.EVENT_LOG, {"level": "ERROR", "message": f"cancel failed: {exc}"})
         finally:
+            with self._cancels_lock:
+                self._cancels.discard(threading.current_thread())
             self.wake()
 
     def _apply(self, record: JobRecord, event: RuntimeEvent) -> JobRecord:

@@ -333,6 +333,7 @@ _RECORD_COLUMNS = ", ".join(sorted(_RECORD_FIELDS))
 """The `jobs` columns a JobRecord holds: all but the spec text (parsed once per job while kept,
 `JobStore._specs_of`) and the request id."""
 
+
 def _record(row: dict[str, Any], spec: TrainingJob, labels: dict[str, str]) -> JobRecord:
     """The record of a `jobs` row (its `_RECORD_COLUMNS`), its parsed spec and its labels."""
     return JobRecord(
