@@ -60,6 +60,8 @@ def main() -> None:
           flush=True)
     last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     trainer.train(resume_from_checkpoint=last)
+    if torch.distributed.is_initialized():  # here, not in the interpreter's teardown, where gloo's threads may abort it
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
