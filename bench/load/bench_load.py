@@ -216,6 +216,34 @@ def client_process(numbers: list[int], settings: dict[str, Any], barrier: Any, r
         results.put({"error": traceback.format_exc()})
 
 
+def start_clients(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[list[Any], Any]:
+    """`args.processes` client processes running `args.clients` clients with `settings`, started and past
+    the start barrier (every channel connected); the processes and the queue their results come on."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(args.processes + 1), ctx.Queue()
+    workers = [
+        ctx.Process(target=client_process, args=(list(range(i, args.clients, args.processes)), settings, barrier, results))
+        for i in range(args.processes)
+    ]
+    for w in workers:
+        w.start()
+    barrier.wait(START_TIMEOUT)
+    return workers, results
+
+
+def client_results(clients: tuple[list[Any], Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each client process's outcome once it has run `args.seconds`, the processes joined; raises with the
+    tracebacks if any failed."""
+    workers, results = clients
+    parts = [results.get(timeout=args.seconds + START_TIMEOUT) for _ in workers]
+    for w in workers:
+        w.join(30)
+    failed = [p["error"] for p in parts if "error" in p]
+    if failed:
+        raise RuntimeError("a client process failed:\n" + "\n".join(failed))
+    return parts
+
+
 def percentiles_ms(values: list[float]) -> dict[str, float]:
     """p50 and p99 of latencies in seconds, as milliseconds."""
     q = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
@@ -311,20 +339,12 @@ def run(
     health: HealthWatch | None = None
     try:
         idle = proc_status(proc.pid)
-        ctx = multiprocessing.get_context("spawn")
-        barrier, results = ctx.Barrier(args.processes + 1), ctx.Queue()
         settings = {
             "tokens": {t: tokens[t] for t in TENANTS}, "target": target, "data_root": str(data_root),
             "seconds": args.seconds, "max_requests": args.max_requests, "seed": args.seed, "processes": args.processes,
             "unavailable_allowed": with_outage,
         }
-        workers = [
-            ctx.Process(target=client_process, args=(list(range(i, args.clients, args.processes)), settings, barrier, results))
-            for i in range(args.processes)
-        ]
-        for w in workers:
-            w.start()
-        barrier.wait(START_TIMEOUT)
+        clients = start_clients(args, settings)
         load_started = time.time()
         before = proc_status(proc.pid)
         postmaster = database.process.pid if database is not None and database.process is not None else None
@@ -334,15 +354,10 @@ def run(
         if with_outage:
             health = HealthWatch(target).start()
             times = take_database_away(database, load_started + args.outage_at, args.outage)
-        parts = [results.get(timeout=args.seconds + START_TIMEOUT) for _ in workers]
+        parts = client_results(clients, args)
         after = proc_status(proc.pid)
         database_after = database_cpu_seconds(postmaster) if postmaster and not with_outage else None
         load_after = load_average()
-        for w in workers:
-            w.join(30)
-        failed = [p["error"] for p in parts if "error" in p]
-        if failed:
-            raise RuntimeError("a client process failed:\n" + "\n".join(failed))
         server = {
             "pid_rss_idle_mib": round(idle["vm_rss_mib"], 1), "peak_rss_mib": round(after["vm_hwm_mib"], 1),
             "rss_after_mib": round(after["vm_rss_mib"], 1), "threads_after": after["threads"],
@@ -445,6 +460,15 @@ def extract_trainctl(commit: str, into: Path) -> None:
         tar.extractall(into, filter="data")
 
 
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """The clients' options: how many, for how long, over how many processes, their cap and seed."""
+    parser.add_argument("--clients", type=int, default=200, help="concurrent clients")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long the clients issue requests")
+    parser.add_argument("--processes", type=int, default=2, help="client processes the clients are spread over")
+    parser.add_argument("--max-requests", type=int, default=100_000, help="cap on each client's requests")
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def failed(summary: dict[str, Any]) -> bool:
     outage = summary.get("outage")
     return bool(summary["unexpected"] or summary["store"]["missing"] or (outage and not outage["recovered_within_limit"]))
@@ -452,11 +476,7 @@ def failed(summary: dict[str, Any]) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=200, help="concurrent clients")
-    parser.add_argument("--seconds", type=float, default=60.0, help="how long the clients issue requests")
-    parser.add_argument("--processes", type=int, default=2, help="client processes the clients are spread over")
-    parser.add_argument("--max-requests", type=int, default=100_000, help="cap on each client's requests")
-    parser.add_argument("--seed", type=int, default=0)
+    add_client_arguments(parser)
     parser.add_argument("--store", default="sqlite", help=f"the stores to run the mix on, one after the other: {', '.join(STORES)}")
     parser.add_argument("--outage", type=float, default=0.0, help="seconds the PostgreSQL server is stopped during its run")
     parser.add_argument("--outage-at", type=float, default=15.0, help="seconds after the clients start that the outage begins")
