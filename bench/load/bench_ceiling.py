@@ -7,10 +7,11 @@ What it measures is how many calls per second this machine's CPUs allow the clie
 server together, and the latency that concurrency gives at that rate: no server in Python can answer the
 mix faster here. Reported: calls/s and p50 / p99 per method, the clients' and the server's CPU seconds
 per call, the mean number of calls in flight over calls/s (Little's law: the mean latency any server
-reaching that rate would give), and with `--against FILE` (a bench_load.py result run with
-`--baseline`) the ceiling over that baseline's calls/s: the largest speed-up this machine can show.
+reaching that rate would give), and with `--baseline COMMIT` (that commit's service under the same
+mix first, as bench_load.py runs it) the ceiling over the baseline's calls/s: the largest speed-up
+over that commit this machine can show.
 
-    .venv/bin/python bench/load/bench_ceiling.py --against bench/load/results-load-c96ad80.json --out bench/load/results-ceiling.json
+    .venv/bin/python bench/load/bench_ceiling.py --baseline b4d4df5 --out bench/load/results-ceiling.json
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from bench_load import (
     add_client_arguments,
     client_results,
     commit,
+    extract_trainctl,
     load_average,
     markdown,
     proc_status,
+    run_on,
     start_clients,
     stop_server,
     summarise,
@@ -91,30 +94,30 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_client_arguments(parser)
-    parser.add_argument("--against", type=Path, metavar="FILE",
-                        help="a bench_load.py --baseline result: report the ceiling over its baseline's calls/s")
+    parser.add_argument("--baseline", metavar="COMMIT",
+                        help="first run the mix on this commit's service (SQLite), as bench_load.py --baseline does, "
+                        "and report the ceiling over its calls/s")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
-    against = json.loads(args.against.read_text()) if args.against else None
-    if against is not None and "baseline" not in against:
-        parser.error(f"--against {args.against}: not a bench_load.py result run with --baseline")
-    with tempfile.TemporaryDirectory(prefix="trainctl-bench-ceiling-") as work:
-        summary = run(args, Path(work))
+    args.outage = 0.0
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"), "commit": commit(), "command": " ".join(sys.argv),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpcio": grpc.__version__},
-        "ceiling": summary,
     }
+    if args.baseline:
+        with tempfile.TemporaryDirectory(prefix="trainctl-bench-ceiling-") as work:
+            extract_trainctl(args.baseline, Path(work) / "tree")
+            results["baseline"] = {"commit": args.baseline, **run_on("sqlite", args, Path(work), Path(work) / "tree")}
+        print(f"## baseline {args.baseline} on sqlite\n\n{markdown(results['baseline'])}\n")
+    with tempfile.TemporaryDirectory(prefix="trainctl-bench-ceiling-") as work:
+        results["ceiling"] = summary = run(args, Path(work))
     print(f"## null server\n\n{markdown(summary)}\n")
     print(json.dumps({k: v for k, v in summary.items() if k not in ("by_kind", "by_method", "rpc_counts", "unexpected_samples")},
                      indent=1))
-    if against is not None:
-        base = against["baseline"]
-        results["against"] = {
-            "file": str(args.against), "baseline_commit": base["commit"], "baseline_calls_per_second": base["calls_per_second"],
-            "ceiling_over_baseline": round(summary["calls_per_second"] / base["calls_per_second"], 2),
-        }
-        print(json.dumps(results["against"], indent=1))
+    if args.baseline:
+        results["ceiling_over_baseline"] = round(summary["calls_per_second"] / results["baseline"]["calls_per_second"], 2)
+        print(f"baseline {args.baseline}: {results['baseline']['calls_per_second']} calls/s, "
+              f"{results['baseline']['unexpected']} unexpected; ceiling over baseline: {results['ceiling_over_baseline']}x")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     return 0
