@@ -22,6 +22,7 @@ from serve_process import ServeProcess
 from small_jobs import restartable_job
 
 from trainctl.cli.client import TrainctlClient
+from trainctl.cli.progress import TERMINAL
 from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.embedded import EmbeddedRay, topology_labels
@@ -111,14 +112,20 @@ def test_a_lost_node_without_room_waits_then_resumes_when_a_node_joins(serve: Se
     lost, other = POOL
     cluster.remove_node(other)  # idle; Ray declares it dead after its health checks fail
     wait_for(lambda: not alive(client, other), f"Ray to declare {other} dead", timeout=90)
-    stranded = client.create_job(job("stranded", steps=6))
+    stranded = client.create_job(job("stranded", steps=60))  # ~6 s after step 1 for the removal to land (6 steps took 0.7 s)
     stream = client.watch(stranded.id)
     seen: list[pb.JobEvent] = []
     read_until(stream, seen, lambda e: kind(e) == "step")
     assert nodes_of(client, stranded.id) == {lost}
     cluster.remove_node(lost)
     waiting = f"node(s) {lost} lost; waiting for 2 GPUs to re-place the job: 0 of 4 free"
-    wait_for(lambda: client.get_job(stranded.id).status.reason == waiting, "the job to wait for GPUs")
+
+    def waits_for_gpus() -> bool:
+        status = client.get_job(stranded.id).status
+        assert status.state not in TERMINAL, f"the job ended {pb.JobState.Name(status.state)}: {status.reason}"
+        return status.reason == waiting
+
+    wait_for(waits_for_gpus, "the job to wait for GPUs")
     assert client.get_job(stranded.id).status.state == pb.RESTARTING
     add_pool_node(cluster, other)
     seen += list(stream)

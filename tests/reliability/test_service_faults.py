@@ -40,8 +40,6 @@ from trainctl.workers.events import EVENTS_FILE, EventKind, JobState, read_event
 
 pytestmark = pytest.mark.timeout(420)
 
-TERMINAL = (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED)
-
 
 @pytest.fixture(scope="module")
 def serve(cluster: EmbeddedRay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
