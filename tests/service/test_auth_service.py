@@ -204,6 +204,39 @@ def test_quotas_refuse_with_resource_exhausted_naming_the_quota(service: SecureS
         svc.stop()
 
 
+def test_a_retry_is_answered_its_job_even_once_the_job_fills_the_quota(tmp_path: Path, tokens: Tokens) -> None:
+    svc = start_service(tmp_path, tokens.path)
+    try:
+        with svc.channel() as ch:
+            first = [create(ch, tokens.alice, f"fill-{i}", request_id=f"fill-{i}") for i in range(3)]
+            again = create(ch, tokens.alice, "fill-2", request_id="fill-2")  # its first answer was lost
+            assert again.id == first[2].id
+            error = rpc_error(stub(ch).CreateJob, pb.CreateJobRequest(job=job_message("new"), request_id="new"), tokens.alice)
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # a new request is still refused
+    finally:
+        svc.stop()
+
+
+def test_concurrent_creates_never_exceed_the_queued_jobs_quota(tmp_path: Path, tokens: Tokens) -> None:
+    svc = start_service(tmp_path, tokens.path)
+    try:
+        with svc.channel() as ch:
+            calls = [stub(ch).CreateJob.future(pb.CreateJobRequest(job=job_message(f"race-{i}")), metadata=bearer(tokens.alice),
+                                               timeout=30) for i in range(24)]
+            codes = []
+            for call in calls:
+                try:
+                    call.result()
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as exc:
+                    codes.append(exc.code())
+        assert codes.count(grpc.StatusCode.OK) == 3, codes
+        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 21, codes
+        assert svc.store.count_by_state("vision").get("QUEUED", 0) == 3
+    finally:
+        svc.stop()
+
+
 def test_sweeps_are_per_tenant_and_parallel_trials_must_fit_the_quota(channel: grpc.Channel, tokens: Tokens) -> None:
     client = stub(channel)
     error = rpc_error(client.CreateSweep, pb.CreateSweepRequest(sweep=sweep_message("wide", parallel=3)), tokens.alice)

@@ -122,6 +122,13 @@ def test_bad_sweeps_are_invalid_argument_naming_the_field(
     assert api.scheduler.store.list_sweeps() == []
 
 
+def test_a_retried_create_sweep_is_answered_its_sweep_without_checking_again(client: TrainctlClient, api: ApiServer) -> None:
+    first = client.create_sweep(parse_sweep_object(DOCUMENT), request_id="sweep-once")
+    retried = client.create_sweep(sent(changed(*BAD[0][:2])), request_id="sweep-once")  # checks that now fail
+    assert retried.id == first.id
+    assert [s.id for s in api.scheduler.store.list_sweeps()] == [first.id]
+
+
 def test_parallel_trials_beyond_the_tenant_quota_is_refused() -> None:
     sweep = parse_sweep_object(changed("spec.trials", 8))
     sweep = sweep.model_copy(update={"spec": sweep.spec.model_copy(update={"parallel_trials": 3})})

@@ -30,7 +30,7 @@ from trainctl.service.paths import JobPathPolicy, job_reference
 from trainctl.service.planning import fit_violations, plan_response
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
-from trainctl.service.store import JobNotFound, JobRecord, JobStore, StoreUnavailable
+from trainctl.service.store import AdmissionRefused, JobNotFound, JobRecord, JobStore, StoreUnavailable
 from trainctl.service.sweep_api import SweepRpcs
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, admission_violation
@@ -60,10 +60,11 @@ class TrainingServicer(SweepRpcs):
     """Implements trainctl.v1.TrainingService over a JobStore, a Scheduler and a GpuPool (the sweep RPCs:
     trainctl.service.sweep_api, driven by a SweepDriver)."""
 
-    BLOCKING = frozenset({"CancelJob", "GetCluster", "CreateSweep", "GetSweep", "ListSweeps", "CancelSweep"})
+    BLOCKING = frozenset({"CancelJob", "PlanJob", "GetCluster", "CreateSweep", "GetSweep", "ListSweeps", "CancelSweep"})
     """Unary methods that may block (a write's commit, a call to Ray, the store lock the sweep reads
-    take): they run on the server's thread pool. The other plain methods only read and compute; the
-    async ones (CreateJob, the streams) hand their own blocking parts to the pool."""
+    take, PlanJob's checks of the files a job names): they run on the server's thread pool. The other
+    plain methods only read the store and compute; the async ones (CreateJob, the streams) hand their
+    own blocking parts to the pool."""
 
     def __init__(
         self,
@@ -160,44 +161,39 @@ class TrainingServicer(SweepRpcs):
 
     # ---- RPCs ---------------------------------------------------------------------------------------
     async def CreateJob(self, request: pb.CreateJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
-        """Checked where the store's reads run (on the event loop on SQLite: the checks only read files and
-        compute), committed on the thread pool; on PostgreSQL, whose reads are round trips, checked and
-        committed in one call on the pool, which a busy pool would otherwise make wait twice more."""
+        """Checked and committed in one call on the thread pool: the checks read the file system (a
+        dataset's glob may walk a large tree), which must never hold up the event loop's other calls."""
         if not request.HasField("job"):
             raise bad_field("job", "the job to create is required")
         if len(request.request_id) > MAX_ID_LENGTH:
             raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
-        loop = asyncio.get_running_loop()
-        if self.store.reads_are_local:
-            job = self._admissible(request.job, principal)
-            record = await loop.run_in_executor(None, self._create, job, request.request_id, principal)
-        else:
-            record = await loop.run_in_executor(
-                None, lambda: self._create(self._admissible(request.job, principal), request.request_id, principal)
-            )
+        record = await asyncio.get_running_loop().run_in_executor(None, self._retried_or_created, request, principal)
         self.scheduler.wake()
         return self.jobs.message(record)
 
-    def _admissible(self, message: pb.Job, principal: Principal) -> TrainingJob:
-        """The job of `message` if it is valid (else INVALID_ARGUMENT) and the tenant's quota admits it now
-        (else RESOURCE_EXHAUSTED). Reads the tenants of jobs the spec names and, under a queued_jobs
-        quota, how many jobs the tenant has queued."""
-        job = self._validated(message, principal)
-        refusal = self._quota_refusal(principal.tenant, job.spec.resources.gpus)
-        if refusal is not None:
-            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-        return job
+    def _retried_or_created(self, request: pb.CreateJobRequest, principal: Principal) -> JobRecord:
+        """CreateJob's whole work in one call: the retried job, else the request's job checked and committed."""
+        retried = self._retried(request.request_id, principal)
+        return retried or self._create(self._validated(request.job, principal), request.request_id, principal)
+
+    def _retried(self, request_id: str, principal: Principal) -> JobRecord | None:
+        """The job the tenant already created with `request_id` (a retry is answered it, whatever the
+        checks would say now: its first answer may have been lost), or None."""
+        return self.store.job_of_request(principal.tenant, request_id) if request_id else None
 
     def _create(self, job: TrainingJob, request_id: str, principal: Principal) -> JobRecord:
-        record, _created = self.store.create_job(job, tenant=principal.tenant, request_id=request_id or None)
+        """Commit `job` if the tenant's quota admits it (else RESOURCE_EXHAUSTED), checked in the commit's
+        own transaction so that concurrent creates cannot all pass a queued_jobs quota."""
+        quota = self.auth.quota(principal.tenant)
+        gpus = job.spec.resources.gpus
+        try:
+            record, _created = self.store.create_job(
+                job, tenant=principal.tenant, request_id=request_id or None,
+                admit=lambda queued: admission_violation(principal.tenant, quota, gpus, queued),
+            )
+        except AdmissionRefused as refused:
+            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refused)) from None
         return record
-
-    def _quota_refusal(self, tenant: str, gpus: int) -> str | None:
-        """Why the tenant's quota refuses one more job of `gpus` GPUs now (None: it does not)."""
-        def queued() -> int:
-            return self.store.count_by_state(tenant).get(JobState.QUEUED, 0)
-
-        return admission_violation(tenant, self.auth.quota(tenant), gpus, queued)
 
     def GetJob(self, request: pb.GetJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
         record = self._job(request.id, principal)

@@ -185,6 +185,10 @@ class JobNotFound(KeyError):
     """No job with that id."""
 
 
+class AdmissionRefused(Exception):
+    """`create_job`'s admission check refused the job; the message says why. Nothing was written."""
+
+
 class SweepNotFound(KeyError):
     """No sweep with that id."""
 
@@ -361,6 +365,11 @@ def _timed(method: Callable[Concatenate[JobStore, _P], _R]) -> Callable[Concaten
     return timed
 
 
+def _request_key(tenant: str, request_id: str | None) -> str | None:
+    """The idempotency key of a tenant's request id (None without one): the stored `request_id`."""
+    return f"{tenant}/{request_id}" if request_id else None
+
+
 class JobStore:
     """Thread-safe access to one database; every method is one committed transaction.
 
@@ -501,19 +510,37 @@ class JobStore:
     # ---- jobs ---------------------------------------------------------------------------------------
     @_timed
     def create_job(
-        self, job: TrainingJob, *, tenant: str = "default", request_id: str | None = None, now: float | None = None
+        self, job: TrainingJob, *, tenant: str = "default", request_id: str | None = None, now: float | None = None,
+        admit: Callable[[Callable[[], int]], str | None] | None = None,
     ) -> tuple[JobRecord, bool]:
         """Insert `job` as QUEUED with its first event; return (record, created).
 
-        With a request_id the tenant already used, returns that job and created=False (idempotent retry)."""
+        With a request_id the tenant already used, returns that job and created=False (idempotent retry).
+        Else `admit(queued)`, called in the same write transaction (so concurrent creates cannot all pass
+        it), says why the job must be refused, or None; `queued()` counts the tenant's queued jobs.
+        A refusal raises AdmissionRefused."""
         now = time.time() if now is None else now
-        key = f"{tenant}/{request_id}" if request_id else None
+        key = _request_key(tenant, request_id)
         with self._tx() as db:
             if key:
                 row = db.execute("SELECT id FROM jobs WHERE request_id = ?", (key,)).fetchone()
                 if row is not None:
                     return self._get(row["id"]), False
+            if admit is not None and (refusal := admit(lambda: self._queued_count(db, tenant))) is not None:
+                raise AdmissionRefused(refusal)
             return self._insert_job(db, job, tenant, key, now), True
+
+    @_timed
+    def job_of_request(self, tenant: str, request_id: str) -> JobRecord | None:
+        """The job `tenant` created with `request_id`, if any: what a retried CreateJob answers."""
+        with self._reading() as db:
+            row = db.execute(f"SELECT {_RECORD_COLUMNS} FROM jobs WHERE request_id = ?", (_request_key(tenant, request_id),)).fetchone()
+            return None if row is None else self._records_of(db, [row])()[0]
+
+    @staticmethod
+    def _queued_count(db: Database, tenant: str) -> int:
+        row = db.execute("SELECT COUNT(*) AS n FROM jobs WHERE tenant = ? AND state = ?", (tenant, JobState.QUEUED)).fetchone()
+        return int(row["n"])
 
     def _insert_job(self, db: Database, job: TrainingJob, tenant: str, key: str | None, now: float) -> JobRecord:
         """The job inserted, with its labels and first event; its record (kept once the write commits)."""
@@ -811,7 +838,7 @@ class JobStore:
         """Insert `sweep` as RUNNING; return (record, created). A request_id the tenant already used
         returns that sweep and created=False."""
         now = time.time() if now is None else now
-        key = f"{tenant}/{request_id}" if request_id else None
+        key = _request_key(tenant, request_id)
         with self._tx() as db:
             if key:
                 row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (key,)).fetchone()
@@ -831,6 +858,13 @@ class JobStore:
     def get_sweep(self, sweep_id: str) -> SweepRecord:
         with self._lock:
             return self._get_sweep(sweep_id)
+
+    @_timed
+    def sweep_of_request(self, tenant: str, request_id: str) -> SweepRecord | None:
+        """The sweep `tenant` created with `request_id`, if any: what a retried CreateSweep answers."""
+        with self._reading() as db:
+            row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (_request_key(tenant, request_id),)).fetchone()
+        return None if row is None else self.get_sweep(row["id"])
 
     def _get_sweep(self, sweep_id: str) -> SweepRecord:
         row = self._db.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()

@@ -101,6 +101,9 @@ class SweepRpcs:
             raise bad_field("sweep", "the sweep to create is required")
         if len(request.request_id) > MAX_ID_LENGTH:
             raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
+        retried = self.store.sweep_of_request(principal.tenant, request.request_id) if request.request_id else None
+        if retried is not None:  # answered its sweep, whatever the checks would say now
+            return self._sweep_message(retried)
         sweep = self._valid_sweep(request.sweep, principal)
         record, _created = self.store.create_sweep(sweep, tenant=principal.tenant, request_id=request.request_id or None)
         if self.sweeps is not None:
