@@ -207,6 +207,21 @@ def test_plan(client: TrainctlClient) -> None:
     assert not bad.valid and "spec.model.n_heads" in [v.field for v in bad.violations]
 
 
+def test_a_data_glob_repeating_the_recursive_wildcard_is_refused_without_walking(client: TrainctlClient, tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "doc.txt").write_text("a document " * 50)
+    message = job_to_proto(small_job("globs"))
+    del message.spec.data.paths.values[:]
+    message.spec.data.paths.values.extend([str(tmp_path / "**" / "*.txt"), str(tmp_path / "**" / "**" / "*.txt")])
+    plan = client.plan_job(message)
+    assert not plan.valid
+    assert [(v.field, "'**'" in v.description) for v in plan.violations] == [("spec.data.paths[1]", True)], plan.violations
+    with pytest.raises(grpc.RpcError) as info:
+        client.create_job(message)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [v.field for v in field_violations(info.value)] == ["spec.data.paths[1]"]
+
+
 def test_cluster_health_and_reflection(client: TrainctlClient, api: ApiServer) -> None:
     cluster = client.get_cluster()
     assert [n.name for n in cluster.nodes] == ["node-0", "node-1"]

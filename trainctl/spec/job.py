@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainctl.spec.data_format import DataFormat
 
@@ -53,6 +53,18 @@ MAX_ENV_BYTES = 65_536
 
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 PathText = Annotated[str, Field(max_length=MAX_PATH_LENGTH)]
+
+
+def _one_recursive_wildcard(pattern: str) -> str:
+    """A data path with at most one `**` component: each further one makes matching walk the whole
+    tree below it again (the cost multiplies), and one already matches files at any depth."""
+    recursive = sum(part == "**" for part in re.split(r"[/\\]", pattern))
+    if recursive > 1:
+        raise ValueError(f"has {recursive} '**' components; at most one is allowed (it already matches any depth)")
+    return pattern
+
+
+DataPathText = Annotated[PathText, AfterValidator(_one_recursive_wildcard)]
 
 
 def count(upper: int, lower: int = 1) -> type[int]:
@@ -175,7 +187,7 @@ has one, else `byte` (`resolve_tokenizer`)."""
 
 
 class DataSpec(StrictModel):
-    paths: list[PathText] = Field(default_factory=lambda: ["@stdlib"], max_length=MAX_DATA_PATHS)
+    paths: list[DataPathText] = Field(default_factory=lambda: ["@stdlib"], max_length=MAX_DATA_PATHS)
     """Glob patterns of text, JSONL or Parquet files; directories for `tokens` and `arrow`. `@stdlib`
     means the Python standard library's .py files, a corpus present on every machine."""
     tokenizer: PathText = TOKENIZER_AUTO
