@@ -139,6 +139,7 @@ class ApiServer:
     target: str
     sweeps: SweepDriver
     health: HealthStatus
+    servicer: TrainingServicer
 
     def stop(self) -> None:
         self.server.stop(0).wait()
@@ -174,7 +175,7 @@ def start_api_server(
     from grpc_health.v1 import health_pb2
 
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    return ApiServer(scheduler, server, f"127.0.0.1:{port}", sweeps, health_servicer)
+    return ApiServer(scheduler, server, f"127.0.0.1:{port}", sweeps, health_servicer, servicer)
 
 
 def eventually(check: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:

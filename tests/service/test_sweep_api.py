@@ -23,6 +23,7 @@ from trainctl.service.sweep_convert import sweep_from_proto, sweep_to_proto
 from trainctl.service.tenancy import Quota
 from trainctl.spec.sweep import SWEEP_LABEL, parse_sweep_object
 from trainctl.v1 import training_pb2 as pb
+from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.workers.events import JobState
 
 DOCUMENT: dict[str, Any] = {
@@ -127,6 +128,17 @@ def test_a_retried_create_sweep_is_answered_its_sweep_without_checking_again(cli
     retried = client.create_sweep(sent(changed(*BAD[0][:2])), request_id="sweep-once")  # checks that now fail
     assert retried.id == first.id
     assert [s.id for s in api.scheduler.store.list_sweeps()] == [first.id]
+
+
+def test_a_watch_of_a_running_sweep_ends_unavailable_when_the_service_stops(client: TrainctlClient, api: ApiServer) -> None:
+    created = client.create_sweep(parse_sweep_object(DOCUMENT))
+    with grpc.insecure_channel(api.target) as channel:
+        stream = pb_grpc.TrainingServiceStub(channel).WatchSweep(pb.WatchSweepRequest(id=created.id), timeout=30)
+        assert next(stream).status.state == pb.SWEEP_STATE_RUNNING
+        api.servicer.stopping.set()
+        with pytest.raises(grpc.RpcError) as info:
+            list(stream)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "the service is stopping" in info.value.details()
 
 
 def test_parallel_trials_beyond_the_tenant_quota_is_refused() -> None:

@@ -22,7 +22,7 @@ from trainctl.service.convert import job_to_proto
 from trainctl.service.hardening import StreamLimiter
 from trainctl.service.server import DEFAULT_STREAMS_PER_TENANT, ServiceConfig
 from trainctl.service.store import Event, JobRecord, JobStore
-from trainctl.service.watch_hub import EventHub
+from trainctl.service.watch_hub import EventHub, WatchStopped
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.workers.events import JobState
@@ -130,10 +130,15 @@ class Follower(threading.Thread):
         super().__init__(daemon=True)
         self.stream = Stream(hub.follow(job_id, after))
         self.got: list[int] = []
+        self.stopped: WatchStopped | None = None
+        """Set when the service stopped while the job had not ended."""
 
     def run(self) -> None:
         with contextlib.suppress(concurrent.futures.CancelledError):
-            self.got.extend(event.sequence for event in self.stream)
+            try:
+                self.got.extend(event.sequence for event in self.stream)
+            except WatchStopped as stopped:
+                self.stopped = stopped
 
 
 def hub_over(store: JobStore | CountingStore, stopping: threading.Event, buffer_events: int = 1000) -> EventHub[Event]:
@@ -256,6 +261,29 @@ def test_a_waiting_watcher_ends_as_soon_as_its_call_ends_or_the_service_stops(st
     hub.wake_all()
     at_stop.join(WAIT)
     assert not at_stop.is_alive()
+    assert at_stop.stopped is not None and f"after sequence {start}" in str(at_stop.stopped)  # not an end
+    assert ended_call.stopped is None
+
+
+def test_a_follow_of_a_running_job_ends_unavailable_when_the_service_stops(tmp_path: Path) -> None:
+    """Not OK, which would read as the job's end: the CLI resumes an UNAVAILABLE watch from its cursor."""
+    runtime = ScriptedRuntime()
+    api = start_api_server(tmp_path, runtime)
+    try:
+        with grpc.insecure_channel(api.target) as channel:
+            stub = pb_grpc.TrainingServiceStub(channel)
+            job = stub.CreateJob(pb.CreateJobRequest(job=job_to_proto(small_job("runs-on"))))
+            runtime.wait_started(job.id)
+            stream = stub.WatchJob(pb.WatchJobRequest(id=job.id, follow=True), timeout=WAIT)
+            first = next(stream)
+            api.servicer.stopping.set()
+            api.servicer.watch_hub.wake_all()
+            with pytest.raises(grpc.RpcError) as info:
+                list(stream)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+            assert "the service is stopping" in info.value.details() and first.sequence > 0
+    finally:
+        api.stop()
 
 
 def test_many_grpc_followers_of_one_running_job_each_get_every_event_once_in_order(tmp_path: Path) -> None:

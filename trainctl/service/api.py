@@ -24,7 +24,14 @@ from trainctl.service import store as st
 from trainctl.service.async_bridge import store_read
 from trainctl.service.auth import Authenticator
 from trainctl.service.convert import job_from_proto, timestamp
-from trainctl.service.errors import ApiError, bad_field, failed_precondition, invalid_argument, not_found
+from trainctl.service.errors import (
+    ApiError,
+    bad_field,
+    failed_precondition,
+    invalid_argument,
+    not_found,
+    service_stopping,
+)
 from trainctl.service.job_messages import JobMessages, step_to_proto
 from trainctl.service.paths import JobPathPolicy, job_reference
 from trainctl.service.planning import fit_violations, plan_response
@@ -34,7 +41,7 @@ from trainctl.service.store import AdmissionRefused, JobNotFound, JobRecord, Job
 from trainctl.service.sweep_api import SweepRpcs
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, admission_violation
-from trainctl.service.watch_hub import EventHub, WatchFailed
+from trainctl.service.watch_hub import EventHub, WatchFailed, WatchStopped
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import (
     FieldViolation,
@@ -245,6 +252,8 @@ class TrainingServicer(SweepRpcs):
                 if isinstance(exc.__cause__, StoreUnavailable):  # answered UNAVAILABLE: the client resumes
                     raise StoreUnavailable(str(exc.__cause__)) from exc
                 raise
+            except WatchStopped as exc:  # UNAVAILABLE, not OK: the job goes on, the client resumes elsewhere
+                raise service_stopping(str(exc)) from None
             return
         cursor = request.after_sequence
         while events := await store_read(self.store, partial(self.store.events, record.id, cursor)):

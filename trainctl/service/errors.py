@@ -63,6 +63,12 @@ def failed_precondition(message: str) -> ApiError:
 
 
 
+def service_stopping(what: str) -> ApiError:
+    """UNAVAILABLE for a stream the service ends because it stops while `what` goes on: the client
+    resumes it (on another replica), as after any broken connection."""
+    return ApiError(grpc.StatusCode.UNAVAILABLE, f"the service is stopping; {what}")
+
+
 def field_violations(error: grpc.RpcError) -> list[FieldViolation]:
     """Client side: the BadRequest field violations of a failed call (empty when it has none)."""
     status = rpc_status.from_call(error)  # type: ignore[arg-type]

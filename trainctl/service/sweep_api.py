@@ -14,7 +14,13 @@ from collections.abc import AsyncIterator, Callable
 from trainctl.service.async_bridge import wait_for_store_change
 from trainctl.service.auth import Authenticator
 from trainctl.service.convert import timestamp
-from trainctl.service.errors import bad_field, failed_precondition, invalid_argument, not_found
+from trainctl.service.errors import (
+    bad_field,
+    failed_precondition,
+    invalid_argument,
+    not_found,
+    service_stopping,
+)
 from trainctl.service.planning import fit_violations
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
@@ -156,8 +162,10 @@ class SweepRpcs:
             if serialized != last:
                 last = serialized
                 yield message
-            if record.state.terminal or self.stopping.is_set():
+            if record.state.terminal:
                 return
+            if self.stopping.is_set():  # UNAVAILABLE, not OK: the sweep goes on, the client resumes elsewhere
+                raise service_stopping(f"watch sweep {record.id} again")
             await wait_for_store_change(self.store, WATCH_POLL_SECONDS)
 
     def _sweep_snapshot(self, sweep_id: str) -> tuple[SweepRecord, pb.Sweep]:

@@ -60,6 +60,11 @@ class WatchFailed(RuntimeError):
     """The job's reader stopped on a store error; the watcher may resume from its last sequence."""
 
 
+class WatchStopped(RuntimeError):
+    """The service is stopping while the job has not ended; the watcher may resume from its last
+    sequence on another replica (an end without this would read as the job's end)."""
+
+
 class EventSource(CommitSource, ReadSource, Protocol):
     """The store methods the hub reads (trainctl.service.store.JobStore)."""
 
@@ -192,6 +197,7 @@ class EventHub(Generic[T]):
                     return
                 else:  # only when the feed began at a cursor beyond every event of the job
                     await wait_for_store_change(self._store, self.store_poll_seconds, job_id)
+            raise WatchStopped(f"resume the watch of job {job_id} after sequence {watcher.taken}")
         finally:
             with feed.lock:
                 feed.watchers.discard(watcher)
