@@ -7,8 +7,9 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from control_plane_fakes import ScriptedRuntime, make_scheduler
+from control_plane_fakes import ScriptedRuntime, eventually, make_scheduler
 from small_jobs import small_job
 
 from trainctl.service import store as st
@@ -371,3 +372,66 @@ def test_an_idle_loop_passes_over_the_queue_again_only_when_something_it_reads_c
     finally:
         scheduler.stop()
         scheduler.store.close()
+
+
+
+
+class CommitInAdmissionCheck:
+    """A trace of the scheduler's loop thread: at line `at` of its second admission check another
+    thread commits a CreateJob and wakes the loop, as the API does; `checks_done` counts ended checks."""
+
+    def __init__(self, scheduler: Scheduler, at: int):
+        self.scheduler, self.at = scheduler, at
+        self.created: list[str] = []
+        self.checks_done = threading.Semaphore(0)
+        self._calls = self._lines = 0
+
+    def on_call(self, frame: Any, _event: str, _arg: Any) -> Any:
+        if frame.f_code is not Scheduler._admission_due.__code__:  # noqa: SLF001
+            return None
+        self._calls += 1
+        return self.in_check
+
+    def in_check(self, _frame: Any, event: str, _arg: Any) -> Any:
+        if event == "line" and self._calls == 2:
+            if self._lines == self.at:
+                api = threading.Thread(target=self._create)
+                api.start()
+                api.join()
+            self._lines += 1
+        elif event == "return":
+            self.checks_done.release()
+        return self.in_check
+
+    def _create(self) -> None:
+        self.created.append(submit(self.scheduler, "j", 1))
+        self.scheduler.wake()
+
+
+def test_a_commit_landing_anywhere_in_the_admission_check_is_seen_by_the_next_tick(tmp_path: Path) -> None:
+    """The API's threads commit at any moment: a CreateJob committed at each line of the loop's admission
+    check in turn (the first check after an idle pass) is admitted by the next ticks, not
+    `admission_refresh` (60 s here) later."""
+    line, landed = 0, True
+    while landed:
+        s = make_scheduler(tmp_path / str(line), ScriptedRuntime())  # 8 GPUs, nothing running
+        s.interval, s.min_tick_gap, s.admission_refresh = 60.0, 0.0, 60.0  # only wakes tick
+        trace = CommitInAdmissionCheck(s, at=line)
+        threading.settrace(trace.on_call)  # the loop thread started next is traced
+        try:
+            s.start()
+        finally:
+            threading.settrace(None)  # type: ignore[arg-type]
+        try:
+            assert trace.checks_done.acquire(timeout=10)  # the first tick's: its pass finds no job
+            s.wake()
+            assert trace.checks_done.acquire(timeout=10)  # the second: the commit lands at `line` of it
+            landed = bool(trace.created)
+            if landed:
+                eventually(lambda s=s, job=trace.created[0]: state(s, job).state == JobState.SCHEDULED,
+                           f"a job committed at line {line} of the admission check admitted", timeout=3)
+        finally:
+            s.stop()
+            s.store.close()
+        line += 1
+    assert line > 3, "the check was traced line by line"

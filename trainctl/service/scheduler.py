@@ -95,6 +95,18 @@ class _Active:
 
 
 @dataclass
+class _CommitCount:
+    """How many writes this process has committed to the store (`JobStore.on_commit` calls `add`)."""
+
+    value: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self) -> None:
+        with self._lock:
+            self.value += 1
+
+
+@dataclass
 class Scheduler:
     """Owns the queue and follows running jobs; `start()` runs the loop in a daemon thread."""
 
@@ -125,10 +137,11 @@ class Scheduler:
     """The lease the loop's writes carry (None without a leadership)."""
     _unlaunched: set[str] = field(default_factory=set)
     """Jobs admitted or recovered but not handed to the runtime yet (too little lease left)."""
-    _written: threading.Event = field(default_factory=threading.Event)
-    """Set by every write this process commits to the store (`JobStore.on_commit`)."""
-    _last_admission: tuple[float, frozenset[str], int] | None = None
-    """When the loop's last admission pass started (monotonic), the nodes down and the GPUs free then."""
+    _commits: _CommitCount = field(default_factory=_CommitCount)
+    """Counts every write this process commits to the store."""
+    _last_admission: tuple[float, int, frozenset[str], int] | None = None
+    """When the loop's last admission pass started (monotonic), and the commits counted, the nodes down
+    and the GPUs free then."""
     _unsubscribe: Callable[[], None] | None = None
     _cancels: set[threading.Thread] = field(default_factory=set)
     """Threads sending a cancel to the runtime (`_cancel`), until each ends; `stop` waits for them."""
@@ -138,7 +151,7 @@ class Scheduler:
     def start(self) -> None:
         """Re-attach to jobs the store says are active (when leading: taking the lease does), then start
         the loop."""
-        self._unsubscribe = self.store.on_commit(self._written.set)
+        self._unsubscribe = self.store.on_commit(self._commits.add)
         if self.leadership is None:
             self.recover()
         else:
@@ -290,14 +303,12 @@ class Scheduler:
         down and GPUs free) and it is less than `admission_refresh` old, so an idle service with a long
         queue does not re-decide the same thing every tick. Replicas sharing a store always pass:
         another one's writes are not seen."""
-        now, down, free = time.monotonic(), frozenset(self._down_nodes()), self.pool.free_count
-        written = self._written.is_set()
-        self._written.clear()  # a write committed during this pass sets it again: the next tick passes too
+        now, commits = time.monotonic(), self._commits.value  # a commit after this read: the next tick passes
+        seen = (commits, frozenset(self._down_nodes()), self.pool.free_count)
         last = self._last_admission
-        due = (self.leadership is not None or last is None or written or (down, free) != last[1:]
-               or now - last[0] >= self.admission_refresh)
+        due = self.leadership is not None or last is None or seen != last[1:] or now - last[0] >= self.admission_refresh
         if due:
-            self._last_admission = (now, down, free)
+            self._last_admission = (now, *seen)
         return due
 
     def _follow(self, job_id: str) -> None:
