@@ -260,14 +260,21 @@ def test_a_job_that_lost_a_node_is_re_placed_off_it_and_dead_nodes_take_no_job(t
     assert state(s, c).state == JobState.SCHEDULED and nodes_of(dict(runtime.started)[c]) == {lost}
 
 
-def test_a_job_that_lost_a_node_waits_for_gpus_then_is_re_placed(tmp_path: Path) -> None:
+def waiting_to_be_re_placed(tmp_path: Path) -> tuple[Scheduler, ScriptedRuntime, str, str, str]:
+    """A scheduler of 2 nodes x 2 GPUs whose job a lost its node and waits to be re-placed, because b
+    holds the other node: (scheduler, runtime, a, b, the lost node)."""
     runtime = ScriptedRuntime(nodes={"node-0", "node-1"})
-    s = make_scheduler(tmp_path, runtime, nodes=2, gpus=2)  # 4 GPUs
+    s = make_scheduler(tmp_path, runtime, nodes=2, gpus=2)
     a, b = submit(s, "a", 2), submit(s, "b", 2)
     s.tick()
     [lost] = nodes_of(dict(runtime.started)[a])
     runtime.lose_node(a, lost)
     s.tick()
+    return s, runtime, a, b, lost
+
+
+def test_a_job_that_lost_a_node_waits_for_gpus_then_is_re_placed(tmp_path: Path) -> None:
+    s, runtime, a, b, lost = waiting_to_be_re_placed(tmp_path)
     s.tick()
     assert runtime.plans == []
     waiting = f"node(s) {lost} lost; waiting for 2 GPUs to re-place the job: 0 of 4 free"
@@ -435,3 +442,21 @@ def test_a_commit_landing_anywhere_in_the_admission_check_is_seen_by_the_next_ti
             s.store.close()
         line += 1
     assert line > 3, "the check was traced line by line"
+
+
+def test_a_job_that_stops_waiting_for_a_new_plan_no_longer_blocks_the_queue(tmp_path: Path) -> None:
+    """A job waiting to be re-placed whose supervisor then goes on without a new plan (the lost node came
+    back: Ray restarted the supervisor, which resumed on its old plan) no longer holds the queue back."""
+    s, runtime, a, b, lost = waiting_to_be_re_placed(tmp_path)
+    queued = submit(s, "queued", 1)
+    s.tick()
+    assert state(s, queued).reason == f"waiting behind {a}, which waits for GPUs to re-place it after a node loss"
+
+    runtime.nodes.add(lost)
+    runtime.state(a, JobState.RESTARTING, "job supervisor restarted")
+    runtime.state(a, JobState.RUNNING, "ranks up")  # on its old plan: no PLAN event
+    runtime.run(b, [1.0])
+    s.tick()
+    s.tick()
+    assert runtime.plans == []
+    assert state(s, queued).state == JobState.SCHEDULED, state(s, queued).reason

@@ -341,6 +341,8 @@ class Scheduler:
             active.stored_cursor = status.cursor
         if status.replan and not status.state.terminal and record.state != JobState.CANCELLING:
             self._replace(record, status.replan)
+        else:  # the supervisor waits for no plan (it went on without one, or the job is ending)
+            active.replan_waiting = ()
         if status.drained and status.state.terminal:
             record = self.store.get_job(job_id)
             reason = record.reason if record.state == JobState.CANCELLING and status.state.value == JobState.CANCELLED else status.reason
