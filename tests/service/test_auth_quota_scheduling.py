@@ -1,5 +1,6 @@
-"""The running-GPU quota in the scheduler: a tenant over quota waits (with the reason), others do not, however
-many of its jobs are queued ahead of theirs."""
+"""The running-GPU quota in the scheduler: a tenant over quota waits (with the reason), its later jobs
+wait behind the one its quota holds, and other tenants do not wait, however many of its jobs are queued
+ahead of theirs."""
 
 from __future__ import annotations
 
@@ -91,8 +92,34 @@ def test_the_admission_pass_walks_past_a_page_of_over_quota_jobs_and_marks_the_r
         behind = [store.create_job(job(f"behind{i}", 1), tenant="nlp")[0].id for i in range(QUEUE_PAGE + 1)]
         scheduler.tick()
         assert runtime.started == [fits]
-        assert all("quota running_gpus of tenant 'vision'" in store.get_job(j).reason for j in held)
+        assert "quota running_gpus of tenant 'vision'" in store.get_job(held[0]).reason
+        assert {store.get_job(j).reason for j in held[1:]} == {f"waiting behind {held[0]}, held by tenant 'vision''s quota"}
         assert store.get_job(too_big).reason.startswith("waiting for")
         assert {store.get_job(j).reason for j in behind} == {f"waiting behind {too_big} (priority 0), first in the queue"}
+    finally:
+        store.close()
+
+
+def test_a_tenants_small_jobs_wait_behind_its_job_held_by_the_quota(tmp_path: Path) -> None:
+    """The queue is strict within a tenant: a small job that fits the quota's remainder does not start
+    before the tenant's higher-priority job the quota holds (a stream of them would starve it), while
+    another tenant's job behind both starts."""
+    scheduler, store, runtime = quota_scheduler(tmp_path, {"vision": Quota(running_gpus=4)})
+    try:
+        running = store.create_job(job("running", 2), tenant="vision")[0].id
+        scheduler.tick()
+        big = store.create_job(small_job("big", gpus=4, scheduling={"priority": 10}), tenant="vision")[0].id
+        small = store.create_job(job("small", 2), tenant="vision")[0].id
+        other = store.create_job(job("other", 2), tenant="nlp")[0].id
+        scheduler.tick()
+        assert runtime.started == [running, other]
+        assert "quota running_gpus of tenant 'vision': 2 of 4 GPUs in use" in store.get_job(big).reason
+        assert store.get_job(small).reason == f"waiting behind {big}, held by tenant 'vision''s quota"
+
+        runtime.finished.add(running)
+        scheduler.tick()
+        scheduler.tick()
+        assert runtime.started == [running, other, big]
+        assert store.get_job(small).state == JobState.QUEUED
     finally:
         store.close()

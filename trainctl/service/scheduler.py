@@ -11,8 +11,9 @@ One background thread owns every transition after QUEUED except the API's cancel
    job's actors and placement group are gone, and must not stall the loop);
 3. admit queued jobs in order (priority descending, then submission order): a job starts only when
    placement finds a GPU for every rank (gang scheduling). The queue is strict: a job that does not
-   fit blocks lower ones, so a large job is never starved by a stream of small ones; a running job
-   waiting to be re-placed blocks them all. Nodes Ray does not have alive are left out. A waiting
+   fit blocks lower ones, so a large job is never starved by a stream of small ones; a job its tenant's
+   quota holds blocks that tenant's lower ones (not other tenants'); a running job waiting to be
+   re-placed blocks them all. Nodes Ray does not have alive are left out. A waiting
    job's reason says what it waits for.
 
 State changes use the store's compare-and-set, so a cancel racing with admission is never lost.
@@ -466,15 +467,14 @@ class Scheduler:
             return
         down = self._down_nodes()
         usage: dict[str, TenantUsage] = {}
+        held: dict[str, str] = {}
         for entry in itertools.chain([first], queue):
             gpus = entry.job.spec.resources.gpus
-            if entry.tenant not in usage:
-                usage[entry.tenant] = self._usage(entry.tenant)
-            quota_reason = start_block_reason(entry.tenant, self.quota_of(entry.tenant), usage[entry.tenant], gpus)
+            quota_reason = self._quota_reason(entry, usage, held)
             if quota_reason is not None:
                 self._wait(entry, quota_reason)
                 self._decision("quota")
-                continue  # a tenant over quota does not block other tenants
+                continue  # a tenant held by its quota does not block other tenants
             started = time.perf_counter()
             placement = self.pool.place(entry.job, down=down)
             solver_seconds = time.perf_counter() - started
@@ -502,6 +502,20 @@ class Scheduler:
                 self.metrics.set_job_placement(updated.id, updated.tenant, self._by_domain(placement))
             self._active[entry.id] = _Active()
             self._launch(updated, placement)
+
+    def _quota_reason(self, entry: QueuedJob, usage: dict[str, TenantUsage], held: dict[str, str]) -> str | None:
+        """Why `entry` waits for its tenant's quota in this pass, or None: the first of a tenant's jobs
+        that the quota holds (recorded in `held`, tenant -> job id) holds the tenant's later ones too, so
+        its smaller jobs never overtake it. `usage` caches each tenant's usage for the pass."""
+        tenant = entry.tenant
+        if tenant in held:
+            return f"waiting behind {held[tenant]}, held by tenant {tenant!r}'s quota"
+        if tenant not in usage:
+            usage[tenant] = self._usage(tenant)
+        reason = start_block_reason(tenant, self.quota_of(tenant), usage[tenant], entry.job.spec.resources.gpus)
+        if reason is not None:
+            held[tenant] = entry.id
+        return reason
 
     def _queue(self) -> Iterator[QueuedJob]:
         """The queue in admission order, read a page at a time as the pass walks it."""
