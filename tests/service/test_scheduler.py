@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from control_plane_fakes import ScriptedRuntime, eventually, make_scheduler
 from small_jobs import small_job
 
+from trainctl.service import scheduler as scheduler_module
 from trainctl.service import store as st
 from trainctl.service.scheduler import Scheduler
 from trainctl.spec.job import TrainingJob
@@ -460,3 +462,48 @@ def test_a_job_that_stops_waiting_for_a_new_plan_no_longer_blocks_the_queue(tmp_
     s.tick()
     assert runtime.plans == []
     assert state(s, queued).state == JobState.SCHEDULED, state(s, queued).reason
+
+
+def test_a_job_whose_events_the_store_refuses_stops_no_other_job_and_fails_after_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One job's step the store refuses on every tick (a poison event) is that job's problem alone: the
+    other job is followed and a queued job admitted in the same ticks; after FOLLOW_GRACE_SECONDS the job
+    is cancelled in the runtime, then recorded FAILED with the error, its GPUs free. The store being
+    away still ends the tick (the loop re-syncs when it returns)."""
+    runtime = ScriptedRuntime()
+    s = make_scheduler(tmp_path, runtime)  # 8 GPUs
+    poisoned, healthy = submit(s, "poisoned", 2), submit(s, "healthy", 2)
+    s.tick()
+    record_step = s.store.record_step
+
+    def refuse_the_poisoned_jobs_steps(job_id: str, metrics: dict[str, Any], **kwargs: Any) -> int:
+        if job_id == poisoned:
+            raise ValueError("loss is not a finite number")
+        return record_step(job_id, metrics, **kwargs)
+
+    s.store.record_step = refuse_the_poisoned_jobs_steps  # type: ignore[method-assign]
+    for job_id in (poisoned, healthy):
+        runtime.state(job_id, JobState.RUNNING, "ranks up")
+        runtime.step(job_id, 1, 2.0)
+    queued = submit(s, "queued", 4)
+    monkeypatch.setattr(scheduler_module, "FOLLOW_GRACE_SECONDS", 60.0)
+    s.tick()
+    s.tick()
+    assert state(s, healthy).steps_done == 1 and state(s, queued).state == JobState.SCHEDULED
+    assert state(s, poisoned).state == JobState.RUNNING and runtime.cancelled == [], "within the grace it is retried"
+
+    monkeypatch.setattr(scheduler_module, "FOLLOW_GRACE_SECONDS", 0.0)
+    eventually(lambda: (s.tick(), state(s, poisoned).terminal)[1], "the poisoned job ended")
+    assert runtime.cancelled == [poisoned], "stopped in the runtime before it is recorded FAILED"
+    record = state(s, poisoned)
+    assert record.state == JobState.FAILED
+    assert record.reason == (
+        "the service could not follow the job for 0 s (after event 1): ValueError: loss is not a finite number"
+    )
+    assert poisoned not in s.pool.holders().values()
+
+    runtime.step(healthy, 2, 1.0)
+    s.store.record_step = lambda *_args, **_kwargs: (_ for _ in ()).throw(st.StoreUnavailable("the database is away"))  # type: ignore[method-assign]
+    with pytest.raises(st.StoreUnavailable):
+        s.tick()

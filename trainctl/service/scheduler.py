@@ -6,7 +6,9 @@ One background thread owns every transition after QUEUED except the API's cancel
    (state changes, step metrics, log lines), release the GPUs of jobs that ended, and re-place a job
    whose supervisor lost a node (its status names the lost nodes): on the free GPUs plus its own, off
    the nodes Ray does not have alive; the new plan goes to the supervisor and replaces the job's
-   reservation, or the job waits (reason and event say so) until GPUs free up or a node returns;
+   reservation, or the job waits (reason and event say so) until GPUs free up or a node returns.
+   Each job is followed on its own: an unexpected error is logged and retried next tick without
+   stopping the others; one that lasts FOLLOW_GRACE_SECONDS stops the job and fails it;
 2. hand cancels of jobs the API moved to CANCELLING to a worker thread (a cancel waits until the
    job's actors and placement group are gone, and must not stall the loop);
 3. admit queued jobs in order (priority descending, then submission order): a job starts only when
@@ -61,6 +63,9 @@ QUEUE_PAGE = 64
 """Queued jobs the admission pass reads at a time (it stops at the first job that does not fit)."""
 POLL_GRACE_SECONDS = 30.0
 """How long a job's supervisor may be unreachable (just created, or busy) before the job fails."""
+FOLLOW_GRACE_SECONDS = 30.0
+"""How long following a job may keep failing with an unexpected error (typically a poison event: the
+store refuses the same event on every tick) before the job is stopped and fails."""
 
 
 class Runtime(Protocol):
@@ -89,8 +94,14 @@ class _Active:
     """The runtime log's position after the last event applied to the store."""
     stored_cursor: int = 0
     """The position last written to the job's `runtime_cursor` (where a restarted service resumes)."""
-    cancel_sent: bool = False
+    cancel: threading.Thread | None = None
+    """The thread sending the job's cancel to the runtime (None: none sent)."""
     failing_since: float | None = None
+    """Since when polling the job's supervisor fails (None: the last poll answered)."""
+    follow_failing_since: float | None = None
+    """Since when following the job fails with an unexpected error (None: the last follow went through)."""
+    failure: str | None = None
+    """Why the job is being failed because it could not be followed: it is stopped, then recorded FAILED."""
     replan_waiting: tuple[str, ...] = ()
     """The lost nodes while the job waits for GPUs to be re-placed on (empty otherwise)."""
 
@@ -293,7 +304,7 @@ class Scheduler:
             self._launch_pending()
             for job_id in list(self._active):
                 if job_id not in self._unlaunched:
-                    self._follow(job_id)
+                    self._follow_isolated(job_id)
             if not skip_idle_admission or self._admission_due():
                 self._admit()
                 self._export()
@@ -312,15 +323,63 @@ class Scheduler:
             self._last_admission = (now, *seen)
         return due
 
+    def _follow_isolated(self, job_id: str) -> None:
+        """Follow one job; an unexpected error is that job's alone (`_follow_failed`), so the other jobs
+        and the admission pass go on. The store being away or the lease lost still ends the tick."""
+        try:
+            self._follow(job_id)
+        except (StoreUnavailable, LeaseLost):
+            raise
+        except Exception as exc:
+            self._follow_failed(job_id, exc)
+            return
+        if job_id in self._active:
+            self._active[job_id].follow_failing_since = None
+
+    def _follow_failed(self, job_id: str, exc: Exception) -> None:
+        """Log a job's failed follow (the next tick retries from the last event applied); one failing for
+        FOLLOW_GRACE_SECONDS marks the job to be stopped and failed with a reason naming the error."""
+        active = self._active.get(job_id)
+        if active is None or active.failure is not None:
+            log.debug("job %s: failing it failed (%r); retrying", job_id, exc)
+            return
+        now = time.monotonic()
+        if active.follow_failing_since is None:
+            active.follow_failing_since = now
+            log.exception("job %s: following it failed after event %d; retrying", job_id, active.cursor)
+        elif now - active.follow_failing_since >= FOLLOW_GRACE_SECONDS:
+            active.failure = (
+                f"the service could not follow the job for {FOLLOW_GRACE_SECONDS:.0f} s "
+                f"(after event {active.cursor}): {type(exc).__name__}: {exc}"
+            )
+            log.error("job %s: %s; stopping it", job_id, active.failure)
+        else:
+            log.debug("job %s: following it failed again (%r); retrying", job_id, exc)
+
+    def _fail_unfollowed(self, job_id: str, active: _Active, failure: str) -> None:
+        """Stop a job that could not be followed; once the runtime's cancel is done, record it FAILED
+        with `failure` and free its GPUs."""
+        if active.cancel is None:
+            active.cancel = self._send_cancel(job_id)
+        if not active.cancel.is_alive():
+            self._finish(self._set_state(self.store.get_job(job_id), JobState.FAILED, failure))
+
+    def _send_cancel(self, job_id: str) -> threading.Thread:
+        """Start the thread that stops the job's supervisor and ranks (`_cancel`)."""
+        thread = threading.Thread(target=self._cancel, args=(job_id,), name=f"cancel-{job_id}", daemon=True)
+        with self._cancels_lock:
+            self._cancels.add(thread)
+        thread.start()
+        return thread
+
     def _follow(self, job_id: str) -> None:
         active = self._active[job_id]
+        if active.failure is not None:
+            self._fail_unfollowed(job_id, active, active.failure)
+            return
         record = self.store.get_job(job_id)
-        if record.state == JobState.CANCELLING and not active.cancel_sent:
-            active.cancel_sent = True
-            thread = threading.Thread(target=self._cancel, args=(job_id,), name=f"cancel-{job_id}", daemon=True)
-            with self._cancels_lock:
-                self._cancels.add(thread)
-            thread.start()
+        if record.state == JobState.CANCELLING and active.cancel is None:
+            active.cancel = self._send_cancel(job_id)
         try:
             status = self.runtime.poll(job_id, active.cursor)
         except Exception as exc:
