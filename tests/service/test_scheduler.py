@@ -15,9 +15,13 @@ from small_jobs import small_job
 
 from trainctl.service import scheduler as scheduler_module
 from trainctl.service import store as st
+from trainctl.service.leadership import Leadership
+from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
+from trainctl.service.store import JobStore
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import JobState
+from trainctl.workers.topology import simulated_topology
 
 
 def job(name: str, gpus: int, priority: int = 0) -> TrainingJob:
@@ -302,8 +306,6 @@ def test_a_job_that_lost_a_node_waits_for_gpus_then_is_re_placed(tmp_path: Path)
 def test_ranks_are_started_with_the_nccl_settings_of_the_map(tmp_path: Path) -> None:
     """The scheduler hands the runtime every node's NCCL settings from its topology map (a rail-optimized
     SuperPOD unit: the node's eight compute NICs in rail order, rings kept on one rail)."""
-    from trainctl.service.pool import GpuPool
-    from trainctl.service.store import JobStore
     from trainctl.workers.topology.builders import example_maps
     from trainctl.workers.topology.nccl import nccl_env
 
@@ -507,3 +509,79 @@ def test_a_job_whose_events_the_store_refuses_stops_no_other_job_and_fails_after
     s.store.record_step = lambda *_args, **_kwargs: (_ for _ in ()).throw(st.StoreUnavailable("the database is away"))  # type: ignore[method-assign]
     with pytest.raises(st.StoreUnavailable):
         s.tick()
+
+
+def leading_replica(data: Path, runtime: ScriptedRuntime, holder: str) -> Scheduler:
+    """A scheduler on the SQLite store in `data` (3 nodes x 2 GPUs) that works only while it holds the lease."""
+    store = JobStore(data)
+    return Scheduler(store, GpuPool(simulated_topology(3, 2), "simulated"), runtime, data / "runs",
+                     leadership=Leadership(store, holder=holder, ttl=30.0))
+
+
+def loop_once(s: Scheduler) -> None:
+    """One turn of the scheduler's loop, as `Scheduler._run` takes it."""
+    try:
+        if s._in_charge():  # noqa: SLF001
+            with s.store.fenced(s._fence):  # noqa: SLF001
+                s.tick(skip_idle_admission=True)
+        else:
+            s._mirror()  # noqa: SLF001
+    except st.LeaseLost:
+        s._stand_down()  # noqa: SLF001
+
+
+def test_a_plan_handed_over_whose_placement_write_was_refused_is_recorded_by_the_next_leader(tmp_path: Path) -> None:
+    """The leader hands a re-placed job's new plan to its supervisor and loses its lease before writing
+    the placement: the next leader re-syncs the old placement from the store, then follows the
+    supervisor's PLAN event and holds (and stores) the GPUs the job really runs on, so no other job is
+    started there."""
+    runtime = ScriptedRuntime(nodes={"node-0", "node-1", "node-2"})
+    first, second = leading_replica(tmp_path, runtime, "first"), leading_replica(tmp_path, runtime, "second")
+    assert first.leadership is not None and first.leadership.try_acquire() is not None
+    a, b = submit(first, "a", 2), submit(first, "b", 2)
+    loop_once(first)
+    [lost] = nodes_of(dict(runtime.started)[a])
+    runtime.lose_node(a, lost)
+    hand_over = runtime.replace_plan
+
+    def hand_over_then_lose_the_lease(job_id: str, job: TrainingJob, placement: Any) -> bool:
+        adopted = hand_over(job_id, job, placement)
+        first.store.release_lease(first._fence)  # noqa: SLF001  # the leader paused here past its lease
+        assert second.leadership is not None and second.leadership.try_acquire() is not None
+        return adopted
+
+    runtime.replace_plan = hand_over_then_lose_the_lease  # type: ignore[method-assign]
+    loop_once(first)  # the plan goes over; the placement's write is refused and the leader stands down
+    runtime.replace_plan = hand_over  # type: ignore[method-assign]
+    [(_, plan)] = runtime.plans
+    assert state(first, a).placement != plan.records()
+
+    loop_once(second)  # leads: re-syncs from the store, follows a's PLAN event
+    assert state(second, a).placement == plan.records()
+    assert {slot for slot, holder in second.pool.holders().items() if holder == a} == set(plan.slots)
+    c = submit(second, "c", 2)
+    loop_once(second)
+    assert state(second, c).state == JobState.QUEUED and state(second, c).reason == "waiting for 2 GPUs: 0 of 6 free"
+    runtime.nodes.add(lost)
+    loop_once(second)
+    assert nodes_of(dict(runtime.started)[c]) == {lost}
+    assert state(second, b).state == JobState.SCHEDULED
+
+
+def test_a_leader_with_too_little_lease_left_hands_no_plan_over(tmp_path: Path) -> None:
+    """Handing a plan to a supervisor is a launch: with less than the launch margin of its lease left, the
+    leader leaves the job waiting for the next tick (or the next leader) rather than hand it over."""
+    runtime = ScriptedRuntime(nodes={"node-0", "node-1", "node-2"})
+    s = leading_replica(tmp_path, runtime, "only")
+    assert s.leadership is not None and s.leadership.try_acquire() is not None
+    a = submit(s, "a", 2)
+    loop_once(s)
+    [lost] = nodes_of(dict(runtime.started)[a])
+    runtime.lose_node(a, lost)
+    s.leadership.may_launch = lambda: False  # type: ignore[method-assign]
+    loop_once(s)
+    assert runtime.plans == []
+    s.leadership.may_launch = lambda: True  # type: ignore[method-assign]
+    loop_once(s)
+    [(job_id, plan)] = runtime.plans
+    assert job_id == a and state(s, a).placement == plan.records()

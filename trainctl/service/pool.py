@@ -50,6 +50,14 @@ class PlannedPlacement:
         )
 
     @classmethod
+    def from_plan(cls, slots: list[dict[str, Any]], job: TrainingJob) -> PlannedPlacement:
+        """A plan as a supervisor records it (a PLAN event: `{rank, node, gpu}` per rank) for `job`, with
+        each rank's grid coordinates."""
+        grid = RankGrid.from_spec(job.spec.parallelism)
+        assignments = tuple(sorted((RankAssignment(**slot) for slot in slots), key=lambda a: a.rank))
+        return cls(assignments=assignments, coords={a.rank: _grid_coords(grid, a.rank) for a in assignments})
+
+    @classmethod
     def from_records(cls, records: list[dict[str, Any]]) -> PlannedPlacement:
         """Rebuild from stored records (after a service restart)."""
         return cls(

@@ -6,7 +6,9 @@ One background thread owns every transition after QUEUED except the API's cancel
    (state changes, step metrics, log lines), release the GPUs of jobs that ended, and re-place a job
    whose supervisor lost a node (its status names the lost nodes): on the free GPUs plus its own, off
    the nodes Ray does not have alive; the new plan goes to the supervisor and replaces the job's
-   reservation, or the job waits (reason and event say so) until GPUs free up or a node returns.
+   reservation (the supervisor's PLAN event is the truth: following it makes the reservation and the
+   stored placement match it), or the job waits (reason and event say so) until GPUs free up or a
+   node returns.
    Each job is followed on its own: an unexpected error is logged and retried next tick without
    stopping the others; one that lasts FOLLOW_GRACE_SECONDS stops the job and fails it;
 2. hand cancels of jobs the API moved to CANCELLING to a worker thread (a cancel waits until the
@@ -438,6 +440,8 @@ class Scheduler:
             if event.rank is not None:
                 payload["rank"] = event.rank
             self.store.append_event(record.id, st.EVENT_LOG, payload, now=event.time)
+            if event.kind is EventKind.PLAN and event.placement:
+                self._adopt_plan(record, PlannedPlacement.from_plan(event.placement, record.job))
         elif event.kind is EventKind.PLACEMENT and event.placement is not None:
             where = ", ".join(f"{p.get('rank')}->{p.get('node')}:{p.get('gpu')}" for p in event.placement)
             self.store.append_event(record.id, st.EVENT_LOG, {"level": "INFO", "message": f"ranks placed: {where}"}, now=event.time)
@@ -471,6 +475,8 @@ class Scheduler:
             if record.reason != reason:
                 self.store.update_status(record.id, expect=running, reason=reason)
             return
+        if not self._may_launch():
+            return  # too little lease left to hand a plan over: the next tick, or the next leader
         try:
             adopted = self.runtime.replace_plan(record.id, record.job, placement)
         except Exception:
@@ -479,14 +485,32 @@ class Scheduler:
         active.replan_waiting = ()
         if not adopted:  # the supervisor no longer waits (cancelled, failed or restarted meanwhile)
             return
-        self.pool.reserve(record.id, placement)
         nodes = sorted({a.node for a in placement.assignments})
-        updated = self.store.update_status(
-            record.id, expect=running, placement=placement.records(),
+        self._hold(
+            record.id, placement, expect=running,
             reason=f"node(s) {', '.join(lost)} lost; re-placed {len(placement.assignments)} ranks on {', '.join(nodes)}",
         )
+
+    def _adopt_plan(self, record: JobRecord, plan: PlannedPlacement) -> None:
+        """Make the job's reservation and stored placement the plan its supervisor adopted (a PLAN event:
+        the supervisor's log is the truth, so a re-placement whose store write never committed, say the
+        lease was lost or the service died right after the hand-over, is repaired here); idempotent."""
+        if set(PlannedPlacement.from_records(record.placement).assignments) == set(plan.assignments):
+            self.pool.reserve(record.id, plan)
+            return
+        log.warning("job %s: its supervisor runs a plan the store did not have; recording it", record.id)
+        self._hold(record.id, plan)
+
+    def _hold(self, job_id: str, placement: PlannedPlacement, **changes: Any) -> None:
+        """Reserve `placement`'s GPUs for the job and store it as the job's placement, with `changes`."""
+        self.pool.reserve(job_id, placement)
+        updated = self.store.update_status(job_id, placement=placement.records(), **changes)
         if updated is not None and self.metrics is not None:
             self.metrics.set_job_placement(updated.id, updated.tenant, self._by_domain(placement))
+
+    def _may_launch(self) -> bool:
+        """Whether enough lease is left to hand the runtime a job or a plan (always, without a leadership)."""
+        return self.leadership is None or self.leadership.may_launch()
 
     def _down_nodes(self) -> set[str]:
         """Nodes of the pool that Ray does not have alive."""
@@ -589,7 +613,7 @@ class Scheduler:
     def _launch_pending(self) -> None:
         """Hand the runtime the jobs a short lease held back, when the lease allows it now."""
         for job_id in sorted(self._unlaunched):
-            if self.leadership is not None and not self.leadership.may_launch():
+            if not self._may_launch():
                 return
             record = self.store.get_job(job_id)
             self._unlaunched.discard(job_id)
@@ -636,7 +660,7 @@ class Scheduler:
             self.store.update_status(entry.id, expect=[JobState.QUEUED], reason=reason)
 
     def _launch(self, record: JobRecord, placement: PlannedPlacement) -> None:
-        if self.leadership is not None and not self.leadership.may_launch():
+        if not self._may_launch():
             self._unlaunched.add(record.id)  # too little lease left: the next tick, or the next leader
             return
         run_dir = self.runs_dir / record.id
