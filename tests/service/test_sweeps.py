@@ -4,6 +4,7 @@ accounted for exactly once, and the interrupted-cancel repair."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -14,10 +15,14 @@ from typing import Any
 import pytest
 from control_plane_fakes import ScriptedRuntime, make_scheduler
 
+from trainctl.service.api import TrainingServicer
+from trainctl.service.auth import Authenticator
 from trainctl.service.scheduler import Scheduler
-from trainctl.service.store import SweepRecord, SweepState, TrialState
+from trainctl.service.store import StoreUnavailable, SweepRecord, SweepState, TrialState
 from trainctl.service.sweeps import SweepDriver
+from trainctl.service.tenancy import Principal, Role
 from trainctl.spec.sweep import SWEEP_LABEL, TRIAL_LABEL, Sweep, parse_sweep_object
+from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.events import JobState, JobStatus
 
 STEPS = 8
@@ -268,3 +273,74 @@ def test_a_sweep_ends_only_once_the_jobs_of_its_pruned_trials_have_ended(tmp_pat
     drive(scheduler, driver, player, record.id)
     assert scheduler.store.get_sweep(record.id).state == SweepState.SUCCEEDED
     assert all(job.terminal for job in scheduler.store.list_jobs(labels={SWEEP_LABEL: record.id}))
+
+
+def test_a_pruned_trials_cancel_lost_to_a_store_error_is_sent_again_by_the_next_pass(tmp_path: Path) -> None:
+    """The driver settles a trial PRUNED, then its job's cancel fails (the database gone for a moment): the
+    next pass sends it again, so the job does not run to its end holding its GPUs."""
+    scheduler, driver, record, player = start_sweep(tmp_path, ScriptedRuntime())
+    cancel, failed = scheduler.request_cancel, []
+
+    def fail_the_first_cancel(job_id: str, reason: str) -> Any:
+        if not failed:
+            failed.append(job_id)
+            raise StoreUnavailable("the database is unreachable (injected)")
+        return cancel(job_id, reason)
+
+    scheduler.request_cancel = fail_the_first_cancel  # type: ignore[method-assign]
+    for _ in range(400):
+        scheduler.tick()
+        with contextlib.suppress(StoreUnavailable):  # SweepDriver._run logs it and goes on
+            driver.tick()
+        if failed:
+            break
+        player.round(scheduler)
+    assert failed, "no trial was pruned"
+    driver.tick()
+    job = scheduler.store.get_job(failed[0])
+    assert job.state == JobState.CANCELLING and job.reason.startswith("pruned at step ")
+    assert job.reason == next(t.reason for t in scheduler.store.get_sweep(record.id).trials if t.job_id == failed[0])
+    drive(scheduler, driver, player, record.id)
+    settle_cancels(scheduler)
+    assert scheduler.store.get_job(failed[0]).state == JobState.CANCELLED
+
+
+@pytest.mark.parametrize("leading_before", [True, False], ids=["driver-leading", "driver-leading-after"])
+def test_a_cancel_sweep_cut_short_by_a_store_error_is_completed_by_the_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, leading_before: bool
+) -> None:
+    """CancelSweep settles every running trial CANCELLED, then cancels their jobs one by one; when a cancel
+    fails, the rest are cancelled by the driver's next pass: the driver that drove the sweep, or a
+    standby's driver on its first pass as the leader."""
+    runtime = ScriptedRuntime()
+    scheduler = make_scheduler(tmp_path, runtime)
+    leading = [True]
+    monkeypatch.setattr(Scheduler, "leading", property(lambda _s: leading[0]))
+    driver = SweepDriver(scheduler.store, scheduler)
+    record, _ = scheduler.store.create_sweep(sweep_spec(trials=4, parallel=2))
+    driver.tick()
+    scheduler.tick()
+    leading[0] = leading_before
+    driver.tick()
+    jobs = [t.job_id for t in scheduler.store.get_sweep(record.id).trials]
+    assert len(jobs) == 2 and all(scheduler.store.get_job(j).state == JobState.SCHEDULED for j in jobs)
+    cancel = scheduler.request_cancel
+
+    def the_second_cancel_fails(job_id: str, reason: str) -> Any:
+        if job_id == jobs[1]:
+            raise StoreUnavailable("the database is unreachable (injected)")
+        return cancel(job_id, reason)
+
+    scheduler.request_cancel = the_second_cancel_fails  # type: ignore[method-assign]
+    servicer = TrainingServicer(scheduler.store, scheduler, scheduler.pool, Authenticator(None), sweeps=driver)
+    with pytest.raises(StoreUnavailable):
+        servicer.CancelSweep(pb.CancelSweepRequest(id=record.id, reason="enough"), Principal("ops", "default", Role.ADMIN))
+    scheduler.request_cancel = cancel  # type: ignore[method-assign]
+    assert [scheduler.store.get_job(j).state for j in jobs] == [JobState.CANCELLING, JobState.SCHEDULED]
+
+    leading[0] = True
+    driver.tick()
+    assert [scheduler.store.get_job(j).state for j in jobs] == [JobState.CANCELLING, JobState.CANCELLING]
+    assert scheduler.store.get_job(jobs[1]).reason == "enough"
+    settle_cancels(scheduler)
+    assert all(scheduler.store.get_job(j).state == JobState.CANCELLED for j in jobs)

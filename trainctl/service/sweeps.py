@@ -10,7 +10,10 @@ The search is an Optuna study used through ask-and-tell (docs/sweeps.md says why
 the only state: a trial and its job are recorded in one transaction, settled by compare-and-set, and the
 study is a cache rebuilt from the stored trials (finished ones re-added with their recorded values and
 step metrics, running ones re-enqueued with their parameters) the first time a sweep is seen after a
-(re)start. A crash between settling a trial and cancelling its job is repaired by `recover`.
+(re)start. A cancel lost between settling a trial PRUNED or CANCELLED and cancelling its job (a store
+error, a crash, a CancelSweep cut short) is sent again: by every pass over a running sweep, by the
+passes after a sweep ended until none of its trials' jobs is left to cancel, and by `recover` (every
+sweep) when the driver starts leading.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from trainctl.workers.events import JobState
 log = logging.getLogger(__name__)
 
 _CANCELLABLE = (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING)
+_STOPPED = (TrialState.PRUNED, TrialState.CANCELLED)
+"""Trial states whose job must be cancelled."""
 _FINISHED = {TrialState.COMPLETE: optuna.trial.TrialState.COMPLETE, TrialState.PRUNED: optuna.trial.TrialState.PRUNED}
 
 
@@ -92,14 +97,19 @@ class SweepDriver:
         self.scheduler = scheduler
         self.interval = interval
         self._studies: dict[str, _Study] = {}
+        self._running: set[str] = set()
+        """The sweeps the last pass found RUNNING."""
+        self._ended: set[str] = set()
+        """Sweeps that ended since this driver leads, until none of their trials' jobs is left to cancel."""
+        self._leading = False
+        """Whether the last pass found the scheduler leading (a pass that finds it newly leading recovers)."""
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     def start(self) -> None:
-        """Repair interrupted cancels, then start the loop."""
-        self.recover()
+        """Start the loop (its first pass as the leader repairs interrupted cancels)."""
         self._thread = threading.Thread(target=self._run, name="trainctl-sweeps", daemon=True)
         self._thread.start()
 
@@ -125,12 +135,20 @@ class SweepDriver:
             self._wake.clear()
 
     def recover(self) -> None:
-        """Cancel the jobs of trials settled as PRUNED or CANCELLED whose cancel a crash interrupted."""
+        """Cancel the jobs of every sweep's trials settled PRUNED or CANCELLED whose cancel was lost."""
         for record in self.store.list_sweeps():
-            for trial in record.trials:
-                settled = trial.state in (TrialState.PRUNED, TrialState.CANCELLED) and trial.job_id
-                if settled and self.store.get_job(trial.job_id).state in _CANCELLABLE:
-                    self.scheduler.request_cancel(trial.job_id, trial.reason)
+            self._send_cancels(record)
+
+    def _send_cancels(self, record: SweepRecord) -> bool:
+        """Cancel the jobs of the sweep's trials settled PRUNED or CANCELLED that are still cancellable
+        (their cancel was lost); whether there was any."""
+        sent = False
+        for trial in record.trials:
+            if trial.state in _STOPPED and trial.job_id is not None and self.store.get_job(trial.job_id).state in _CANCELLABLE:
+                log.info("sweep %s: cancelling trial %d's job %s (%s)", record.id, trial.number, trial.job_id, trial.state)
+                self.scheduler.request_cancel(trial.job_id, trial.reason)
+                sent = True
+        return sent
 
     # ---- one pass ------------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -138,7 +156,13 @@ class SweepDriver:
         replica's driver works (trainctl.service.leadership); a standby's studies are dropped."""
         if not self.scheduler.leading:
             self._studies.clear()
+            self._running.clear()
+            self._ended.clear()
+            self._leading = False
             return
+        if not self._leading:
+            self.recover()
+            self._leading = True
         running = self.store.list_sweeps(states=[SweepState.RUNNING])
         for record in running:
             try:
@@ -148,10 +172,22 @@ class SweepDriver:
                 raise
             except Exception:
                 log.exception("sweep %s: pass failed", record.id)
-        for sweep_id in set(self._studies) - {r.id for r in running}:
+        running_ids = {r.id for r in running}
+        for sweep_id in set(self._studies) - running_ids:
             del self._studies[sweep_id]
+        self._cancel_for_ended(running_ids)
+
+    def _cancel_for_ended(self, running: set[str]) -> None:
+        """Send the cancels lost for sweeps that were running and ended (a CancelSweep cut short), pass
+        after pass until none of their trials' jobs is left to cancel."""
+        self._ended |= self._running - running
+        self._running = running
+        for sweep_id in sorted(self._ended):
+            if not self._send_cancels(self.store.get_sweep(sweep_id)):
+                self._ended.discard(sweep_id)
 
     def _advance(self, record: SweepRecord) -> None:
+        self._send_cancels(record)
         search = self._studies.get(record.id) or self._rebuild(record)
         for trial in record.trials:
             if trial.state == TrialState.RUNNING:
@@ -230,8 +266,8 @@ class SweepDriver:
             self._settle(record, search, trial, job.state, job.reason)
 
     def _prune(self, record: SweepRecord, search: _Study, trial: TrialRecord, job_id: str, step: int, value: float) -> None:
-        """Settle the trial as PRUNED, then cancel its job with the same reason (recover() re-sends the
-        cancel if the service dies in between)."""
+        """Settle the trial as PRUNED, then cancel its job with the same reason (the next pass sends the
+        cancel again if it is lost: a store error, or the service dying in between)."""
         spec = record.sweep.spec
         reason = (
             f"pruned at step {step}: {spec.objective.metric} {value:.6g} is worse than the "
