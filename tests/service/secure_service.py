@@ -46,7 +46,9 @@ class Tokens:
     path: Path
 
 
-def write_access_file(directory: Path, quotas: dict[str, dict[str, int]] | None = None) -> Tokens:
+def write_access_file(
+    directory: Path, quotas: dict[str, dict[str, int]] | None = None, command_tenants: list[str] | None = None,
+) -> Tokens:
     tokens = Tokens(generate_token(), generate_token(), generate_token(), directory / "access.yaml")
     document = {
         "tokens": [
@@ -55,6 +57,7 @@ def write_access_file(directory: Path, quotas: dict[str, dict[str, int]] | None 
             {"name": "root", "tenant": "ops", "role": "admin", "sha256": hash_token(tokens.root)},
         ],
         "tenants": quotas or {},
+        "command_tenants": command_tenants or [],
     }
     tokens.path.write_text(yaml.safe_dump(document))
     return tokens

@@ -88,6 +88,7 @@ def test_access_file_loads_tokens_and_quotas(tmp_path: Path) -> None:
         ({"tokens": [{"name": "a", "tenant": "t", "sha256": "0" * 64}, {"name": "b", "tenant": "u", "sha256": "0" * 64}]}, "tokens[1].sha256 repeats"),
         ({"tenants": {"vision": {"running_gpus": -1}}}, "tenants.vision.running_gpus"),
         ({"tenants": {"vision": {"gpus": 3}}}, "tenants.vision.gpus: unknown field"),
+        ({"command_tenants": ["vision", "Not A Tenant"]}, "command_tenants[1]: 'Not A Tenant' is not a tenant name"),
     ],
 )
 def test_bad_access_file_names_the_field(tmp_path: Path, change: dict, named: str) -> None:

@@ -237,6 +237,37 @@ def test_concurrent_creates_never_exceed_the_queued_jobs_quota(tmp_path: Path, t
         svc.stop()
 
 
+def test_only_admins_and_tenants_the_operator_lists_may_run_programs_of_their_own(tmp_path: Path) -> None:
+    """A command job's ranks run as the service's user on the workers, able to read what it can (other
+    tenants' run directories too): the access file's command_tenants says which tenants may submit one."""
+    tokens = write_access_file(tmp_path, command_tenants=["nlp"])
+    svc = start_service(tmp_path / "svc", tokens.path)
+
+    def command_job(name: str) -> pb.Job:
+        job = pb.Job(api_version="trainctl/v1", kind="TrainingJob")
+        job.metadata.name = name
+        job.spec.command.program = "python"
+        job.spec.command.args.values.append("train.py")
+        job.spec.resources.gpus = 2
+        job.spec.resources.device = pb.DEVICE_CPU
+        return job
+
+    try:
+        with svc.channel() as ch:
+            error = rpc_error(stub(ch).CreateJob, pb.CreateJobRequest(job=command_job("refused")), tokens.alice)
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            [violation] = field_violations(error)
+            assert "command_tenants" in violation.description
+            plan = stub(ch).PlanJob(pb.PlanJobRequest(job=command_job("planned")), metadata=bearer(tokens.alice), timeout=10)
+            assert not plan.valid and [v.field for v in plan.violations] == ["spec.command"]
+            for token in (tokens.bob, tokens.root):  # a listed tenant, an admin
+                job = stub(ch).CreateJob(pb.CreateJobRequest(job=command_job("allowed")), metadata=bearer(token), timeout=10)
+                assert job.status.state == pb.QUEUED
+        assert {r.tenant for r in svc.store.list_jobs()} == {"nlp", "ops"}
+    finally:
+        svc.stop()
+
+
 def test_sweeps_are_per_tenant_and_parallel_trials_must_fit_the_quota(channel: grpc.Channel, tokens: Tokens) -> None:
     client = stub(channel)
     error = rpc_error(client.CreateSweep, pb.CreateSweepRequest(sweep=sweep_message("wide", parallel=3)), tokens.alice)

@@ -17,7 +17,7 @@ from trainctl.v1 import training_pb2 as pb
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> Tokens:
-    return write_access_file(tmp_path_factory.mktemp("access"))
+    return write_access_file(tmp_path_factory.mktemp("access"), command_tenants=["vision"])  # alice may run programs
 
 
 @pytest.fixture(scope="module")

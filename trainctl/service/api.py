@@ -143,6 +143,10 @@ class TrainingServicer(SweepRpcs):
         init_from checkpoint or from_pretrained directory they name (exist, are readable, hold one sample,
         fit the model)."""
         violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=False)
+        if job.spec.command is not None and not self.auth.may_run_commands(principal):
+            violations.append(FieldViolation(
+                "spec.command", f"tenant {principal.tenant!r} may not run programs of its own (command jobs): "
+                "the operator lists the tenants that may under command_tenants in the access file"))
         confinement = self.paths.violations(job.spec, principal, self._tenant_of)
         if confinement:
             return job, violations + confinement

@@ -17,6 +17,7 @@ The access file (YAML) also holds the per-tenant quotas:
     tenants:
       vision: {running_gpus: 16, queued_jobs: 50}
     default_quota: {running_gpus: 8, queued_jobs: 20}
+    command_tenants: [vision]       # may submit command jobs (programs of their own); admins always may
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class AccessConfig(BaseModel):
     """Quota of each named tenant."""
     default_quota: Quota = Field(default_factory=Quota)
     """Quota of tenants not listed under `tenants` (unlimited unless set)."""
+    command_tenants: list[str] = Field(default_factory=list)
+    """Tenants whose users may submit command jobs (`spec.command`: a program of their own). Its ranks
+    run on the workers as the service's user and can read what that user can, other tenants' run
+    directories included, so list only tenants trusted that far. Admins always may."""
 
     @model_validator(mode="after")
     def _unique(self) -> AccessConfig:
@@ -115,6 +120,9 @@ class AccessConfig(BaseModel):
         for tenant in self.tenants:
             if not TENANT_PATTERN.match(tenant):
                 raise ValueError(f"tenants.{tenant}: tenant names must be DNS-1123 labels")
+        for i, tenant in enumerate(self.command_tenants):
+            if not TENANT_PATTERN.match(tenant):
+                raise ValueError(f"command_tenants[{i}]: {tenant!r} is not a tenant name (a DNS-1123 label)")
         return self
 
 
@@ -245,6 +253,12 @@ class Authenticator:
         if loaded is None:
             return Quota()
         return loaded.config.tenants.get(tenant, loaded.config.default_quota)
+
+    def may_run_commands(self, principal: Principal) -> bool:
+        """Whether `principal` may submit command jobs: an admin, a tenant under `command_tenants`, or
+        anyone when authentication is off (one user on loopback)."""
+        loaded = self._current()
+        return loaded is None or principal.is_admin or principal.tenant in loaded.config.command_tenants
 
     def authenticate_token(self, token: str | None) -> Principal:
         """The principal holding `token` (None: the call carried none); AuthenticationError if none does."""
