@@ -289,6 +289,13 @@ def test_sweeps_are_per_tenant_and_parallel_trials_must_fit_the_quota(channel: g
     client.CancelSweep(pb.CancelSweepRequest(id=mine.id), metadata=bearer(tokens.alice), timeout=10)
 
 
+@pytest.mark.parametrize("token", ["\u00b2", "\u2460", "12a", "1" * 19])
+def test_a_list_sweeps_page_token_not_issued_is_invalid_argument(channel: grpc.Channel, tokens: Tokens, token: str) -> None:
+    error = rpc_error(stub(channel).ListSweeps, pb.ListSweepsRequest(page_token=token), tokens.alice)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # '²' passed str.isdigit, then int() raised: INTERNAL
+    assert [v.field for v in field_violations(error)] == ["page_token"]
+
+
 def test_data_paths_outside_the_roots_are_invalid_argument(tmp_path: Path, tokens: Tokens) -> None:
     root = tmp_path / "datasets"
     root.mkdir()

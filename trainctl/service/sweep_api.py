@@ -8,6 +8,7 @@ own rules (trainctl.spec.sweep.sweep_violations) plus the tenant's quota against
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import AsyncIterator, Callable
 
@@ -125,7 +126,7 @@ class SweepRpcs:
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         before = None
         if request.page_token:
-            if not request.page_token.isdigit() or len(request.page_token) > 18:
+            if not re.fullmatch(r"[0-9]{1,18}", request.page_token):  # ASCII digits: isdigit() takes '²'
                 raise bad_field("page_token", "not a token this server issued (pass next_page_token unchanged)")
             before = int(request.page_token)
         records = self.store.list_sweeps(tenant=principal.tenant_filter(), limit=size + 1, before_seq=before)
