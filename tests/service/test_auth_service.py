@@ -289,6 +289,22 @@ def test_sweeps_are_per_tenant_and_parallel_trials_must_fit_the_quota(channel: g
     client.CancelSweep(pb.CancelSweepRequest(id=mine.id), metadata=bearer(tokens.alice), timeout=10)
 
 
+def test_jobs_carrying_another_tenants_sweep_label_cost_its_views_nothing(
+    service: SecureService, channel: grpc.Channel, tokens: Tokens, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = stub(channel)
+    sweep = client.CreateSweep(pb.CreateSweepRequest(sweep=sweep_message("labelled")), metadata=bearer(tokens.alice), timeout=10)
+    for i in range(3):  # bob's jobs claim to be trials of alice's sweep
+        create(channel, tokens.bob, f"claims-{i}", labels={"trainctl.sweep": sweep.id})
+    listings: list[dict] = []
+    list_jobs = service.store.list_jobs
+    monkeypatch.setattr(service.store, "list_jobs", lambda **kw: listings.append(kw) or list_jobs(**kw))
+    seen = client.GetSweep(pb.GetSweepRequest(id=sweep.id), metadata=bearer(tokens.alice), timeout=10)
+    assert listings == []  # the trials' jobs are read by their ids, not found by the label
+    assert {t.job_id for t in seen.status.trials} <= {j.id for j in service.store.list_jobs(tenant="vision")} | {""}
+    client.CancelSweep(pb.CancelSweepRequest(id=sweep.id), metadata=bearer(tokens.alice), timeout=10)
+
+
 @pytest.mark.parametrize("token", ["\u00b2", "\u2460", "12a", "1" * 19])
 def test_a_list_sweeps_page_token_not_issued_is_invalid_argument(channel: grpc.Channel, tokens: Tokens, token: str) -> None:
     error = rpc_error(stub(channel).ListSweeps, pb.ListSweepsRequest(page_token=token), tokens.alice)

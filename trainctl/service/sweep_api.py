@@ -30,7 +30,7 @@ from trainctl.service.sweep_convert import sweep_from_proto, sweep_to_proto, val
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, Quota
 from trainctl.spec.job import TrainingJob
-from trainctl.spec.sweep import SWEEP_LABEL, Sweep, sweep_violations
+from trainctl.spec.sweep import Sweep, sweep_violations
 from trainctl.spec.validate import FieldViolation, SpecError
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.events import JobState
@@ -83,8 +83,14 @@ class SweepRpcs:
         return record
 
     def _sweep_message(self, record: SweepRecord) -> pb.Sweep:
-        jobs = self.store.list_jobs(labels={SWEEP_LABEL: record.id})
-        return sweep_record_to_proto(record, {j.id: (j.state, j.steps_done) for j in jobs})
+        """The sweep with its trials' jobs' states, read by the trials' own job ids: not by the sweep's
+        label, which any tenant's job may carry (one per trial, however many jobs carry it)."""
+        jobs = {}
+        for trial in record.trials:
+            if trial.job_id:
+                job = self.store.get_job(trial.job_id)
+                jobs[job.id] = (job.state, job.steps_done)
+        return sweep_record_to_proto(record, jobs)
 
     def _valid_sweep(self, message: pb.Sweep, principal: Principal) -> Sweep:
         """The request's sweep with its template's paths resolved, or INVALID_ARGUMENT naming each field."""
