@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
+from trainctl.service import api as service_api
 from trainctl.service.convert import job_to_proto
 from trainctl.service.errors import field_violations
 from trainctl.spec.job import TrainingJob
@@ -220,6 +221,18 @@ def test_a_data_glob_repeating_the_recursive_wildcard_is_refused_without_walking
         client.create_job(message)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert [v.field for v in field_violations(info.value)] == ["spec.data.paths[1]"]
+
+
+def test_a_full_view_of_a_long_run_answers_its_steps_evenly_thinned(
+    client: TrainctlClient, api: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service_api, "FULL_VIEW_STEPS", 5)  # stands for 10,000 of a run of millions
+    job = client.create_job(small_job("long-run"))
+    for step in range(1, 14):
+        api.scheduler.store.record_step(job.id, {"step": step, "loss": 10.0 / step})
+    full = client.get_job(job.id, full=True)
+    assert [m.step for m in full.metrics] == [1, 4, 7, 10, 13]  # the first, the last, evenly between
+    assert full.metrics[-1].loss == pytest.approx(10.0 / 13)
 
 
 def test_cluster_health_and_reflection(client: TrainctlClient, api: ApiServer) -> None:

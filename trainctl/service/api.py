@@ -16,6 +16,7 @@ import json
 import threading
 from collections.abc import AsyncIterator, Callable
 from functools import partial
+from typing import TypeVar
 
 import grpc
 
@@ -54,10 +55,14 @@ from trainctl.spec.validate import (
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.events import ACTIVE_STATES, JobState
 
+T = TypeVar("T")
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 MAX_ID_LENGTH = 128
 MAX_LABEL_FILTERS = 32
+FULL_VIEW_STEPS = 10_000
+"""Steps a JOB_VIEW_FULL GetJob answers at most: a longer run's are thinned evenly, its first and last
+kept (a million steps would pass the 16 MiB answer limit); WatchJob streams every step."""
 WATCH_IDLE_CHECK_SECONDS = 5.0
 """A following WatchJob with nothing to send re-checks that the service is not stopping this often; it
 is woken at once by new events and by the service stopping (`EventHub.wake_all`)."""
@@ -206,12 +211,18 @@ class TrainingServicer(SweepRpcs):
             raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(refused)) from None
         return record
 
-    def GetJob(self, request: pb.GetJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
-        record = self._job(request.id, principal)
+    async def GetJob(self, request: pb.GetJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
+        """The job; with JOB_VIEW_FULL also its step metrics (at most FULL_VIEW_STEPS), read and built
+        on the thread pool: a long run has many rows, which must not hold up the event loop."""
         if request.view not in pb.JobView.values():
             raise bad_field("view", f"unknown JobView value {request.view}")
-        metrics = self.store.step_metrics(record.id) if request.view == pb.JOB_VIEW_FULL else None
-        return self.jobs.message(record, metrics)
+        if request.view == pb.JOB_VIEW_FULL:
+            return await asyncio.get_running_loop().run_in_executor(None, self._full_view, request.id, principal)
+        return await store_read(self.store, lambda: self.jobs.message(self._job(request.id, principal)))
+
+    def _full_view(self, job_id: str, principal: Principal) -> pb.Job:
+        record = self._job(job_id, principal)
+        return self.jobs.message(record, evenly_thinned(self.store.step_metrics(record.id), FULL_VIEW_STEPS))
 
     def ListJobs(self, request: pb.ListJobsRequest, principal: Principal) -> bytes:  # noqa: N802
         """The page as a serialized ListJobsResponse: its jobs' answers are kept serialized (`JobMessages`)."""
@@ -295,6 +306,14 @@ class TrainingServicer(SweepRpcs):
 
 
 # ---- conversions ------------------------------------------------------------------------------------
+
+
+def evenly_thinned(items: list[T], limit: int) -> list[T]:
+    """At most `limit` (at least 2) of `items`, evenly spaced, the first and the last among them."""
+    if len(items) <= limit:
+        return items
+    last = len(items) - 1
+    return [items[i] for i in sorted({round(k * last / (limit - 1)) for k in range(limit)})]
 
 
 def _encode_page_token(seq: int) -> str:
