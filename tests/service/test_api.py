@@ -3,13 +3,14 @@ statuses naming fields, the server surviving every bad request, the RPCs' contra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 import yaml
-from control_plane_fakes import ApiServer, ScriptedRuntime, bad_spec_catalogue, start_api_server
+from control_plane_fakes import ApiServer, ScriptedRuntime, bad_spec_catalogue, eventually, start_api_server
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -23,7 +24,7 @@ from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import load_job_file
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
-from trainctl.workers.events import JobState
+from trainctl.workers.events import EventKind, JobState
 
 REMOTE_CASES = [c for c in bad_spec_catalogue() if not c.local_only]
 
@@ -162,6 +163,30 @@ def test_watch_resumes_from_a_cursor_and_ends_at_a_terminal_state(client: Trainc
     assert [m.step for m in full.metrics] == [1, 2, 3] and full.metrics[0].breakdown["forward_backward"] == 0.2
     assert full.status.steps_done == 3 and full.status.last_loss == 2.0 and full.status.first_loss == 4.0
     assert not client.get_job(job.id).metrics  # basic view
+
+
+def test_a_diverged_job_shows_nan_in_get_job_and_watch_job(tmp_path: Path, store_location: str) -> None:
+    """A step whose loss and grad_norm are NaN is recorded on either store and answered as NaN: the full
+    view's metrics, the step events, and the job's first and last loss."""
+    runtime = ScriptedRuntime()
+    api = start_api_server(tmp_path, runtime, store=store_location)
+    try:
+        with TrainctlClient(api.target, token="") as client:
+            job = client.create_job(small_job("diverged"))
+            runtime.wait_started(job.id)
+            runtime.state(job.id, JobState.RUNNING, "ranks up")
+            runtime.logs[job.id].append(EventKind.STEP, step={"step": 1, "loss": math.nan, "grad_norm": math.nan})
+            runtime.step(job.id, 2, 3.0)
+            runtime.state(job.id, JobState.SUCCEEDED, "done")
+            eventually(lambda: client.get_job(job.id).status.state == pb.SUCCEEDED, "the job ended")
+            steps = [e.step for e in client.watch(job.id, follow=True) if e.WhichOneof("payload") == "step"]
+            full = client.get_job(job.id, full=True)
+    finally:
+        api.stop()
+    assert [m.step for m in steps] == [m.step for m in full.metrics] == [1, 2]
+    for metrics in (steps, full.metrics):
+        assert math.isnan(metrics[0].loss) and math.isnan(metrics[0].grad_norm) and metrics[1].loss == 3.0
+    assert full.status.state == pb.SUCCEEDED and math.isnan(full.status.first_loss) and full.status.last_loss == 3.0
 
 
 def test_cancel_contract(client: TrainctlClient, runtime: ScriptedRuntime) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import urllib.request
@@ -249,16 +250,21 @@ def test_store_times_each_operation_under_its_name(
     assert untimed.count_by_state() == {"QUEUED": 1} and store_ops(registry)["create_job"] == 1
 
 
-def test_scheduler_feeds_straggler_ratio_and_checkpoint_size_and_time(
-    metrics: ServiceMetrics, registry: CollectorRegistry, tmp_path: Path
-) -> None:
+def running_job(metrics: ServiceMetrics, location: str | Path, runs: Path) -> tuple[Scheduler, ScriptedRuntime, str]:
+    """A scheduler feeding `metrics`, its store at `location`, and a job it started, now RUNNING."""
     runtime = ScriptedRuntime()
-    store = JobStore(tmp_path, metrics=metrics)
-    scheduler = Scheduler(store, GpuPool(simulated_topology(1, 2), "simulated"), runtime, tmp_path / "runs",
-                          metrics=metrics)
+    store = JobStore(location, metrics=metrics)
+    scheduler = Scheduler(store, GpuPool(simulated_topology(1, 2), "simulated"), runtime, runs, metrics=metrics)
     job_id = store.create_job(TrainingJob.model_validate({"metadata": {"name": "fed"}}))[0].id
     scheduler.tick()
     runtime.state(job_id, JobState.RUNNING, "ranks up")
+    return scheduler, runtime, job_id
+
+
+def test_scheduler_feeds_straggler_ratio_and_checkpoint_size_and_time(
+    metrics: ServiceMetrics, registry: CollectorRegistry, tmp_path: Path
+) -> None:
+    scheduler, runtime, job_id = running_job(metrics, tmp_path, tmp_path / "runs")
     report = {"step": 1, "loss": 3.0, "step_time_seconds": 0.5, "breakdown": {"optimizer": 0.1}, "straggler": None}
     runtime.logs[job_id].append(EventKind.STEP, step=report)
     runtime.logs[job_id].append(EventKind.STEP, step={
@@ -274,3 +280,17 @@ def test_scheduler_feeds_straggler_ratio_and_checkpoint_size_and_time(
     assert value(registry, "trainctl_job_checkpoint_duration_seconds_count", **labels) == 1
     assert not any("rank" in name for _, key in samples(registry) for name, _ in key)  # the slowest rank is no label
     assert {"create_job", "get_job", "list_jobs", "record_step"} <= set(store_ops(registry))
+
+
+def test_a_nan_step_reaches_the_store_and_the_loss_gauge(
+    metrics: ServiceMetrics, registry: CollectorRegistry, tmp_path: Path, store_location: str
+) -> None:
+    """A diverged step (NaN loss and grad_norm) is recorded on either store and exported as NaN."""
+    scheduler, runtime, job_id = running_job(metrics, store_location, tmp_path / "runs")
+    runtime.logs[job_id].append(EventKind.STEP, step={"step": 1, "loss": math.nan, "grad_norm": math.nan})
+    scheduler.tick()
+    labels = {"job_id": job_id, "tenant": "default"}
+    assert math.isnan(value(registry, "trainctl_job_loss", **labels))
+    assert math.isnan(value(registry, "trainctl_job_grad_norm", **labels))
+    record = scheduler.store.get_job(job_id)
+    assert math.isnan(record.last_loss) and record.steps_done == 1

@@ -5,6 +5,7 @@ crash, idempotency, compare-and-set, sweeps and trials; SQLite's WAL."""
 from __future__ import annotations
 
 import gc
+import math
 import subprocess
 import sys
 import threading
@@ -375,6 +376,23 @@ def test_values_keep_their_range_and_precision(store_location: str) -> None:
     row = store.step_metrics(record.id)[0]
     assert (row["peak_memory_bytes"], row["lr"], row["mfu"], row["time"]) == (80 * 2**30, 3e-4, None, now)
     assert store.get_job(record.id).create_time == now
+
+
+def test_non_finite_metrics_read_back_as_written_and_null_stays_no_value(store_location: str) -> None:
+    """A diverged step's NaN (SQLite would bind it as NULL, failing NOT NULL) and ±inf are stored on both
+    backends; the first step's NaN loss stays the job's first loss; an absent MFU stays absent."""
+    store = JobStore(store_location)
+    record, _ = store.create_job(job())
+    assert store.get_job(record.id).first_loss is None  # no step yet
+    store.record_step(record.id, {"step": 1, "loss": math.nan, "grad_norm": math.inf, "mfu": math.nan})
+    store.record_step(record.id, {"step": 2, "loss": -math.inf, "grad_norm": math.nan, "lr": math.nan})
+    store.record_step(record.id, {"step": 3, "loss": 2.5})
+    rows = store.step_metrics(record.id)
+    assert math.isnan(rows[0]["loss"]) and rows[0]["grad_norm"] == math.inf and math.isnan(rows[0]["mfu"])
+    assert rows[1]["loss"] == -math.inf and math.isnan(rows[1]["grad_norm"]) and math.isnan(rows[1]["lr"])
+    assert rows[1]["mfu"] is None and rows[2]["mfu"] is None
+    got = JobStore(store_location).get_job(record.id)
+    assert math.isnan(got.first_loss) and got.last_loss == 2.5 and got.mfu is None
 
 
 def test_two_stores_on_one_database_never_share_a_sequence(store_location: str) -> None:

@@ -19,6 +19,7 @@ from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import StoreUnavailable, SweepRecord, SweepState, TrialState
+from trainctl.service.sweep_api import best_trial
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, Role
 from trainctl.spec.sweep import SWEEP_LABEL, TRIAL_LABEL, Sweep, parse_sweep_object
@@ -344,3 +345,36 @@ def test_a_cancel_sweep_cut_short_by_a_store_error_is_completed_by_the_driver(
     assert scheduler.store.get_job(jobs[1]).reason == "enough"
     settle_cancels(scheduler)
     assert all(scheduler.store.get_job(j).state == JobState.CANCELLED for j in jobs)
+
+
+def test_a_nan_objective_fails_its_trial_and_is_never_the_best(tmp_path: Path, store_location: str) -> None:
+    """A trial whose job's last loss is NaN (a diverged run) is FAILED, as Optuna counts it, on either
+    store; a NaN objective recorded COMPLETE by an older trainctl is neither the best nor stops a rebuild."""
+    runtime = ScriptedRuntime()
+    scheduler = make_scheduler(tmp_path, runtime, store=store_location)
+    driver = SweepDriver(scheduler.store, scheduler)
+    record, _ = scheduler.store.create_sweep(sweep_spec(trials=2, parallel=2, rule="none"))
+    driver.tick()
+    scheduler.tick()
+    diverged, finite = (t.job_id for t in scheduler.store.get_sweep(record.id).trials)
+    runtime.run(diverged, [2.0, math.nan])
+    runtime.run(finite, [3.0, 2.5])
+    for _ in range(20):
+        scheduler.tick()
+        driver.tick()
+    record = scheduler.store.get_sweep(record.id)
+    assert record.state == SweepState.SUCCEEDED and [t.state for t in record.trials] == [TrialState.FAILED, TrialState.COMPLETE]
+    assert record.trials[0].reason == "loss is NaN at step 2" and best_trial(record) == record.trials[1]
+
+    older, _ = scheduler.store.create_sweep(sweep_spec(trials=2, parallel=2, rule="none"))
+    params = {"spec.training.lr": 1e-3, "spec.training.warmup_steps": 1}
+    scheduler.store.create_trial(older.id, 0, params, None)
+    for number, objective in enumerate((math.nan, 1.5), start=1):
+        scheduler.store.create_trial(older.id, number, params, None)
+        scheduler.store._db.execute(  # as an older trainctl settled it
+            "UPDATE sweep_trials SET state = ?, objective = ? WHERE sweep_id = ? AND number = ?",
+            (TrialState.COMPLETE, objective, older.id, number),
+        )
+    older = scheduler.store.get_sweep(older.id)
+    assert best_trial(older) == older.trials[2]
+    driver._rebuild(older)

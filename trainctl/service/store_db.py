@@ -7,8 +7,10 @@ them to `%s`), `ON CONFLICT ... DO UPDATE`, `RETURNING`, rows as dicts. What dif
 and nowhere else: the column types the migrations name (`$int`, `$real`, `$serial`, see `DDL_TYPES`),
 how a write transaction begins (SQLite's `BEGIN IMMEDIATE`; PostgreSQL's transaction-wide advisory lock,
 so writers from several processes serialize the same way), where the schema version lives
-(SQLite's `user_version`; PostgreSQL's one-row `trainctl_schema` table) and the database's clock
-(`NOW_SQL`).
+(SQLite's `user_version`; PostgreSQL's one-row `trainctl_schema` table), the database's clock
+(`NOW_SQL`) and how a NaN is stored: PostgreSQL's double precision holds it, SQLite binds it as NULL, so
+a SQLite connection writes a float NaN as the BLOB `SQLITE_NAN` and reads that BLOB back as NaN
+(`_DictRows`): a metric is read back as it was written, and NULL keeps meaning "no value".
 
 A PostgreSQL connection that fails (the server stopped, restarted, unreachable) raises
 `StoreUnavailable` and is dropped; the next call reconnects, at most once per `RECONNECT_BACKOFF_SECONDS`
@@ -21,6 +23,7 @@ fails and heals the same way, on its own.
 from __future__ import annotations
 
 import contextlib
+import math
 import sqlite3
 import threading
 import time
@@ -126,9 +129,20 @@ def open_database(location: str | Path) -> Database:
     return SqliteDatabase(Path(location) / DB_NAME)
 
 
+SQLITE_NAN = b"NaN"
+"""How a SQLite connection stores a float NaN (which sqlite3 would bind as NULL): as this BLOB, a value no
+other column holds (the store binds no bytes), so a REAL column keeps its NaN and NOT NULL holds. ±inf
+are REAL values in SQLite and need nothing."""
+
+
+def _sqlite_param(value: Any) -> Any:
+    """A parameter as a SQLite connection binds it: a NaN as `SQLITE_NAN`, anything else as it is."""
+    return SQLITE_NAN if isinstance(value, float) and math.isnan(value) else value
+
+
 class _DictRows:
     """A connection's row factory: rows as dicts, the column names taken once per statement (a cursor's
-    `description` is the same object for every row of its statement)."""
+    `description` is the same object for every row of its statement), a stored `SQLITE_NAN` as NaN."""
 
     def __init__(self) -> None:
         self._description: Any = None
@@ -139,6 +153,8 @@ class _DictRows:
         if description is not self._description:
             self._names = tuple(column[0] for column in description)
             self._description = description
+        if SQLITE_NAN in row:
+            row = tuple(math.nan if value == SQLITE_NAN else value for value in row)
         return dict(zip(self._names, row, strict=True))
 
 
@@ -186,7 +202,7 @@ class SqliteDatabase:
         yield db
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-        return self._db.execute(sql, params)
+        return self._db.execute(sql, [_sqlite_param(p) for p in params])
 
     def begin_write(self) -> None:
         self._db.execute("BEGIN IMMEDIATE")

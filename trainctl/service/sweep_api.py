@@ -8,6 +8,7 @@ own rules (trainctl.spec.sweep.sweep_violations) plus the tenant's quota against
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -184,8 +185,11 @@ class SweepRpcs:
 
 
 def best_trial(record: SweepRecord) -> TrialRecord | None:
-    """The COMPLETE trial with the best objective (the lowest number among equals), or None."""
-    complete = [t for t in record.trials if t.state == TrialState.COMPLETE and t.objective is not None]
+    """The COMPLETE trial with the best objective (the lowest number among equals), or None. A NaN
+    objective (recorded before NaN failed a trial) is never the best."""
+    complete = [
+        t for t in record.trials if t.state == TrialState.COMPLETE and t.objective is not None and not math.isnan(t.objective)
+    ]
     if not complete:
         return None
     sign = -1.0 if record.sweep.spec.objective.direction == "maximize" else 1.0

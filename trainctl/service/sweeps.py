@@ -19,6 +19,7 @@ sweep) when the driver starts leading.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -293,6 +294,10 @@ class SweepDriver:
             search.study.tell(handle, state=optuna.trial.TrialState.FAIL)
             return
         step, value = found
+        if math.isnan(value):  # a diverged run: Optuna fails a NaN value, and so does the trial
+            self.store.finish_trial(record.id, trial.number, TrialState.FAILED, reason=f"{objective.metric} is NaN at step {step}")
+            search.study.tell(handle, state=optuna.trial.TrialState.FAIL)
+            return
         self.store.finish_trial(
             record.id, trial.number, TrialState.COMPLETE, reason=f"{objective.metric} {value:.6g} at step {step}",
             objective=value, objective_step=step,
@@ -314,6 +319,8 @@ class SweepDriver:
                 continue
             intermediate = self._intermediate(trial.job_id, spec.objective.metric)
             state = _FINISHED.get(trial.state, optuna.trial.TrialState.FAIL)
+            if state == optuna.trial.TrialState.COMPLETE and math.isnan(trial.objective):  # recorded before NaN failed a trial
+                state = optuna.trial.TrialState.FAIL
             search.study.add_trial(optuna.trial.create_trial(
                 params=trial.params, distributions=search.distributions, state=state,
                 value=trial.objective if state == optuna.trial.TrialState.COMPLETE else None,
