@@ -367,6 +367,39 @@ def test_sweeps_and_trials_are_compare_and_set(store_location: str) -> None:
         store.get_sweep("nope")
 
 
+def test_a_tenant_named_sweep_shares_no_idempotency_key_with_trials(store_location: str) -> None:
+    """CreateJob's key is `<tenant>/<request id>`; a trial job's once was `sweep/<sweep id>/<number>`."""
+    store = JobStore(store_location)
+    record, _ = store.create_sweep(sweep(), tenant="alice")
+    trial = store.create_trial(record.id, 0, {}, job("t0"))
+    assert trial is not None
+    mine, created = store.create_job(job("mine"), tenant="sweep", request_id=f"{record.id}/0")
+    assert created and mine.id != trial.job_id and mine.tenant == "sweep"
+    store.create_job(job("taken"), tenant="sweep", request_id=f"{record.id}/1")
+    second = store.create_trial(record.id, 1, {}, job("t1"))
+    assert second is not None and store.get_job(second.job_id).tenant == "alice"
+
+
+def test_migration_moves_trial_jobs_keys_out_of_the_tenants_namespace(store_location: str) -> None:
+    """A version-6 store whose trial job has the old key `sweep/<sweep id>/0`, beside a tenant `sweep`
+    job whose own key looks alike: only the trial's key moves, and a retried CreateJob of tenant `sweep`
+    still finds its job."""
+    store = JobStore(store_location)
+    record, _ = store.create_sweep(sweep(), tenant="alice")
+    trial = store.create_trial(record.id, 0, {}, job("t0"))
+    assert trial is not None
+    own, _ = store.create_job(job("own"), tenant="sweep", request_id=f"{record.id}/1")
+    store._db.execute("UPDATE jobs SET request_id = ? WHERE id = ?", (f"sweep/{record.id}/0", trial.job_id))
+    store.close()
+    set_schema_version(store_location, 6)
+    store = JobStore(store_location)
+    assert store.schema_version == SCHEMA_VERSION
+    mine, created = store.create_job(job("mine"), tenant="sweep", request_id=f"{record.id}/0")
+    assert created and mine.id != trial.job_id
+    assert store.create_job(job("own"), tenant="sweep", request_id=f"{record.id}/1") == (store.get_job(own.id), False)
+    assert store.create_trial(record.id, 1, {}, job("t1")) is not None
+
+
 def test_values_keep_their_range_and_precision(store_location: str) -> None:
     """Timestamps to the microsecond, byte counts past 32 bits, an absent MFU stays absent."""
     store = JobStore(store_location)

@@ -163,8 +163,29 @@ MIGRATIONS: tuple[str, ...] = (
     """
     DROP INDEX job_labels_kv;
     """,
+    # 6 -> 7: a trial's job had the idempotency key `sweep/<sweep id>/<number>`, which a tenant named
+    # `sweep` could produce with CreateJob (`<tenant>/<request id>`): it got the trial's job back, or took
+    # the key first and made the trial's creation fail for good. Trial keys now start with '/' (see
+    # `trial_key`), which no tenant's key does (a tenant name is never empty).
+    """
+    UPDATE jobs SET request_id = '/' || request_id WHERE EXISTS (
+        SELECT 1 FROM sweep_trials WHERE sweep_trials.job_id = jobs.id
+        AND jobs.request_id = 'sweep/' || sweep_trials.sweep_id || '/' || sweep_trials.number
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def request_key(tenant: str, request_id: str) -> str:
+    """The idempotency key of a tenant's request id (CreateJob, CreateSweep): unique across tenants, as a
+    tenant name is never empty and holds no '/'."""
+    return f"{tenant}/{request_id}"
+
+
+def trial_key(sweep_id: str, number: int) -> str:
+    """The idempotency key of a sweep trial's job: it starts with '/', so no `request_key` equals it."""
+    return f"/sweep/{sweep_id}/{number}"
 
 
 @dataclass(frozen=True)
@@ -365,11 +386,6 @@ def _timed(method: Callable[Concatenate[JobStore, _P], _R]) -> Callable[Concaten
     return timed
 
 
-def _request_key(tenant: str, request_id: str | None) -> str | None:
-    """The idempotency key of a tenant's request id (None without one): the stored `request_id`."""
-    return f"{tenant}/{request_id}" if request_id else None
-
-
 class JobStore:
     """Thread-safe access to one database; every method is one committed transaction.
 
@@ -520,7 +536,7 @@ class JobStore:
         it), says why the job must be refused, or None; `queued()` counts the tenant's queued jobs.
         A refusal raises AdmissionRefused."""
         now = time.time() if now is None else now
-        key = _request_key(tenant, request_id)
+        key = request_key(tenant, request_id) if request_id else None
         with self._tx() as db:
             if key:
                 row = db.execute("SELECT id FROM jobs WHERE request_id = ?", (key,)).fetchone()
@@ -534,7 +550,7 @@ class JobStore:
     def job_of_request(self, tenant: str, request_id: str) -> JobRecord | None:
         """The job `tenant` created with `request_id`, if any: what a retried CreateJob answers."""
         with self._reading() as db:
-            row = db.execute(f"SELECT {_RECORD_COLUMNS} FROM jobs WHERE request_id = ?", (_request_key(tenant, request_id),)).fetchone()
+            row = db.execute(f"SELECT {_RECORD_COLUMNS} FROM jobs WHERE request_id = ?", (request_key(tenant, request_id),)).fetchone()
             return None if row is None else self._records_of(db, [row])()[0]
 
     @staticmethod
@@ -838,7 +854,7 @@ class JobStore:
         """Insert `sweep` as RUNNING; return (record, created). A request_id the tenant already used
         returns that sweep and created=False."""
         now = time.time() if now is None else now
-        key = _request_key(tenant, request_id)
+        key = request_key(tenant, request_id) if request_id else None
         with self._tx() as db:
             if key:
                 row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (key,)).fetchone()
@@ -863,7 +879,7 @@ class JobStore:
     def sweep_of_request(self, tenant: str, request_id: str) -> SweepRecord | None:
         """The sweep `tenant` created with `request_id`, if any: what a retried CreateSweep answers."""
         with self._reading() as db:
-            row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (_request_key(tenant, request_id),)).fetchone()
+            row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (request_key(tenant, request_id),)).fetchone()
         return None if row is None else self.get_sweep(row["id"])
 
     def _get_sweep(self, sweep_id: str) -> SweepRecord:
@@ -924,7 +940,7 @@ class JobStore:
             count_ = db.execute("SELECT COUNT(*) AS n FROM sweep_trials WHERE sweep_id = ?", (sweep_id,)).fetchone()["n"]
             if sweep["state"] != SweepState.RUNNING or count_ != number:
                 return None
-            job_id = self._insert_job(db, job, sweep["tenant"], f"sweep/{sweep_id}/{number}", now).id if job else None
+            job_id = self._insert_job(db, job, sweep["tenant"], trial_key(sweep_id, number), now).id if job else None
             state, end = (TrialState.RUNNING, None) if job else (TrialState.FAILED, now)
             db.execute(
                 "INSERT INTO sweep_trials (sweep_id, number, job_id, params, state, reason, create_time, end_time)"
