@@ -4,7 +4,7 @@ statuses naming fields, the server surviving every bad request, the RPCs' contra
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -187,6 +187,45 @@ def test_a_diverged_job_shows_nan_in_get_job_and_watch_job(tmp_path: Path, store
     for metrics in (steps, full.metrics):
         assert math.isnan(metrics[0].loss) and math.isnan(metrics[0].grad_norm) and metrics[1].loss == 3.0
     assert full.status.state == pb.SUCCEEDED and math.isnan(full.status.first_loss) and full.status.last_loss == 3.0
+
+
+def answer(call: Callable[[], object]) -> tuple[grpc.StatusCode, list[str]]:
+    """The status code of a call that must fail, and the fields its BadRequest names."""
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code(), [v.field for v in field_violations(info.value)]
+
+
+def test_a_nul_character_is_refused_or_not_found_alike_on_both_stores(tmp_path: Path, store_location: str) -> None:
+    """PostgreSQL's text refuses NUL (an internal error) where SQLite keeps it: every string of a request
+    that reaches the store is checked first, and an id holding NUL is unknown, as any other."""
+    api = start_api_server(tmp_path, ScriptedRuntime(), store=store_location)
+    stub = pb_grpc.TrainingServiceStub(grpc.insecure_channel(api.target))
+    job = small_job("nul")
+    try:
+        created = stub.CreateJob(pb.CreateJobRequest(job=job_to_proto(job)))
+        labelled = job_to_proto(job)
+        labelled.metadata.labels["team"] = "a\x00b"
+        referring = job_to_proto(job.model_copy(update={"spec": job.spec.model_copy(update={"init_from": "job:x\x00y"})}))
+        invalid = {
+            "metadata.labels": lambda: stub.CreateJob(pb.CreateJobRequest(job=labelled)),
+            "request_id": lambda: stub.CreateJob(pb.CreateJobRequest(job=job_to_proto(job), request_id="r\x00")),
+            "spec.init_from": lambda: stub.CreateJob(pb.CreateJobRequest(job=referring)),
+            "reason": lambda: stub.CancelJob(pb.CancelJobRequest(id=created.id, reason="no\x00")),
+            "labels": lambda: stub.ListJobs(pb.ListJobsRequest(labels={"team": "a\x00b"})),
+        }
+        for field, call in invalid.items():
+            assert answer(call) == (grpc.StatusCode.INVALID_ARGUMENT, [field])
+        unknown = [
+            lambda: stub.GetJob(pb.GetJobRequest(id="x\x00y")),
+            lambda: stub.CancelJob(pb.CancelJobRequest(id="x\x00y")),
+            lambda: list(stub.WatchJob(pb.WatchJobRequest(id="x\x00y"))),
+        ]
+        for call in unknown:
+            assert answer(call) == (grpc.StatusCode.NOT_FOUND, [])
+        assert [j.id for j in stub.ListJobs(pb.ListJobsRequest()).jobs] == [created.id]
+    finally:
+        api.stop()
 
 
 def test_cancel_contract(client: TrainctlClient, runtime: ScriptedRuntime) -> None:

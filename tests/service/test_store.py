@@ -400,6 +400,15 @@ def test_migration_moves_trial_jobs_keys_out_of_the_tenants_namespace(store_loca
     assert store.create_trial(record.id, 1, {}, job("t1")) is not None
 
 
+def test_an_id_holding_nul_is_not_found_on_both_backends(store_location: str) -> None:
+    """PostgreSQL refuses NUL even in a lookup (DataError); no id holds one, so it is simply unknown."""
+    store = JobStore(store_location)
+    with pytest.raises(JobNotFound):
+        store.get_job("x\x00y")
+    with pytest.raises(SweepNotFound):
+        store.get_sweep("x\x00y")
+
+
 def test_values_keep_their_range_and_precision(store_location: str) -> None:
     """Timestamps to the microsecond, byte counts past 32 bits, an absent MFU stays absent."""
     store = JobStore(store_location)

@@ -190,6 +190,38 @@ def test_sweep_trials_are_labelled_jobs_and_cancel_stops_them(client: TrainctlCl
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_a_nul_character_in_a_sweep_request_is_refused_or_not_found_on_both_stores(
+    tmp_path: Path, runtime: ScriptedRuntime, store_location: str
+) -> None:
+    """As for jobs (test_api): PostgreSQL's text refuses NUL, so it is checked before the store."""
+    api = start_api_server(tmp_path, runtime, store=store_location)
+    stub = pb_grpc.TrainingServiceStub(grpc.insecure_channel(api.target))
+    sweep = sweep_to_proto(parse_sweep_object(DOCUMENT))
+    labelled = sweep_to_proto(parse_sweep_object(DOCUMENT))
+    labelled.metadata.labels["team"] = "a\x00b"
+    try:
+        created = stub.CreateSweep(pb.CreateSweepRequest(sweep=sweep))
+        invalid = {
+            "request_id": lambda: stub.CreateSweep(pb.CreateSweepRequest(sweep=sweep, request_id="r\x00")),
+            "metadata.labels": lambda: stub.CreateSweep(pb.CreateSweepRequest(sweep=labelled)),
+            "reason": lambda: stub.CancelSweep(pb.CancelSweepRequest(id=created.id, reason="no\x00")),
+        }
+        for field, call in invalid.items():
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in [v.field for v in field_violations(info.value)]
+        for call in (
+            lambda: stub.GetSweep(pb.GetSweepRequest(id="x\x00y")),
+            lambda: stub.CancelSweep(pb.CancelSweepRequest(id="x\x00y")),
+            lambda: list(stub.WatchSweep(pb.WatchSweepRequest(id="x\x00y"))),
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        api.stop()
+
+
 def test_cli_sweep_commands(api: ApiServer, runtime: ScriptedRuntime, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from trainctl.cli.main import main
 

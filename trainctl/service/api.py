@@ -33,6 +33,7 @@ from trainctl.service.errors import (
     not_found,
     service_stopping,
 )
+from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
 from trainctl.service.job_messages import JobMessages, step_to_proto
 from trainctl.service.paths import JobPathPolicy, job_reference
 from trainctl.service.planning import fit_violations, plan_response
@@ -181,8 +182,7 @@ class TrainingServicer(SweepRpcs):
         dataset's glob may walk a large tree), which must never hold up the event loop's other calls."""
         if not request.HasField("job"):
             raise bad_field("job", "the job to create is required")
-        if len(request.request_id) > MAX_ID_LENGTH:
-            raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
+        check_text("request_id", request.request_id, MAX_ID_LENGTH)
         record = await asyncio.get_running_loop().run_in_executor(None, self._retried_or_created, request, principal)
         self.scheduler.wake()
         return self.jobs.message(record)
@@ -236,6 +236,8 @@ class TrainingServicer(SweepRpcs):
             states.add(JobState(pb.JobState.Name(number)))
         if len(request.labels) > MAX_LABEL_FILTERS:
             raise bad_field("labels", f"at most {MAX_LABEL_FILTERS} label filters")
+        if any("\x00" in key + value for key, value in request.labels.items()):
+            raise bad_field("labels", "a label filter contains a NUL character")
         before = _decode_page_token(request.page_token) if request.page_token else None
         records = self.store.list_jobs(
             tenant=principal.tenant_filter(), states=states, labels=dict(request.labels), limit=size + 1,
@@ -250,8 +252,7 @@ class TrainingServicer(SweepRpcs):
         record = self._job(request.id, principal)
         if record.state in (JobState.SUCCEEDED, JobState.FAILED):
             raise failed_precondition(f"job {record.id} already ended {record.state}")
-        if len(request.reason) > 1000:
-            raise bad_field("reason", "longer than 1000 characters")
+        check_text("reason", request.reason, MAX_REASON_LENGTH)
         reason = request.reason or f"cancelled by {principal.name}"
         return self.jobs.message(self.scheduler.request_cancel(record.id, reason))
 

@@ -7,6 +7,10 @@ internal error, so `MalformedRequestInterceptor` decodes requests itself and ans
 ones with INVALID_ARGUMENT naming the expected message type (the TrainingService's own handlers do
 the same, trainctl.service.rpc_calls).
 
+`check_text` bounds a string of a request that the store keeps (a request id, a cancel reason): its
+length, and no NUL character, which PostgreSQL's text refuses (SQLite would keep it), so a request is
+answered alike on either store.
+
 `StreamLimiter` caps the server streams (following WatchJobs, WatchSweeps) one tenant holds open, so a
 single tenant cannot hold an unbounded share of the server's memory and wake-ups.
 """
@@ -21,7 +25,11 @@ from typing import Any
 
 import grpc
 
+from trainctl.service.errors import bad_field
+
 MiB = 1024 * 1024
+MAX_REASON_LENGTH = 1000
+"""The longest reason a client may give (CancelJob, CancelSweep)."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,14 @@ def _checked_stream(behaviour: Callable, name: str, streams: bool) -> Callable:
         return await behaviour(checked(requests, context), context)
 
     return unary
+
+
+def check_text(field: str, value: str, max_length: int) -> None:
+    """INVALID_ARGUMENT naming `field` when `value` is longer than `max_length` or holds a NUL character."""
+    if len(value) > max_length:
+        raise bad_field(field, f"longer than {max_length} characters")
+    if "\x00" in value:
+        raise bad_field(field, "contains a NUL character")
 
 
 class StreamLimiter:

@@ -341,6 +341,10 @@ _METRIC_COLUMNS = (
 )
 
 
+_NUL = "\x00"
+"""A character no job or sweep id holds, which PostgreSQL's text refuses even in a lookup."""
+
+
 RECORDS_KEPT = 10_000
 """Records, and parsed specs, a store keeps: every job of a 10,000-job store stays built, and a store of
 any size holds at most about 110 MiB of them (a small job's parsed spec is about 10 KiB, its record 1)."""
@@ -583,6 +587,9 @@ class JobStore:
 
     @_timed
     def get_job(self, job_id: str) -> JobRecord:
+        """The job `job_id`; JobNotFound when there is none (an id holding NUL is never one: no id does)."""
+        if _NUL in job_id:  # PostgreSQL refuses to compare text with it
+            raise JobNotFound(job_id)
         with self._reading() as db:
             return self._get(job_id, db)
 
@@ -872,6 +879,9 @@ class JobStore:
 
     @_timed
     def get_sweep(self, sweep_id: str) -> SweepRecord:
+        """The sweep `sweep_id`; SweepNotFound when there is none (an id holding NUL, as for jobs)."""
+        if _NUL in sweep_id:
+            raise SweepNotFound(sweep_id)
         with self._lock:
             return self._get_sweep(sweep_id)
 

@@ -23,6 +23,7 @@ from trainctl.service.errors import (
     not_found,
     service_stopping,
 )
+from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
 from trainctl.service.planning import fit_violations
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
@@ -113,8 +114,7 @@ class SweepRpcs:
     def CreateSweep(self, request: pb.CreateSweepRequest, principal: Principal) -> pb.Sweep:  # noqa: N802
         if not request.HasField("sweep"):
             raise bad_field("sweep", "the sweep to create is required")
-        if len(request.request_id) > MAX_ID_LENGTH:
-            raise bad_field("request_id", f"longer than {MAX_ID_LENGTH} characters")
+        check_text("request_id", request.request_id, MAX_ID_LENGTH)
         retried = self.store.sweep_of_request(principal.tenant, request.request_id) if request.request_id else None
         if retried is not None:  # answered its sweep, whatever the checks would say now
             return self._sweep_message(retried)
@@ -144,8 +144,7 @@ class SweepRpcs:
 
     def CancelSweep(self, request: pb.CancelSweepRequest, principal: Principal) -> pb.Sweep:  # noqa: N802
         record = self._sweep(request.id, principal)
-        if len(request.reason) > 1000:
-            raise bad_field("reason", "longer than 1000 characters")
+        check_text("reason", request.reason, MAX_REASON_LENGTH)
         if record.state in (SweepState.SUCCEEDED, SweepState.FAILED):
             raise failed_precondition(f"sweep {record.id} already ended {record.state}")
         reason = request.reason or f"sweep cancelled by {principal.name}"

@@ -105,6 +105,17 @@ class Metadata(StrictModel):
             raise ValueError(f"labels hold {size} bytes of keys and values; at most {MAX_LABELS_BYTES}")
         return value
 
+    @field_validator("labels")
+    @classmethod
+    def _labels_text(cls, value: dict[str, str]) -> dict[str, str]:
+        """No NUL character: the store's PostgreSQL text columns cannot hold one."""
+        for key, text in value.items():
+            if "\x00" in key:
+                raise ValueError(f"label key {key!r} contains a NUL character")
+            if "\x00" in text:
+                raise ValueError(f"the value of label {key!r} contains a NUL character")
+        return value
+
 
 MoEAuxLoss = Literal["per_layer_sum", "transformers"]
 """Conventions for the MoE load-balancing loss (`MoESpec.aux_loss`)."""
