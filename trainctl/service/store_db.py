@@ -49,6 +49,12 @@ TCP_USER_TIMEOUT_MS = 5000
 """How long sent data may stay unacknowledged before the connection is given up (a vanished host)."""
 WRITE_LOCK_KEY = 0x7472_6169_6e63
 """The advisory lock every PostgreSQL write transaction holds ("trainc" in hex)."""
+INVALID_URL = (
+    "not a valid PostgreSQL URL: the form is postgresql://user:password@host:port/dbname, with '%', '@', ':'"
+    " and '/' in the user name or password percent-encoded (the URL is not repeated: it may hold a password)"
+)
+"""The error of a URL that does not parse; psycopg's own message quotes the offending token, which may be
+(a piece of) the password, so no part of it is passed on."""
 READ_CONNECTIONS = 8
 """The most read connections a PostgreSQL store opens besides its write connection; a read finding all
 of them in use waits for one."""
@@ -250,8 +256,8 @@ class PostgresDatabase:
         self._read_only = read_only
         try:
             params = conninfo_to_dict(url)
-        except psycopg.ProgrammingError as exc:  # its message may quote the URL, password and all
-            raise StoreError(f"not a valid PostgreSQL URL: {_first_line(exc).replace(url, '<the URL>')}") from None
+        except psycopg.ProgrammingError:  # its message quotes the URL or a token of it, maybe the password
+            raise StoreError(INVALID_URL) from None
         self.location = f"postgresql://{params.get('host', '')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
         self._conn: psycopg.Connection | None = None
         self._retry_at = 0.0
