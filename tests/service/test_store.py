@@ -409,6 +409,31 @@ def test_an_id_holding_nul_is_not_found_on_both_backends(store_location: str) ->
         store.get_sweep("x\x00y")
 
 
+def test_a_sweep_is_read_with_its_trials_as_of_one_commit(store_location: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another replica cancels the sweep between the read of its row and the read of its trials: a reader
+    sees it RUNNING with a RUNNING trial or CANCELLED with a CANCELLED one, never RUNNING with CANCELLED."""
+    mine, other = JobStore(store_location), JobStore(store_location)
+    database = type(mine._db)
+    execute = database.execute
+    cancelled = threading.Event()
+
+    def cancel_in_between(db: object, sql: str, params: object = ()) -> object:
+        if sql.startswith("SELECT * FROM sweep_trials") and not cancelled.is_set():
+            cancelled.set()
+            other.finish_sweep(newest, SweepState.CANCELLED, "replica B cancelled it")
+        return execute(db, sql, params)
+
+    for read in (mine.get_sweep, lambda _: mine.list_sweeps()[0]):
+        newest = mine.create_sweep(sweep())[0].id
+        mine.create_trial(newest, 0, {}, job("t0"))
+        cancelled.clear()
+        monkeypatch.setattr(database, "execute", cancel_in_between)
+        got = read(newest)
+        monkeypatch.undo()
+        assert cancelled.is_set() and (got.state, got.trials[0].state) == (SweepState.RUNNING, TrialState.RUNNING)
+        assert mine.get_sweep(newest).trials[0].state == TrialState.CANCELLED
+
+
 def test_values_keep_their_range_and_precision(store_location: str) -> None:
     """Timestamps to the microsecond, byte counts past 32 bits, an absent MFU stays absent."""
     store = JobStore(store_location)

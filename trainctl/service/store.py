@@ -866,7 +866,7 @@ class JobStore:
             if key:
                 row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (key,)).fetchone()
                 if row is not None:
-                    return self._get_sweep(row["id"]), False
+                    return self._get_sweep(db, row["id"]), False
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM sweeps").fetchone()["seq"]
             sweep_id = f"{sweep.metadata.name}-{uuid.uuid4().hex[:8]}"
             db.execute(
@@ -875,15 +875,15 @@ class JobStore:
                 (sweep_id, seq, key, tenant, sweep.metadata.name, sweep.model_dump_json(), SweepState.RUNNING,
                  "accepted", now, now),
             )
-            return self._get_sweep(sweep_id), True
+            return self._get_sweep(db, sweep_id), True
 
     @_timed
     def get_sweep(self, sweep_id: str) -> SweepRecord:
         """The sweep `sweep_id`; SweepNotFound when there is none (an id holding NUL, as for jobs)."""
         if _NUL in sweep_id:
             raise SweepNotFound(sweep_id)
-        with self._lock:
-            return self._get_sweep(sweep_id)
+        with self._reading(snapshot=True) as db:  # the sweep and its trials as of one commit
+            return self._get_sweep(db, sweep_id)
 
     @_timed
     def sweep_of_request(self, tenant: str, request_id: str) -> SweepRecord | None:
@@ -892,18 +892,18 @@ class JobStore:
             row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (request_key(tenant, request_id),)).fetchone()
         return None if row is None else self.get_sweep(row["id"])
 
-    def _get_sweep(self, sweep_id: str) -> SweepRecord:
-        row = self._db.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+    def _get_sweep(self, db: Database, sweep_id: str) -> SweepRecord:
+        row = db.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
         if row is None:
             raise SweepNotFound(sweep_id)
-        return self._sweep_record(row)
+        return self._sweep_record(db, row)
 
-    def _sweep_record(self, row: dict[str, Any]) -> SweepRecord:
+    def _sweep_record(self, db: Database, row: dict[str, Any]) -> SweepRecord:
         data = dict(row)
         data.pop("request_id")
         data["sweep"] = Sweep.model_validate_json(data.pop("spec"))
         data["state"] = SweepState(data["state"])
-        trials = self._db.execute("SELECT * FROM sweep_trials WHERE sweep_id = ? ORDER BY number", (row["id"],)).fetchall()
+        trials = db.execute("SELECT * FROM sweep_trials WHERE sweep_id = ? ORDER BY number", (row["id"],)).fetchall()
         data["trials"] = [
             TrialRecord(**{**t, "params": json.loads(t["params"]), "state": TrialState(t["state"])}) for t in trials
         ]
@@ -930,8 +930,8 @@ class JobStore:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        with self._lock:
-            return [self._sweep_record(row) for row in self._db.execute(sql, args).fetchall()]
+        with self._reading(snapshot=True) as db:  # each sweep with its trials as of the same commit
+            return [self._sweep_record(db, row) for row in db.execute(sql, args).fetchall()]
 
     @_timed
     def create_trial(
@@ -1001,7 +1001,7 @@ class JobStore:
                     "UPDATE sweep_trials SET state = ?, reason = ?, end_time = ? WHERE sweep_id = ? AND state = ?",
                     (TrialState.CANCELLED, reason, now, sweep_id, TrialState.RUNNING),
                 )
-            return self._get_sweep(sweep_id)
+            return self._get_sweep(db, sweep_id)
 
     # ---- leases -------------------------------------------------------------------------------------
     @_timed

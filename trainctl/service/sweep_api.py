@@ -159,7 +159,7 @@ class SweepRpcs:
 
     async def WatchSweep(self, request: pb.WatchSweepRequest, principal: Principal) -> AsyncIterator[pb.Sweep]:  # noqa: N802
         """The sweep as it is, then again each time it changes, until it ends or the service stops. Its
-        reads take the store's lock, so they run on the server's thread pool."""
+        reads are a read-only transaction of several statements, so they run on the server's thread pool."""
         loop = asyncio.get_running_loop()
         record = await loop.run_in_executor(None, self._sweep, request.id, principal)
         last = b""
