@@ -3,6 +3,8 @@ statuses naming fields, the server surviving every bad request, the RPCs' contra
 
 from __future__ import annotations
 
+import base64
+import json
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -126,6 +128,15 @@ def test_request_field_errors(client: TrainctlClient, api: ApiServer) -> None:
     with pytest.raises(grpc.RpcError) as info:
         list(stub.WatchJob(pb.WatchJobRequest(id=job.id, after_sequence=-1)))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("before", [2**63, 2**64 + 5, True, -1, 1.5, "7"])
+def test_a_forged_page_token_is_a_bad_page_token(client: TrainctlClient, api: ApiServer, before: object) -> None:
+    """A token's seq must be an int64 that is not negative: SQLite cannot bind a larger integer."""
+    client.create_job(small_job("paged"))
+    stub = pb_grpc.TrainingServiceStub(grpc.insecure_channel(api.target))
+    token = base64.urlsafe_b64encode(json.dumps({"before": before}).encode()).decode()
+    assert answer(lambda: stub.ListJobs(pb.ListJobsRequest(page_token=token))) == (grpc.StatusCode.INVALID_ARGUMENT, ["page_token"])
 
 
 def test_create_get_list_and_idempotent_retry(client: TrainctlClient) -> None:

@@ -44,7 +44,7 @@ from trainctl.service.sweep_api import SweepRpcs
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, admission_violation
 from trainctl.service.watch_hub import EventHub, WatchFailed, WatchStopped
-from trainctl.spec.job import TrainingJob
+from trainctl.spec.job import INT64_MAX, TrainingJob
 from trainctl.spec.validate import (
     FieldViolation,
     SpecError,
@@ -323,9 +323,10 @@ def _encode_page_token(seq: int) -> str:
 
 
 def _decode_page_token(token: str) -> int:
+    """The seq a token this server issued carries: an int64 (the column's type) that is not negative."""
     try:
         value = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))["before"]
-        if not isinstance(value, int) or value < 0:
+        if type(value) is not int or not 0 <= value <= INT64_MAX:  # not a bool either
             raise ValueError(value)
         return value
     except (ValueError, KeyError, TypeError, UnicodeError, binascii.Error):
