@@ -10,8 +10,10 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import psycopg
 import pytest
@@ -432,6 +434,22 @@ def test_a_sweep_is_read_with_its_trials_as_of_one_commit(store_location: str, m
         monkeypatch.undo()
         assert cancelled.is_set() and (got.state, got.trials[0].state) == (SweepState.RUNNING, TrialState.RUNNING)
         assert mine.get_sweep(newest).trials[0].state == TrialState.CANCELLED
+
+
+def test_an_id_already_taken_is_drawn_again(store_location: str) -> None:
+    """Ids carry 32 random bits: a new job or sweep whose id is taken gets another (it was an
+    IntegrityError, answered INTERNAL), while a request id used twice still returns the first."""
+    store = JobStore(store_location)
+    taken, fresh = uuid.UUID("deadbeef" + "0" * 24), uuid.UUID("cafef00d" + "0" * 24)
+    with mock.patch("trainctl.service.store.uuid.uuid4", side_effect=[taken, taken, fresh, taken, taken, taken, fresh]):
+        first, _ = store.create_job(job("train"), request_id="r")
+        second, created = store.create_job(job("train"))
+        first_sweep, _ = store.create_sweep(sweep())
+        second_sweep, _ = store.create_sweep(sweep())
+    assert (first.id, second.id, created) == ("train-deadbeef", "train-cafef00d", True)
+    assert (first_sweep.id, second_sweep.id) == ("s-deadbeef", "s-cafef00d")
+    assert store.create_job(job("train"), request_id="r") == (store.get_job(first.id), False)
+    assert [j.id for j in store.list_jobs()] == [second.id, first.id]
 
 
 def test_values_keep_their_range_and_precision(store_location: str) -> None:

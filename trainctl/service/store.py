@@ -372,6 +372,23 @@ def _record(row: dict[str, Any], spec: TrainingJob, labels: dict[str, str]) -> J
     )
 
 
+ID_ATTEMPTS = 8
+"""Fresh ids an insert tries before it fails. A job's or sweep's id is its name, '-' and 8 random hex
+digits (32 bits; at most 72 characters, short enough for run directories and Ray actor names): among
+100,000 jobs of one name a new one's first id is taken with a chance of 2e-5, eight in a row never are."""
+
+
+def _inserted(name: str, insert: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
+    """The row `insert(id)` returned for the first fresh id of `name` not taken yet: `insert` inserts
+    `ON CONFLICT (id) DO NOTHING` and returns None when the id is another's. Any other conflict (a
+    request id) raises as before."""
+    for _ in range(ID_ATTEMPTS):
+        row = insert(f"{name}-{uuid.uuid4().hex[:8]}")
+        if row is not None:
+            return row
+    raise StoreError(f"{ID_ATTEMPTS} fresh ids for {name!r} were all taken")
+
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -564,17 +581,17 @@ class JobStore:
 
     def _insert_job(self, db: Database, job: TrainingJob, tenant: str, key: str | None, now: float) -> JobRecord:
         """The job inserted, with its labels and first event; its record (kept once the write commits)."""
-        job_id = f"{job.metadata.name}-{uuid.uuid4().hex[:8]}"
         spec = job.model_dump_json()
-        row = db.execute(
+        row = _inserted(job.metadata.name, lambda job_id: db.execute(
             "INSERT INTO jobs (id, seq, request_id, tenant, name, spec, priority, state, reason, create_time,"
             " update_time, total_steps) VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            f" RETURNING {_RECORD_COLUMNS}",
+            f" ON CONFLICT (id) DO NOTHING RETURNING {_RECORD_COLUMNS}",
             (
                 job_id, key, tenant, job.metadata.name, spec,
                 job.spec.scheduling.priority, JobState.QUEUED, "accepted", now, now, total_steps(job),
             ),
-        ).fetchone()
+        ).fetchone())
+        job_id = row["id"]
         labels = job.metadata.labels
         if labels:  # one statement: on PostgreSQL each is a round trip made holding the write lock
             db.execute(
@@ -868,14 +885,13 @@ class JobStore:
                 if row is not None:
                     return self._get_sweep(db, row["id"]), False
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM sweeps").fetchone()["seq"]
-            sweep_id = f"{sweep.metadata.name}-{uuid.uuid4().hex[:8]}"
-            db.execute(
+            spec = sweep.model_dump_json()
+            row = _inserted(sweep.metadata.name, lambda sweep_id: db.execute(
                 "INSERT INTO sweeps (id, seq, request_id, tenant, name, spec, state, reason, create_time, update_time)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (sweep_id, seq, key, tenant, sweep.metadata.name, sweep.model_dump_json(), SweepState.RUNNING,
-                 "accepted", now, now),
-            )
-            return self._get_sweep(db, sweep_id), True
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING RETURNING id",
+                (sweep_id, seq, key, tenant, sweep.metadata.name, spec, SweepState.RUNNING, "accepted", now, now),
+            ).fetchone())
+            return self._get_sweep(db, row["id"]), True
 
     @_timed
     def get_sweep(self, sweep_id: str) -> SweepRecord:
