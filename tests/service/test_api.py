@@ -139,6 +139,13 @@ def test_a_forged_page_token_is_a_bad_page_token(client: TrainctlClient, api: Ap
     assert answer(lambda: stub.ListJobs(pb.ListJobsRequest(page_token=token))) == (grpc.StatusCode.INVALID_ARGUMENT, ["page_token"])
 
 
+def test_a_page_token_of_deeply_nested_json_is_a_bad_page_token(client: TrainctlClient, api: ApiServer) -> None:
+    """Decoding it raised RecursionError, answered INTERNAL: a token longer than any issued one is refused unread."""
+    stub = pb_grpc.TrainingServiceStub(grpc.insecure_channel(api.target))
+    token = base64.urlsafe_b64encode(b"[" * 100_000).decode()
+    assert answer(lambda: stub.ListJobs(pb.ListJobsRequest(page_token=token))) == (grpc.StatusCode.INVALID_ARGUMENT, ["page_token"])
+
+
 def test_create_get_list_and_idempotent_retry(client: TrainctlClient) -> None:
     first = client.create_job(small_job("listed", labels={"team": "a"}), request_id="retry-1")
     again = client.create_job(small_job("listed", labels={"team": "a"}), request_id="retry-1")

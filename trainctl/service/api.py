@@ -61,6 +61,8 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 MAX_ID_LENGTH = 128
 MAX_LABEL_FILTERS = 32
+MAX_PAGE_TOKEN_LENGTH = 64
+"""Longer than any ListJobs page token the server issues (44 characters at most)."""
 FULL_VIEW_STEPS = 10_000
 """Steps a JOB_VIEW_FULL GetJob answers at most: a longer run's are thinned evenly, its first and last
 kept (a million steps would pass the 16 MiB answer limit); WatchJob streams every step."""
@@ -323,8 +325,11 @@ def _encode_page_token(seq: int) -> str:
 
 
 def _decode_page_token(token: str) -> int:
-    """The seq a token this server issued carries: an int64 (the column's type) that is not negative."""
+    """The seq a token this server issued carries: an int64 (the column's type) that is not negative.
+    A token longer than any issued one is refused unread (deeply nested JSON would exhaust the parser)."""
     try:
+        if len(token) > MAX_PAGE_TOKEN_LENGTH:
+            raise ValueError(len(token))
         value = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))["before"]
         if type(value) is not int or not 0 <= value <= INT64_MAX:  # not a bool either
             raise ValueError(value)
