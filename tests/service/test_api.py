@@ -146,6 +146,17 @@ def test_a_page_token_of_deeply_nested_json_is_a_bad_page_token(client: Trainctl
     assert answer(lambda: stub.ListJobs(pb.ListJobsRequest(page_token=token))) == (grpc.StatusCode.INVALID_ARGUMENT, ["page_token"])
 
 
+def test_a_request_id_sent_again_with_another_job_is_refused_naming_it(client: TrainctlClient, api: ApiServer) -> None:
+    first = client.create_job(small_job("first"), request_id="once")
+    assert client.create_job(small_job("first"), request_id="once").id == first.id  # a retry: the same request
+    with pytest.raises(grpc.RpcError) as info:
+        client.create_job(small_job("second"), request_id="once")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    [violation] = field_violations(info.value)
+    assert violation.field == "request_id" and f"job {first.id}" in violation.description
+    assert [j.id for j in api.scheduler.store.list_jobs()] == [first.id]
+
+
 def test_create_get_list_and_idempotent_retry(client: TrainctlClient) -> None:
     first = client.create_job(small_job("listed", labels={"team": "a"}), request_id="retry-1")
     again = client.create_job(small_job("listed", labels={"team": "a"}), request_id="retry-1")

@@ -24,6 +24,7 @@ from trainctl.service.store import (
     JobNotFound,
     JobStore,
     LeaseLost,
+    RequestReused,
     StoreError,
     SweepNotFound,
     SweepState,
@@ -305,6 +306,17 @@ def set_schema_version(location: str, version: int) -> None:
     db.close()
 
 
+def set_back_to_schema_7(location: str) -> None:
+    """A current store as version 7 had it: without the columns schema 8 adds."""
+    db = open_database(location)
+    db.begin_write()
+    for table in ("jobs", "sweeps"):
+        db.execute(f"ALTER TABLE {table} DROP COLUMN request_digest")
+    db.set_schema_version(7)
+    db.commit()
+    db.close()
+
+
 def test_migrates_an_older_schema_and_refuses_a_newer_one(store_location: str) -> None:
     set_schema_version(store_location, 0)
     store = JobStore(store_location)  # an empty version-0 database is migrated to the current schema
@@ -393,6 +405,7 @@ def test_migration_moves_trial_jobs_keys_out_of_the_tenants_namespace(store_loca
     own, _ = store.create_job(job("own"), tenant="sweep", request_id=f"{record.id}/1")
     store._db.execute("UPDATE jobs SET request_id = ? WHERE id = ?", (f"sweep/{record.id}/0", trial.job_id))
     store.close()
+    set_back_to_schema_7(store_location)
     set_schema_version(store_location, 6)
     store = JobStore(store_location)
     assert store.schema_version == SCHEMA_VERSION
@@ -400,6 +413,28 @@ def test_migration_moves_trial_jobs_keys_out_of_the_tenants_namespace(store_loca
     assert created and mine.id != trial.job_id
     assert store.create_job(job("own"), tenant="sweep", request_id=f"{record.id}/1") == (store.get_job(own.id), False)
     assert store.create_trial(record.id, 1, {}, job("t1")) is not None
+
+
+def test_a_request_id_reused_with_another_request_is_refused_and_older_jobs_keep_their_retries(store_location: str) -> None:
+    store = JobStore(store_location)
+    old, _ = store.create_job(job("old"), tenant="t", request_id="before-8")
+    store.close()
+    set_back_to_schema_7(store_location)  # `old` was created before requests had digests
+    store = JobStore(store_location)
+    assert store.schema_version == SCHEMA_VERSION
+    assert store.create_job(job("old"), tenant="t", request_id="before-8", digest="d1") == (store.get_job(old.id), False)
+    first, created = store.create_job(job("new"), tenant="t", request_id="after-8", digest="d1")
+    assert created
+    assert store.create_job(job("new"), tenant="t", request_id="after-8", digest="d1") == (store.get_job(first.id), False)
+    assert store.job_of_request("t", "after-8", "d1") == store.get_job(first.id)
+    with pytest.raises(RequestReused, match=first.id):
+        store.create_job(job("other"), tenant="t", request_id="after-8", digest="d2")
+    with pytest.raises(RequestReused, match=first.id):
+        store.job_of_request("t", "after-8", "d2")
+    sweep_record, _ = store.create_sweep(sweep(), tenant="t", request_id="s", digest="d1")
+    with pytest.raises(RequestReused, match=sweep_record.id):
+        store.sweep_of_request("t", "s", "d2")
+    assert [j.id for j in store.list_jobs()] == [first.id, old.id]
 
 
 def test_an_id_holding_nul_is_not_found_on_both_backends(store_location: str) -> None:

@@ -123,10 +123,16 @@ def test_bad_sweeps_are_invalid_argument_naming_the_field(
     assert api.scheduler.store.list_sweeps() == []
 
 
-def test_a_retried_create_sweep_is_answered_its_sweep_without_checking_again(client: TrainctlClient, api: ApiServer) -> None:
+def test_a_retried_create_sweep_is_answered_its_sweep_and_another_sweep_needs_another_id(
+    client: TrainctlClient, api: ApiServer
+) -> None:
     first = client.create_sweep(parse_sweep_object(DOCUMENT), request_id="sweep-once")
-    retried = client.create_sweep(sent(changed(*BAD[0][:2])), request_id="sweep-once")  # checks that now fail
-    assert retried.id == first.id
+    assert client.create_sweep(parse_sweep_object(DOCUMENT), request_id="sweep-once").id == first.id
+    with pytest.raises(grpc.RpcError) as caught:  # the same id with another sweep: a client's mistake
+        client.create_sweep(sent(changed("spec.trials", 4)), request_id="sweep-once")
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    [violation] = field_violations(caught.value)
+    assert violation.field == "request_id" and f"sweep {first.id}" in violation.description
     assert [s.id for s in api.scheduler.store.list_sweeps()] == [first.id]
 
 

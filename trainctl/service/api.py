@@ -24,13 +24,14 @@ from trainctl.parallelism.checkpoint.source import init_from_problem
 from trainctl.service import store as st
 from trainctl.service.async_bridge import store_read
 from trainctl.service.auth import Authenticator
-from trainctl.service.convert import job_from_proto, timestamp
+from trainctl.service.convert import job_from_proto, request_digest, timestamp
 from trainctl.service.errors import (
     ApiError,
     bad_field,
     failed_precondition,
     invalid_argument,
     not_found,
+    reused_request_id,
     service_stopping,
 )
 from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
@@ -39,7 +40,14 @@ from trainctl.service.paths import JobPathPolicy, job_reference
 from trainctl.service.planning import fit_violations, plan_response
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
-from trainctl.service.store import AdmissionRefused, JobNotFound, JobRecord, JobStore, StoreUnavailable
+from trainctl.service.store import (
+    AdmissionRefused,
+    JobNotFound,
+    JobRecord,
+    JobStore,
+    RequestReused,
+    StoreUnavailable,
+)
 from trainctl.service.sweep_api import SweepRpcs
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, admission_violation
@@ -191,23 +199,28 @@ class TrainingServicer(SweepRpcs):
         return self.jobs.message(record)
 
     def _retried_or_created(self, request: pb.CreateJobRequest, principal: Principal) -> JobRecord:
-        """CreateJob's whole work in one call: the retried job, else the request's job checked and committed."""
-        retried = self._retried(request.request_id, principal)
-        return retried or self._create(self._validated(request.job, principal), request.request_id, principal)
+        """CreateJob's whole work in one call: the retried job, else the request's job checked and
+        committed. A request id sent again with another job is INVALID_ARGUMENT naming request_id."""
+        digest = request_digest(request.job)
+        try:
+            retried = self._retried(request.request_id, digest, principal)
+            return retried or self._create(self._validated(request.job, principal), request.request_id, digest, principal)
+        except RequestReused as reused:
+            raise reused_request_id(f"job {reused}") from None
 
-    def _retried(self, request_id: str, principal: Principal) -> JobRecord | None:
+    def _retried(self, request_id: str, digest: str, principal: Principal) -> JobRecord | None:
         """The job the tenant already created with `request_id` (a retry is answered it, whatever the
         checks would say now: its first answer may have been lost), or None."""
-        return self.store.job_of_request(principal.tenant, request_id) if request_id else None
+        return self.store.job_of_request(principal.tenant, request_id, digest) if request_id else None
 
-    def _create(self, job: TrainingJob, request_id: str, principal: Principal) -> JobRecord:
+    def _create(self, job: TrainingJob, request_id: str, digest: str, principal: Principal) -> JobRecord:
         """Commit `job` if the tenant's quota admits it (else RESOURCE_EXHAUSTED), checked in the commit's
         own transaction so that concurrent creates cannot all pass a queued_jobs quota."""
         quota = self.auth.quota(principal.tenant)
         gpus = job.spec.resources.gpus
         try:
             record, _created = self.store.create_job(
-                job, tenant=principal.tenant, request_id=request_id or None,
+                job, tenant=principal.tenant, request_id=request_id or None, digest=digest,
                 admit=lambda queued: admission_violation(principal.tenant, quota, gpus, queued),
             )
         except AdmissionRefused as refused:

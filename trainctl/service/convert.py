@@ -16,6 +16,7 @@ own model, so a bad value raises SpecError naming the same dotted path the YAML 
 
 from __future__ import annotations
 
+import hashlib
 import typing
 from typing import Any
 
@@ -181,3 +182,9 @@ def _submodel(annotation: Any) -> type[BaseModel]:
         if isinstance(arg, type) and issubclass(arg, BaseModel):
             return arg
     raise TypeError(f"no model in {annotation!r}")
+
+
+def request_digest(message: Message) -> str:
+    """What identifies a create request's content (a job, a sweep): the SHA-256 of the message,
+    serialized deterministically, so a retry of the same request has the same digest."""
+    return hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()

@@ -63,6 +63,12 @@ def failed_precondition(message: str) -> ApiError:
 
 
 
+def reused_request_id(created: str) -> ApiError:
+    """INVALID_ARGUMENT naming request_id: it came again with another request than the one that
+    created `created` (a retry must resend the same request; a new one needs a new id)."""
+    return bad_field("request_id", f"already used for {created}, created by a different request; a new request needs a new request_id")
+
+
 def service_stopping(what: str) -> ApiError:
     """UNAVAILABLE for a stream the service ends because it stops while `what` goes on: the client
     resumes it (on another replica), as after any broken connection."""

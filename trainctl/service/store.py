@@ -173,6 +173,13 @@ MIGRATIONS: tuple[str, ...] = (
         AND jobs.request_id = 'sweep/' || sweep_trials.sweep_id || '/' || sweep_trials.number
     );
     """,
+    # 7 -> 8: the digest of the request a request id first created a job or sweep with, so that the id
+    # sent again with a different request is refused (`RequestReused`) instead of answered the first
+    # one as a retry. NULL for rows created before it, whose retries are not compared.
+    """
+    ALTER TABLE jobs ADD COLUMN request_digest TEXT;
+    ALTER TABLE sweeps ADD COLUMN request_digest TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -204,6 +211,11 @@ class LeaseLost(StoreError):
 
 class JobNotFound(KeyError):
     """No job with that id."""
+
+
+class RequestReused(Exception):
+    """A request id came again with a request other than the one that first used it; the argument is
+    the id of the job or sweep the first request created. Nothing was written."""
 
 
 class AdmissionRefused(Exception):
@@ -378,6 +390,14 @@ digits (32 bits; at most 72 characters, short enough for run directories and Ray
 100,000 jobs of one name a new one's first id is taken with a chance of 2e-5, eight in a row never are."""
 
 
+def _retried(row: dict[str, Any], digest: str | None) -> str:
+    """The id of the job or sweep a request id created (`row`: its id and request_digest), for a retry
+    whose request has `digest`; RequestReused when both digests are known and differ."""
+    if digest is not None and row["request_digest"] is not None and row["request_digest"] != digest:
+        raise RequestReused(row["id"])
+    return row["id"]
+
+
 def _inserted(name: str, insert: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
     """The row `insert(id)` returned for the first fresh id of `name` not taken yet: `insert` inserts
     `ON CONFLICT (id) DO NOTHING` and returns None when the id is another's. Any other conflict (a
@@ -548,46 +568,56 @@ class JobStore:
     @_timed
     def create_job(
         self, job: TrainingJob, *, tenant: str = "default", request_id: str | None = None, now: float | None = None,
-        admit: Callable[[Callable[[], int]], str | None] | None = None,
+        admit: Callable[[Callable[[], int]], str | None] | None = None, digest: str | None = None,
     ) -> tuple[JobRecord, bool]:
         """Insert `job` as QUEUED with its first event; return (record, created).
 
-        With a request_id the tenant already used, returns that job and created=False (idempotent retry).
-        Else `admit(queued)`, called in the same write transaction (so concurrent creates cannot all pass
-        it), says why the job must be refused, or None; `queued()` counts the tenant's queued jobs.
-        A refusal raises AdmissionRefused."""
+        With a request_id the tenant already used, returns that job and created=False (idempotent retry);
+        `digest` (of the request) is kept with the job, and a retry whose digest differs raises
+        RequestReused. Else `admit(queued)`, called in the same write transaction (so concurrent creates
+        cannot all pass it), says why the job must be refused, or None; `queued()` counts the tenant's
+        queued jobs. A refusal raises AdmissionRefused."""
         now = time.time() if now is None else now
         key = request_key(tenant, request_id) if request_id else None
         with self._tx() as db:
             if key:
-                row = db.execute("SELECT id FROM jobs WHERE request_id = ?", (key,)).fetchone()
+                row = db.execute("SELECT id, request_digest FROM jobs WHERE request_id = ?", (key,)).fetchone()
                 if row is not None:
-                    return self._get(row["id"]), False
+                    return self._get(_retried(row, digest)), False
             if admit is not None and (refusal := admit(lambda: self._queued_count(db, tenant))) is not None:
                 raise AdmissionRefused(refusal)
-            return self._insert_job(db, job, tenant, key, now), True
+            return self._insert_job(db, job, tenant, key, now, digest), True
 
     @_timed
-    def job_of_request(self, tenant: str, request_id: str) -> JobRecord | None:
-        """The job `tenant` created with `request_id`, if any: what a retried CreateJob answers."""
+    def job_of_request(self, tenant: str, request_id: str, digest: str | None = None) -> JobRecord | None:
+        """The job `tenant` created with `request_id`, if any: what a retried CreateJob answers
+        (RequestReused when `digest` differs from its request's)."""
         with self._reading() as db:
-            row = db.execute(f"SELECT {_RECORD_COLUMNS} FROM jobs WHERE request_id = ?", (request_key(tenant, request_id),)).fetchone()
-            return None if row is None else self._records_of(db, [row])()[0]
+            row = db.execute(
+                f"SELECT {_RECORD_COLUMNS}, request_digest FROM jobs WHERE request_id = ?", (request_key(tenant, request_id),)
+            ).fetchone()
+            if row is None:
+                return None
+            _retried(row, digest)
+            return self._records_of(db, [row])()[0]
 
     @staticmethod
     def _queued_count(db: Database, tenant: str) -> int:
         row = db.execute("SELECT COUNT(*) AS n FROM jobs WHERE tenant = ? AND state = ?", (tenant, JobState.QUEUED)).fetchone()
         return int(row["n"])
 
-    def _insert_job(self, db: Database, job: TrainingJob, tenant: str, key: str | None, now: float) -> JobRecord:
+    def _insert_job(
+        self, db: Database, job: TrainingJob, tenant: str, key: str | None, now: float, digest: str | None = None,
+    ) -> JobRecord:
         """The job inserted, with its labels and first event; its record (kept once the write commits)."""
         spec = job.model_dump_json()
         row = _inserted(job.metadata.name, lambda job_id: db.execute(
-            "INSERT INTO jobs (id, seq, request_id, tenant, name, spec, priority, state, reason, create_time,"
-            " update_time, total_steps) VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO jobs (id, seq, request_id, request_digest, tenant, name, spec, priority, state, reason,"
+            " create_time, update_time, total_steps)"
+            " VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             f" ON CONFLICT (id) DO NOTHING RETURNING {_RECORD_COLUMNS}",
             (
-                job_id, key, tenant, job.metadata.name, spec,
+                job_id, key, digest, tenant, job.metadata.name, spec,
                 job.spec.scheduling.priority, JobState.QUEUED, "accepted", now, now, total_steps(job),
             ),
         ).fetchone())
@@ -873,23 +903,24 @@ class JobStore:
     # ---- sweeps -------------------------------------------------------------------------------------
     @_timed
     def create_sweep(
-        self, sweep: Sweep, *, tenant: str = "default", request_id: str | None = None, now: float | None = None
+        self, sweep: Sweep, *, tenant: str = "default", request_id: str | None = None, now: float | None = None,
+        digest: str | None = None,
     ) -> tuple[SweepRecord, bool]:
         """Insert `sweep` as RUNNING; return (record, created). A request_id the tenant already used
-        returns that sweep and created=False."""
+        returns that sweep and created=False (RequestReused when `digest`, of the request, differs)."""
         now = time.time() if now is None else now
         key = request_key(tenant, request_id) if request_id else None
         with self._tx() as db:
             if key:
-                row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (key,)).fetchone()
+                row = db.execute("SELECT id, request_digest FROM sweeps WHERE request_id = ?", (key,)).fetchone()
                 if row is not None:
-                    return self._get_sweep(db, row["id"]), False
+                    return self._get_sweep(db, _retried(row, digest)), False
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM sweeps").fetchone()["seq"]
             spec = sweep.model_dump_json()
             row = _inserted(sweep.metadata.name, lambda sweep_id: db.execute(
-                "INSERT INTO sweeps (id, seq, request_id, tenant, name, spec, state, reason, create_time, update_time)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING RETURNING id",
-                (sweep_id, seq, key, tenant, sweep.metadata.name, spec, SweepState.RUNNING, "accepted", now, now),
+                "INSERT INTO sweeps (id, seq, request_id, request_digest, tenant, name, spec, state, reason, create_time,"
+                " update_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING RETURNING id",
+                (sweep_id, seq, key, digest, tenant, sweep.metadata.name, spec, SweepState.RUNNING, "accepted", now, now),
             ).fetchone())
             return self._get_sweep(db, row["id"]), True
 
@@ -902,11 +933,14 @@ class JobStore:
             return self._get_sweep(db, sweep_id)
 
     @_timed
-    def sweep_of_request(self, tenant: str, request_id: str) -> SweepRecord | None:
-        """The sweep `tenant` created with `request_id`, if any: what a retried CreateSweep answers."""
+    def sweep_of_request(self, tenant: str, request_id: str, digest: str | None = None) -> SweepRecord | None:
+        """The sweep `tenant` created with `request_id`, if any: what a retried CreateSweep answers
+        (RequestReused when `digest` differs from its request's)."""
         with self._reading() as db:
-            row = db.execute("SELECT id FROM sweeps WHERE request_id = ?", (request_key(tenant, request_id),)).fetchone()
-        return None if row is None else self.get_sweep(row["id"])
+            row = db.execute(
+                "SELECT id, request_digest FROM sweeps WHERE request_id = ?", (request_key(tenant, request_id),)
+            ).fetchone()
+        return None if row is None else self.get_sweep(_retried(row, digest))
 
     def _get_sweep(self, db: Database, sweep_id: str) -> SweepRecord:
         row = db.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
@@ -917,6 +951,7 @@ class JobStore:
     def _sweep_record(self, db: Database, row: dict[str, Any]) -> SweepRecord:
         data = dict(row)
         data.pop("request_id")
+        data.pop("request_digest")
         data["sweep"] = Sweep.model_validate_json(data.pop("spec"))
         data["state"] = SweepState(data["state"])
         trials = db.execute("SELECT * FROM sweep_trials WHERE sweep_id = ? ORDER BY number", (row["id"],)).fetchall()

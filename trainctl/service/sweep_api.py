@@ -15,19 +15,28 @@ from collections.abc import AsyncIterator, Callable
 
 from trainctl.service.async_bridge import wait_for_store_change
 from trainctl.service.auth import Authenticator
-from trainctl.service.convert import timestamp
+from trainctl.service.convert import request_digest, timestamp
 from trainctl.service.errors import (
     bad_field,
     failed_precondition,
     invalid_argument,
     not_found,
+    reused_request_id,
     service_stopping,
 )
 from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
 from trainctl.service.planning import fit_violations
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
-from trainctl.service.store import JobStore, SweepNotFound, SweepRecord, SweepState, TrialRecord, TrialState
+from trainctl.service.store import (
+    JobStore,
+    RequestReused,
+    SweepNotFound,
+    SweepRecord,
+    SweepState,
+    TrialRecord,
+    TrialState,
+)
 from trainctl.service.sweep_convert import sweep_from_proto, sweep_to_proto, value_to_proto
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, Quota
@@ -115,11 +124,17 @@ class SweepRpcs:
         if not request.HasField("sweep"):
             raise bad_field("sweep", "the sweep to create is required")
         check_text("request_id", request.request_id, MAX_ID_LENGTH)
-        retried = self.store.sweep_of_request(principal.tenant, request.request_id) if request.request_id else None
-        if retried is not None:  # answered its sweep, whatever the checks would say now
-            return self._sweep_message(retried)
-        sweep = self._valid_sweep(request.sweep, principal)
-        record, _created = self.store.create_sweep(sweep, tenant=principal.tenant, request_id=request.request_id or None)
+        digest = request_digest(request.sweep)
+        try:
+            retried = self.store.sweep_of_request(principal.tenant, request.request_id, digest) if request.request_id else None
+            if retried is not None:  # answered its sweep, whatever the checks would say now
+                return self._sweep_message(retried)
+            sweep = self._valid_sweep(request.sweep, principal)
+            record, _created = self.store.create_sweep(
+                sweep, tenant=principal.tenant, request_id=request.request_id or None, digest=digest
+            )
+        except RequestReused as reused:
+            raise reused_request_id(f"sweep {reused}") from None
         if self.sweeps is not None:
             self.sweeps.wake()
         return self._sweep_message(record)
