@@ -6,8 +6,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -228,3 +230,89 @@ def test_client_commands_import_neither_torch_nor_ray(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[0, 0, 0, 0] []", done.stdout
+
+
+def _run_to_its_end(
+    tmp_path: Path, name: str, runtime: ScriptedRuntime, capsys: pytest.CaptureFixture[str], losses: list[float]
+) -> str:
+    """Submit a job through the CLI and run it, one step per loss; its id once the service has it ended."""
+    assert main(["submit", str(_spec(tmp_path, name))]) == 0
+    job_id = _submitted_id(capsys.readouterr().out)
+    runtime.wait_started(job_id)
+    runtime.run(job_id, losses)
+    main(["logs", job_id, "-f"])
+    capsys.readouterr()
+    return job_id
+
+
+def _strict_json(text: str) -> object:
+    def refuse(token: str) -> None:
+        raise ValueError(f"{token} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_get_json_of_a_diverged_run_is_strict_json(
+    tmp_path: Path, api: ApiServer, runtime: ScriptedRuntime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """json.dumps wrote NaN and Infinity as bare tokens, which jq and strict parsers refuse."""
+    job_id = _run_to_its_end(tmp_path, "diverged", runtime, capsys, [5.0, float("nan"), float("inf")])
+    assert main(["get", job_id, "-o", "json"]) == 0
+    document = _strict_json(capsys.readouterr().out)
+    assert [m["loss"] for m in document["metrics"]] == [5.0, "NaN", "Infinity"]
+    assert document["status"]["first_loss"] == 5.0 and document["status"]["last_loss"] == "Infinity"
+
+
+def test_the_eta_of_replayed_steps_comes_from_when_they_ran(
+    tmp_path: Path, api: ApiServer, runtime: ScriptedRuntime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Steps were timed by their arrival: a backlog replayed by `logs` arrives at once, which read as ETA 0s."""
+    assert main(["submit", str(_spec(tmp_path, "slow", steps=10))]) == 0
+    job_id = _submitted_id(capsys.readouterr().out)
+    runtime.wait_started(job_id)
+    runtime.state(job_id, JobState.RUNNING, "ranks up")
+    for step in range(1, 5):  # 0.5 s apart: 6 steps left, about 3 s
+        runtime.step(job_id, step, 5.0 - step / 10)
+        time.sleep(0.5)
+    assert main(["logs", job_id]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step 4/10")]
+    eta = re.search(r"ETA (\d+)s$", line)
+    assert eta is not None and int(eta[1]) >= 2, line  # at least 6 x 0.5 s: the steps' own spacing
+
+
+def test_a_command_jobs_step_column_shows_no_total(
+    tmp_path: Path, api: ApiServer, runtime: ScriptedRuntime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = yaml.safe_load((ROOT / "examples" / "command-job.yaml").read_text())
+    document["spec"]["command"]["working_dir"] = str(tmp_path)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(document))
+    assert main(["submit", str(tmp_path / "job.yaml")]) == 0
+    job_id = _submitted_id(capsys.readouterr().out)
+    runtime.wait_started(job_id)
+    runtime.state(job_id, JobState.RUNNING, "ranks up")
+    runtime.step(job_id, 1, 2.0)
+    api.scheduler.tick()
+    assert main(["list"]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.startswith(job_id)]
+    assert row.split()[4] == "1", row  # not "1/0": the program decides how many steps
+
+
+def test_a_report_to_a_path_that_cannot_be_written_is_one_error_line(
+    tmp_path: Path, api: ApiServer, runtime: ScriptedRuntime, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = _run_to_its_end(tmp_path, "reported", runtime, capsys, [5.0, 4.0, 3.0])
+    (tmp_path / "file").write_text("")
+    assert main(["report", job_id, "--out", str(tmp_path / "file" / "report.png")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write") and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", [["plan", str(ROOT / "examples" / "demo.yaml"), "--topology"], ["topology", "validate"]])
+def test_a_topology_map_that_is_not_utf8_is_one_error_line(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = tmp_path / "map.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    assert main([*command, str(binary)]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "not UTF-8" in err and "Traceback" not in err, err

@@ -25,7 +25,6 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -37,7 +36,7 @@ import grpc  # noqa: E402
 
 from trainctl.cli import data_cmd, export_cmd, generate_cmd, sweep_cmd, topology_cmd  # noqa: E402
 from trainctl.cli.client import DEFAULT_SERVER, SERVER_ENV, AddressError, TrainctlClient  # noqa: E402
-from trainctl.cli.progress import follow, state_name, table  # noqa: E402
+from trainctl.cli.progress import follow, json_text, state_name, table  # noqa: E402
 from trainctl.spec.violations import FieldViolation, SpecError  # noqa: E402
 from trainctl.v1 import training_pb2 as pb  # noqa: E402
 from trainctl.workers.topology.presets import CLUSTER_PRESETS  # noqa: E402
@@ -188,7 +187,7 @@ def _follow(client: TrainctlClient, job_id: str, total: int, after: int, rank: i
 def cmd_get(args: argparse.Namespace, client: TrainctlClient) -> int:
     job = client.get_job(args.job, full=args.output in ("json", "yaml"))
     if args.output == "json":
-        print(json.dumps(job_document(job), indent=2))
+        print(json_text(job_document(job)))
     elif args.output == "yaml":
         import yaml
 
@@ -206,7 +205,7 @@ def _row(job: pb.Job) -> list[str]:
     loss = f"{s.last_loss:.4f}" if s.HasField("last_loss") else "-"
     return [
         job.id, state_name(s.state), str(job.spec.scheduling.priority), str(job.spec.resources.gpus),
-        f"{s.steps_done}/{s.total_steps}", loss, _age(s.create_time), s.reason[:60],
+        f"{s.steps_done}/{s.total_steps}" if s.total_steps else str(s.steps_done), loss, _age(s.create_time), s.reason[:60],
     ]
 
 

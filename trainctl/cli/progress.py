@@ -6,10 +6,12 @@ when stdout is not a terminal (CI logs, pipes) every event is one plain line.
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -113,10 +115,27 @@ def follow(events: Iterable[pb.JobEvent], total_steps: int, out: TextIO, *, forc
 
 def _update(tracker: Tracker, event: pb.JobEvent) -> None:
     kind = event.WhichOneof("payload")
-    if kind == "step":
-        tracker.on_step(event.step, time.monotonic())
+    if kind == "step":  # timed by when the step happened: a replayed backlog arrives all at once
+        step_time = event.step.time if event.step.HasField("time") else event.time
+        tracker.on_step(event.step, step_time.ToNanoseconds() / 1e9 if step_time.seconds else time.time())
     elif kind == "state_change":
         tracker.state = event.state_change.to_state
+
+
+def json_text(document: Any) -> str:
+    """`document` as strict JSON, indented: a NaN or infinite number (a diverged run's loss) as the string
+    "NaN", "Infinity" or "-Infinity", which JSON has no number for (json.dumps would write bare tokens
+    that strict parsers such as jq refuse)."""
+    def strict(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        if isinstance(value, dict):
+            return {k: strict(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [strict(v) for v in value]
+        return value
+
+    return json.dumps(strict(document), indent=2, allow_nan=False)
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

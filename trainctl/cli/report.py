@@ -131,14 +131,16 @@ def write_report(job: pb.Job, png: Path, *, html_page: bool = True) -> ReportFil
 def save_figure(fig: Figure, png: Path, page_of: Callable[[bytes], str] | None) -> ReportFiles:
     """Write `fig` as a PNG and, given `page_of` (the PNG's bytes -> HTML), the page next to it (.html)."""
     png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    png.write_bytes(buffer.getvalue())
-    if page_of is None:
-        return ReportFiles(png, None)
-    page = png.with_suffix(".html")
-    page.write_text(page_of(buffer.getvalue()))
+    page = None if page_of is None else png.with_suffix(".html")
+    try:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        png.write_bytes(buffer.getvalue())
+        if page is not None and page_of is not None:
+            page.write_text(page_of(buffer.getvalue()))
+    except OSError as err:  # a path that cannot be written: one error line, not a traceback
+        raise ReportError(f"cannot write {err.filename or png}: {err.strerror}") from None
     return ReportFiles(png, page)
 
 

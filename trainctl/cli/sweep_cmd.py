@@ -11,13 +11,12 @@ A sweep's trials are ordinary jobs: `trainctl list --label trainctl.sweep=SWEEP`
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainctl.cli.client import TrainctlClient
-from trainctl.cli.progress import state_name, table
+from trainctl.cli.progress import json_text, state_name, table
 from trainctl.v1 import training_pb2 as pb
 
 if TYPE_CHECKING:
@@ -64,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             if args.output == "table":
                 print(describe(sweep))
             elif args.output == "json":
-                print(json.dumps(sweep_document(sweep), indent=2))
+                print(json_text(sweep_document(sweep)))
             else:
                 import yaml
 

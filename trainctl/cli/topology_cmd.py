@@ -30,9 +30,11 @@ from trainctl.workers.topology.model import TopologyError, load_topology
 
 def _read(path: Path, what: str) -> str:
     try:
-        return path.read_text()
+        return path.read_text(encoding="utf-8")
     except OSError as err:
         raise TopologyError(f"{what} {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise TopologyError(f"{what} {path}: not UTF-8 text (byte {err.start})") from None
 
 
 def inspect(args: argparse.Namespace) -> str:

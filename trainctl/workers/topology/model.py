@@ -490,9 +490,11 @@ def load_topology(path: str | Path) -> TopologyMap:
     """Load and validate a topology map from a YAML file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise TopologyError(f"{path}: cannot read topology map: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise TopologyError(f"{path}: not a topology map: not UTF-8 text (byte {err.start})") from None
     try:
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
