@@ -316,3 +316,10 @@ def test_a_topology_map_that_is_not_utf8_is_one_error_line(
     assert main([*command, str(binary)]) == EXIT_INVALID
     err = capsys.readouterr().err
     assert "not UTF-8" in err and "Traceback" not in err, err
+
+
+def test_a_report_of_an_unknown_id_names_neither_job_nor_sweep_it_found(
+    api: ApiServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "nope"]) == 1
+    assert capsys.readouterr().err == "error: no job or sweep 'nope'\n"  # was "sweep 'nope' not found"

@@ -368,7 +368,12 @@ def cmd_report(args: argparse.Namespace, client: TrainctlClient) -> int:
         job = None
     try:
         if job is None:
-            files = sweep_cmd.report(client, args.job, args.out, html_page=not args.no_html)
+            try:
+                files = sweep_cmd.report(client, args.job, args.out, html_page=not args.no_html)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                raise CliError(f"no job or sweep {args.job!r}") from None
         else:
             files = write_report(job, args.out or Path(f"{job.id}-report.png"), html_page=not args.no_html)
     except ReportError as exc:
@@ -504,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {violation}", file=sys.stderr)
         return exc.status
     except SpecError as exc:  # a spec refused past _load (one with no proto form, say)
-        print("error: not a valid job spec", file=sys.stderr)
+        print("error: not a valid spec", file=sys.stderr)
         for violation in exc.violations:
             print(f"  {violation}", file=sys.stderr)
         return EXIT_INVALID
@@ -520,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         violations = field_violations(exc)
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr) if not violations else print(
-            f"error: {exc.code().name}: the server rejected the job", file=sys.stderr)
+            f"error: {exc.code().name}: the server refused the request", file=sys.stderr)
         for violation in violations:
             print(f"  {violation}", file=sys.stderr)
         return EXIT_INVALID if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_ERROR
