@@ -87,8 +87,7 @@ class TrainingServicer(SweepRpcs):
     """Unary methods that may block (a write's commit, a call to Ray, the sweep reads: a read-only
     transaction of a statement per sweep and one for its trials, PlanJob's checks of the files a job
     names): they run on the server's thread pool. The other plain methods only read the store and
-    compute; the async ones (CreateJob, the streams) hand their
-    own blocking parts to the pool."""
+    compute; the async ones (CreateJob, GetJob, the streams) hand their own blocking parts to the pool."""
 
     def __init__(
         self,
