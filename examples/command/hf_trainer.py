@@ -61,6 +61,7 @@ def main() -> None:
     last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     trainer.train(resume_from_checkpoint=last)
     if torch.distributed.is_initialized():  # here, not in the interpreter's teardown, where gloo's threads may abort it
+        torch.distributed.barrier()  # every rank past its last collective first: destroying early hung the other
         torch.distributed.destroy_process_group()
 
 
