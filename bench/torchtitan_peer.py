@@ -41,9 +41,9 @@ no ``datasets`` / ``torchdata`` / ``tyro`` preinstalled):
   with the three changes above and one flavor built from trainctl's preset.
 
 Why torchtitan 0.2.2 (the newest 0.2.x, a pure-python wheel): 0.3.0 requires ``spmd_types==0.2.3``
-and ``torch_checkpointing`` and imports them from its llama3 model, loss and config modules, and its
-release pins a newer PyTorch nightly than the machine's torch 2.11; 0.2.2 imports and trains with
-torch 2.11 (checked on CPU). Extra wheels it needs (carried in ``.whl``, ``--no-deps``):
+and ``torch_checkpointing`` (neither on the machine) and imports them from its llama3 model, loss
+and config modules; its README says each release pins a PyTorch nightly (whether 0.3.0 runs on
+torch 2.11 was not tried). 0.2.2 imports and trains with torch 2.11 (checked on CPU only). Extra wheels it needs (carried in ``.whl``, ``--no-deps``):
 torchtitan 0.2.2, torchdata 0.11.0 (``StatefulDataLoader``), tyro 1.0.17 (imported by
 ``torchtitan.config``) with docstring-parser 0.18.0 and typeguard 4.6.1.
 
