@@ -47,7 +47,8 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trainctl.parallelism.data.token_shards import build_dataset, prepare_shards
+from trainctl.parallelism.data.dataset import build_dataset
+from trainctl.parallelism.data.token_shards import prepare_shards
 from trainctl.parallelism.engine import efficiency
 from trainctl.parallelism.engine.distributed import init_distributed, teardown
 from trainctl.parallelism.engine.trainer import Trainer
