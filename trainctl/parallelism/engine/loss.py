@@ -1,7 +1,8 @@
 """The training objective of one micro-batch: next-token cross-entropy, in float32.
 
 Used by the Trainer's single-stage loop and by the pipeline's last stage, so every layout optimizes
-the same function. Two normalisations:
+the same function (compiled with `training.compile` when the logits are plain tensors: `objectives`).
+Two normalisations:
 
 - Unmasked data (`MicroBatch.loss_tokens` None): `cross_entropy`, the mean over the micro-batch's
   tokens; the step's objective is the mean over micro-batches and data-parallel ranks.
@@ -16,6 +17,10 @@ the same function. Two normalisations:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.tensor import DTensor
@@ -40,6 +45,23 @@ def summed_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """Sum of the next-token cross-entropy over the local targets that are not IGNORE_INDEX (float32)."""
     loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
     return _plain(loss)
+
+
+@dataclass(frozen=True)
+class Objectives:
+    """The two objectives one Trainer uses: `cross_entropy` and `summed_cross_entropy`, or both compiled."""
+
+    mean: Callable[[Tensor, Tensor], Tensor]
+    summed: Callable[[Tensor, Tensor], Tensor]
+
+
+def objectives(compiled: bool) -> Objectives:
+    """The objectives, through `torch.compile` when `compiled` (training.compile with plain logits, as
+    torchtitan compiles its loss): Inductor fuses the float32 upcast, the log-softmax and its gradient,
+    where eager materialises three float32 [tokens, vocab] tensors at the start of backward."""
+    if not compiled:
+        return Objectives(cross_entropy, summed_cross_entropy)
+    return Objectives(torch.compile(cross_entropy), torch.compile(summed_cross_entropy))
 
 
 def masked_loss_scale(loss_tokens: int, averaged_over: int) -> float:

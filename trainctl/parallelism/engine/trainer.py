@@ -45,7 +45,7 @@ from trainctl.parallelism.data.dataset import build_dataset
 from trainctl.parallelism.data.token_shards import PrefetchLoader, build_loader
 from trainctl.parallelism.engine import efficiency
 from trainctl.parallelism.engine.distributed import resolve_device
-from trainctl.parallelism.engine.loss import cross_entropy, masked_loss_scale, summed_cross_entropy
+from trainctl.parallelism.engine.loss import masked_loss_scale, objectives
 from trainctl.parallelism.engine.model_setup import build_parallel_model
 from trainctl.parallelism.engine.optim import build_optimizer, build_scheduler, clip_gradients
 from trainctl.parallelism.engine.step_report import StepReport
@@ -136,6 +136,7 @@ class Trainer:
         self.config = resolve_model(job.model)
         self.job = efficiency.resolve_micro_batch_size(self.config, job, self.device)
         self.autocast_dtype = torch.bfloat16 if job.training.dtype == "bfloat16" else None
+        self.objectives = objectives(job.training.compile and self.grid.tp == 1)  # TP's vocab-sharded loss stays eager
         self.pmesh: ParallelMesh | None = build_mesh(self.grid, self.device.type) if world_size > 1 else None
         self.model = build_parallel_model(self.job, self.config, self.pmesh, self.device)
         self.optimizers, self.schedulers = self._build_optimizers()
@@ -197,8 +198,8 @@ class Trainer:
     def _pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The last stage's micro-batch loss; masked, times n_micro because the schedule divides by it."""
         if self._loss_scale is None:
-            return cross_entropy(logits, targets)
-        return summed_cross_entropy(logits, targets) * (self._loss_scale * self.loader.n_micro)
+            return self.objectives.mean(logits, targets)
+        return self.objectives.summed(logits, targets) * (self._loss_scale * self.loader.n_micro)
 
     # ---- one step, in pieces (tests call these directly) -------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -266,9 +267,9 @@ class Trainer:
                 with self.autocast():
                     logits = part(inputs, positions)
                 if self._loss_scale is not None:  # masked: this micro-batch's share of the global objective
-                    loss = summed_cross_entropy(logits, targets) * (self._loss_scale * n)
+                    loss = self.objectives.summed(logits, targets) * (self._loss_scale * n)
                 else:
-                    loss = cross_entropy(logits, targets)
+                    loss = self.objectives.mean(logits, targets)
                 aux = pop_aux_loss(part)
                 if aux is not None:
                     loss = loss + aux
