@@ -33,7 +33,8 @@ wrong estimate shows where it goes wrong. Dynamo's graph-break count is recorded
 written to ``--out`` as soon as it is measured.
 
 ``--smoke`` runs the same steps on CPU with the ``debug`` preset, seq 64, gloo with 2 torchrun ranks
-instead of NCCL and torchtitan's tiny smoke model: it checks the script, not the hardware. It reports no
+instead of NCCL and torchtitan's tiny smoke model (its row says "not run" where torchtitan is not
+installed, as in the project's virtualenv): it checks the script, not the hardware. It reports no
 MFU (CPU peaks are unknown), and its memory is the process's RSS, which is not comparable with the
 estimate.
 """
@@ -41,6 +42,7 @@ estimate.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -341,6 +343,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|" + "---|" * 10,
     ]
     for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['run']} | not run: {r['skipped']} |" + " |" * 8)
+            continue
         if "error" in r:
             lines.append(f"| {r['run']} | failed: {r['error'].strip().splitlines()[-1][:200] if r['error'].strip() else '?'} |" + " |" * 8)
             continue
@@ -362,8 +367,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def peer_ratio(rows: list[dict[str, Any]]) -> dict[str, float] | None:
     """Our compiled run over torchtitan's: tokens/s and MFU ratios (None unless both ran)."""
-    ours = next((r for r in rows if r["run"] == "compile" and "error" not in r), None)
-    peer = next((r for r in rows if r["run"] == "torchtitan" and "error" not in r), None)
+    ours = next((r for r in rows if r["run"] == "compile" and "step_seconds" in r), None)
+    peer = next((r for r in rows if r["run"] == "torchtitan" and "step_seconds" in r), None)
     if ours is None or peer is None:
         return None
     ratio = {"tokens_per_second": ours["tokens_per_second"] / peer["tokens_per_second"]}
@@ -428,7 +433,9 @@ def main() -> int:
                 rows.append({"run": name, "error": "not run: the --budget was spent"})
                 continue
             timeout = min(args.timeout, left)
-            if name == "torchtitan":
+            if name == "torchtitan" and importlib.util.find_spec("torchtitan") is None:
+                rows.append({"run": name, "skipped": "torchtitan is not installed (its wheels: bench/torchtitan_peer.py)"})
+            elif name == "torchtitan":
                 rows.append(peer_run(warmup, steps, micro, seq_len, smoke, workdir, timeout))
             else:
                 run_ = next(r for r in RUNS if r.name == name)
