@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
+from trainctl.parallelism.layouts.dp_mode import effective_mode
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
 from trainctl.parallelism.sizing.estimator import (
@@ -267,7 +268,7 @@ class _Search:
             for stage in range(par.pp):
                 rank = grid.rank_of(pp=stage)
                 static = self._static_bytes(body, rank, stage, plan)
-                activations = self._activation_bytes(body, rank, stage, plan)
+                activations = self._activation_bytes(body, rank, stage, plan, static[1])
                 estimates.append(MemoryEstimate(rank, *static, activations))
             self._memory[key] = max(estimates, key=lambda m: m.total_bytes)
         return self._memory[key]
@@ -288,14 +289,15 @@ class _Search:
             self._static[key] = (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
         return self._static[key]
 
-    def _activation_bytes(self, body: JobSpecBody, rank: int, stage: int, plan: ModelPlan) -> int:
+    def _activation_bytes(self, body: JobSpecBody, rank: int, stage: int, plan: ModelPlan, grads_bytes: int) -> int:
         par, training = body.parallelism, body.training
         micro_batches = training.global_batch_size // (par.dp * int(training.micro_batch_size))
         in_flight = micro_batches if par.pp_schedule == "gpipe" else min(micro_batches, par.pp)
         key = (par.tp, par.cp, par.sequence_parallel, par.pp, par.pp_virtual_stages, in_flight, training.micro_batch_size,
-               training.activation_checkpointing, stage)
+               training.activation_checkpointing, stage, grads_bytes, micro_batches > 1,
+               effective_mode(par, dtensor_params=par.tp > 1))
         if key not in self._activations:
-            self._activations[key] = activation_bytes(self.config, body, rank, plan)
+            self._activations[key] = activation_bytes(self.config, body, rank, grads_bytes, plan)
         return self._activations[key]
 
     def communication_estimate(self, body: JobSpecBody) -> dict[str, float]:

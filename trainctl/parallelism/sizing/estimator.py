@@ -22,7 +22,7 @@ on the rank, following what the engine does (formulas in docs/engine.md):
    only adapters have gradients and optimizer state, the frozen weights are parameters only.
 
 Master weights, gradients and optimizer state are float32 whatever the compute dtype. Activations
-are an estimate (see `activation_bytes`), not exact.
+are modelled (sizing/activations.py), not exact; `MemoryEstimate.total_bytes` is the step's peak.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from trainctl.parallelism.layouts.dp_mode import effective_mode, partition_sizes
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.parallelism.layouts.stage_split import balanced_split, local_stage_indices
 from trainctl.parallelism.model.lora_names import PARENTS, is_adapter
+from trainctl.parallelism.sizing import activations
 from trainctl.parallelism.sizing.flops import training_flops_per_token
 from trainctl.spec.job import JobSpecBody, LoRASpec
 from trainctl.spec.presets import ModelConfig
@@ -46,13 +47,16 @@ TP_DIM1 = ("wo", "w2")
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes one rank holds (parameters, gradients and optimizer state are exact on CPU fp32)."""
+    """Bytes one rank holds at the peak of a step (parameters, gradients and optimizer state are exact
+    on CPU fp32)."""
 
     rank: int
     params_bytes: int
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int
+    """The peak's bytes beyond the other three (`activation_bytes`): when the peak comes at the start of
+    backward, before gradients exist, the gradients are counted in full and this part is less them."""
 
     @property
     def total_bytes(self) -> int:
@@ -232,41 +236,14 @@ def optimizer_state_bytes(shape: tuple[int, ...], optimizer: str, momentum: floa
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 
-def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None) -> int:
-    """Estimated bytes of activations saved for backward at the peak of a step on `rank`.
-
-    Per token and layer a block saves about 10 d + 4 f values (norm inputs and outputs, q, k, v
-    expanded to all heads, attention output and its projection input, the SwiGLU's two projections,
-    activation and product), with d and f divided by tp inside attention and the MLP (norm-side
-    values too under sequence parallel); the output layer saves the logits and their float32
-    softmax (2 V / tp per token). Tokens per micro-batch are micro_batch_size x seq_len / cp.
-    Activation checkpointing keeps only the block input (d per token) for checkpointed blocks, and
-    backward recomputes one of them at a time: the peak is the larger of the end of forward (all
-    saved values plus the output layer's) and each recompute (the saved values of the blocks below
-    it plus one full block). With PP, stage i of a 1F1B-type schedule holds up to pp - i
-    micro-batches in flight (GPipe: all of them), the earlier ones with everything they saved.
-    """
-    par = job.parallelism
-    train = job.training
-    grid = RankGrid.from_spec(par)
-    pp_rank = grid.coords(rank)["pp"]
-    elem = 2 if train.dtype == "bfloat16" else FP32
-    tokens = train.micro_batch_size * job.data.seq_len // par.cp
-    d, f = config.dim, config.ffn_dim
-    norm_side = 4 * d / (par.tp if par.sequence_parallel else 1)
-    full_block = tokens * elem * (norm_side + (6 * d + 4 * f) / par.tp)
-    checkpointed = tokens * elem * d
-    names = [n for part in _stage_names(plan or model_plan(config, job), job, pp_rank) for n in part]
-    layers = sorted({int(n.split(".")[1]) for n in names if n.startswith("layers.")})
-    ac = train.activation_checkpointing
-    recomputed = [ac == "full" or (ac == "selective" and layer % 2 == 0) for layer in layers]
-    saved = [checkpointed if r else full_block for r in recomputed]
-    output = tokens * (elem + FP32) * config.vocab_size / par.tp if any(n.startswith("output.") for n in names) else 0.0
-    forward_end = sum(saved) + output
-    recompute = max((sum(saved[:i]) + full_block for i, r in enumerate(recomputed) if r), default=0.0)
-    n_micro = train.global_batch_size // (grid.dp * train.micro_batch_size)
-    in_flight = 1 if par.pp == 1 else (n_micro if par.pp_schedule == "gpipe" else min(n_micro, par.pp - pp_rank))
-    return int((in_flight - 1) * forward_end + max(forward_end, recompute))
+def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int, grads_bytes: int, plan: ModelPlan | None = None) -> int:
+    """Bytes the step holds on `rank` at its peak beyond parameters, its `grads_bytes` of gradients and
+    optimizer state (sizing/activations.py: saved activations, autocast's weight copies, logits and
+    the loss's temporaries, less the gradients not yet allocated when the peak comes before them)."""
+    plan = plan or model_plan(config, job)
+    local = [(p.name, p.storage_shape) for part in local_params(config, job, rank, plan) for p in part]
+    stage = activations.stage_params(local, tied=plan.tied)
+    return activations.step_activations(config, job, rank, stage, grads_bytes).peak_above_state(grads_bytes)
 
 
 def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None) -> MemoryEstimate:
@@ -295,7 +272,7 @@ def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int, plan: Mode
         params_bytes=params,
         grads_bytes=grads,
         optimizer_bytes=optim,
-        activations_bytes=activation_bytes(config, job, rank, plan),
+        activations_bytes=activation_bytes(config, job, rank, grads, plan),
     )
 
 
