@@ -241,8 +241,12 @@ def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int, grads_byt
     optimizer state (sizing/activations.py: saved activations, autocast's weight copies, logits and
     the loss's temporaries, less the gradients not yet allocated when the peak comes before them)."""
     plan = plan or model_plan(config, job)
-    local = [(p.name, p.storage_shape) for part in local_params(config, job, rank, plan) for p in part]
-    stage = activations.stage_params(local, tied=plan.tied)
+    return _activations_of(config, job, rank, local_params(config, job, rank, plan), plan, grads_bytes)
+
+
+def _activations_of(config: ModelConfig, job: JobSpecBody, rank: int, parts: list[list[LocalParam]], plan: ModelPlan,
+                    grads_bytes: int) -> int:
+    stage = activations.stage_params([(p.name, p.storage_shape) for part in parts for p in part], tied=plan.tied)
     return activations.step_activations(config, job, rank, stage, grads_bytes).peak_above_state(grads_bytes)
 
 
@@ -257,7 +261,8 @@ def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int, plan: Mode
     grid = RankGrid.from_spec(par)
     shard_index = grid.group(("dp_shard", "cp"), rank).index(rank)
     params = grads = optim = 0
-    for part in local_params(config, job, rank, plan):
+    parts = local_params(config, job, rank, plan)
+    for part in parts:
         params += sum(prod(p.storage_shape) * FP32 for p in part)
         trained = [p for p in part if p.trainable]
         grads += sum(prod(p.storage_shape) * FP32 for p in trained)
@@ -272,7 +277,7 @@ def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int, plan: Mode
         params_bytes=params,
         grads_bytes=grads,
         optimizer_bytes=optim,
-        activations_bytes=activation_bytes(config, job, rank, grads, plan),
+        activations_bytes=_activations_of(config, job, rank, parts, plan, grads),
     )
 
 
