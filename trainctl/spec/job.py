@@ -316,7 +316,7 @@ class TrainingSpec(StrictModel):
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     """Recompute activations in backward: none, selective (every other block) or full."""
     compile: bool = False
-    """torch.compile each decoder block."""
+    """torch.compile each decoder block, and the loss unless tensor parallelism shards the logits."""
     seed: Int64 = 0
     """Seed of weight initialisation (identical on every layout)."""
     log_interval: count(MAX_STEPS) = 1

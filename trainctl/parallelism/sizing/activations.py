@@ -173,14 +173,10 @@ def stage_params(local: Sequence[tuple[str, tuple[int, ...]]], tied: bool = Fals
 class StepActivations:
     """A rank's activation memory over one step, in bytes (module docstring)."""
 
-    forward: int
-    """Held at the end of one micro-batch's forward: saved tensors, weight copies, logits."""
-    loss: int
-    """The loss's temporaries at the start of backward (last stage only)."""
-    in_flight: int
-    """Micro-batches whose forward is held at once (pipeline schedules; 1 otherwise)."""
     backward_start: int
-    """Above parameters, gradients held then, and optimizer state: the start of backward."""
+    """Above parameters, gradients held then, and optimizer state at the start of backward: the
+    forwards held (saved tensors, weight copies, logits; several micro-batches' under a pipeline
+    schedule) and the loss's temporaries (last stage only)."""
     backward_end: int
     """Above parameters and optimizer state at the end of backward (every gradient included)."""
     recompute: int
@@ -226,9 +222,6 @@ def step_activations(config: ModelConfig, job: JobSpecBody, rank: int, stage: St
         (sum(kept[:i]) + full[i] + copies[i] for i, c in enumerate(checkpointed) if c), default=None
     )
     return StepActivations(
-        forward=int(forward),
-        loss=int(loss),
-        in_flight=in_flight,
         backward_start=int(earlier + forward + loss),
         backward_end=int(earlier + grads_bytes + max(full, default=0)),
         recompute=int(earlier + grads_bytes + recompute) if recompute is not None else 0,
