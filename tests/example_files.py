@@ -4,8 +4,9 @@ examples as written, with only their placeholder paths replaced.
 `PLACEHOLDERS` are the example paths that stand for the user's files (and, for the command job, the
 directory of their training code). `write_user_files(root)` writes a
 stand-in for each under `root`: a Hugging Face Llama model directory (config.json of a tiny model and a
-`tokenizers` WordLevel tokenizer.json with a chat template in tokenizer_config.json; no weights, which
-validation and planning do not read) and one JSONL file each of conversations and of text records.
+`tokenizers` WordLevel tokenizer.json with a chat template in tokenizer_config.json, and an empty
+model.safetensors: validation checks that weights exist, neither it nor planning reads them) and one
+JSONL file each of conversations and of text records.
 `localized(example, files)` is the example's YAML with each placeholder replaced by its stand-in.
 No torch or transformers: the spec tests run without the engine.
 """
@@ -31,6 +32,8 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}"
     " <|end|>{% endgeneration %}{% else %}{{ m['content'] }} <|end|>{% endif %} {% endfor %}"
 )
+EMPTY_SAFETENSORS = (2).to_bytes(8, "little") + b"{}"
+"""A safetensors file holding no tensor (its header's length, then the header)."""
 WORDS = ["<unk>", "<|end|>", "<|user|>", "<|assistant|>", "hello", "how", "are", "you", "fine", "thanks"]
 
 
@@ -51,6 +54,7 @@ def write_user_files(root: Path) -> dict[str, str]:
     model = root / "model"
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps(CONFIG))
+    (model / "model.safetensors").write_bytes(EMPTY_SAFETENSORS)
     _tokenizer_files(model)
     turns = [{"role": "user", "content": "hello how are you"}, {"role": "assistant", "content": "fine thanks"}]
     (root / "chat").mkdir()

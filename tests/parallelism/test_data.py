@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -27,10 +26,6 @@ def test_byte_tokenizer_is_lossless():
 def test_tokenizer_file_errors_name_the_field(tmp_path: Path):
     with pytest.raises(ConfigurationError, match="spec.data.tokenizer"):
         load_tokenizer(str(tmp_path / "missing.json"))
-    if importlib.util.find_spec("tokenizers") is None:
-        (tmp_path / "tokenizer.json").write_text("{}")
-        with pytest.raises(ConfigurationError, match="needs the 'tokenizers' package"):
-            load_tokenizer(str(tmp_path / "tokenizer.json"))
 
 
 def test_packing_covers_the_corpus_in_order(corpus):

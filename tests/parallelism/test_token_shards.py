@@ -16,6 +16,7 @@ from trainctl.parallelism.data.dataset import build_dataset
 from trainctl.parallelism.data.token_shards import PrefetchLoader, TokenShardDataset, prepare_shards
 from trainctl.parallelism.data.tokenizer import ByteTokenizer
 from trainctl.parallelism.engine.trainer import Trainer
+from trainctl.spec.files import FileRuleError
 from trainctl.spec.job import DataSpec, JobSpecBody, TrainingJob
 from trainctl.spec.validate import resolve_data_paths, semantic_violations
 
@@ -85,16 +86,19 @@ def test_data_prepare_command_and_errors(corpus: str, tmp_path: Path, capsys: py
         TokenShardDataset(DataSpec(paths=[str(out)], format="tokens"), 128)
 
 
-def test_a_damaged_or_hostile_index_is_a_data_error(corpus: str, tmp_path: Path) -> None:
+def test_a_damaged_or_hostile_index_is_a_configuration_error(corpus: str, tmp_path: Path) -> None:
     out = tmp_path / "prepared"
     prepare_shards([corpus], out, max_files=1)
     index = (out / "index.json").read_text()
     spec = DataSpec(paths=[str(out)], format="tokens")
-    for damaged, message in (
-        (index.replace("shard_00000.bin", "../../etc/passwd"), "not a file in the directory"),
-        (index.replace("shard_00000.bin", "shard_99999.bin"), "cannot map a shard"),
-        (index.replace('"dtype"', '"no_dtype"'), "malformed index.json"),
+    for damaged, error, message in (
+        (index.replace("shard_00000.bin", "../../etc/passwd"), FileRuleError, "climbs out of its directory"),
+        (index.replace("shard_00000.bin", "/etc/passwd"), FileRuleError, "an absolute path"),
+        (index.replace("shard_00000.bin", "shard_99999.bin"), DataError, "cannot map a shard"),
+        (index.replace('"dtype"', '"no_dtype"'), DataError, "malformed index.json"),
+        ("[1, 2]", DataError, "malformed index.json"),
     ):
         (out / "index.json").write_text(damaged)
-        with pytest.raises(DataError, match=message):
+        with pytest.raises(error, match=message) as err:
             TokenShardDataset(spec, 256)
+        assert err.value.args[0].startswith("spec.data.paths[0]: ")

@@ -26,6 +26,7 @@ from trainctl.service.scheduler import Scheduler
 from trainctl.service.server import DEFAULT_STREAMS_PER_TENANT, build_grpc_server
 from trainctl.service.store import JobStore
 from trainctl.service.sweeps import SweepDriver
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus, status_of
 from trainctl.workers.topology import TopologyMap, simulated_topology
@@ -47,12 +48,17 @@ class ScriptedRuntime:
     """(job id, placement) of every plan handed over by replace_plan."""
     node_envs: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     """Job id -> the per-node environment it was started with."""
+    file_rules: dict[str, FileRule] = field(default_factory=dict)
+    """Job id -> the FileRule its ranks were to open its files under."""
 
-    def start_job(self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict) -> None:
+    def start_job(
+        self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict, file_rule: FileRule
+    ) -> None:
         if self.fail_start:
             raise RuntimeError("no Ray today")
         self.started.append((job_id, placement))
         self.node_envs[job_id] = node_env
+        self.file_rules[job_id] = file_rule
         self.logs[job_id] = EventLog()
         self.alive.add(job_id)
 

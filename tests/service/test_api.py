@@ -237,7 +237,7 @@ def test_a_nul_character_is_refused_or_not_found_alike_on_both_stores(tmp_path: 
         labelled.metadata.labels["team"] = "a\x00b"
         referring = job_to_proto(job.model_copy(update={"spec": job.spec.model_copy(update={"init_from": "job:x\x00y"})}))
         invalid = {
-            "metadata.labels": lambda: stub.CreateJob(pb.CreateJobRequest(job=labelled)),
+            "metadata.labels.team": lambda: stub.CreateJob(pb.CreateJobRequest(job=labelled)),
             "request_id": lambda: stub.CreateJob(pb.CreateJobRequest(job=job_to_proto(job), request_id="r\x00")),
             "spec.init_from": lambda: stub.CreateJob(pb.CreateJobRequest(job=referring)),
             "reason": lambda: stub.CancelJob(pb.CancelJobRequest(id=created.id, reason="no\x00")),

@@ -26,7 +26,7 @@ class FakeRuntime:
         self.started: list[str] = []
         self.finished: set[str] = set()
 
-    def start_job(self, job_id: str, job: Any, placement: Any, run_dir: Path, *, node_env: dict) -> None:
+    def start_job(self, job_id: str, job: Any, placement: Any, run_dir: Path, *, node_env: dict, file_rule: Any) -> None:
         self.started.append(job_id)
 
     def attach(self, job_id: str, run_dir: Path) -> None:

@@ -2,14 +2,19 @@
 programs nobody here wrote (a PyTorch-tutorial DDP script, a `transformers.Trainer` script) run to
 SUCCEEDED with the world size and rank order placement chose; their output streams while they run and
 `trainctl logs --rank` shows one rank's lines; their `trainctl.report` calls reach the step path
-(`get -o json`) and the Prometheus gauges."""
+(`get -o json`) and the Prometheus gauges. A cancelled program that ignores SIGTERM and left a `setsid`
+daemon is stopped with it, and the cancel logs no error."""
 
 from __future__ import annotations
 
 import json
+import logging
+import sys
+import threading
 from pathlib import Path
 
 import pytest
+from process_trees import DAEMON, alive, daemon_of, gone
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.cli.main import main
@@ -86,3 +91,31 @@ def test_transformers_trainer_script_runs_with_ddp_and_reports_through_a_callbac
     assert {line for line in lines if line.startswith("process ")} == {
         f"process {rank} of 2 (distributed)" for rank in (0, 1)
     }, "DDP over the 2 ranks placement chose"
+
+
+def test_a_cancelled_program_that_ignores_sigterm_is_stopped_with_its_daemon_and_no_error_is_logged(
+    client: TrainctlClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    spec = {
+        "command": {"program": sys.executable, "args": ["-c", DAEMON, str(tmp_path / "daemon"), "stay"]},
+        "resources": {"gpus": 1, "device": "cpu"},
+        "scheduling": {"max_restarts": 0},
+    }
+    created = client.create_job(TrainingJob.model_validate({"metadata": {"name": "stubborn"}, "spec": spec}))
+    started: list[str] = []
+    for event in client.watch(created.id):
+        if event.WhichOneof("payload") == "log" and event.log.message.startswith("program started"):
+            started.append(event.log.message)
+        if event.WhichOneof("payload") == "log" and event.log.message == "daemon started":
+            break
+    program = int(started[0].split("(pid ")[1].split(")")[0])
+    daemon, _ = daemon_of(tmp_path / "daemon")
+    assert alive(program) and alive(daemon)
+    client.cancel_job(created.id)
+    list(client.watch(created.id))
+    assert client.get_job(created.id).status.state == pb.CANCELLED
+    assert gone([program, daemon], within=1.0), "stopped (SIGKILL after the grace) before the job ended"
+    for thread in [t for t in threading.enumerate() if t.name == f"cancel-{created.id}"]:
+        thread.join(60)  # the scheduler's cancel call has answered
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []

@@ -36,7 +36,7 @@ def test_a_first_jsonl_line_that_is_not_json_is_invalid_argument(client: Trainct
         client.create_job(job_to_proto(job))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert [v.field for v in field_violations(info.value)] == ["spec.data.paths"]
-    assert "a.jsonl line 1 is not JSON" in info.value.details()
+    assert "a.jsonl line 1 is not valid JSON" in info.value.details()
 
 
 def test_a_parquet_file_without_the_column_is_invalid_argument(client: TrainctlClient, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from test_e2e import leftovers, states_of
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.cli.main import main
+from trainctl.parallelism.data.chat_render import conversation_budget
 from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.embedded import EmbeddedRay
@@ -88,6 +89,10 @@ def bad_inputs(root: Path, tokenizer: Path) -> dict[str, tuple[dict, str]]:
     convs = conversations(30)
     convs[20][0] = {"role": "narrator", "content": "once upon a time"}
     write_jsonl(root / "chat.jsonl", [{"messages": c} for c in convs])
+    exploding = build_tokenizer(root / "exploding")  # the hostile-tenant review's template: gigabytes per record
+    (exploding / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content * 100000000 }}{% endfor %}")
+    first = conversations(30)[0]
+    explosion = len(first[0]["content"]) * 100_000_000
     write_parquet(root / "a.parquet", [{"text": d} for d in documents(20)])
     write_parquet(root / "b.parquet", [{"text": d} for d in documents(10)] + [{"text": None}])
     truncated = hf_model(root / "truncated") / "model.safetensors"
@@ -114,6 +119,11 @@ def bad_inputs(root: Path, tokenizer: Path) -> dict[str, tuple[dict, str]]:
             {"paths": [str(root / "chat.jsonl")], "format": "jsonl", "messages_field": "messages", "tokenizer": str(tokenizer)},
             f"spec.data.messages_field: {root / 'chat.jsonl'} line 21: message 0 has unknown role 'narrator'",
         ),
+        "chat-template": (
+            {"paths": [str(root / "chat.jsonl")], "format": "jsonl", "messages_field": "messages", "tokenizer": str(exploding)},
+            f"spec.data.tokenizer: {root / 'chat.jsonl'} line 1: the chat template's `*` would make {explosion:,} characters, "
+            f"over its limit of {conversation_budget(first, '').chars:,} per rendering",
+        ),
         "parquet-value": (
             {"paths": [str(root / "*.parquet")], "format": "parquet"},
             f"spec.data.text_field: {root / 'b.parquet'} record 10: field 'text' is NoneType, not text",
@@ -133,6 +143,7 @@ def test_bad_records_fail_their_job_at_once_beside_a_running_job(
             break
     cases = bad_inputs(tmp_path / "bad", tokenizer)
     # One rank each (what a rank finds fails any layout alike), so three run at once beside the neighbour.
+    # "chat-template" is the hostile tenant: its template is refused before it takes the node's memory.
     submitted = {name: client.create_job(job(name, {k: v for k, v in data.items() if k != "model"}, gpus=1,
                                              model=data.get("model")))
                  for name, (data, _) in cases.items()}

@@ -16,9 +16,11 @@ from small_jobs import small_job
 from trainctl.service import scheduler as scheduler_module
 from trainctl.service import store as st
 from trainctl.service.leadership import Leadership
+from trainctl.service.paths import JobPathPolicy
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import JobState
 from trainctl.workers.topology import simulated_topology
@@ -321,6 +323,38 @@ def test_ranks_are_started_with_the_nccl_settings_of_the_map(tmp_path: Path) -> 
         assert runtime.node_envs[a][node] == nccl_env(topology, node)
         assert runtime.node_envs[a][node]["NCCL_CROSS_NIC"] == "0"
         assert runtime.node_envs[a][node]["NCCL_IB_HCA"].startswith("=mlx5_0:1,")
+
+
+def test_ranks_are_started_with_the_jobs_file_rule(tmp_path: Path) -> None:
+    """The scheduler hands the runtime each job's FileRule from the service's path policy: the data roots,
+    its own run directory, and those of jobs its spec names only when they are its tenant's."""
+    root = tmp_path / "data"
+    root.mkdir()
+    runtime = ScriptedRuntime()
+    s = make_scheduler(tmp_path, runtime)
+    s.paths = JobPathPolicy([root], tmp_path / "runs")
+    mine = s.store.create_job(job("mine", 1), tenant="alice")[0].id
+    theirs = s.store.create_job(job("theirs", 1), tenant="bob")[0].id
+    later = {}
+    for name, earlier in (("from-mine", mine), ("from-theirs", theirs), ("chained", "from-mine")):
+        spec = job(name, 1)
+        spec.spec.init_from = str(tmp_path / "runs" / later.get(earlier, earlier))
+        later[name] = s.store.create_job(spec, tenant="alice")[0].id
+    s.tick()
+    rules = runtime.file_rules
+    assert set(rules) == {mine, theirs, *later.values()}
+    assert all(rule.roots == (str(root),) and rule.runs_dir == str(tmp_path / "runs") for rule in rules.values())
+    assert rules[mine].readable_runs == {mine} and rules[theirs].readable_runs == {theirs}
+    assert rules[later["from-mine"]].readable_runs == {later["from-mine"], mine}
+    assert rules[later["from-theirs"]].readable_runs == {later["from-theirs"]}  # bob's run: not alice's to read
+    # A checkpoint of a LoRA run loads its own init_from too: the chain of the tenant's runs is readable.
+    assert rules[later["chained"]].readable_runs == {later["chained"], later["from-mine"], mine}
+
+    plain = ScriptedRuntime()
+    unconfined = make_scheduler(tmp_path / "other", plain)
+    submit(unconfined, "a", 1)
+    unconfined.tick()
+    assert list(plain.file_rules.values()) == [FileRule()]  # no path policy: the default rule
 
 
 def test_a_burst_of_wakes_is_served_by_few_ticks_and_a_lone_wake_at_once(tmp_path: Path) -> None:

@@ -209,7 +209,7 @@ def test_a_nul_character_in_a_sweep_request_is_refused_or_not_found_on_both_stor
         created = stub.CreateSweep(pb.CreateSweepRequest(sweep=sweep))
         invalid = {
             "request_id": lambda: stub.CreateSweep(pb.CreateSweepRequest(sweep=sweep, request_id="r\x00")),
-            "metadata.labels": lambda: stub.CreateSweep(pb.CreateSweepRequest(sweep=labelled)),
+            "metadata.labels.team": lambda: stub.CreateSweep(pb.CreateSweepRequest(sweep=labelled)),
             "reason": lambda: stub.CancelSweep(pb.CancelSweepRequest(id=created.id, reason="no\x00")),
         }
         for field, call in invalid.items():

@@ -41,7 +41,9 @@ def test_token_shards_are_counted_from_their_index(tmp_path: Path) -> None:
     assert problems(format="tokens", paths=dirs, seq_len=64) == []
     assert "the shards hold 65 tokens" in problems(format="tokens", paths=dirs, seq_len=65)[0]
     (tmp_path / "two" / "index.json").write_text('{"shards": 3}')
-    assert problems(format="tokens", paths=dirs, seq_len=8)[0].startswith("spec.data.paths: cannot size the corpus")
+    assert problems(format="tokens", paths=dirs, seq_len=8) == [
+        f"spec.data.paths[1]: {tmp_path / 'two' / 'index.json'} is not a token-shard index (no shards list)"
+    ]
 
 
 def test_capacity_is_judged_only_once_the_files_exist(tmp_path: Path) -> None:

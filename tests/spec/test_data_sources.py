@@ -31,7 +31,7 @@ def test_good_record_data_passes(tmp_path: Path) -> None:
 
 def test_first_jsonl_line_not_json_names_file_and_line(tmp_path: Path) -> None:
     got = violations(paths=[jsonl(tmp_path / "a.jsonl", "", "{not json")], format="jsonl")
-    assert "a.jsonl line 2 is not JSON" in got["spec.data.paths"]
+    assert "a.jsonl line 2 is not valid JSON" in got["spec.data.paths"]
 
 
 def test_missing_field_names_it_and_the_file(tmp_path: Path) -> None:

@@ -105,7 +105,6 @@ def test_kill_tree_ends_the_program_and_what_it_started(tmp_path: Path) -> None:
     assert _alive(program.pid) and _alive(child) and os.getpgid(child) == program.pid
     program.kill_tree(grace=0.5)  # the child ignores SIGTERM: SIGKILL after the grace
     assert program.wait() < 0
-    program.release()
     deadline = time.monotonic() + 5
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -113,7 +112,7 @@ def test_kill_tree_ends_the_program_and_what_it_started(tmp_path: Path) -> None:
 
 
 def test_a_worker_killed_outright_takes_its_programs_whole_tree_with_it(tmp_path: Path) -> None:
-    """SIGKILL of the rank worker (no kill_tree call): the reaper kills the program's group, the child included."""
+    """SIGKILL of the rank worker (no kill_tree call): the program's launcher kills its tree, the child included."""
     worker = (
         "import os, sys, time\n"
         "from trainctl.workers.command.output import RankOutput\n"

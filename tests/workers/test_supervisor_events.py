@@ -4,12 +4,14 @@ failure classes."""
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 from ray.exceptions import RayActorError, RayTaskError
 
 from trainctl.parallelism.data.corpus import DataError
 from trainctl.parallelism.engine.step_report import StepReport
+from trainctl.spec.files import FileRuleError
 from trainctl.workers.events import EventKind, EventLog, JobState, StragglerStats, read_events, status_of
 from trainctl.workers.supervisor import _failure_class, _Outcome, _StepStats
 
@@ -140,6 +142,17 @@ def test_failure_classes_a_death_outranks_a_configuration_error_which_outranks_o
     assert outcome is _Outcome.FAILED and reason.startswith("rank 2 died")
     outcome, reason = _failure_class([broken, (3, _task_error(ValueError("not a configuration error")))])
     assert outcome is _Outcome.FAILED and reason == "rank 0 failed: RuntimeError: Connection closed by peer"
+
+
+def test_a_file_the_rule_refused_on_a_rank_is_a_configuration_error():
+    """A rank's FileRuleError survives the trip to the supervisor (pickled, as Ray sends it) and fails
+    the job at once with the rule's message."""
+    refused = FileRuleError("spec.model.from_pretrained", "'/data/m/model.safetensors' resolves through a symlink outside the data roots (/data)")
+    arrived = pickle.loads(pickle.dumps(refused))
+    assert (arrived.field, arrived.message, arrived.args) == (refused.field, refused.message, refused.args)
+    outcome, reason = _failure_class([(0, _task_error(arrived))])
+    assert outcome is _Outcome.MISCONFIGURED
+    assert reason == f"configuration error on rank 0: {refused}; not restarted (a restart cannot fix it)"
 
 
 def test_a_step_event_reads_back_its_report_and_straggler_stats(tmp_path):

@@ -157,7 +157,7 @@ class TrainingServicer(SweepRpcs):
         """`job` with its `init_from: job:<id>` resolved, and every rule it breaks: the spec's semantics,
         the path rule (paths.JobPathPolicy) and then, only for paths it let through, the data and the
         init_from checkpoint or from_pretrained directory they name (exist, are readable, hold one sample,
-        fit the model)."""
+        fit the model), every file opened inside them under the job's FileRule (trainctl.spec.files)."""
         violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=False)
         if job.spec.command is not None and not self.auth.may_run_commands(principal):
             violations.append(FieldViolation(
@@ -170,9 +170,11 @@ class TrainingServicer(SweepRpcs):
         job = job.model_copy(update={"spec": self.paths.resolve(job.spec)})
         if job.spec.command is not None:
             return job, violations + working_dir_violations(job.spec.command)
-        violations += data_violations(job.spec.data, model_dir=job.spec.model.from_pretrained) + pretrained_violations(job)
+        files = self.paths.file_rule(job.spec, None, lambda job_id: self._owns(principal, job_id))
+        violations += data_violations(job.spec.data, model_dir=job.spec.model.from_pretrained, files=files)
+        violations += pretrained_violations(job, files)
         if job.spec.init_from is not None and job.spec.init_from.strip():
-            problem = init_from_problem(job.spec.init_from, job.spec)
+            problem = init_from_problem(job.spec.init_from, job.spec, files)
             if problem is not None:
                 named = f"job {reference!r}" if reference is not None else repr(job.spec.init_from)
                 violations.append(FieldViolation("spec.init_from", f"{named} names no usable checkpoint: {problem}"))
@@ -264,12 +266,16 @@ class TrainingServicer(SweepRpcs):
         return answer
 
     def CancelJob(self, request: pb.CancelJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
+        """Cancel a job that has not ended; one that has (SUCCEEDED, FAILED or CANCELLED) is FAILED_PRECONDITION."""
         record = self._job(request.id, principal)
-        if record.state in (JobState.SUCCEEDED, JobState.FAILED):
-            raise failed_precondition(f"job {record.id} already ended {record.state}")
+        if record.state.terminal:
+            raise failed_precondition(f"job {record.id} has already ended ({record.state}); nothing to cancel")
         check_text("reason", request.reason, MAX_REASON_LENGTH)
         reason = request.reason or f"cancelled by {principal.name}"
-        return self.jobs.message(self.scheduler.request_cancel(record.id, reason))
+        record = self.scheduler.request_cancel(record.id, reason)
+        if record.state in (JobState.SUCCEEDED, JobState.FAILED):  # it ended on its own meanwhile
+            raise failed_precondition(f"job {record.id} has already ended ({record.state}); nothing to cancel")
+        return self.jobs.message(record)
 
     async def WatchJob(self, request: pb.WatchJobRequest, principal: Principal) -> AsyncIterator[pb.JobEvent]:  # noqa: N802
         record = await store_read(self.store, lambda: self._job(request.id, principal))

@@ -39,6 +39,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainctl.service.tenancy import ANONYMOUS, TENANT_PATTERN, Principal, Quota, Role
+from trainctl.spec import strict_yaml
 from trainctl.spec.validate import violations_from_pydantic
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ def hash_token(token: str) -> str:
 def load_access_config(path: str | Path) -> AccessConfig:
     """Read and validate an access file, naming the file and the field of any problem."""
     try:
-        document = yaml.safe_load(Path(path).read_text())
+        document = strict_yaml.load(Path(path).read_text())
     except OSError as exc:
         raise AuthConfigError(f"cannot read access file {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.service.tenancy import Principal
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import TOKENIZER_AUTO, JobSpecBody
 from trainctl.spec.validate import STDLIB_CORPUS, FieldViolation, resolve_data_paths
 
@@ -208,6 +209,24 @@ class JobPathPolicy:
             if problem:
                 out.append(FieldViolation("spec.command.working_dir", problem))
         return out
+
+    def file_rule(self, spec: JobSpecBody, job_id: str | None, may_read_job: Callable[[str], bool]) -> FileRule:
+        """The rule every file opened for job `job_id` (None: not yet created) obeys
+        (trainctl.spec.files): this policy's roots, and the run directories the job may read: its own,
+        and those its (resolved) path fields lie in when `may_read_job(id)` says they are its tenant's."""
+        readable = {job_id} if job_id else set()
+        named = [*spec.data.paths, spec.data.tokenizer, spec.init_from, spec.model.from_pretrained]
+        if spec.command is not None:
+            named.append(spec.command.working_dir)
+        for value in named:
+            if not value or value == STDLIB_CORPUS or value in ("byte", TOKENIZER_AUTO):
+                continue
+            real = os.path.realpath(_static_prefix(os.path.expanduser(value)))
+            if _within(real, self.runs_dir) and real != self.runs_dir:
+                job = Path(os.path.relpath(real, self.runs_dir)).parts[0]
+                if may_read_job(job):
+                    readable.add(job)
+        return FileRule(self.roots, self.runs_dir, frozenset(readable))
 
     def resolve(self, spec: JobSpecBody) -> JobSpecBody:
         """`spec` with an `init_from: job:<id>` reference replaced by that job's run directory (call once

@@ -44,16 +44,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from trainctl.service import store as st
 from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
+from trainctl.service.paths import JobPathPolicy
 from trainctl.service.pool import GpuPool, PlannedPlacement
 from trainctl.service.store import Fence, JobRecord, JobStore, LeaseLost, QueuedJob, StoreUnavailable
 from trainctl.service.tenancy import Quota, TenantUsage, start_block_reason
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import ACTIVE_STATES, EVENTS_FILE, EventKind, JobState
 from trainctl.workers.events import Event as RuntimeEvent
@@ -74,7 +76,8 @@ class Runtime(Protocol):
     """What the scheduler needs from trainctl.workers.runtime.RayRuntime."""
 
     def start_job(
-        self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict[str, dict[str, str]]
+        self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict[str, dict[str, str]],
+        file_rule: FileRule,
     ) -> None: ...
 
     def attach(self, job_id: str, run_dir: Path) -> None: ...
@@ -139,6 +142,10 @@ class Scheduler:
     admission_refresh: float = 5.0
     """Longest time between two admission passes of the loop while nothing a pass reads has changed (a
     write to the store, a node gone or back, GPUs freed): a reloaded access file's quotas are seen by then."""
+    paths: JobPathPolicy | None = None
+    """The service's path rule: each launched job's ranks open its files under `paths.file_rule` (its
+    data roots, and the run directories of its tenant's jobs its spec names). None: the default
+    `FileRule`, which confines nothing (a scheduler without a served API, in tests and benchmarks)."""
     _active: dict[str, _Active] = field(default_factory=dict)
     _wake: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -666,10 +673,34 @@ class Scheduler:
         run_dir = self.runs_dir / record.id
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.runtime.start_job(record.id, record.job, placement, run_dir, node_env=self.pool.nccl_env())
+            self.runtime.start_job(
+                record.id, record.job, placement, run_dir, node_env=self.pool.nccl_env(), file_rule=self._file_rule(record)
+            )
         except Exception as exc:
             log.exception("job %s: start failed", record.id)
             self._finish(self._set_state(record, JobState.FAILED, f"could not start the job: {exc}"))
+
+    def _file_rule(self, record: JobRecord) -> FileRule:
+        """The rule `record`'s ranks open its files under: the run directories it may read besides its
+        own are those of its tenant's jobs that its spec names, and, in turn, those theirs name (a LoRA
+        run's checkpoint loads its own `init_from` as its base, `checkpoint.pretrained.load_weights`)."""
+        if self.paths is None:
+            return FileRule()
+
+        def same_tenant(job_id: str) -> bool:
+            try:
+                return self.store.get_job(job_id).tenant == record.tenant
+            except st.JobNotFound:
+                return False
+
+        rule = self.paths.file_rule(record.job.spec, record.id, same_tenant)
+        readable, named = set(rule.readable_runs), set(rule.readable_runs) - {record.id}
+        while named:
+            earlier = self.store.get_job(named.pop())
+            more = self.paths.file_rule(earlier.job.spec, earlier.id, same_tenant).readable_runs - readable
+            readable |= more
+            named |= more
+        return replace(rule, readable_runs=frozenset(readable))
 
     # ---- API side -----------------------------------------------------------------------------------
     def request_cancel(self, job_id: str, reason: str) -> JobRecord:

@@ -204,7 +204,7 @@ class Service:
             self.leadership.start()
         self.scheduler = Scheduler(
             self.store, self.pool, self._runtime, runs_dir,
-            metrics=self.metrics, quota_of=authenticator.quota, leadership=self.leadership,
+            metrics=self.metrics, quota_of=authenticator.quota, leadership=self.leadership, paths=paths,
         )
         self.sweeps = SweepDriver(self.store, self.scheduler)
         servicer = self._servicer = TrainingServicer(

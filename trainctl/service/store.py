@@ -12,7 +12,9 @@ itself when it returns. Leases (`acquire_lease`) elect one replica's scheduler; 
 `fenced(...)` commit only while their lease holds. The schema carries a version; `MIGRATIONS[i]`
 upgrades a version-i database to i+1, and opening a store applies whatever is missing. Given the service's
 metrics, every public operation is timed under its method's name (`trainctl_store_operation_duration_seconds`,
-label `op`: a fixed set, the methods marked `@_timed`), lock waits included.
+label `op`: a fixed set, the methods marked `@_timed`), lock waits included. Text a write carries (a
+reason, a log line, an event's payload) is stored escaped where a database could not hold it
+(`store_db.bound`, `store_db.json_text`): the same on either backend, and never a failed write.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.newest_kept import NewestKept
 from trainctl.service.store_db import DB_NAME as DB_NAME  # re-exported, as the store's errors are
-from trainctl.service.store_db import NOW_SQL, Database, SqliteDatabase, open_database, run_script
+from trainctl.service.store_db import NOW_SQL, Database, SqliteDatabase, json_text, open_database, run_script
 from trainctl.service.store_db import StoreError as StoreError
 from trainctl.service.store_db import StoreUnavailable as StoreUnavailable
 from trainctl.spec.job import TrainingJob
@@ -353,10 +355,6 @@ _METRIC_COLUMNS = (
 )
 
 
-_NUL = "\x00"
-"""A character no job or sweep id holds, which PostgreSQL's text refuses even in a lookup."""
-
-
 RECORDS_KEPT = 10_000
 """Records, and parsed specs, a store keeps: every job of a 10,000-job store stays built, and a store of
 any size holds at most about 110 MiB of them (a small job's parsed spec is about 10 KiB, its record 1)."""
@@ -634,9 +632,7 @@ class JobStore:
 
     @_timed
     def get_job(self, job_id: str) -> JobRecord:
-        """The job `job_id`; JobNotFound when there is none (an id holding NUL is never one: no id does)."""
-        if _NUL in job_id:  # PostgreSQL refuses to compare text with it
-            raise JobNotFound(job_id)
+        """The job `job_id`; JobNotFound when there is none (an id holding NUL too: `store_db.bound`)."""
         with self._reading() as db:
             return self._get(job_id, db)
 
@@ -792,7 +788,7 @@ class JobStore:
                 if JobState(new_state).terminal and "end_time" not in changes:
                     changes["end_time"] = now
             if "placement" in changes:
-                changes["placement"] = json.dumps(changes["placement"])
+                changes["placement"] = json_text(changes["placement"])
             changes["update_time"] = now
             sets = ", ".join(f"{k} = ?" for k in changes)
             row = db.execute(
@@ -822,7 +818,7 @@ class JobStore:
                 + ") VALUES (?, ?, ?, ?, " + ", ".join("?" * len(_METRIC_COLUMNS)) + ")"
                 " ON CONFLICT (job_id, step) DO UPDATE SET "
                 + ", ".join(f"{c} = excluded.{c}" for c in ("time", "breakdown", *_METRIC_COLUMNS)),
-                (job_id, step, metrics.get("time", now), json.dumps(metrics.get("breakdown") or {}),
+                (job_id, step, metrics.get("time", now), json_text(metrics.get("breakdown") or {}),
                  *[0 if v is None and c != "mfu" else v for c, v in zip(_METRIC_COLUMNS, values, strict=True)]),
             )
             first = current.first_loss if current.first_loss is not None else metrics["loss"]
@@ -927,8 +923,6 @@ class JobStore:
     @_timed
     def get_sweep(self, sweep_id: str) -> SweepRecord:
         """The sweep `sweep_id`; SweepNotFound when there is none (an id holding NUL, as for jobs)."""
-        if _NUL in sweep_id:
-            raise SweepNotFound(sweep_id)
         with self._reading(snapshot=True) as db:  # the sweep and its trials as of one commit
             return self._get_sweep(db, sweep_id)
 
@@ -1006,7 +1000,7 @@ class JobStore:
             db.execute(
                 "INSERT INTO sweep_trials (sweep_id, number, job_id, params, state, reason, create_time, end_time)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (sweep_id, number, job_id, json.dumps(params), state, reason, now, end),
+                (sweep_id, number, job_id, json_text(params), state, reason, now, end),
             )
             db.execute("UPDATE sweeps SET update_time = ? WHERE id = ?", (now, sweep_id))
             return self._trial(db, sweep_id, number)
@@ -1117,7 +1111,7 @@ class JobStore:
         self._appended.add(job_id)
         row = db.execute(
             "INSERT INTO events (job_id, time, type, payload) VALUES (?, ?, ?, ?) RETURNING sequence",
-            (job_id, now, type_, json.dumps(payload)),
+            (job_id, now, type_, json_text(payload)),
         ).fetchone()
         return int(row["sequence"])
 

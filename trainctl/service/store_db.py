@@ -12,6 +12,14 @@ so writers from several processes serialize the same way), where the schema vers
 a SQLite connection writes a float NaN as the BLOB `SQLITE_NAN` and reads that BLOB back as NaN
 (`_DictRows`): a metric is read back as it was written, and NULL keeps meaning "no value".
 
+Text enters the database through `bound`, which every statement parameter of either backend passes, and
+the JSON columns' text is made by `json_text`, which applies the same rule to every string inside:
+trainctl.spec.text's `storable`. A NUL, which PostgreSQL's text refuses and SQLite keeps, is stored as
+the four characters ``\x00``, and a lone surrogate, which neither can encode, as U+FFFD. So whatever the
+service records (a reason quoting a program's stderr, a log line, an error echo) is stored and read back
+the same on either backend, and no write fails on its text. What a user submits never needs it: a spec
+holding such a character is refused at submit.
+
 A PostgreSQL connection that fails (the server stopped, restarted, unreachable) raises
 `StoreUnavailable` and is dropped; the next call reconnects, at most once per `RECONNECT_BACKOFF_SECONDS`
 and within `CONNECT_TIMEOUT_SECONDS`, so callers get a prompt error while the database is away and
@@ -23,6 +31,7 @@ fails and heals the same way, on its own.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sqlite3
 import threading
@@ -38,6 +47,8 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
+
+from trainctl.spec.text import storable, storable_tree
 
 DB_NAME = "trainctl.db"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -141,9 +152,23 @@ other column holds (the store binds no bytes), so a REAL column keeps its NaN an
 are REAL values in SQLite and need nothing."""
 
 
+def bound(value: Any) -> Any:
+    """A statement parameter as either backend binds it: text `storable`, an Enum member as its value
+    (psycopg would write its name), anything else as it is."""
+    if isinstance(value, Enum):
+        value = value.value
+    return storable(value) if isinstance(value, str) else value
+
+
+def json_text(value: Any) -> str:
+    """The text a JSON column holds for `value`, every string in it (keys too) `storable`, so it reads
+    back as what `bound` would have stored."""
+    return json.dumps(storable_tree(value))
+
+
 def _sqlite_param(value: Any) -> Any:
-    """A parameter as a SQLite connection binds it: a NaN as `SQLITE_NAN`, anything else as it is."""
-    return SQLITE_NAN if isinstance(value, float) and math.isnan(value) else value
+    """A parameter as a SQLite connection binds it: a NaN as `SQLITE_NAN`, anything else `bound`."""
+    return SQLITE_NAN if isinstance(value, float) and math.isnan(value) else bound(value)
 
 
 class _DictRows:
@@ -290,7 +315,7 @@ class PostgresDatabase:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor:
         conn = self._connection()
         try:
-            return conn.execute(sql.replace("?", "%s"), [_plain(p) for p in params] if params else None)
+            return conn.execute(sql.replace("?", "%s"), [bound(p) for p in params] if params else None)
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             self._drop()
             raise StoreUnavailable(f"the database {self.location} is unreachable: {_first_line(exc)}") from exc
@@ -351,11 +376,6 @@ class PostgresDatabase:
         for reader in readers:
             reader.close()
         self._drop()
-
-
-def _plain(value: Any) -> Any:
-    """Enum members as their values (psycopg would write an Enum's name)."""
-    return value.value if isinstance(value, Enum) else value
 
 
 def _first_line(exc: BaseException) -> str:

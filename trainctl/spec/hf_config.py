@@ -1,9 +1,13 @@
 """A Hugging Face model directory's config.json as the fields of a trainctl `ModelConfig`.
 
 Pure parsing (no torch, no transformers): the service runs it at submit for `spec.model.from_pretrained`
-and the engine when it builds the model. `read_hf_config(directory)` returns a dict of `ModelConfig`
+and the engine when it builds the model. `read_hf_config(directory, files)` returns a dict of `ModelConfig`
 keyword arguments (`rope_scaling` and `moe` as plain dicts, or None) or raises `PretrainedConfigError`
-saying what in config.json cannot be trained; the caller names the spec field.
+saying what in config.json cannot be trained; the caller names the spec field. config.json is opened
+through the job's `FileRule` (trainctl.spec.files: where it may lie, at most MAX_CONFIG_BYTES, depth
+bounded); the default rule confines nothing (the CLI's offline checks). `weights_problem` says whether
+the directory holds weights the engine can load (trainctl.parallelism.checkpoint.hf_import), checking
+each file a safetensors index names against the rule without reading it.
 
 Families are looked up by `model_type` in `FAMILIES` (one parser each, built on `dense_fields`); a
 config naming `architectures` must name that family's causal-LM class. Both the transformers v4 keys
@@ -17,15 +21,20 @@ Mixtral's MoE settings come back as the `moe` dict (`MoEConfig` fields).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
+from trainctl.spec.files import FileRule, FileRuleError, loads_bounded
 from trainctl.spec.job import MAX_DIM, MAX_EXPERTS, MAX_FFN_DIM, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB
 
 CONFIG_FILE = "config.json"
 MAX_CONFIG_BYTES = 1 << 20
 """Largest config.json read (a real one is a few KiB)."""
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+"""The weights of a Hugging Face model directory: one safetensors file, or an index whose `weight_map`
+names the shard holding each tensor."""
+FIELD = "spec.model.from_pretrained"
 
 
 class PretrainedConfigError(ValueError):
@@ -36,9 +45,9 @@ Fields = dict[str, object]
 FamilyParser = Callable[[dict], Fields]
 
 
-def read_hf_config(directory: str | Path) -> Fields:
+def read_hf_config(directory: str | Path, files: FileRule = FileRule()) -> Fields:
     """The ModelConfig fields of the Hugging Face model in `directory` (see the module docstring)."""
-    config = load_config_json(directory)
+    config = load_config_json(directory, files)
     model_type = config.get("model_type")
     parser = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if parser is None:
@@ -58,27 +67,50 @@ def read_hf_config(directory: str | Path) -> Fields:
         raise PretrainedConfigError(f"{_config_path(directory)}: {exc}") from None
 
 
-def load_config_json(directory: str | Path) -> dict:
-    """The decoded config.json of `directory` (a JSON object), or PretrainedConfigError saying why not."""
+def load_config_json(directory: str | Path, files: FileRule = FileRule()) -> dict:
+    """The decoded config.json of `directory` (a JSON object) read under `files`, or
+    PretrainedConfigError saying why not (a file the rule refuses is named, never read)."""
     path = _config_path(directory)
-    if not Path(directory).expanduser().is_dir():
-        raise PretrainedConfigError(f"{directory!r} is not a directory (expected a Hugging Face model directory)")
-    if not path.is_file():
-        raise PretrainedConfigError(f"{directory!r} holds no {CONFIG_FILE} (expected a Hugging Face model directory)")
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise PretrainedConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise PretrainedConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a model config")
-    try:
-        config = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise PretrainedConfigError(f"{path}: not valid JSON: {exc}") from None
+        files.check(directory, FIELD)
+        if not Path(directory).expanduser().is_dir():
+            raise PretrainedConfigError(f"{directory!r} is not a directory (expected a Hugging Face model directory)")
+        files.check(path, FIELD)
+        if not path.is_file():
+            raise PretrainedConfigError(f"{directory!r} holds no {CONFIG_FILE} (expected a Hugging Face model directory)")
+        config = loads_bounded(files.read_bytes(path, FIELD, MAX_CONFIG_BYTES), str(path), FIELD)
+    except FileRuleError as exc:
+        raise PretrainedConfigError(exc.message) from None
     if not isinstance(config, dict):
         raise PretrainedConfigError(f"{path}: expected a JSON object")
     return config
+
+
+def weights_problem(directory: str | Path, files: FileRule = FileRule()) -> str | None:
+    """Why `directory` holds no weights the engine can load (None: it does): neither SINGLE_FILE nor
+    INDEX_FILE, a weight file the rule refuses, an index that is not an object with a `weight_map` of
+    file names, or a shard it names that is missing. Index entries are checked, never opened."""
+    root = Path(directory).expanduser()
+    index, single = root / INDEX_FILE, root / SINGLE_FILE
+    try:
+        if files.check(index, FIELD).is_file():
+            content = files.read_json(index, FIELD)
+            weight_map = content.get("weight_map") if isinstance(content, dict) else None
+            if not isinstance(weight_map, dict) or not weight_map:
+                return f"{index}: not a safetensors index (no weight_map object naming the shards)"
+            seen: set[str] = set()
+            for name in weight_map.values():
+                if isinstance(name, str) and name in seen:
+                    continue
+                if not files.member(root, name, FIELD, str(index)).is_file():
+                    return f"{index} names the shard {name!r}, which does not exist"
+                seen.add(name)
+            return None
+        if files.check(single, FIELD).is_file():
+            return None
+    except FileRuleError as exc:
+        return exc.message
+    return f"{str(directory)!r} holds neither {SINGLE_FILE} nor {INDEX_FILE} (the model's weights)"
 
 
 def _config_path(directory: str | Path) -> Path:

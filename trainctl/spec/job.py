@@ -8,11 +8,21 @@ each other (divisibility, world size) live in `trainctl.spec.validate`.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from trainctl.spec.data_format import DataFormat
+from trainctl.spec.strict_input import input_errors, type_members
 
 API_VERSION = "trainctl/v1"
 KIND = "TrainingJob"
@@ -74,11 +84,33 @@ def count(upper: int, lower: int = 1) -> type[int]:
 
 class StrictModel(BaseModel):
     """Base for every spec block: unknown keys are errors, NaN and infinity are refused, values are re-validated
-    on assignment."""
+    on assignment, booleans, numbers and text are not coerced into one another and no text holds a
+    character the store cannot keep (NUL, a lone surrogate): trainctl.spec.strict_input."""
 
     model_config = ConfigDict(
         extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
     )
+
+    _field_members: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    """Field name -> the types its value may have (trainctl.spec.strict_input.type_members), per model."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._field_members = {name: type_members(info.annotation) for name, info in cls.model_fields.items()}
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _as_written(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse `value` where it is not of a kind the field's type names, or holds unstorable text. JSON
+        input is left alone: trainctl reads only its own dumps of validated specs as JSON (the store, the
+        supervisor, the ranks), and re-checking them would double the cost of every read."""
+        if info.mode == "json" or info.field_name is None:
+            return value
+        errors = input_errors(cls._field_members[info.field_name], value)
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return value
 
 
 class Metadata(StrictModel):
@@ -105,16 +137,6 @@ class Metadata(StrictModel):
             raise ValueError(f"labels hold {size} bytes of keys and values; at most {MAX_LABELS_BYTES}")
         return value
 
-    @field_validator("labels")
-    @classmethod
-    def _labels_text(cls, value: dict[str, str]) -> dict[str, str]:
-        """No NUL character: the store's PostgreSQL text columns cannot hold one."""
-        for key, text in value.items():
-            if "\x00" in key:
-                raise ValueError(f"label key {key!r} contains a NUL character")
-            if "\x00" in text:
-                raise ValueError(f"the value of label {key!r} contains a NUL character")
-        return value
 
 
 MoEAuxLoss = Literal["per_layer_sum", "transformers"]
@@ -335,11 +357,20 @@ class CheckpointSpec(StrictModel):
     """Resume from the newest complete checkpoint when the job (re)starts."""
 
 
+MIN_HOST_MEMORY_GIB = 0.5
+MAX_HOST_MEMORY_GIB = 65_536.0
+
+
 class ResourcesSpec(StrictModel):
     gpus: count(MAX_DEGREE) = 1
     """Ranks (one GPU each); must equal the parallel layout's world size."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """auto: CUDA where the node has GPUs, else CPU (gloo)."""
+    host_memory_gib: float | None = Field(default=None, ge=MIN_HOST_MEMORY_GIB, le=MAX_HOST_MEMORY_GIB)
+    """Host memory each rank may hold, in GiB (0.5 to 65,536): the private memory of an engine rank's
+    process, or of each process of a command job's program, enforced by the kernel (RLIMIT_DATA). A rank
+    that allocates past it fails the job at once, naming the limit. None: the node's memory divided among
+    its GPU slots; a value above that share fails the rank (host memory is not reserved by the scheduler)."""
 
 
 class SchedulingSpec(StrictModel):

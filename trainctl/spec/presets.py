@@ -1,13 +1,15 @@
 """Model shapes: named presets and the resolved `ModelConfig` the engine builds from.
 
 `resolve_model` gives a preset (with the spec's overrides) or, for `spec.model.from_pretrained`, the
-shape a Hugging Face model directory's config.json describes (`trainctl.spec.hf_config`).
+shape a Hugging Face model directory's config.json describes (`trainctl.spec.hf_config`), read under
+the job's `FileRule` (trainctl.spec.files; the default confines nothing but bounds the read).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from trainctl.spec.files import FileRule
 from trainctl.spec.hf_config import PretrainedConfigError, read_hf_config
 from trainctl.spec.job import ModelSpec, MoEAuxLoss
 
@@ -107,11 +109,11 @@ class UnknownPresetError(ValueError):
     """The spec names a preset that does not exist."""
 
 
-def resolve_model(spec: ModelSpec) -> ModelConfig:
-    """The shape of `spec.from_pretrained`'s config.json (`PretrainedConfigError` if it has none usable),
-    else the preset named by `spec` with every field the spec sets overriding it."""
+def resolve_model(spec: ModelSpec, files: FileRule = FileRule()) -> ModelConfig:
+    """The shape of `spec.from_pretrained`'s config.json, read under `files` (`PretrainedConfigError` if
+    it has none usable), else the preset named by `spec` with every field the spec sets overriding it."""
     if spec.from_pretrained is not None:
-        fields = read_hf_config(spec.from_pretrained)
+        fields = read_hf_config(spec.from_pretrained, files)
         rope, moe = fields.pop("rope_scaling"), fields.pop("moe", None)
         return ModelConfig(
             **fields, rope_scaling=None if rope is None else RopeScaling(**rope), moe=None if moe is None else MoEConfig(**moe)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import BaseModel, Field, ValidationError
 
 from trainctl.spec.job import API_VERSION, MAX_STEPS, JobSpecBody, Metadata, StrictModel, TrainingJob, count
+from trainctl.spec.text import printable, unstorable_problem
 from trainctl.spec.validate import (
     FieldViolation,
     SpecError,
@@ -217,7 +218,10 @@ def sweep_violations(sweep: Sweep, *, pool_gpus: int | None = None) -> list[Fiel
 
 
 def path_problem(path: str) -> str | None:
-    """Why `path` names no searchable field of a TrainingJob, or None."""
+    """Why `path` names no searchable field of a TrainingJob, or None; a part of `path` it quotes is
+    shown `printable` (a NUL as ``\\x00``)."""
+    if (problem := unstorable_problem(path)) is not None:
+        return problem
     if not path.startswith("spec.") and path != "spec":
         return "a searchable field's path starts with 'spec.' (e.g. spec.training.lr)"
     if any(path == p or path.startswith(p + ".") for p in UNSEARCHABLE):
@@ -227,7 +231,7 @@ def path_problem(path: str) -> str | None:
     for i, part in enumerate(parts):
         info = model.model_fields.get(part)
         if info is None:
-            return f"{'.'.join(parts[: i + 1])} is not a field"
+            return f"{printable('.'.join(parts[: i + 1]))} is not a field"
         inner = _model_in(info.annotation)
         last = i == len(parts) - 1
         if inner is not None:

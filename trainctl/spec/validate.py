@@ -7,7 +7,6 @@ the gRPC API (google.rpc.BadRequest) and the engine all report the same thing.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import sysconfig
 from pathlib import Path
@@ -16,6 +15,8 @@ import yaml
 from pydantic import ValidationError
 
 from trainctl.spec import data_sources
+from trainctl.spec.files import FileRule, FileRuleError
+from trainctl.spec.hf_config import weights_problem
 from trainctl.spec.job import (
     TOKENIZER_AUTO,
     CommandSpec,
@@ -27,6 +28,7 @@ from trainctl.spec.job import (
     resolve_tokenizer,
 )
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
+from trainctl.spec.strict_yaml import StrictLoader
 from trainctl.spec.violations import (
     FieldViolation as FieldViolation,  # re-exported: most callers import it here
 )
@@ -146,7 +148,7 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
         )
 
     if model is not None:
-        out.extend(_model_violations(model, job))
+        out.extend(model_violations(model, job))
 
     if check_data:
         out.extend(data_violations(spec.data, model_dir=spec.model.from_pretrained))
@@ -214,19 +216,21 @@ def working_dir_violations(command: CommandSpec) -> list[FieldViolation]:
     return []
 
 
-def pretrained_violations(job: TrainingJob) -> list[FieldViolation]:
-    """`spec.model.from_pretrained`: the directory holds a config.json of a supported family, and the
-    model it describes fits the layout and the data (reads config.json, not the weights)."""
+def pretrained_violations(job: TrainingJob, files: FileRule = FileRule()) -> list[FieldViolation]:
+    """`spec.model.from_pretrained`: the directory holds a config.json of a supported family and weights
+    the engine loads (a safetensors file, or an index whose shards all exist), and the model it describes
+    fits the layout and the data. Reads config.json and the index under `files`, never the weights."""
     directory = job.spec.model.from_pretrained
     if directory is None:
         return []
     if not directory.strip():
         return [FieldViolation("spec.model.from_pretrained", "must be a Hugging Face model directory, not empty")]
     try:
-        model = resolve_model(job.spec.model)
+        model = resolve_model(job.spec.model, files)
     except PretrainedConfigError as exc:
         return [FieldViolation("spec.model.from_pretrained", str(exc))]
-    return _model_violations(model, job)
+    weights = weights_problem(directory, files)
+    return ([FieldViolation("spec.model.from_pretrained", weights)] if weights else []) + model_violations(model, job)
 
 
 def _efficiency_violations(job: TrainingJob) -> list[FieldViolation]:
@@ -248,18 +252,26 @@ def _efficiency_violations(job: TrainingJob) -> list[FieldViolation]:
     return out
 
 
-def _shard_violations(patterns: list[str]) -> list[FieldViolation]:
-    """data.format tokens: every path must be a directory written by `trainctl data prepare`."""
+SHARD_INDEX = "index.json"
+"""The index of a token-shard directory (trainctl.parallelism.data.token_shards writes it)."""
+
+
+def _shard_violations(patterns: list[str], files: FileRule) -> list[FieldViolation]:
+    """data.format tokens: every path must be a directory written by `trainctl data prepare`, whose
+    index (read under `files`) names shard files of the directory."""
     if not patterns:
         return [FieldViolation("spec.data.paths", "at least one prepared token-shard directory is required")]
-    return [
-        FieldViolation(f"spec.data.paths[{i}]", f"{path!r} is not a token-shard directory (no index.json); build it with `trainctl data prepare`")
-        for i, path in enumerate(patterns)
-        if not (Path(os.path.expanduser(path)) / "index.json").is_file()
-    ]
+    out = []
+    for i, path in enumerate(patterns):
+        try:
+            _indexed_tokens(Path(os.path.expanduser(path)), f"spec.data.paths[{i}]", files)
+        except FileRuleError as exc:
+            out.append(FieldViolation(exc.field, exc.message))
+    return out
 
 
-def _model_violations(model: ModelConfig, job: TrainingJob) -> list[FieldViolation]:
+def model_violations(model: ModelConfig, job: TrainingJob) -> list[FieldViolation]:
+    """Rules relating the resolved model shape `model` to `job`'s layout and data."""
     par = job.spec.parallelism
     out: list[FieldViolation] = []
 
@@ -345,10 +357,11 @@ MAX_PATH_PART = 64
 hold control characters, which are escaped)."""
 
 
-class _SpecLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses aliases (an alias bomb expands exponentially when validated),
-    nesting deeper than MAX_YAML_DEPTH (which would exhaust the recursion limit) and mapping keys that
-    are not text (`? ` alone is a null key; a spec's keys are field names, labels and variables)."""
+class _SpecLoader(StrictLoader):
+    """trainctl.spec.strict_yaml's loader (a key given twice is an error naming it and its lines), also
+    refusing aliases (an alias bomb expands exponentially when validated), nesting deeper than
+    MAX_YAML_DEPTH (which would exhaust the recursion limit) and mapping keys that are not text (`? `
+    alone is a null key; a spec's keys are field names, labels and variables)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -379,7 +392,7 @@ def bounded_yaml_document(text: str) -> dict:
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError([FieldViolation("<document>", f"{len(text)} characters; a spec may hold at most {MAX_SPEC_BYTES}")])
     try:
-        document = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
+        document = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -424,22 +437,27 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 """Files of a Hugging Face tokenizer directory; a directory with none of them holds no tokenizer."""
 
 
-def data_violations(data: DataSpec, *, model_dir: str | None = None) -> list[FieldViolation]:
+def data_violations(data: DataSpec, *, model_dir: str | None = None, files: FileRule = FileRule()) -> list[FieldViolation]:
     """The files `data` names exist and are readable (text, JSONL or Parquet files, token-shard
     directories with an index, save_to_disk directories; the tokenizer file or directory), record data
     has its field (`data_sources`), chat data has a tokenizer with a chat template, and the corpus holds
     at least one sample (`corpus_capacity_violations`). `model_dir` is the job's from_pretrained
-    directory (what `tokenizer: auto` means). A service with confinement calls it only for paths its
-    rule let through (trainctl.service.paths)."""
+    directory (what `tokenizer: auto` means). Every file opened or handed on is under `files`, the job's
+    rule (trainctl.spec.files): a tokenizer directory's every entry, since the ranks hand it whole to
+    transformers. A service with confinement calls it only for paths its path policy let through
+    (trainctl.service.paths)."""
     if data.format == "tokens":
-        out = _shard_violations(data.paths)
+        out = _shard_violations(data.paths, files)
     elif data.format == "arrow":
-        out = [FieldViolation(f, p) for f, p in data_sources.arrow_problems(data)]
+        out = [FieldViolation(f, p) for f, p in data_sources.arrow_problems(data, files)]
     else:
         out = _data_violations(data.paths)
     tokenizer = resolve_tokenizer(data, model_dir)
     tokenizer_path = Path(tokenizer).expanduser()
-    if tokenizer != "byte" and not (tokenizer_path.is_file() or tokenizer_path.is_dir()):
+    tokenizer_problem = None if tokenizer == "byte" else _tokenizer_rule_problem(tokenizer_path, files)
+    if tokenizer_problem:
+        out.append(FieldViolation("spec.data.tokenizer", tokenizer_problem))
+    elif tokenizer != "byte" and not (tokenizer_path.is_file() or tokenizer_path.is_dir()):
         out.append(FieldViolation("spec.data.tokenizer", f"tokenizer file or directory {tokenizer!r} does not exist"))
     elif tokenizer_path.is_dir() and not any((tokenizer_path / name).is_file() for name in TOKENIZER_FILES):
         meaning = "tokenizer: auto names the from_pretrained model directory " if data.tokenizer == TOKENIZER_AUTO else "directory "
@@ -459,13 +477,25 @@ def data_violations(data: DataSpec, *, model_dir: str | None = None) -> list[Fie
     if out:
         return out
     if data.format in ("jsonl", "parquet"):
-        files = resolve_data_paths(data.paths)[: data.max_files]
+        paths = resolve_data_paths(data.paths)[: data.max_files]
         check = data_sources.jsonl_problem if data.format == "jsonl" else data_sources.parquet_problem
-        problem = check(files, data)
+        problem = check(paths, data, files)
         return [FieldViolation(*problem)] if problem else []
     if data.format == "arrow":
         return []
-    return corpus_capacity_violations(data, tokenizer)
+    return corpus_capacity_violations(data, tokenizer, files)
+
+
+def _tokenizer_rule_problem(path: Path, files: FileRule) -> str | None:
+    """Why the tokenizer file, or an entry of the tokenizer directory, breaks the rule (None: none does)."""
+    try:
+        if path.is_dir():
+            files.check_tree(path, "spec.data.tokenizer")
+        else:
+            files.check(path, "spec.data.tokenizer")
+    except FileRuleError as exc:
+        return exc.message
+    return None
 
 
 MAX_TOKENS_PER_BYTE = 3
@@ -474,15 +504,18 @@ the decoded text, and an invalid byte decodes to U+FFFD, three bytes. Used only 
 tokens from its size without tokenizing it."""
 
 
-def corpus_capacity_violations(data: DataSpec, tokenizer: str | None = None) -> list[FieldViolation]:
+def corpus_capacity_violations(data: DataSpec, tokenizer: str | None = None, files: FileRule = FileRule()) -> list[FieldViolation]:
     """`spec.data.seq_len` against what the data can give: the corpus must hold one sample of seq_len + 1
     tokens. Counted exactly from file sizes (byte tokenizer) or the shards' index (format tokens); for a
     tokenizer file, bounded from file sizes (MAX_TOKENS_PER_BYTE), so only a corpus too small under any
     tokenization is refused here and the ranks catch the rest. `tokenizer` is the resolved
-    `data.tokenizer` (default: `data.tokenizer` resolved without a model directory). Call it once the paths are known valid (formats text and tokens)."""
+    `data.tokenizer` (default: `data.tokenizer` resolved without a model directory); shard indexes are
+    read under `files`. Call it once the paths are known valid (formats text and tokens)."""
     need = data.seq_len + 1
     try:
-        tokens, what = _corpus_tokens(data, tokenizer or resolve_tokenizer(data, None))
+        tokens, what = _corpus_tokens(data, tokenizer or resolve_tokenizer(data, None), files)
+    except FileRuleError as exc:
+        return [FieldViolation(exc.field, exc.message)]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [FieldViolation("spec.data.paths", f"cannot size the corpus: {exc!r}")]
     if tokens >= need:
@@ -490,10 +523,12 @@ def corpus_capacity_violations(data: DataSpec, tokenizer: str | None = None) -> 
     return [FieldViolation("spec.data.seq_len", f"a sample needs seq_len + 1 = {need} tokens but {what}")]
 
 
-def _corpus_tokens(data: DataSpec, tokenizer: str) -> tuple[int, str]:
+def _corpus_tokens(data: DataSpec, tokenizer: str, files: FileRule) -> tuple[int, str]:
     """Tokens the corpus holds (exact, or an upper bound for a tokenizer file) and how that was counted."""
     if data.format == "tokens":
-        tokens = sum(_indexed_tokens(Path(os.path.expanduser(path))) for path in data.paths)
+        tokens = sum(
+            _indexed_tokens(Path(os.path.expanduser(path)), f"spec.data.paths[{i}]", files) for i, path in enumerate(data.paths)
+        )
         return tokens, f"the shards hold {tokens} tokens"
     files = resolve_data_paths(data.paths)[: data.max_files]
     size = sum(path.stat().st_size for path in files)
@@ -503,7 +538,24 @@ def _corpus_tokens(data: DataSpec, tokenizer: str) -> tuple[int, str]:
     return bound, f"the {len(files)} files hold {size} bytes, at most {bound} tokens under any tokenizer"
 
 
-def _indexed_tokens(directory: Path) -> int:
-    """Tokens a prepared token-shard directory holds, from its index.json."""
-    index = json.loads((directory / "index.json").read_text())
-    return sum(int(shard["tokens"]) for shard in index["shards"])
+def _indexed_tokens(directory: Path, field: str, files: FileRule) -> int:
+    """Tokens a prepared token-shard directory holds, from its index.json read under `files`; each shard
+    (and mask) file it names must be a file of the directory under the rule (checked, not opened).
+    FileRuleError naming `field` when the directory has no such index."""
+    index_path = files.check(directory / SHARD_INDEX, field)
+    if not index_path.is_file():
+        raise FileRuleError(field, f"{str(directory)!r} is not a token-shard directory (no {SHARD_INDEX}); build it with "
+                                   "`trainctl data prepare`")
+    index = files.read_json(index_path, field)
+    shards = index.get("shards") if isinstance(index, dict) else None
+    if not isinstance(shards, list) or not all(isinstance(shard, dict) for shard in shards):
+        raise FileRuleError(field, f"{index_path} is not a token-shard index (no shards list)")
+    tokens = 0
+    for shard in shards:
+        for name in [shard.get("file")] + ([shard["mask"]] if "mask" in shard else []):
+            files.member(directory, name, field, str(index_path))
+        count = shard.get("tokens")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise FileRuleError(field, f"{index_path} gives a shard a token count that is not a whole number")
+        tokens += count
+    return tokens

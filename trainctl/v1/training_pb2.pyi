@@ -366,12 +366,14 @@ class CheckpointSpec(_message.Message):
     def __init__(self, interval_steps: _Optional[int] = ..., keep_last: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class ResourcesSpec(_message.Message):
-    __slots__ = ("gpus", "device")
+    __slots__ = ("gpus", "device", "host_memory_gib")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HOST_MEMORY_GIB_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     device: Device
-    def __init__(self, gpus: _Optional[int] = ..., device: _Optional[_Union[Device, str]] = ...) -> None: ...
+    host_memory_gib: float
+    def __init__(self, gpus: _Optional[int] = ..., device: _Optional[_Union[Device, str]] = ..., host_memory_gib: _Optional[float] = ...) -> None: ...
 
 class SchedulingSpec(_message.Message):
     __slots__ = ("priority", "max_restarts", "step_timeout_seconds")

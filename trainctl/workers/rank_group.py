@@ -38,7 +38,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.workers.command.environment import rank_environment
-from trainctl.workers.command.rank_program import PROGRAM_STOP_GRACE, ProgramLaunch
+from trainctl.workers.command.program import PROGRAM_STOP_GRACE
+from trainctl.workers.command.rank_program import ProgramLaunch
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_worker import RankBinding, RankLocation, RankWorker
 from trainctl.workers.resources import NODE_LABEL, gpu_slot
@@ -173,14 +174,22 @@ class RankGroup:
         return found
 
     def start(
-        self, job_json: str, checkpoint_dir: str, reporter: Any, timeout: float, node_env: dict[str, dict[str, str]]
+        self,
+        job_json: str,
+        checkpoint_dir: str,
+        reporter: Any,
+        timeout: float,
+        node_env: dict[str, dict[str, str]],
+        file_rule_json: str,
     ) -> list[ray.ObjectRef]:
         """Rendezvous on rank 0 and start training on every rank, each with its node's ``node_env``
-        (NCCL settings); one result ref per rank."""
+        (NCCL settings) and the job's `FileRule` (``file_rule_json``); one result ref per rank."""
         host, port = ray.get(self.workers[0].endpoint.remote(), timeout=timeout)
         log.info("job %s generation %d: rendezvous at %s:%d", self.job_id, self.generation, host, port)
         return [
-            w.train.remote(host, port, job_json, checkpoint_dir, reporter, self.generation, node_env.get(slot.node, {}))
+            w.train.remote(
+                host, port, job_json, checkpoint_dir, reporter, self.generation, node_env.get(slot.node, {}), file_rule_json
+            )
             for slot, w in zip(self.slots, self.workers, strict=True)
         ]
 
@@ -198,10 +207,12 @@ class RankGroup:
         max_restarts: int,
         reporter: Any,
         timeout: float,
+        host_memory_gib: float | None = None,
     ) -> list[ray.ObjectRef]:
         """Start a command job's program on every rank, with its node's ``node_env`` (NCCL settings),
         then ``env`` (the spec's, which may override them), then each rank's torchrun environment
-        (rendezvous on rank 0's endpoint); one result ref per rank."""
+        (rendezvous on rank 0's endpoint), under ``host_memory_gib`` (None: the node's default); one
+        result ref per rank."""
         host, port = ray.get(self.workers[0].endpoint.remote(), timeout=timeout)
         log.info("job %s generation %d: programs rendezvous at %s:%d", self.job_id, self.generation, host, port)
         refs = []
@@ -210,7 +221,10 @@ class RankGroup:
                 self.slots, slot.rank, grid=grid, master_addr=host, master_port=port, restart_count=restart_count,
                 max_restarts=max_restarts, job_id=self.job_id, checkpoint_dir=checkpoint_dir, use_gpu=self.use_gpu,
             )
-            launch = ProgramLaunch(argv=argv, cwd=cwd, env={**node_env.get(slot.node, {}), **env, **ranked}, log_dir=log_dir)
+            launch = ProgramLaunch(
+                argv=argv, cwd=cwd, env={**node_env.get(slot.node, {}), **env, **ranked}, log_dir=log_dir,
+                host_memory_gib=host_memory_gib,
+            )
             refs.append(worker.run_program.remote(launch, reporter, self.generation))
         return refs
 

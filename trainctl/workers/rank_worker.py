@@ -31,6 +31,15 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group_table
 
 from trainctl.workers.command.rank_program import ProgramLaunch, ProgramSlot, run_program
+from trainctl.workers.host_memory import (
+    HostMemoryExceeded,
+    HostMemoryLimit,
+    limit_this_process,
+    node_memory_bytes,
+    ran_out_of_memory,
+    rank_limit,
+)
+from trainctl.workers.nodes import cluster_nodes
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.resources import NODE_LABEL, slots_of
 
@@ -182,24 +191,32 @@ class RankWorker:
         reporter: Any,
         generation: int,
         env: dict[str, str],
+        file_rule_json: str,
     ) -> dict[str, Any]:
         """Join the process group and run the training loop; returns the TrainResult as a dict.
 
         ``env`` (this node's NCCL settings from the topology map) is set in the process before the
-        process group is created.
+        process group is created. ``file_rule_json`` is the job's `FileRule` (trainctl.spec.files), under
+        which the engine opens every file of the job.
 
         ``reporter`` is the supervisor's actor handle: rank 0's step reports go to its ``record_step``
         (a checkpoint's step waits until it is recorded, so the checkpoint commits after its report),
         the other ranks' step times (at the same steps) to ``record_step_time``, and log lines to
         ``record_log``, tagged with this rank and the group ``generation``.
+
+        The process's data (``RLIMIT_DATA``) is limited to the rank's host-memory limit first; an
+        allocation that fails at it raises HostMemoryExceeded (the job fails without a restart).
         """
         from trainctl.parallelism.engine.distributed import init_distributed, teardown
         from trainctl.parallelism.engine.trainer import Trainer
+        from trainctl.spec.files import FileRule
         from trainctl.spec.job import JobSpecBody
 
         binding = self._bound()
         rank, world_size = binding.rank, binding.world_size
         body = JobSpecBody.model_validate_json(job_json)
+        memory = self._host_memory_limit(body.resources.host_memory_gib)
+        limit_this_process(memory)  # before the engine allocates: the job's limit, never a previous one's
         os.environ.update(env)
         device = init_distributed(
             rank,
@@ -224,16 +241,29 @@ class RankWorker:
                 on_step_time=None if rank == 0 else (
                     lambda step, seconds: reporter.record_step_time.remote(generation, rank, step, seconds)
                 ),
+                file_rule=FileRule.from_json(file_rule_json),
             )
             return _as_dict(trainer.run())
+        except Exception as exc:
+            if ran_out_of_memory(exc):
+                raise HostMemoryExceeded(rank, str(memory), _one_line(exc)) from exc
+            raise
         finally:
             teardown()
 
     def run_program(self, launch: ProgramLaunch, reporter: Any, generation: int) -> dict[str, Any]:
         """Run a command job's program for this rank until it exits (``{"exit_code": 0}``); a failed
         program raises ProgramExited (rank, exit code, last stderr lines). Lines and `trainctl.report`
-        calls go to ``reporter`` (the supervisor) like the engine's, tagged with the rank and ``generation``."""
-        return run_program(self._program, self._bound().rank, launch, reporter, generation)
+        calls go to ``reporter`` (the supervisor) like the engine's, tagged with the rank and ``generation``.
+        The program and what it starts run with the rank's host-memory limit (``RLIMIT_DATA``)."""
+        memory = self._host_memory_limit(launch.host_memory_gib)
+        return run_program(self._program, self._bound().rank, launch, reporter, generation, memory)
+
+    def _host_memory_limit(self, spec_gib: float | None) -> HostMemoryLimit:
+        """The rank's host-memory limit: this node's memory over its GPU slots, or ``spec_gib`` up to that
+        (`rank_limit`). A worker runs one job (a pooled one is bound once), so the limit is always its job's."""
+        slots = next((len(node.gpus) for node in cluster_nodes() if node.name == self._node), 1)
+        return rank_limit(spec_gib, node_memory_bytes(), slots)
 
     def stop_program(self, grace: float) -> None:
         """Kill the program's process tree (SIGTERM, SIGKILL after ``grace`` seconds); a program not
@@ -243,6 +273,12 @@ class RankWorker:
             process = self._program.process
         if process is not None:
             process.kill_tree(grace)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` of an exception, at most 300 characters."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}".rstrip(": ")[:300]
 
 
 def _exit_with_group(binding: RankBinding) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import (
     EVENTS_FILE,
@@ -125,11 +126,16 @@ class RayRuntime:
         *,
         topology: TopologyMap | None = None,
         node_env: dict[str, dict[str, str]] | None = None,
+        file_rule: FileRule = FileRule(),
     ) -> None:
         """Create the job's supervisor, which reserves the planned GPUs and starts training.
 
         ``node_env``: per node, environment variables its ranks get (the NCCL settings of the topology
         map, `topology.nccl.nccl_env`; the scheduler passes them for every node of its map).
+
+        ``file_rule``: where the files the engine opens for the job may lie (trainctl.spec.files; the
+        scheduler passes the service's rule for the job); a file it refuses fails the job on its ranks,
+        before the file is read, without a restart. The default confines nothing but bounds the reads.
 
         After a node loss the supervisor re-places the ranks itself on ``topology`` over the GPU slots
         free in Ray when one is given (a caller that keeps no GPU accounting); without it, it waits
@@ -154,6 +160,7 @@ class RayRuntime:
             replan_timeout=self._replan_timeout,
             # Pooled workers preload the engine and serve one call at a time: a command job starts its own.
             warm_workers=self.warm_pool.take(slots, use_gpu) if self.warm_pool is not None and job.spec.command is None else {},
+            file_rule_json=file_rule.to_json(),
         )
         actor_cls = ray.remote(concurrency_groups={"control": 4, "reports": 1})(JobSupervisor)
         actor_cls.options(
@@ -216,6 +223,9 @@ class RayRuntime:
             return self._poll_file(job_id, 0, 1)
         try:
             ray.get(supervisor.cancel.remote(timeout), timeout=timeout + self._call_timeout)
+        except RayActorError:  # `poll` released it as the cancel answered: fine once the job has ended
+            if not self._poll_file(job_id, 0, 1).state.terminal:
+                raise
         finally:
             ray.kill(supervisor, no_restart=True)
             self._wait_gone(job_id, timeout)

@@ -7,8 +7,9 @@ and a group that makes no step progress for ``scheduling.step_timeout_seconds`` 
 Either tears the group down and starts a new generation, which resumes from the newest complete
 checkpoint in ``<run_dir>/checkpoints``, up to ``scheduling.max_restarts`` times; after that the job
 FAILS with the reason. A rank that raised the engine's `ConfigurationError` (bad data, checkpoint or
-tokenizer for this spec), while no rank died, FAILS the job at once: a restart cannot fix it. A cancel
-tears the group down and ends in CANCELLED.
+tokenizer for this spec) or a `FileRuleError` (a file the job's `FileRule`, which the ranks get from
+``file_rule_json``, refuses), while no rank died, FAILS the job at once: a restart cannot fix it. A
+cancel tears the group down and ends in CANCELLED.
 
 A command job (``spec.command``) runs the user's program on every rank instead of the engine
 (`RankGroup.start_programs`): a program that exits non-zero ends the generation like a dead rank, named
@@ -47,9 +48,11 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from trainctl.parallelism.checkpoint.source import CHECKPOINT_SUBDIR as CHECKPOINT_SUBDIR
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.spec.files import FileRule, FileRuleError
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.command.program import ProgramExited
 from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobState, JobStatus, StragglerStats
+from trainctl.workers.host_memory import HostMemoryExceeded
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
 from trainctl.workers.replan import describe_move, free_slots, missing_nodes, replacement
@@ -64,6 +67,8 @@ ROOT_CAUSE_WAIT = 2.0
 """Seconds to wait for the other ranks' outcomes when one fails, to name the rank that died."""
 REASON_CHARS = 300
 """Longest cause quoted from an error in a reason."""
+MEMORY_NOT_RESTARTED = "not restarted (the same allocation would fail again)"
+"""How a reason ends when a rank exceeded its host-memory limit."""
 REPLAN_INTERVAL = 1.0
 """Seconds between looks for a new plan while waiting for one after a node loss."""
 STEP_HISTORY = 16
@@ -112,6 +117,9 @@ class SupervisorConfig:
     warm_workers: dict[int, Any] = field(default_factory=dict)
     """Rank -> idle pooled RankWorker of its planned slot (`trainctl.workers.warm_pool`), for the first
     rank group; a restarted supervisor ignores them (they were bound or killed)."""
+    file_rule_json: str = FileRule().to_json()
+    """The job's `FileRule` (trainctl.spec.files) as JSON: where the files its ranks open may lie. The
+    default confines nothing (bounded reads and index entries kept in their directories only)."""
 
 
 class _Outcome(Enum):
@@ -184,6 +192,8 @@ class JobSupervisor:
         self._run_dir = Path(config.run_dir)
         self._log = EventLog.open(self._run_dir / EVENTS_FILE)
         self._lock = threading.Lock()
+        self._shutdown_lock = threading.Lock()
+        """Held while a rank group is torn down: a second `_shutdown_group` waits until it is gone."""
         self._cancel = threading.Event()
         self._group: RankGroup | None = None
         self._generation = 1 + max((e.generation for e in self._log.all()), default=-1)
@@ -359,7 +369,9 @@ class JobSupervisor:
         cfg, spec = self._cfg, self._job.spec
         reporter = ray.get_runtime_context().current_actor
         if spec.command is None:
-            return group.start(spec.model_dump_json(), str(checkpoint_dir), reporter, cfg.call_timeout, cfg.node_env)
+            return group.start(
+                spec.model_dump_json(), str(checkpoint_dir), reporter, cfg.call_timeout, cfg.node_env, cfg.file_rule_json
+            )
         command = spec.command
         return group.start_programs(
             [command.program, *command.args],
@@ -373,6 +385,7 @@ class JobSupervisor:
             max_restarts=spec.scheduling.max_restarts,
             reporter=reporter,
             timeout=cfg.call_timeout,
+            host_memory_gib=spec.resources.host_memory_gib,
         )
 
     def _create_group(self) -> RankGroup | tuple[_Outcome, str]:
@@ -534,10 +547,13 @@ class JobSupervisor:
         self._log.append(EventKind.STATE, state=state, reason=reason, generation=self._generation)
 
     def _shutdown_group(self) -> None:
-        with self._lock:
-            group, self._group = self._group, None
-        if group is not None:
-            group.shutdown()
+        """Tear the rank group down; returns once it is gone, also when another thread (a cancel) is
+        tearing it down, so a generation ends (and the job with it) only after its ranks and programs."""
+        with self._shutdown_lock:
+            with self._lock:
+                group, self._group = self._group, None
+            if group is not None:
+                group.shutdown()
 
     def _remove_leftovers(self) -> None:
         """Remove placement groups a previous incarnation of this supervisor left behind."""
@@ -556,7 +572,8 @@ def _failure_class(failures: list[tuple[int, BaseException]]) -> tuple[_Outcome,
     """The outcome and reason of a generation whose ranks failed with `failures` (rank, error): a dead
     rank first (restart), then a command job's program that exited non-zero (restart; the one that ended
     first is named), then a rank's configuration error (fail at once), then any other error (restart);
-    otherwise the lowest rank of the class is named."""
+    otherwise the lowest rank of the class is named. A rank past its host-memory limit (an engine rank's
+    HostMemoryExceeded, a program whose stderr says an allocation failed) fails the job at once too."""
     dead = [(rank, exc) for rank, exc in failures if isinstance(exc, RayActorError)]
     if dead:
         rank, exc = min(dead, key=lambda item: item[0])
@@ -564,10 +581,14 @@ def _failure_class(failures: list[tuple[int, BaseException]]) -> tuple[_Outcome,
     exited = [cause for _, exc in failures if isinstance(cause := getattr(exc, "cause", exc), ProgramExited)]
     if exited:
         first = min(exited, key=lambda cause: (cause.ended_at, cause.rank))
+        if first.memory_limit is not None:
+            return _Outcome.MISCONFIGURED, f"{first}; {MEMORY_NOT_RESTARTED}"
         return _Outcome.FAILED, str(first)
     misconfigured = [(rank, cause) for rank, exc in failures if (cause := _configuration_error(exc)) is not None]
     if misconfigured:
         rank, cause = min(misconfigured, key=lambda item: item[0])
+        if isinstance(cause, HostMemoryExceeded):
+            return _Outcome.MISCONFIGURED, f"{str(cause)[:REASON_CHARS]}; {MEMORY_NOT_RESTARTED}"
         return _Outcome.MISCONFIGURED, (
             f"configuration error on rank {rank}: {str(cause)[:REASON_CHARS]}; not restarted (a restart cannot fix it)"
         )
@@ -575,10 +596,11 @@ def _failure_class(failures: list[tuple[int, BaseException]]) -> tuple[_Outcome,
     return _Outcome.FAILED, f"rank {rank} failed: {_first_line(exc)}"
 
 
-def _configuration_error(exc: BaseException) -> ConfigurationError | None:
-    """The engine's ConfigurationError a rank raised (the cause Ray's task error carries), or None."""
+def _configuration_error(exc: BaseException) -> ConfigurationError | FileRuleError | None:
+    """The engine's ConfigurationError, or a FileRuleError, a rank raised (the cause Ray's task error
+    carries), or None."""
     cause = getattr(exc, "cause", exc)
-    return cause if isinstance(cause, ConfigurationError) else None
+    return cause if isinstance(cause, ConfigurationError | FileRuleError) else None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -596,5 +618,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _summary(result: dict[str, Any], ranks: int) -> str:
-    details = ", ".join(f"{key}={value}" for key, value in result.items() if isinstance(value, int | float | str))
+    """The reason of a job whose ranks all finished: rank 0's result, numbers rounded for a person
+    (`wall_seconds=18.24`, not `18.237455856999986`)."""
+    details = ", ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+                        for key, value in result.items() if isinstance(value, int | float | str))
     return f"all {ranks} ranks finished" + (f" ({details})" if details else "")

@@ -13,7 +13,8 @@ complete checkpoints. A crash at any point leaves either the old set or the old 
 one. `COMPLETE` holds a manifest (every file's size), so a checkpoint damaged after it was written (a
 file truncated or gone) is detected; `latest_checkpoint` skips damaged and partial ones and says why.
 Loading uses `dcp.load` into a template built by the *current* layout, so a checkpoint written under one
-layout loads into any other (DCP reshards by fully-qualified name).
+layout loads into any other (DCP reshards by fully-qualified name). It reads through `dcp_reader`, which
+unpickles nothing but what DCP writes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from trainctl.parallelism.checkpoint.dcp_reader import CheckpointReader, load_dcp
 from trainctl.parallelism.checkpoint.layout import COMPLETE as COMPLETE  # re-exported: the layout's names
 from trainctl.parallelism.checkpoint.layout import METADATA as METADATA
 from trainctl.parallelism.checkpoint.layout import STEP_DIR as STEP_DIR
@@ -37,6 +39,10 @@ from trainctl.parallelism.checkpoint.layout import checkpoint_size as checkpoint
 from trainctl.parallelism.checkpoint.layout import complete_checkpoints as complete_checkpoints
 from trainctl.parallelism.checkpoint.layout import latest_checkpoint as latest_checkpoint
 from trainctl.parallelism.checkpoint.layout import step_dir_name as step_dir_name
+from trainctl.spec.files import FileRule
+
+RESUME_FIELD = "spec.checkpoint.resume"
+"""The spec field that has a job load its own checkpoints, which errors of reading them name."""
 
 
 @contextlib.contextmanager
@@ -104,10 +110,13 @@ def _manifest(directory: Path) -> dict[str, int]:
     }
 
 
-def load_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """Collectively load checkpoint `path` into `state` in place (resharding to `state`'s layout)."""
+def load_checkpoint(
+    path: str | Path, state: dict[str, Any], files: FileRule = FileRule(), field: str = RESUME_FIELD
+) -> None:
+    """Collectively load checkpoint `path` into `state` in place (resharding to `state`'s layout), read
+    under `files` through `dcp_reader` (a refusal is a ConfigurationError naming `field`)."""
     path = Path(path)
     if not (path / COMPLETE).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker)")
     with _quiet_single_process():
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+        load_dcp(state, CheckpointReader(path, files, field), no_dist=not dist.is_initialized())

@@ -17,12 +17,16 @@ layer's experts). `read_hf_weights` reads whole tensors (export, LoRA bases, one
 Every problem is a `ConfigurationError` naming `spec.model.from_pretrained`, the file and the tensor:
 a shard file named in the index that is missing, a truncated or corrupt safetensors file, a tensor
 that is missing or has the wrong shape.
+
+Every file is opened through the job's `FileRule` (trainctl.spec.files), which refuses it, before it
+is read, with a `FileRuleError` naming the field: the index (read bounded) and the single file where
+they lie; each shard the index's `weight_map` names must be a file of the directory (all are checked
+when the directory is opened, before any weight is read, and each again right before it is opened).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,38 +36,41 @@ from safetensors import SafetensorError, safe_open
 from trainctl.parallelism.checkpoint.hf_moe import MixtralWeightsError, moe_state_dict
 from trainctl.parallelism.checkpoint.hf_names import halves_to_interleaved, hf_name, rope_heads
 from trainctl.parallelism.errors import ConfigurationError
+from trainctl.spec.files import FileRule
+from trainctl.spec.hf_config import FIELD, INDEX_FILE, SINGLE_FILE
 from trainctl.spec.presets import ModelConfig
 
-FIELD = "spec.model.from_pretrained"
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 SAFETENSORS_ERRORS = (SafetensorError, OSError, ValueError, KeyError, TypeError)
 
 Region = tuple[slice, ...]
 
 
-def weight_files(directory: str | Path) -> dict[str, Path]:
-    """HF tensor name -> the safetensors file holding it (from the index, or the single file's header)."""
+def weight_files(directory: str | Path, files: FileRule = FileRule()) -> dict[str, Path]:
+    """HF tensor name -> the safetensors file holding it (from the index, or the single file's header),
+    every file checked against `files` before anything of it is read."""
     root = Path(directory).expanduser()
-    index = root / INDEX_FILE
+    index = files.check(root / INDEX_FILE, FIELD)
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is not an object")
-            return {str(name): root / str(file) for name, file in weight_map.items()}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigurationError(f"{FIELD}: {index}: not a readable safetensors index: {exc}") from None
-    single = root / SINGLE_FILE
+        content = files.read_json(index, FIELD)
+        weight_map = content.get("weight_map") if isinstance(content, dict) else None
+        if not isinstance(weight_map, dict):
+            raise ConfigurationError(f"{FIELD}: {index}: not a safetensors index (no weight_map object)")
+        shards: dict[object, Path] = {}  # an index names a few shards for thousands of tensors
+        for file in weight_map.values():
+            if not isinstance(file, str) or file not in shards:
+                shards[file] = files.member(root, file, FIELD, str(index))
+        return {str(name): shards[file] for name, file in weight_map.items()}
+    single = files.check(root / SINGLE_FILE, FIELD)
     if not single.is_file():
         raise ConfigurationError(f"{FIELD}: {root} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
-    with _opened(single) as handle:
+    with _opened(single, files) as handle:
         return dict.fromkeys(handle.keys(), single)
 
 
 @contextlib.contextmanager
-def _opened(path: Path):
-    """`safe_open(path)` whose failures are ConfigurationErrors naming the file."""
+def _opened(path: Path, files: FileRule):
+    """`safe_open(path)`, checked against `files` first, whose failures are ConfigurationErrors naming the file."""
+    files.check(path, FIELD)  # again: the file may have been replaced since the directory was opened
     if not path.is_file():
         raise ConfigurationError(f"{FIELD}: {path}: the shard file named in {INDEX_FILE} does not exist")
     try:
@@ -95,10 +102,12 @@ class HFWeights:
     previous one, so the file pages a rank has touched leave its resident memory (read in file order,
     as parameters come, each file is opened once)."""
 
-    def __init__(self, directory: str | Path, config: ModelConfig):
+    def __init__(self, directory: str | Path, config: ModelConfig, files: FileRule = FileRule()):
         self.directory = directory
         self.config = config
-        self.files = weight_files(directory)
+        self.files = files
+        self.holder = weight_files(directory, files)
+        """HF tensor name -> the safetensors file holding it."""
         self._stack = contextlib.ExitStack()
         self._open: tuple[Path, object] | None = None  # (the mapped file, its handle)
         self._moe: tuple[str, dict[str, torch.Tensor]] | None = None  # (layer, its MoE parameters)
@@ -118,9 +127,9 @@ class HFWeights:
         if ".moe." in name:
             return self._moe_parameter(name, shape)[region].contiguous()
         source = source_name(name, self.config)
-        if source not in self.files:
+        if source not in self.holder:
             raise ConfigurationError(f"{FIELD}: {self.directory}: tensor {source!r} (for {name}) is missing from the safetensors files")
-        path = self.files[source]
+        path = self.holder[source]
         try:
             stored = self._handle(path).get_slice(source)
             stored_shape = tuple(stored.get_shape())
@@ -140,7 +149,7 @@ class HFWeights:
         if self._open is None or self._open[0] != path:
             self._open = None
             self._stack.close()
-            self._open = (path, self._stack.enter_context(_opened(path)))
+            self._open = (path, self._stack.enter_context(_opened(path, self.files)))
         return self._open[1]
 
     def _dense(self, name: str, stored, shape: tuple[int, ...], region: Region) -> torch.Tensor:
@@ -161,7 +170,7 @@ class HFWeights:
         if self._moe is None or self._moe[0] != layer:
             self._moe = None
             prefixes = tuple(f"model.layers.{layer}.{block}." for block in ("block_sparse_moe", "mlp"))
-            sources = [source for source in self.files if source.startswith(prefixes)]
+            sources = [source for source in self.holder if source.startswith(prefixes)]
             try:
                 self._moe = (layer, moe_state_dict(self._whole_tensors(sources), self.config))
             except MixtralWeightsError as exc:
@@ -179,7 +188,7 @@ class HFWeights:
     def _whole_tensors(self, sources: list[str]) -> dict[str, torch.Tensor]:
         out = {}
         for source in sources:
-            path = self.files[source]
+            path = self.holder[source]
             try:
                 out[source] = self._handle(path).get_tensor(source)
             except SAFETENSORS_ERRORS as exc:
@@ -188,14 +197,17 @@ class HFWeights:
 
 
 def read_hf_weights(
-    directory: str | Path, config: ModelConfig, shapes: Mapping[str, tuple[int, ...]], dtype: torch.dtype = torch.float32
+    directory: str | Path, config: ModelConfig, shapes: Mapping[str, tuple[int, ...]], dtype: torch.dtype = torch.float32,
+    files: FileRule = FileRule(),
 ) -> dict[str, torch.Tensor]:
-    """The whole tensors named in `shapes` (engine names -> global shapes), read from `directory`."""
-    with HFWeights(directory, config) as weights:
+    """The whole tensors named in `shapes` (engine names -> global shapes), read from `directory` under `files`."""
+    with HFWeights(directory, config, files) as weights:
         return {name: weights.read(name, tuple(shape)).to(dtype) for name, shape in shapes.items()}
 
 
-def read_model_weights(directory: str | Path, model: torch.nn.Module, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Every tensor of `model`'s state dict (a plain model or stage), read from `directory`."""
+def read_model_weights(
+    directory: str | Path, model: torch.nn.Module, config: ModelConfig, files: FileRule = FileRule()
+) -> dict[str, torch.Tensor]:
+    """Every tensor of `model`'s state dict (a plain model or stage), read from `directory` under `files`."""
     shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
-    return read_hf_weights(directory, config, shapes)
+    return read_hf_weights(directory, config, shapes, files=files)

@@ -12,6 +12,11 @@ that directory (`hf_import`). Reading uses DCP without a process group (every ca
 engine builds the whole model on CPU before sharding it). A Trainer starting from a Hugging Face model
 instead builds it on the meta device (`pretrained_skeleton`) and fills it per rank after sharding
 (`sharded_load`).
+
+A job reads another run's checkpoint under its `FileRule` (trainctl.spec.files): the checkpoint
+directory whole (every file DCP may open in it) before DCP reads it, and, through `source` and
+`hf_import`, its markers, recorded job and base weights. DCP reads through `dcp_reader`: its metadata
+unpickled restricted to what DCP writes, every file it names a member of the checkpoint directory.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from trainctl.parallelism.checkpoint.dcp_reader import CheckpointReader, load_dcp
 from trainctl.parallelism.checkpoint.hf_import import read_model_weights
+from trainctl.parallelism.checkpoint.source import FIELD
 from trainctl.parallelism.checkpoint.source import CheckpointNotFoundError as CheckpointNotFoundError
 from trainctl.parallelism.checkpoint.source import Pretrained as Pretrained
 from trainctl.parallelism.checkpoint.source import init_from_problem as init_from_problem
@@ -33,6 +39,7 @@ from trainctl.parallelism.checkpoint.source import write_run_spec as write_run_s
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.model.lora import apply_lora, merge_lora_state
 from trainctl.parallelism.model.transformer import Transformer, build_model
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig
 
@@ -46,9 +53,12 @@ def _quiet() -> contextlib.AbstractContextManager:
         yield
 
 
-def read_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor under the checkpoint's `model` key, as full plain tensors by parameter name."""
-    metadata = dcp.FileSystemReader(str(step_dir)).read_metadata()
+def read_model_state(step_dir: Path, files: FileRule = FileRule()) -> dict[str, torch.Tensor]:
+    """Every tensor under the checkpoint's `model` key, as full plain tensors by parameter name (every
+    file of the checkpoint directory checked against `files` first)."""
+    files.check_tree(step_dir, FIELD)
+    reader = CheckpointReader(step_dir, files, FIELD)
+    metadata = reader.read_metadata()
     state = {
         key.removeprefix("model."): torch.empty(md.size, dtype=md.properties.dtype)
         for key, md in metadata.state_dict_metadata.items()
@@ -57,13 +67,14 @@ def read_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
     if not state:
         raise CheckpointNotFoundError(f"{step_dir}: the checkpoint holds no model weights")
     with _quiet():
-        dcp.load({"model": state}, checkpoint_id=str(step_dir), no_dist=True)
+        load_dcp({"model": state}, reader, no_dist=True)
     return state
 
 
-def load_weights(pretrained: Pretrained, _depth: int = 0) -> dict[str, torch.Tensor]:
-    """The full model weights of `pretrained`, LoRA adapters merged into their base weights."""
-    state = read_model_state(pretrained.path)
+def load_weights(pretrained: Pretrained, files: FileRule = FileRule(), _depth: int = 0) -> dict[str, torch.Tensor]:
+    """The full model weights of `pretrained`, LoRA adapters merged into their base weights (every file
+    read under `files`)."""
+    state = read_model_state(pretrained.path, files)
     job = pretrained.job
     if job.lora is None:
         return state
@@ -71,11 +82,11 @@ def load_weights(pretrained: Pretrained, _depth: int = 0) -> dict[str, torch.Ten
         raise CheckpointNotFoundError(f"{pretrained.path}: init_from chain longer than {MAX_CHAIN}")
     if job.model.from_pretrained is not None:  # adapters on a Hugging Face model
         fresh = build_model(pretrained.config, job.training.seed)
-        base = read_model_weights(job.model.from_pretrained, fresh, pretrained.config)
+        base = read_model_weights(job.model.from_pretrained, fresh, pretrained.config, files)
     elif job.init_from is None:  # adapters on a fresh model: its initialisation is reproducible
         base = build_model(pretrained.config, job.training.seed).state_dict()
     else:
-        base = load_weights(open_checkpoint(job.init_from), _depth + 1)
+        base = load_weights(open_checkpoint(job.init_from, files=files), files, _depth + 1)
     missing = [k for k in state if k.endswith(".lora_a") and k.replace(".lora_a", ".weight") not in {**base, **state}]
     if missing:
         raise CheckpointNotFoundError(
@@ -128,16 +139,16 @@ def pretrained_skeleton(config: ModelConfig, job: JobSpecBody) -> torch.nn.Modul
     return model
 
 
-def prepare_model(model: torch.nn.Module, job: JobSpecBody) -> None:
-    """The Trainer's hook for a model built whole, before parallelizing: load `init_from`'s weights,
-    then add LoRA adapters."""
+def prepare_model(model: torch.nn.Module, job: JobSpecBody, files: FileRule = FileRule()) -> None:
+    """The Trainer's hook for a model built whole, before parallelizing: load `init_from`'s weights
+    (read under `files`), then add LoRA adapters."""
     if job.model.from_pretrained is not None:
         check_sliding_window(model.config, job)
     if job.init_from is not None:
         try:
-            source = open_checkpoint(job.init_from)
+            source = open_checkpoint(job.init_from, files=files)
         except CheckpointNotFoundError as exc:
-            raise CheckpointNotFoundError(f"spec.init_from: {exc}") from None
-        load_into(model, load_weights(source), job.init_from)
+            raise CheckpointNotFoundError(f"{FIELD}: {exc}") from None
+        load_into(model, load_weights(source, files), job.init_from)
     if job.lora is not None:
         apply_lora(model, job.lora, job.training.seed)

@@ -23,6 +23,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from trainctl.parallelism.checkpoint.hf_import import HFWeights, Region, whole
 from trainctl.parallelism.model.lora import initial_adapter
 from trainctl.parallelism.model.lora_names import is_adapter
+from trainctl.spec.files import FileRule
 from trainctl.spec.presets import ModelConfig
 
 
@@ -36,11 +37,12 @@ def owned_region(param: torch.Tensor) -> tuple[torch.Tensor, Region]:
 
 @torch.no_grad()
 def fill_from_hf(
-    named_parameters: Iterable[tuple[str, nn.Parameter]], directory: str | Path, config: ModelConfig, seed: int
+    named_parameters: Iterable[tuple[str, nn.Parameter]], directory: str | Path, config: ModelConfig, seed: int,
+    files: FileRule = FileRule(),
 ) -> None:
     """Copy into each (canonical name, parameter) its owned region: pretrained weights read from
-    `directory`, adapters from their seeded initial value (`seed`: the training seed)."""
-    with HFWeights(directory, config) as weights:
+    `directory` under `files`, adapters from their seeded initial value (`seed`: the training seed)."""
+    with HFWeights(directory, config, files) as weights:
         for name, param in named_parameters:
             local, region = owned_region(param)
             shape = tuple(param.shape)

@@ -2,6 +2,10 @@
 root (its newest complete one) or a job's run directory (its `checkpoints/`), and the job recorded
 beside it as `job.json` (`write_run_spec`). The service checks `init_from` with `init_from_problem` at
 submit time; `trainctl.parallelism.checkpoint.pretrained` loads the weights.
+
+Everything is read under the job's `FileRule` (trainctl.spec.files): the path itself, the markers and
+manifests (`layout`), `job.json` (bounded) and the config.json of the model it names; a file the rule
+refuses is a `FileRuleError` naming `spec.init_from`, raised before the file is read.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from trainctl.parallelism.checkpoint import layout
+from trainctl.parallelism.checkpoint.layout import FIELD
 from trainctl.parallelism.errors import ConfigurationError
+from trainctl.spec.files import MAX_JSON_BYTES, FileRule, FileRuleError
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
 
@@ -42,16 +48,17 @@ def write_run_spec(checkpoint_dir: str | Path, job: JobSpecBody) -> None:
     tmp.replace(root / RUN_SPEC)
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The complete `step_*` checkpoint `path` names (itself, a root's newest, or a run dir's newest)."""
-    path = Path(path).expanduser()
+def resolve_checkpoint(path: str | Path, files: FileRule = FileRule()) -> Path:
+    """The complete `step_*` checkpoint `path` names (itself, a root's newest, or a run dir's newest),
+    read under `files`."""
+    path = files.check(path, FIELD)
     if (path / layout.COMPLETE).is_file():
-        problem = layout.checkpoint_problem(path)
+        problem = layout.checkpoint_problem(path, files)
         if problem is not None:
             raise CheckpointNotFoundError(f"{path}: the checkpoint is damaged: {problem}")
         return path
     for root in (path, path / CHECKPOINT_SUBDIR):
-        found = layout.latest_checkpoint(root)
+        found = layout.latest_checkpoint(root, files=files)
         if found is not None:
             return found[1]
     raise CheckpointNotFoundError(
@@ -60,21 +67,22 @@ def resolve_checkpoint(path: str | Path) -> Path:
     )
 
 
-def open_checkpoint(path: str | Path, job: JobSpecBody | None = None) -> Pretrained:
-    """Resolve `path` and the job that wrote it (its recorded job.json unless `job` is given)."""
-    step_dir = resolve_checkpoint(path)
+def open_checkpoint(path: str | Path, job: JobSpecBody | None = None, files: FileRule = FileRule()) -> Pretrained:
+    """Resolve `path` and the job that wrote it (its recorded job.json unless `job` is given), read under `files`."""
+    step_dir = resolve_checkpoint(path, files)
     if job is None:
-        spec_file = step_dir.parent / RUN_SPEC
+        spec_file = files.check(step_dir.parent / RUN_SPEC, FIELD)
         if not spec_file.is_file():
             raise CheckpointNotFoundError(
                 f"{step_dir}: the run recorded no {RUN_SPEC} beside its checkpoints; pass the job spec explicitly"
             )
+        raw = files.read_bytes(spec_file, FIELD, MAX_JSON_BYTES)
         try:
-            job = JobSpecBody.model_validate_json(spec_file.read_text())
-        except (OSError, ValidationError) as exc:
+            job = JobSpecBody.model_validate_json(raw)
+        except ValidationError as exc:
             raise CheckpointNotFoundError(f"{spec_file}: not a readable job record: {exc}") from exc
     try:
-        config = resolve_model(job.model)
+        config = resolve_model(job.model, files)
     except (UnknownPresetError, PretrainedConfigError) as exc:
         raise CheckpointNotFoundError(f"{step_dir}: the model it was written for is unknown: {exc}") from exc
     return Pretrained(path=step_dir, job=job, config=config)
@@ -91,14 +99,17 @@ def _weight_shape(config: ModelConfig) -> dict[str, object]:
     }
 
 
-def init_from_problem(path: str, job: JobSpecBody) -> str | None:
+def init_from_problem(path: str, job: JobSpecBody, files: FileRule = FileRule()) -> str | None:
     """Why `path` cannot be `job`'s init_from, or None: it names no intact complete checkpoint, its run
-    recorded no job, or its model's parameters differ from `job`'s. Reads markers, manifests and the
-    recorded job only, never the weights (the submit-time check; loading catches the rest)."""
+    recorded no job, its files break `files`, or its model's parameters differ from `job`'s. Reads
+    markers, manifests and the recorded job only, never the weights (the submit-time check; loading
+    catches the rest)."""
     try:
-        source = open_checkpoint(path)
+        source = open_checkpoint(path, files=files)
     except CheckpointNotFoundError as exc:
         return str(exc)
+    except FileRuleError as exc:
+        return exc.message
     except OSError as exc:  # a name too long, a directory without permission
         return f"{path}: {exc.strerror or exc}"
     theirs, ours = _weight_shape(source.config), _weight_shape(resolve_model(job.model))

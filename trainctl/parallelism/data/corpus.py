@@ -17,20 +17,25 @@ mask per sample token; the loader sets the targets the loss leaves out to `IGNOR
 every micro-batch `loss_tokens`, the number of targets the loss covers in the WHOLE global batch
 (computed from the batch's masks on every rank, no collective), which the engine divides the summed
 token losses by. Unmasked datasets give `loss_tokens = None` and the engine's per-micro-batch mean.
+
+Every file a glob of `spec.data.paths` matches is checked against the job's `FileRule`
+(trainctl.spec.files) before it is read (`data_files`); `@stdlib`, the built-in corpus, is the service's.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from trainctl.parallelism.data.tokenizer import Tokenizer, document_tokens, load_tokenizer
 from trainctl.parallelism.errors import ConfigurationError
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import DataSpec, resolve_tokenizer
-from trainctl.spec.validate import resolve_data_paths
+from trainctl.spec.validate import STDLIB_CORPUS, resolve_data_paths
 
 IGNORE_INDEX = -100
 """Target id of a position the loss leaves out (PyTorch's and transformers' convention)."""
@@ -44,6 +49,18 @@ def token_dtype(vocab_size: int) -> np.dtype:
     """How token ids are stored (packed samples in memory, token shards on disk): uint16 when the
     vocabulary fits, else int32."""
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+def data_files(spec: DataSpec, files: FileRule) -> list[Path]:
+    """The files `spec.data.paths` match, sorted, at most `max_files`, each obeying `files` (the
+    built-in corpus's files excepted); DataError when there are none."""
+    matched = resolve_data_paths(spec.paths)
+    if spec.max_files is not None:
+        matched = matched[: spec.max_files]
+    if not matched:
+        raise DataError(f"spec.data.paths: {spec.paths} match no files")
+    builtin = set(resolve_data_paths([STDLIB_CORPUS])) if STDLIB_CORPUS in spec.paths else set()
+    return [path if path in builtin else files.check(path, "spec.data.paths") for path in matched]
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
@@ -80,19 +97,17 @@ class PackedDataset:
     masked = False
     """Every target counts (text has no loss mask)."""
 
-    def __init__(self, spec: DataSpec, vocab_size: int, tokenizer: Tokenizer | None = None):
-        tokenizer = tokenizer or load_tokenizer(resolve_tokenizer(spec, None))
+    def __init__(
+        self, spec: DataSpec, vocab_size: int, tokenizer: Tokenizer | None = None, files: FileRule = FileRule()
+    ):
+        tokenizer = tokenizer or load_tokenizer(resolve_tokenizer(spec, None), files)
         if tokenizer.vocab_size > vocab_size:
             raise DataError(
                 f"spec.model.vocab_size: {vocab_size} is smaller than the tokenizer's vocabulary ({tokenizer.vocab_size})"
             )
-        files = resolve_data_paths(spec.paths)
-        if spec.max_files is not None:
-            files = files[: spec.max_files]
-        if not files:
-            raise DataError(f"spec.data.paths: {spec.paths} match no files")
+        paths = data_files(spec, files)
         chunks = []
-        for path in files:
+        for path in paths:
             try:
                 chunks.append(document_tokens(tokenizer, path.read_bytes()))
             except OSError as exc:
@@ -102,13 +117,13 @@ class PackedDataset:
         self.n_samples = len(tokens) // self.sample_len
         if self.n_samples == 0:
             raise DataError(
-                f"spec.data.paths: the {len(files)} files hold {len(tokens)} tokens, fewer than one sample of "
+                f"spec.data.paths: the {len(paths)} files hold {len(tokens)} tokens, fewer than one sample of "
                 f"seq_len + 1 = {self.sample_len}"
             )
         self.tokens = tokens[: self.n_samples * self.sample_len].astype(token_dtype(vocab_size)).reshape(
             self.n_samples, self.sample_len
         )
-        self.n_files = len(files)
+        self.n_files = len(paths)
         self.order = SampleOrder(spec.seed, self.n_samples)
 
     def sample_id(self, global_index: int) -> int:

@@ -16,6 +16,10 @@ mtime) and the shard format version. One process per machine builds it: ranks ta
 `flock` on `<key>.lock`; the first finds no directory, writes `<key>.tmp-<pid>` and renames it into
 place (atomic); the others wait on the lock, then map what it wrote. A changed source file or
 tokenizer gives a new key; stale entries are left for the operator to delete.
+
+The job's `FileRule` (trainctl.spec.files) covers every file of the job's data: the source files, the
+tokenizer files the key hashes and the tokenizer loads, prepared shard directories. The cache itself
+is this machine's, written by the ranks: it is read under the default rule (bounded reads only).
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from pathlib import Path
 from trainctl.parallelism.data.corpus import PackedDataset
 from trainctl.parallelism.data.documents import source_files
 from trainctl.parallelism.data.token_shards import FORMAT_VERSION, INDEX, TokenShardDataset, prepare_shards
+from trainctl.parallelism.data.tokenizer import FIELD as TOKENIZER_FIELD
 from trainctl.parallelism.data.tokenizer import load_tokenizer
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import DataSpec, resolve_tokenizer
 
 CACHE_ENV = "TRAINCTL_DATA_CACHE"
@@ -39,15 +45,17 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgp
 """Files of a model directory left out of the tokenizer's fingerprint (weights, not tokenizer files)."""
 
 
-def build_dataset(spec: DataSpec, vocab_size: int, model_dir: str | None = None) -> PackedDataset | TokenShardDataset:
-    """The dataset `spec.format` names. `model_dir` is the job's `from_pretrained` directory, what
-    `tokenizer: auto` means."""
+def build_dataset(
+    spec: DataSpec, vocab_size: int, model_dir: str | None = None, files: FileRule = FileRule()
+) -> PackedDataset | TokenShardDataset:
+    """The dataset `spec.format` names, its files opened under `files`. `model_dir` is the job's
+    `from_pretrained` directory, what `tokenizer: auto` means."""
     tokenizer = resolve_tokenizer(spec, model_dir)
     if spec.format == "tokens":
-        return TokenShardDataset(spec, vocab_size)
+        return TokenShardDataset(spec, vocab_size, files=files)
     if spec.format == "text":
-        return PackedDataset(spec, vocab_size, load_tokenizer(tokenizer))
-    root = cached_shards(spec, tokenizer)
+        return PackedDataset(spec, vocab_size, load_tokenizer(tokenizer, files), files)
+    root = cached_shards(spec, tokenizer, files)
     return TokenShardDataset(spec, vocab_size, roots=[("spec.data.paths", root)])
 
 
@@ -56,37 +64,40 @@ def cache_root() -> Path:
     return Path(os.path.expanduser(os.environ.get(CACHE_ENV) or DEFAULT_CACHE))
 
 
-def cache_key(spec: DataSpec, tokenizer: str) -> str:
-    """What determines the token stream of `spec` under `tokenizer`, hashed."""
-    files = source_files(spec)
+def cache_key(spec: DataSpec, tokenizer: str, files: FileRule = FileRule()) -> str:
+    """What determines the token stream of `spec` under `tokenizer`, hashed (its files read under `files`)."""
+    paths = source_files(spec, files)
     digest = hashlib.sha256()
     head = {
         "version": FORMAT_VERSION, "format": spec.format, "text_field": spec.text_field,
         "messages_field": spec.messages_field, "tokenizer": tokenizer,
     }
     digest.update(json.dumps(head, sort_keys=True).encode())
-    for path in files:
+    for path in paths:
         stat = path.stat()
         digest.update(f"\0{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
-    _hash_tokenizer(digest, tokenizer)
+    _hash_tokenizer(digest, tokenizer, files)
     return digest.hexdigest()[:32]
 
 
-def _hash_tokenizer(digest: hashlib._Hash, tokenizer: str) -> None:
-    path = Path(tokenizer).expanduser()
+def _hash_tokenizer(digest: hashlib._Hash, tokenizer: str, files: FileRule) -> None:
+    if tokenizer == "byte":
+        return
+    path = files.check(tokenizer, TOKENIZER_FIELD)
     if path.is_file():
         digest.update(path.read_bytes())
     elif path.is_dir():
         for item in sorted(path.iterdir()):
             if item.is_file() and not item.name.endswith(WEIGHT_SUFFIXES):
-                digest.update(item.name.encode() + b"\0" + item.read_bytes())
+                digest.update(item.name.encode() + b"\0" + files.check(item, TOKENIZER_FIELD).read_bytes())
 
 
-def cached_shards(spec: DataSpec, tokenizer: str) -> Path:
-    """The cache directory holding `spec`'s token stream, built here if no process built it yet."""
+def cached_shards(spec: DataSpec, tokenizer: str, files: FileRule = FileRule()) -> Path:
+    """The cache directory holding `spec`'s token stream, built here if no process built it yet (the
+    job's files read under `files`)."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    key = cache_key(spec, tokenizer)
+    key = cache_key(spec, tokenizer, files)
     target = root / key
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -96,7 +107,7 @@ def cached_shards(spec: DataSpec, tokenizer: str) -> Path:
             try:
                 prepare_shards(
                     spec.paths, building, tokenizer=tokenizer, max_files=spec.max_files, format=spec.format,
-                    text_field=spec.text_field, messages_field=spec.messages_field,
+                    text_field=spec.text_field, messages_field=spec.messages_field, files=files,
                 )
                 shutil.rmtree(target, ignore_errors=True)  # a directory left without an index
                 building.rename(target)

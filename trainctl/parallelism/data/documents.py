@@ -14,11 +14,15 @@ text is `tokenizer.document_tokens` (its encoding, then EOS when the tokenizer h
 conversation is its chat-template rendering, its assistant mask (`chat.conversation_tokens`), then
 EOS (mask 0) when the rendering does not already end with it. Bad input is a `DataError` naming the
 spec field and the file and line / record.
+
+Every file is opened under the job's `FileRule` (trainctl.spec.files): each glob match is checked when
+the files are listed and again when it is opened; an Arrow directory's state.json is read bounded and
+each stream file it names must be a file of the directory (`spec.data_sources.arrow_stream_files`, the
+submit-time check's own reading). A file the rule refuses is a `FileRuleError`, raised before it is read.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -29,15 +33,14 @@ from typing import Any
 import numpy as np
 
 from trainctl.parallelism.data.chat import check_messages, conversation_tokens
-from trainctl.parallelism.data.corpus import DataError
+from trainctl.parallelism.data.corpus import DataError, data_files
 from trainctl.parallelism.data.tokenizer import Tokenizer, TransformersTokenizer, document_tokens
+from trainctl.spec.data_sources import arrow_stream_files
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import DataSpec
-from trainctl.spec.validate import resolve_data_paths
 
 RECORD_BATCH_ROWS = 1024
 """Rows read at a time from Parquet and Arrow (bounds memory to one batch of one column)."""
-ARROW_STATE = "state.json"
-"""The file `datasets.Dataset.save_to_disk` writes beside its Arrow files, listing them."""
 
 
 @dataclass(frozen=True)
@@ -59,42 +62,24 @@ def field_name(spec: DataSpec) -> str:
     return "spec.data.messages_field" if spec.messages_field else "spec.data.text_field"
 
 
-def source_files(spec: DataSpec) -> list[Path]:
-    """The files the format reads, in stream order (Arrow: each directory's data files)."""
+def source_files(spec: DataSpec, files: FileRule = FileRule()) -> list[Path]:
+    """The files the format reads, in stream order (Arrow: each directory's data files), each obeying `files`."""
     if spec.format == "arrow":
-        files: list[Path] = []
+        paths: list[Path] = []
         for i, raw in enumerate(spec.paths):
-            files.extend(arrow_files(Path(os.path.expanduser(raw)), f"spec.data.paths[{i}]"))
-        if not files:
+            paths.extend(arrow_stream_files(Path(os.path.expanduser(raw)), f"spec.data.paths[{i}]", files))
+        if not paths:
             raise DataError(f"spec.data.paths: {spec.paths} hold no Arrow files")
-        return files
-    files = resolve_data_paths(spec.paths)
-    if spec.max_files is not None:
-        files = files[: spec.max_files]
-    if not files:
-        raise DataError(f"spec.data.paths: {spec.paths} match no files")
-    return files
+        return paths
+    return data_files(spec, files)
 
 
-def arrow_files(directory: Path, field: str) -> list[Path]:
-    """The Arrow files of a `save_to_disk` directory, in order (from its state.json)."""
-    try:
-        state = json.loads((directory / ARROW_STATE).read_text())
-        names = [entry["filename"] for entry in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DataError(
-            f"{field}: {str(directory)!r} is not a directory written by datasets' save_to_disk (no readable {ARROW_STATE}: {exc})"
-        ) from exc
-    for name in names:
-        if not isinstance(name, str) or Path(name).name != name:
-            raise DataError(f"{field}: {str(directory)!r} has a {ARROW_STATE} naming {name!r}, not a file in the directory")
-    return [directory / name for name in names]
-
-
-def read_records(spec: DataSpec, files: list[Path]) -> Iterator[Record]:
-    """Every record of `files` under `spec.format`, in order, streamed."""
+def read_records(spec: DataSpec, paths: list[Path], files: FileRule = FileRule()) -> Iterator[Record]:
+    """Every record of `paths` under `spec.format`, in order, streamed; each file is checked against
+    `files` right before it is opened."""
     reader = {"text": _text_records, "jsonl": _jsonl_records, "parquet": _parquet_records, "arrow": _arrow_records}[spec.format]
-    for path in files:
+    for path in paths:
+        files.check(path, "spec.data.paths")
         yield from reader(path, spec)
 
 
@@ -115,7 +100,7 @@ def _jsonl_records(path: Path, spec: DataSpec) -> Iterator[Record]:
                 where = f"{path} line {number}"
                 try:
                     obj = json.loads(line)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:  # the decoder refuses nesting past the recursion limit
                     raise DataError(f"spec.data.paths: {where} is not JSON: {exc}") from exc
                 if not isinstance(obj, dict) or key not in obj:
                     raise DataError(f"{field_name(spec)}: {where} has no field {key!r}")
@@ -135,13 +120,7 @@ def _column_batches(batches: Iterator[Any], schema_names: list[str], path: Path,
             row += 1
 
 
-def _require_pyarrow(spec: DataSpec) -> None:
-    if importlib.util.find_spec("pyarrow") is None:
-        raise DataError(f"spec.data.format: {spec.format} needs the 'pyarrow' package, which is not installed")
-
-
 def _parquet_records(path: Path, spec: DataSpec) -> Iterator[Record]:
-    _require_pyarrow(spec)
     import pyarrow.parquet as pq
 
     try:
@@ -154,7 +133,6 @@ def _parquet_records(path: Path, spec: DataSpec) -> Iterator[Record]:
 
 
 def _arrow_records(path: Path, spec: DataSpec) -> Iterator[Record]:
-    _require_pyarrow(spec)
     import pyarrow as pa
 
     try:
@@ -164,15 +142,18 @@ def _arrow_records(path: Path, spec: DataSpec) -> Iterator[Record]:
     yield from _column_batches(iter(reader), reader.schema.names, path, spec)
 
 
-def token_stream(spec: DataSpec, tokenizer: Tokenizer, files: list[Path]) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
-    """(token ids, loss mask) of every document of `files`; the mask is None for text (all tokens count)."""
+def token_stream(
+    spec: DataSpec, tokenizer: Tokenizer, paths: list[Path], files: FileRule = FileRule()
+) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """(token ids, loss mask) of every document of `paths` (opened under `files`); the mask is None for
+    text (all tokens count)."""
     chat = spec.messages_field is not None
     if chat and not isinstance(tokenizer, TransformersTokenizer):
         raise DataError(
             "spec.data.messages_field: chat records are rendered with the model's chat template, which needs a Hugging "
             "Face tokenizer directory in spec.data.tokenizer (or the from_pretrained model's)"
         )
-    for record in read_records(spec, files):
+    for record in read_records(spec, paths, files):
         if chat:
             yield _conversation(tokenizer, record)
         else:

@@ -20,6 +20,11 @@ same seeded order, so the loader's global sample offset means the same thing for
 `PrefetchLoader` wraps a `data.ShardedLoader`: one background thread prepares the next `depth`
 batches (pinned memory on CUDA) while the step runs; `offset` stays the global sample offset of the
 next batch the trainer will take, and setting it (resume) drops the prepared batches.
+
+Files are opened under the job's `FileRule` (trainctl.spec.files): the source files and the tokenizer
+(`documents`, `tokenizer`), a shard directory's index.json (read bounded) and every shard or mask it
+names, which must be a file of the directory; a file the rule refuses is a `FileRuleError`, raised
+before it is read.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from trainctl.parallelism.data.corpus import (
 )
 from trainctl.parallelism.data.documents import source_files, token_stream
 from trainctl.parallelism.data.tokenizer import document_tokens, load_tokenizer
+from trainctl.spec.files import FileRule, FileRuleError
 from trainctl.spec.job import DataSpec
 
 INDEX = "index.json"
@@ -65,18 +71,18 @@ class PrepareResult:
     """Whether loss masks were written beside the tokens (chat data)."""
 
 
-def _encode_file(args: tuple[str, str]) -> np.ndarray:
-    tokenizer_name, path = args
+def _encode_file(args: tuple[str, str, FileRule]) -> np.ndarray:
+    tokenizer_name, path, files = args
     try:
-        data = Path(path).read_bytes()
+        data = files.check(path, "spec.data.paths").read_bytes()
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror}") from exc
-    return document_tokens(load_tokenizer(tokenizer_name), data)
+    return document_tokens(load_tokenizer(tokenizer_name, files), data)
 
 
-def _encoded_text(files: list[Path], tokenizer: str, workers: int) -> Iterator[tuple[np.ndarray, None]]:
-    """Text files tokenized in a process pool, results in file order."""
-    jobs = [(tokenizer, str(p)) for p in files]
+def _encoded_text(paths: list[Path], tokenizer: str, workers: int, files: FileRule) -> Iterator[tuple[np.ndarray, None]]:
+    """Text files tokenized in a process pool, results in file order (each opened under `files`)."""
+    jobs = [(tokenizer, str(p), files) for p in paths]
     if workers <= 1:
         for job in jobs:
             yield _encode_file(job), None
@@ -139,10 +145,12 @@ def prepare_shards(
     format: str = "text",
     text_field: str = "text",
     messages_field: str | None = None,
+    files: FileRule = FileRule(),
 ) -> PrepareResult:
     """Tokenize the documents of `patterns` under `format` (text: the files, sorted, at most
     `max_files`, tokenized by `workers` processes; jsonl / parquet / arrow: their records, streamed in
-    this process) into shards under `out_dir`; chat records (`messages_field`) also write masks."""
+    this process) into shards under `out_dir`; chat records (`messages_field`) also write masks. Every
+    source and tokenizer file is opened under `files`."""
     if shard_tokens < 1:
         raise ValueError(f"--shard-tokens must be at least 1, got {shard_tokens}")
     if workers < 1:
@@ -153,8 +161,8 @@ def prepare_shards(
         paths=patterns, tokenizer=tokenizer, max_files=max_files, format=format, text_field=text_field,
         messages_field=messages_field,
     )
-    files = source_files(spec)
-    tok = load_tokenizer(tokenizer)
+    paths = source_files(spec, files)
+    tok = load_tokenizer(tokenizer, files)
     dtype = token_dtype(tok.vocab_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,51 +170,56 @@ def prepare_shards(
         (out / INDEX).unlink()  # the directory is not a valid dataset until the new index is written
     masked = messages_field is not None
     writer = ShardWriter(out, dtype, shard_tokens, masked)
-    stream = _encoded_text(files, tokenizer, workers) if format == "text" else token_stream(spec, tok, files)
+    stream = _encoded_text(paths, tokenizer, workers, files) if format == "text" else token_stream(spec, tok, paths, files)
     for tokens, mask in stream:
         writer.add(tokens, mask)
     shards = writer.finish()
     if not shards:
-        raise DataError(f"spec.data.paths: {patterns} hold no documents ({len(files)} files read)")
+        raise DataError(f"spec.data.paths: {patterns} hold no documents ({len(paths)} files read)")
     index = {
         "version": FORMAT_VERSION, "tokenizer": tokenizer, "vocab_size": tok.vocab_size, "dtype": dtype.name,
-        "masked": masked, "files": [str(p) for p in files], "shards": shards,
+        "masked": masked, "files": [str(p) for p in paths], "shards": shards,
     }
     tmp = out / f".{INDEX}.tmp"
     tmp.write_text(json.dumps(index, indent=1))
     tmp.replace(out / INDEX)
     return PrepareResult(
-        out_dir=out, files=len(files), tokens=sum(s["tokens"] for s in shards), shards=len(shards), masked=masked
+        out_dir=out, files=len(paths), tokens=sum(s["tokens"] for s in shards), shards=len(shards), masked=masked
     )
 
 
 class TokenShardDataset:
     """The packed samples of prepared shard directories, memory-mapped: `roots` in order (default:
-    `spec.data.paths`). Directories with masks (chat) make the dataset `masked`; unmasked ones then
-    count every token."""
+    `spec.data.paths`), every file opened under `files`. Directories with masks (chat) make the dataset
+    `masked`; unmasked ones then count every token."""
 
-    def __init__(self, spec: DataSpec, vocab_size: int, roots: list[tuple[str, Path]] | None = None):
+    def __init__(
+        self, spec: DataSpec, vocab_size: int, roots: list[tuple[str, Path]] | None = None, files: FileRule = FileRule()
+    ):
         if roots is None:
             roots = [(f"spec.data.paths[{i}]", Path(os.path.expanduser(raw))) for i, raw in enumerate(spec.paths)]
         self.maps: list[np.memmap] = []
         self.mask_maps: list[np.memmap | None] = []
         for field, root in roots:
+            index_path = files.check(root / INDEX, field)
             try:
-                index = json.loads((root / INDEX).read_text())
-            except (OSError, ValueError) as exc:
+                index = files.read_json(index_path, field)
+            except FileRuleError as exc:  # missing, unreadable, too large or not JSON
                 raise DataError(
-                    f"{field}: {str(root)!r} is not a token-shard directory ({exc}); build it with `trainctl data prepare`"
-                ) from exc
+                    f"{field}: {str(root)!r} is not a token-shard directory ({exc.message}); build it with `trainctl data prepare`"
+                ) from None
+            if not isinstance(index, dict):
+                raise DataError(f"{field}: {str(root)!r} has a malformed {INDEX} (not a JSON object)")
             if index.get("version") != FORMAT_VERSION:
                 raise DataError(f"{field}: {str(root)!r} has index version {index.get('version')}, expected {FORMAT_VERSION}")
-            if not isinstance(index, dict) or not isinstance(index.get("vocab_size"), int):
+            if not isinstance(index.get("vocab_size"), int):
                 raise DataError(f"{field}: {str(root)!r} has a malformed {INDEX} (no integer vocab_size)")
             if index["vocab_size"] > vocab_size:
                 raise DataError(
                     f"spec.model.vocab_size: {vocab_size} is smaller than the vocabulary the shards in {str(root)!r} were "
                     f"tokenized with ({index['vocab_size']})"
                 )
-            tokens, masks = _mapped_shards(root, index, field)
+            tokens, masks = _mapped_shards(root, index, field, files)
             self.maps.extend(tokens)
             self.mask_maps.extend(masks)
         self.masked = any(m is not None for m in self.mask_maps)
@@ -258,25 +271,26 @@ class TokenShardDataset:
         return torch.from_numpy(np.stack(rows)).bool()
 
 
-def _mapped_shards(root: Path, index: dict[str, Any], field: str) -> tuple[list[np.memmap], list[np.memmap | None]]:
-    """The shards `index` lists and their masks (None where absent), memory-mapped, each checked
-    against its recorded token count."""
+def _mapped_shards(
+    root: Path, index: dict[str, Any], field: str, files: FileRule
+) -> tuple[list[np.memmap], list[np.memmap | None]]:
+    """The shards `index` lists and their masks (None where absent), each a file of `root` obeying
+    `files`, memory-mapped and checked against its recorded token count."""
     maps, masks = [], []
+    source = str(root / INDEX)
     try:
         dtype = np.dtype(index["dtype"])
         for shard in index["shards"]:
-            names = [shard["file"]] + ([shard["mask"]] if "mask" in shard else [])
-            for name in names:
-                if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                    raise DataError(f"{field}: {str(root)!r} has an {INDEX} naming shard {name!r}, not a file in the directory")
-            mapped = np.memmap(root / shard["file"], dtype=dtype, mode="r")
-            mask = np.memmap(root / shard["mask"], dtype=np.uint8, mode="r") if "mask" in shard else None
+            token_file = files.member(root, shard["file"], field, source)
+            mask_file = files.member(root, shard["mask"], field, source) if "mask" in shard else None
+            mapped = np.memmap(token_file, dtype=dtype, mode="r")
+            mask = np.memmap(mask_file, dtype=np.uint8, mode="r") if mask_file is not None else None
             for arr, name in ((mapped, shard["file"]), (mask, shard.get("mask"))):
                 if arr is not None and len(arr) != shard["tokens"]:
                     raise DataError(f"{field}: {name} holds {len(arr)} entries, index says {shard['tokens']}")
             maps.append(mapped)
             masks.append(mask)
-    except DataError:
+    except (DataError, FileRuleError):
         raise
     except (KeyError, TypeError) as exc:
         raise DataError(f"{field}: {str(root)!r} has a malformed {INDEX}: {exc!r}") from exc

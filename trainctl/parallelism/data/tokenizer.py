@@ -3,18 +3,22 @@ directory of Hugging Face tokenizer files through `transformers.AutoTokenizer` (
 chat template and an end-of-sequence token, so the only kind that renders chat records and separates
 documents with EOS).
 
-`load_tokenizer(name)` takes a resolved name (`trainctl.spec.job.resolve_tokenizer` turns `auto` into
-the model's directory or `byte`)."""
+`load_tokenizer(name, files)` takes a resolved name (`trainctl.spec.job.resolve_tokenizer` turns `auto`
+into the model's directory or `byte`) and the job's `FileRule` (trainctl.spec.files): a tokenizer file
+must obey it, and so must every entry of a directory before the directory is handed to transformers
+(which opens whatever files it holds)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from trainctl.parallelism.errors import ConfigurationError
+from trainctl.spec.files import FileRule
+
+FIELD = "spec.data.tokenizer"
 
 
 class Tokenizer(Protocol):
@@ -48,7 +52,7 @@ class HFTokenizer:
         try:
             self._tok = _Tokenizer.from_file(str(path))
         except Exception as exc:  # the tokenizers package raises its own untyped errors for a bad file
-            raise ConfigurationError(f"spec.data.tokenizer: {str(path)!r} is not a loadable tokenizer.json: {exc}") from exc
+            raise ConfigurationError(f"{FIELD}: {str(path)!r} is not a loadable tokenizer.json: {exc}") from exc
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_id = None
 
@@ -62,17 +66,12 @@ class TransformersTokenizer:
     files only). Its vocabulary counts the added tokens; its EOS separates documents."""
 
     def __init__(self, directory: Path):
-        if importlib.util.find_spec("transformers") is None:
-            raise ConfigurationError(
-                f"spec.data.tokenizer: the tokenizer directory {str(directory)!r} needs the 'transformers' package, "
-                "which is not installed; install it or use tokenizer: byte"
-            )
         from transformers import AutoTokenizer
 
         try:
             self.hf = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
         except Exception as exc:  # transformers raises OSError, ValueError and its own errors for a bad directory
-            raise ConfigurationError(f"spec.data.tokenizer: {str(directory)!r} holds no loadable tokenizer: {exc}") from exc
+            raise ConfigurationError(f"{FIELD}: {str(directory)!r} holds no loadable tokenizer: {exc}") from exc
         self.directory = directory
         self.vocab_size = len(self.hf)
         self.eos_id = self.hf.eos_token_id
@@ -82,21 +81,16 @@ class TransformersTokenizer:
         return np.asarray(ids, dtype=np.int64)
 
 
-def load_tokenizer(name: str) -> Tokenizer:
-    """`byte`, the path of a local tokenizer.json (needs the optional `tokenizers` package), or a
-    directory of Hugging Face tokenizer files (needs `transformers`)."""
+def load_tokenizer(name: str, files: FileRule = FileRule()) -> Tokenizer:
+    """`byte`, the path of a local tokenizer.json (read with `tokenizers`), or a directory of Hugging Face
+    tokenizer files (read with `transformers`), its files obeying `files`."""
     if name == "byte":
         return ByteTokenizer()
-    path = Path(name).expanduser()
+    path = files.check(name, FIELD)
     if path.is_dir():
-        return TransformersTokenizer(path)
+        return TransformersTokenizer(files.check_tree(path, FIELD))
     if not path.is_file():
-        raise ConfigurationError(f"spec.data.tokenizer: tokenizer file {name!r} does not exist")
-    if importlib.util.find_spec("tokenizers") is None:
-        raise ConfigurationError(
-            f"spec.data.tokenizer: {name!r} needs the 'tokenizers' package, which is not installed; "
-            "install it or use tokenizer: byte"
-        )
+        raise ConfigurationError(f"{FIELD}: tokenizer file {name!r} does not exist")
     return HFTokenizer(path)
 
 

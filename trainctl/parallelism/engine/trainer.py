@@ -16,6 +16,11 @@ Conventions that make every layout compute what one process computes:
 
 The process group (world_size > 1) must be initialised before constructing a Trainer
 (`distributed.init_distributed`).
+
+Every file the Trainer opens on the job's behalf (config.json, weights, `init_from`'s checkpoint, data,
+tokenizer) is opened under `file_rule` (trainctl.spec.files): the service's rule for the job on its
+ranks, the default (bounded reads, index entries kept in their directories) elsewhere. A file the rule
+refuses raises `FileRuleError` before it is read, a configuration error like `ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from trainctl.parallelism.engine.loss import masked_loss_scale, objectives
 from trainctl.parallelism.engine.model_setup import build_parallel_model
 from trainctl.parallelism.engine.optim import build_optimizer, build_scheduler, clip_gradients
 from trainctl.parallelism.engine.step_report import StepReport
+from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.layouts.context_parallel import shard_batch_for_cp
 from trainctl.parallelism.layouts.expert_parallel import reduce_expert_gradients
 from trainctl.parallelism.layouts.grid import RankGrid
@@ -57,8 +63,9 @@ from trainctl.parallelism.layouts.pipeline import PipelineRunner
 from trainctl.parallelism.layouts.tensor_parallel import loss_context
 from trainctl.parallelism.model.moe import pop_aux_loss
 from trainctl.parallelism.sizing.flops import mfu, peak_flops, training_flops_per_token
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import JobSpecBody
-from trainctl.spec.presets import resolve_model
+from trainctl.spec.presets import ModelConfig, PretrainedConfigError, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +100,15 @@ def check_world(job: JobSpecBody, world_size: int) -> None:
         raise RuntimeError(f"world_size {world_size} needs an initialised process group of that size")
 
 
+def job_model(job: JobSpecBody, files: FileRule) -> ModelConfig:
+    """The model shape `job` trains; a `from_pretrained` config.json that cannot be used (or that `files`
+    refuses) is a ConfigurationError naming the field."""
+    try:
+        return resolve_model(job.model, files)
+    except PretrainedConfigError as exc:
+        raise ConfigurationError(f"spec.model.from_pretrained: {exc}") from None
+
+
 def _peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -106,6 +122,7 @@ class Trainer:
     mesh, build the model and parallelize it, build the optimizers, confirm the micro-batch size, write
     the run spec, build the data loader, build the pipeline runner. Resuming happens in `run`.
 
+    ``file_rule``: where the job's files may lie and how much of each is read (module docstring).
     ``on_step`` (rank 0) gets a StepReport for every ``log_interval``-th step, the last step and every
     step that saves a checkpoint; for the latter it runs before the checkpoint is committed, so a
     callback that returns once its report is recorded leaves no complete checkpoint ahead of the
@@ -123,6 +140,7 @@ class Trainer:
         on_step: Callable[[StepReport], Any] | None = None,
         on_event: Callable[[str], Any] | None = None,
         on_step_time: Callable[[int, float], Any] | None = None,
+        file_rule: FileRule = FileRule(),
     ):
         check_world(job, world_size)
         self.rank = rank
@@ -132,13 +150,14 @@ class Trainer:
         self.on_step = on_step
         self.on_event = on_event
         self.on_step_time = on_step_time
+        self.file_rule = file_rule
         self.grid = RankGrid.from_spec(job.parallelism)
-        self.config = resolve_model(job.model)
+        self.config = job_model(job, file_rule)
         self.job = efficiency.resolve_micro_batch_size(self.config, job, self.device)
         self.autocast_dtype = torch.bfloat16 if job.training.dtype == "bfloat16" else None
         self.objectives = objectives(job.training.compile and self.grid.tp == 1)  # TP's vocab-sharded loss stays eager
         self.pmesh: ParallelMesh | None = build_mesh(self.grid, self.device.type) if world_size > 1 else None
-        self.model = build_parallel_model(self.job, self.config, self.pmesh, self.device)
+        self.model = build_parallel_model(self.job, self.config, self.pmesh, self.device, file_rule)
         self.optimizers, self.schedulers = self._build_optimizers()
         self.state_options = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=job.lora is not None)
         self.job = efficiency.confirm_micro_batch(
@@ -170,7 +189,7 @@ class Trainer:
     def _build_loader(self) -> ShardedLoader | PrefetchLoader:
         """This data-parallel rank's loader (CP, TP and PP peers read the same samples)."""
         job = self.job
-        dataset = build_dataset(job.data, self.config.vocab_size, job.model.from_pretrained)
+        dataset = build_dataset(job.data, self.config.vocab_size, job.model.from_pretrained, self.file_rule)
         dp_group = self.grid.group(("dp_replicate", "dp_shard"), self.rank)
         return build_loader(
             dataset,

@@ -5,6 +5,8 @@ The file ``<run_dir>/logs/rank-<R>.log`` holds stdout and stderr lines in arriva
 prefixed ``stderr: ``), rotated at `LOG_FILE_BYTES` with `LOG_FILE_BACKUPS` older files. At most
 `FORWARD_LINES_PER_SECOND` lines per second (bursts of `FORWARD_BURST`) become log events, each cut at
 `FORWARD_LINE_CHARS`; the next forwarded line says how many were left out (they are in the file).
+Forwarded lines and the stderr tail are `storable` (trainctl.spec.text: a NUL shown as ``\x00``), as the
+job's record will hold them; the file keeps the lines as the program wrote them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 from collections.abc import Callable
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
+
+from trainctl.spec.text import storable
 
 LOG_FILE_BYTES = 8 * 2**20
 LOG_FILE_BACKUPS = 3
@@ -54,13 +58,13 @@ class RankOutput:
         with self._lock:
             self.last_line_at = time.monotonic()
             if stderr:
-                self._stderr.append(text)
+                self._stderr.append(storable(text))
             if not self._take_token():
                 self._skipped += 1
                 return
             skipped, self._skipped = self._skipped, 0
         note = f" [{skipped} earlier line(s) not forwarded; see the rank's log file]" if skipped else ""
-        self._forward(stored[:FORWARD_LINE_CHARS] + note)
+        self._forward(storable(stored[:FORWARD_LINE_CHARS]) + note)
 
     def stderr_tail(self) -> list[str]:
         """The last stderr lines, oldest first."""

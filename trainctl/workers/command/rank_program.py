@@ -1,10 +1,12 @@
-"""A command job's program on one rank: started with its report channel and output, waited for, its
-leftovers killed; and the slot through which `RankWorker.stop_program` reaches it from another thread."""
+"""A command job's program on one rank: started with its report channel, its output and its host-memory
+limit, waited for (its launcher stops whatever it left running); and the slot through which
+`RankWorker.stop_program` reaches it from another thread. A program stopped that way (its group is being
+torn down: cancel, or another rank's failure) returns ``{"stopped": True}`` rather than failing: the
+supervisor has already decided the generation's outcome."""
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
@@ -16,11 +18,10 @@ from typing import Any
 from trainctl import reporting
 from trainctl.reporting import REPORT_SOCKET_ENV
 from trainctl.workers.command.output import RankOutput
-from trainctl.workers.command.program import ProgramExited, ProgramProcess
+from trainctl.workers.command.program import STDERR_TAIL_IN_REASON, ProgramExited, ProgramProcess
 from trainctl.workers.command.report_channel import ReportChannel
+from trainctl.workers.host_memory import HostMemoryLimit, says_out_of_memory
 
-PROGRAM_STOP_GRACE = 5.0
-"""Seconds a stopped program's process group has between SIGTERM and SIGKILL."""
 OWN_INTERPRETER = ("python", "python3")
 """Program names that mean the rank worker's own Python interpreter."""
 
@@ -33,6 +34,8 @@ class ProgramLaunch:
     cwd: str
     env: dict[str, str]
     log_dir: str
+    host_memory_gib: float | None = None
+    """``spec.resources.host_memory_gib`` (None: the node's default, `trainctl.workers.host_memory`)."""
 
 
 class ProgramSlot:
@@ -61,9 +64,10 @@ def resolve_argv(argv: list[str]) -> list[str]:
 
 
 def run_program(
-    slot: ProgramSlot, rank: int, launch: ProgramLaunch, reporter: Any, generation: int
+    slot: ProgramSlot, rank: int, launch: ProgramLaunch, reporter: Any, generation: int, memory: HostMemoryLimit
 ) -> dict[str, Any]:
-    """Run ``launch`` as ``rank``'s program until it exits; raise ProgramExited when it fails."""
+    """Run ``launch`` as ``rank``'s program, its data limited to ``memory``, until it and whatever it
+    started have ended; raise ProgramExited when it failed (not when `ProgramSlot.stopped` stopped it)."""
     output = RankOutput(launch.log_dir, rank, lambda line: reporter.record_log.remote(generation, rank, line))
 
     def log_line(message: str) -> None:
@@ -74,16 +78,23 @@ def run_program(
         with ReportChannel(on_report, log_line) as channel:
             with slot.lock:
                 if slot.stopped:
-                    raise ProgramExited(rank, -int(signal.SIGTERM), ["stopped before it started"], time.time())
+                    return {"stopped": True}
                 env = program_environment(os.environ, launch.env, channel.path)
-                slot.process = ProgramProcess(resolve_argv(launch.argv), launch.cwd, env, output)
-            log_line(f"program started: {' '.join(launch.argv)[:200]} (pid {slot.process.pid}) in {launch.cwd}")
+                slot.process = ProgramProcess(resolve_argv(launch.argv), launch.cwd, env, output, data_limit=memory.bytes)
+            if slot.process.pid is not None:
+                log_line(
+                    f"program started: {' '.join(launch.argv)[:200]} (pid {slot.process.pid}) in {launch.cwd}, "
+                    f"host-memory limit {memory}"
+                )
             code = slot.process.wait()
             ended = time.time()
-            slot.process.kill_tree(PROGRAM_STOP_GRACE)  # whatever it left running in its group
-            slot.process.release()
+        with slot.lock:
+            if slot.stopped:
+                return {"exit_code": code, "stopped": True}
         if code != 0:
-            raise ProgramExited(rank, code, output.stderr_tail(), ended)
+            tail = output.stderr_tail()
+            memory_limit = str(memory) if says_out_of_memory(tail[-STDERR_TAIL_IN_REASON:]) else None
+            raise ProgramExited(rank, code, tail, ended, memory_limit)
         return {"exit_code": code}
     finally:
         output.close()

@@ -24,6 +24,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trainctl.spec import strict_yaml
 from trainctl.spec.validate import violations_from_pydantic
 from trainctl.workers.topology.model import (
     Fabric,
@@ -75,7 +76,7 @@ class SwitchTree(BaseModel):
 def load_switch_tree(path: str | Path) -> SwitchTree:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = strict_yaml.load(path.read_text())
         return SwitchTree.model_validate(data)
     except OSError as err:
         raise TopologyError(f"{path}: cannot read switch tree: {err.strerror}") from None

@@ -26,6 +26,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trainctl.spec import strict_yaml
 from trainctl.spec.validate import violations_from_pydantic
 
 API_VERSION = "trainctl/v1"
@@ -496,7 +497,7 @@ def load_topology(path: str | Path) -> TopologyMap:
     except UnicodeDecodeError as err:
         raise TopologyError(f"{path}: not a topology map: not UTF-8 text (byte {err.start})") from None
     try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        data = strict_yaml.load(text, fast=True)
     except yaml.YAMLError as err:
         raise TopologyError(f"{path}: not valid YAML: {err}") from None
     return parse_topology(data, str(path))
