@@ -39,6 +39,7 @@ POOL_GPUS = 4
 TEAMS = ("red", "green", "blue")
 OK = grpc.StatusCode.OK
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
 MIX: tuple[tuple[str, int], ...] = (
     ("create_valid", 16), ("create_invalid", 4), ("get_own", 16), ("get_other_tenant", 2), ("get_unknown", 1),
@@ -170,6 +171,8 @@ class Client:
         self.channel = grpc.aio.insecure_channel(shared.target, options=options)
         self.stub = pb_grpc.TrainingServiceStub(self.channel)
         self.live: list[str] = []
+        self.cancel_retries: set[str] = set()
+        """Live jobs whose cancel was answered UNAVAILABLE (it may have been carried out)."""
         self.cursors: dict[str, int] = {}
         self.created = 0
         self.last_code = OK
@@ -342,15 +345,21 @@ class Client:
 
     async def cancel_own(self) -> None:
         """Cancel the oldest live job; one answered UNAVAILABLE (allowed during an outage) stays live, to be
-        cancelled again later (cancelling a cancelled job answers it, CANCELLED)."""
+        cancelled again later: that cancel may have been carried out, and cancelling an ended job is
+        FAILED_PRECONDITION, which is then expected too."""
         job_id = self.live.pop(0)
+        retried = job_id in self.cancel_retries
+        self.cancel_retries.discard(job_id)
         job = await self.call(
             "cancel_own", "CancelJob",
             lambda: self.stub.CancelJob(pb.CancelJobRequest(id=job_id, reason="load"), metadata=self.metadata, timeout=RPC_TIMEOUT),
-            {OK}, lambda j: None if j.status.state == pb.CANCELLED else f"{job_id} is {pb.JobState.Name(j.status.state)}",
+            {OK, FAILED_PRECONDITION} if retried else {OK},
+            lambda j: None if isinstance(j, grpc.aio.AioRpcError) or j.status.state == pb.CANCELLED
+            else f"{job_id} is {pb.JobState.Name(j.status.state)}",
         )
         if job is None and self.last_code == UNAVAILABLE and self.shared.unavailable_allowed:
             self.live.insert(0, job_id)
+            self.cancel_retries.add(job_id)
 
     async def cancel_other_tenant(self) -> None:
         await self._other_tenant(

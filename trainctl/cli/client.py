@@ -10,10 +10,16 @@ $TRAINCTL_SERVER). Calls go to one address at a time; a call answered UNAVAILABL
 refused, the replica gone, its database unreachable) is tried again on the next address, and after
 each full round of addresses the client waits (0.4 s, doubling) before the next; it gives up after
 RETRIES rounds. Every call is safe to repeat: `create_job` / `create_sweep` send a fresh request id
-and repeat it unchanged, so a retry never creates the job twice, and a cancel of a cancelled job
-answers the job. `watch` re-opens a broken stream (UNAVAILABLE) the same way, on the next address,
-from the last event it saw: no gap, no duplicate; `watch_sweep` too, skipping the repeat of the sweep
-it last showed.
+and repeat it unchanged, so a retry never creates the job twice, and a repeated cancel that finds the
+job CANCELLED (FAILED_PRECONDITION: the first try went through) answers the job. `watch` re-opens a
+broken stream (UNAVAILABLE) the same way, on the next address, from the last event it saw: no gap, no
+duplicate; `watch_sweep` too, skipping the repeat of the sweep it last showed.
+
+`connect()` asks every address at once whether a server answers there, makes the first in order that
+does the current one, and raises ServerUnreachable naming them when none does (a refused connection
+at once, a silent address after a second and a half). The `trainctl` command's clients (`fail_fast`)
+run it before their first call, so a command with no server to talk to ends at once with a hint
+rather than after the rounds of retries.
 
 Errors are grpc.RpcError; `trainctl.service.errors.field_violations(err)` lists the offending fields
 of an INVALID_ARGUMENT.
@@ -24,12 +30,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from trainctl.cli.addresses import server_addresses
 from trainctl.service.tls import channel_credentials
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
@@ -38,25 +45,17 @@ if TYPE_CHECKING:  # the spec models load only when a call converts one (`trainc
     from trainctl.spec.job import TrainingJob
     from trainctl.spec.sweep import Sweep
 
-DEFAULT_SERVER = "127.0.0.1:50051"
-SERVER_ENV = "TRAINCTL_SERVER"
 TOKEN_ENV = "TRAINCTL_TOKEN"
 RETRIES = 5
 """Rounds over the addresses before a call answered UNAVAILABLE everywhere gives up."""
+CONNECT_TIMEOUT = 1.5
+"""Seconds `connect` waits for an address that neither answers nor refuses the connection."""
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+"""The method `connect` asks (an empty request: the server's overall health), which every server serves."""
 
 
-class AddressError(ValueError):
-    """A server list with no address in it."""
-
-
-def server_addresses(target: str | None) -> list[str]:
-    """The service addresses in `target`, else $TRAINCTL_SERVER, else the default: comma-separated, in
-    the order they are tried."""
-    text = target or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
-    addresses = [part.strip() for part in text.split(",") if part.strip()]
-    if not addresses:
-        raise AddressError(f"no service address in {text!r} (expected HOST:PORT[,HOST:PORT...])")
-    return addresses
+class ServerUnreachable(ConnectionError):
+    """No server answered at any address of the list; the message names each and what happened there."""
 
 
 def _job_message(job: TrainingJob) -> pb.Job:
@@ -83,13 +82,18 @@ class TrainctlClient:
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
         timeout: float = 30.0,
+        fail_fast: bool = False,
     ):
+        """`fail_fast`: the first call first runs `connect`, so with no server answering it raises
+        ServerUnreachable at once instead of retrying UNAVAILABLE for the rounds (the `trainctl` command's
+        choice; a failover once connected is retried as ever)."""
         self.addresses = server_addresses(target)
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._credentials = channel_credentials(tls_ca, tls_cert, tls_key) if tls_ca or tls_cert else None
         self._channels: dict[str, grpc.Channel] = {}
         self._current = 0
+        self._connect_first = fail_fast
         self.timeout = timeout
 
     @property
@@ -108,18 +112,23 @@ class TrainctlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _channel(self) -> grpc.Channel:
-        channel = self._channels.get(self.target)
+    def _channel(self, address: str | None = None) -> grpc.Channel:
+        """The channel to `address` (default: the current one), opened on first use."""
+        address = address or self.target
+        channel = self._channels.get(address)
         if channel is None:
             if self._credentials is not None:
-                channel = grpc.secure_channel(self.target, self._credentials)
+                channel = grpc.secure_channel(address, self._credentials)
             else:
-                channel = grpc.insecure_channel(self.target)
-            self._channels[self.target] = channel
+                channel = grpc.insecure_channel(address)
+            self._channels[address] = channel
         return channel
 
     @property
     def _stub(self) -> pb_grpc.TrainingServiceStub:
+        if self._connect_first:
+            self._connect_first = False
+            self.connect()
         return pb_grpc.TrainingServiceStub(self._channel())
 
     def _fail_over(self, exc: grpc.RpcError, failures: int) -> None:
@@ -132,19 +141,37 @@ class TrainctlClient:
         if rest == 0:
             time.sleep(0.2 * 2**rounds)
 
-    def _call(self, method: str, request: Any) -> Any:
-        """A unary call of `method`, failed over across the addresses while it answers UNAVAILABLE."""
+    def _call(self, method: str, request: Any, repeated: Callable[[grpc.RpcError], Any] | None = None) -> Any:
+        """A unary call of `method`, failed over across the addresses while it answers UNAVAILABLE.
+        `repeated(error)` answers an error other than UNAVAILABLE that a repeat (after an UNAVAILABLE)
+        got, when the repeat may have found the first try's effect; it re-raises what it cannot answer."""
         failures = 0
         while True:
             try:
                 return getattr(self._stub, method)(request, timeout=self.timeout, metadata=self._metadata)
             except grpc.RpcError as exc:
+                if failures and repeated is not None and exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    return repeated(exc)
                 failures += 1
                 self._fail_over(exc, failures)
 
-    def wait_ready(self, timeout: float = 10.0) -> None:
-        """Block until the channel to the current address connects (grpc.FutureTimeoutError after `timeout`)."""
-        grpc.channel_ready_future(self._channel()).result(timeout=timeout)
+    def connect(self, timeout: float = CONNECT_TIMEOUT) -> TrainctlClient:
+        """Make the current address the first, in order, whose server answers, all asked at once (gRPC
+        health's Check: any answer but UNAVAILABLE is a server there). An address that refuses the
+        connection (nothing listening, no such host, a TLS handshake that fails) is given up at once, one
+        that does not answer after `timeout` seconds. Raises ServerUnreachable, channels closed, when
+        none answers. Returns the client."""
+        probes = [(address, self._channel(address).unary_unary(HEALTH_CHECK).future(b"", timeout=timeout))
+                  for address in self.addresses]
+        outcomes = []
+        for index, (address, probe) in enumerate(probes):
+            code = probe.code()
+            if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                self._current = index
+                return self
+            outcomes.append(f"{address} ({'connection failed' if code == grpc.StatusCode.UNAVAILABLE else f'no answer in {timeout:g} s'})")
+        self.close()
+        raise ServerUnreachable(f"no trainctl server at {', '.join(outcomes)}")
 
     # ---- jobs -----------------------------------------------------------------------------------------
     def create_job(self, job: TrainingJob | pb.Job, *, request_id: str | None = None) -> pb.Job:
@@ -172,7 +199,15 @@ class TrainctlClient:
             request.page_token = page.next_page_token
 
     def cancel_job(self, job_id: str, reason: str = "") -> pb.Job:
-        return self._call("CancelJob", pb.CancelJobRequest(id=job_id, reason=reason))
+        """Cancel a job that has not ended (FAILED_PRECONDITION for one that has)."""
+
+        def cancelled_by_the_first_try(exc: grpc.RpcError) -> pb.Job:
+            job = self.get_job(job_id) if exc.code() == grpc.StatusCode.FAILED_PRECONDITION else None
+            if job is None or job.status.state != pb.CANCELLED:
+                raise exc
+            return job
+
+        return self._call("CancelJob", pb.CancelJobRequest(id=job_id, reason=reason), cancelled_by_the_first_try)
 
     def watch(self, job_id: str, *, after_sequence: int = 0, follow: bool = True) -> Iterator[pb.JobEvent]:
         """The job's events after `after_sequence`; with `follow`, until the job ends. A broken stream

@@ -6,9 +6,8 @@ with the tokenizer directory's chat template, with assistant-only loss masks sto
 Train from the result with `data: {format: tokens, paths: [DIR]}`; the token stream (and so the
 training run) is the same as reading the source with the same format, fields, tokenizer and max_files.
 
-`register(subparsers)` adds the command to the main parser; `python -m trainctl.cli.data_cmd` runs it alone.
-The engine (torch) is imported when the command runs, not when the parser is built, so `trainctl --help`
-and the client commands start without it.
+`add_arguments(parser)` declares it under the main parser's `data`; `python -m trainctl.cli.data_cmd` runs
+it alone. The engine (torch) is imported when the command runs, not when the parser is built.
 """
 
 from __future__ import annotations
@@ -19,25 +18,19 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from trainctl.cli.subcommand import register_command, run_alone
-from trainctl.spec.data_format import DataFormat
-
-SOURCE_FORMATS = [f for f in get_args(DataFormat) if f != "tokens"]
-"""What `data prepare` reads: every spec.data.format but its own output."""
-
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `data` (with `prepare`) to the main parser; returns its parser."""
-    return register_command(subparsers, "data", "prepare training data (pre-tokenized token shards)", add_arguments)
+from trainctl.cli.subcommand import run_alone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from trainctl.spec.data_format import DataFormat
+
+    source_formats = [f for f in get_args(DataFormat) if f != "tokens"]  # every spec.data.format but its own output
     actions = parser.add_subparsers(dest="data_command", required=True)
     prep = actions.add_parser("prepare", help="tokenize text, JSONL, Parquet or Arrow data into memory-mapped token shards")
     prep.add_argument("paths", nargs="+", help="glob patterns of files (@stdlib: the Python standard library); "
                       "directories for --format arrow")
     prep.add_argument("--out", required=True, type=Path, help="output directory")
-    prep.add_argument("--format", default="text", choices=SOURCE_FORMATS, help="source format")
+    prep.add_argument("--format", default="text", choices=source_formats, help="source format")
     prep.add_argument("--text-field", default="text", help="jsonl / parquet / arrow: the field holding each record's text")
     prep.add_argument("--messages-field", default=None,
                       help="chat data: the field holding each record's {role, content} messages (assistant-only loss masks)")

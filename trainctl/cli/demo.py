@@ -8,19 +8,20 @@ it holds the store, the run's checkpoints and a final scrape of the Prometheus e
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.cli.progress import follow, state_name
-from trainctl.spec.validate import load_job_file
 from trainctl.v1 import training_pb2 as pb
+
+DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
 
 
 def free_port() -> int:
@@ -29,11 +30,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", default=str(DEMO_SPEC))
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--gpus-per-node", type=int, default=4)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`trainctl demo [--spec FILE] [--nodes N] [--gpus-per-node G]`."""
+    return run_demo(Path(args.spec), nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+
+
 def run_demo(spec_path: Path, *, nodes: int = 2, gpus_per_node: int = 4) -> int:
     """Run the demo; exit status 0 when the job succeeded with a falling loss."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import urllib.request
+
     from trainctl.service.server import Service, ServiceConfig
+    from trainctl.spec.validate import load_job_file
     from trainctl.workers.embedded import start_embedded
 
     job = load_job_file(spec_path)

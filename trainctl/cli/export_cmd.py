@@ -5,9 +5,8 @@ JOB is a job id on the server (its run directory's newest checkpoint, with the j
 `step_*` checkpoint, a checkpoint root or a run directory (its spec from the `job.json` the Trainer
 recorded beside the checkpoints). LoRA runs are exported with the adapters merged.
 
-`register(subparsers)` adds the command to the main parser; `python -m trainctl.cli.export_cmd` runs it alone.
-The engine (torch) is imported when the command runs, not when the parser is built, so `trainctl --help`
-and the client commands start without it.
+`add_arguments(parser)` declares it under the main parser's `export`; `python -m trainctl.cli.export_cmd`
+runs it alone. The engine (torch) is imported when the command runs, not when the parser is built.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainctl.cli.subcommand import register_command, run_alone
+from trainctl.cli.subcommand import run_alone
 
 if TYPE_CHECKING:
     from trainctl.parallelism.checkpoint.pretrained import Pretrained
@@ -34,12 +33,14 @@ def resolve_source(source: str, server: str | None) -> Pretrained:
         return open_checkpoint(source)
     import grpc
 
-    from trainctl.cli.client import TrainctlClient
+    from trainctl.cli.client import ServerUnreachable, TrainctlClient
     from trainctl.service.convert import job_from_proto
 
     try:
-        with TrainctlClient(server) as client:
+        with TrainctlClient(server, fail_fast=True) as client:
             job = client.get_job(source)
+    except ServerUnreachable as exc:
+        raise CheckpointNotFoundError(f"{source!r} is not a checkpoint path, and to look it up as a job id: {exc}") from None
     except grpc.RpcError as exc:
         raise CheckpointNotFoundError(
             f"{source!r} is neither a checkpoint path nor a job the server knows ({exc.code().name}: {exc.details()})"
@@ -47,11 +48,6 @@ def resolve_source(source: str, server: str | None) -> Pretrained:
     if not job.status.run_dir:
         raise CheckpointNotFoundError(f"job {source} has no run directory yet (state: {job.status.state})")
     return open_checkpoint(job.status.run_dir, job=job_from_proto(job).spec)
-
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `export` to the main parser; returns its parser."""
-    return register_command(subparsers, "export", "write a job's trained model as Hugging Face safetensors (its family; Mixtral for MoE, Llama for presets)", add_arguments)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

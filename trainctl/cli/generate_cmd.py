@@ -4,9 +4,8 @@ Greedy by default (`--temperature 0`); `--temperature T --top-p P --seed S` samp
 recomputes the whole sequence each step instead of using the KV cache (same greedy text, slower).
 Runs on CUDA when available (`--device`).
 
-`register(subparsers)` adds the command to the main parser; `python -m trainctl.cli.generate_cmd` runs it alone.
-The engine (torch) is imported when the command runs, not when the parser is built, so `trainctl --help`
-and the client commands start without it.
+`add_arguments(parser)` declares it under the main parser's `generate`; `python -m trainctl.cli.generate_cmd`
+runs it alone. The engine (torch) is imported when the command runs, not when the parser is built.
 """
 
 from __future__ import annotations
@@ -15,12 +14,7 @@ import argparse
 import sys
 
 from trainctl.cli.export_cmd import resolve_source
-from trainctl.cli.subcommand import register_command, run_alone
-
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `generate` to the main parser; returns its parser."""
-    return register_command(subparsers, "generate", "sample text from a job's checkpoint", add_arguments)
+from trainctl.cli.subcommand import run_alone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """Live progress of a job from its event stream: step / total, loss, tokens/s, MFU, ETA, state changes.
 
 On a terminal a rich progress bar redraws in place and state changes and log lines scroll above it;
-when stdout is not a terminal (CI logs, pipes) every event is one plain line.
+when stdout is not a terminal (CI logs, pipes) every event is one plain line. rich loads only for the bar.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
-
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainctl.v1 import training_pb2 as pb
 
@@ -89,11 +86,18 @@ def describe(event: pb.JobEvent) -> str | None:
     return None
 
 
+def is_terminal(out: TextIO) -> bool:
+    """Whether `out` is a terminal to redraw on, as rich decides it (its TTY_COMPATIBLE / TTY_INTERACTIVE
+    variables force either answer)."""
+    from rich.console import Console
+
+    return Console(file=out).is_terminal
+
+
 def follow(events: Iterable[pb.JobEvent], total_steps: int, out: TextIO, *, force_plain: bool = False) -> Tracker:
     """Render `events` until they end; returns the final numbers (state included)."""
     tracker = Tracker(total_steps=total_steps)
-    console = Console(file=out, highlight=False, soft_wrap=True)
-    if force_plain or not console.is_terminal:
+    if force_plain or not is_terminal(out):
         for event in events:
             _update(tracker, event)
             text = describe(event)
@@ -101,6 +105,10 @@ def follow(events: Iterable[pb.JobEvent], total_steps: int, out: TextIO, *, forc
                 text = tracker.line()
             print(text, file=out, flush=True)
         return tracker
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(file=out, highlight=False, soft_wrap=True)
     columns = (TextColumn("[bold]{task.fields[state]}"), BarColumn(), TextColumn("{task.fields[line]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("job", total=total_steps, state="", line="")

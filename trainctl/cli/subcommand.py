@@ -1,7 +1,7 @@
 """What the command modules that run both under `trainctl` and alone (`python -m trainctl.cli.NAME_cmd`) share.
 
-Each such module declares `add_arguments(parser)` and `run(args) -> exit code`; `register_command` adds it to
-the main parser's subcommands and `run_alone` parses and runs it as a program of its own.
+Each such module declares `add_arguments(parser)` and `run(args) -> exit code`; trainctl.cli.commands
+declares them under the main parser's command, and `run_alone` parses and runs one as a program of its own.
 """
 
 from __future__ import annotations
@@ -11,15 +11,6 @@ from collections.abc import Callable, Sequence
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 RunCommand = Callable[[argparse.Namespace], int]
-
-
-def register_command(
-    subparsers: argparse._SubParsersAction, name: str, help: str, add_arguments: AddArguments
-) -> argparse.ArgumentParser:
-    """Add subcommand `name` with the module's arguments to the main parser; returns its parser."""
-    parser = subparsers.add_parser(name, help=help)
-    add_arguments(parser)
-    return parser
 
 
 def run_alone(

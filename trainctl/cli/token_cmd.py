@@ -1,7 +1,8 @@
 """`trainctl token new|hash`: make a token and its access-file entry, or hash an existing token.
 
 The access file's format, token hashing and validation are the service's (`trainctl.service.auth`);
-this module is only the command line around them.
+this module is only the command line around them, which loads them when it runs.
+`python -m trainctl.cli.token_cmd` runs it alone.
 """
 
 from __future__ import annotations
@@ -10,26 +11,29 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import yaml
-from pydantic import ValidationError
-
-from trainctl.service.auth import TokenEntry, generate_token, hash_token
-from trainctl.service.tenancy import Role
-from trainctl.spec.validate import violations_from_pydantic
+from trainctl.cli.subcommand import run_alone
 
 
-def token_main(argv: Sequence[str] | None = None) -> int:
-    """`trainctl token new|hash`: make a token and its access-file entry, or hash an existing token."""
-    parser = argparse.ArgumentParser(prog="trainctl token", description=token_main.__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from trainctl.service.tenancy import Role
+
+    sub = parser.add_subparsers(dest="token_command", required=True)
     new = sub.add_parser("new", help="generate a token; print it once, and the access-file entry to add")
     new.add_argument("--name", required=True, help="who will hold the token")
     new.add_argument("--tenant", required=True, help="the holder's tenant (DNS-1123 label)")
     new.add_argument("--role", choices=[r.value for r in Role], default=Role.USER.value)
     sub.add_parser("hash", help="read a token from stdin and print its SHA-256 for the access file")
-    args = parser.parse_args(argv)
 
-    if args.command == "hash":
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+    from pydantic import ValidationError
+
+    from trainctl.service.auth import TokenEntry, generate_token, hash_token
+    from trainctl.service.tenancy import Role
+    from trainctl.spec.validate import violations_from_pydantic
+
+    if args.token_command == "hash":
         token = sys.stdin.readline().strip()
         try:
             print(hash_token(token))
@@ -48,6 +52,11 @@ def token_main(argv: Sequence[str] | None = None) -> int:
     print(f"token (shown once; give it to {entry.name}, store it as TRAINCTL_TOKEN): {token}", file=sys.stderr)
     print(yaml.safe_dump({"tokens": [entry.model_dump(mode="json")]}, sort_keys=False), end="")
     return 0
+
+
+def token_main(argv: Sequence[str] | None = None) -> int:
+    """`trainctl token new|hash`: make a token and its access-file entry, or hash an existing token."""
+    return run_alone("token", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

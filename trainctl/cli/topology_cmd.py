@@ -4,8 +4,8 @@
                               [--ib-sysfs DIR | --ibstat FILE] [--name NODE] [--labels]
     trainctl topology validate MAP.yaml
 
-`register(subparsers)` adds the command to the main parser; `python -m trainctl.cli.topology_cmd`
-runs it alone.
+`add_arguments(parser)` declares it under the main parser's `topology`; `python -m trainctl.cli.topology_cmd`
+runs it alone. The topology model and discovery parsers load when it runs.
 """
 
 from __future__ import annotations
@@ -14,21 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
-from trainctl.workers.topology.discovery import (
-    parse_fabric_query,
-    parse_ib_sysfs_listing,
-    parse_ibstat,
-    parse_nvlink_status,
-    parse_topo_matrix,
-    read_ib_sysfs,
-)
-from trainctl.workers.topology.discovery_node import build_node, node_labels
-from trainctl.workers.topology.model import TopologyError, load_topology
-
 
 def _read(path: Path, what: str) -> str:
+    from trainctl.workers.topology.model import TopologyError
+
     try:
         return path.read_text(encoding="utf-8")
     except OSError as err:
@@ -39,6 +28,18 @@ def _read(path: Path, what: str) -> str:
 
 def inspect(args: argparse.Namespace) -> str:
     """The node entry (or its Ray labels) as YAML, from saved discovery outputs."""
+    import yaml
+
+    from trainctl.workers.topology.discovery import (
+        parse_fabric_query,
+        parse_ib_sysfs_listing,
+        parse_ibstat,
+        parse_nvlink_status,
+        parse_topo_matrix,
+        read_ib_sysfs,
+    )
+    from trainctl.workers.topology.discovery_node import build_node, node_labels
+
     matrix = parse_topo_matrix(_read(args.topo_m, "--topo-m"), str(args.topo_m))
     nvlink = parse_nvlink_status(_read(args.nvlink, "--nvlink"), str(args.nvlink)) if args.nvlink else None
     fabric = parse_fabric_query(_read(args.fabric, "--fabric"), str(args.fabric)) if args.fabric else None
@@ -55,6 +56,7 @@ def inspect(args: argparse.Namespace) -> str:
 
 def validate(args: argparse.Namespace) -> str:
     from trainctl.workers.placement import capacity  # the solver's imports: only this command needs them
+    from trainctl.workers.topology.model import load_topology
 
     topology = load_topology(args.map)
     domains = len(topology.spec.nvlink_domains)
@@ -64,9 +66,8 @@ def validate(args: argparse.Namespace) -> str:
     )
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `topology` (with `inspect` and `validate`) to a parent parser's subcommands."""
-    parser = subparsers.add_parser("topology", help="inspect discovery outputs and validate topology maps")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare `inspect` and `validate` under the `topology` command's parser."""
     sub = parser.add_subparsers(dest="topology_command", required=True)
     ins = sub.add_parser("inspect", help="print the node entry discovery builds from saved command outputs")
     ins.add_argument("--topo-m", type=Path, required=True, help="saved `nvidia-smi topo -m` output")
@@ -81,11 +82,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="load and validate a TopologyMap YAML file")
     val.add_argument("map", type=Path, help="the map")
     val.set_defaults(handler=validate)
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Execute a parsed `topology` command: output on stdout, a clear error on stderr with exit code 2."""
+    from trainctl.workers.topology.model import TopologyError
+
     try:
         sys.stdout.write(args.handler(args))
     except TopologyError as err:
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainctl")
-    register(parser.add_subparsers(dest="command", required=True))
+    add_arguments(parser.add_subparsers(dest="command", required=True).add_parser("topology"))
     return run(parser.parse_args(argv))
 
 
