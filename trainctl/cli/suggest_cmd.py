@@ -1,4 +1,7 @@
-"""`trainctl plan FILE --cluster PRESET:N --suggest [--top K]`: the layout search's answer as text.
+"""`trainctl plan FILE --cluster PRESET:N --suggest [--top K] [--gpus N] [--headroom F]`: the layout
+search's answer as text. Step time, tokens/s and MFU are the search's model (compute at the GPU's peak,
+the pipeline bubble, the communication the placement leaves exposed) and say so; memory is the
+estimator's, against the GPU's memory less the headroom.
 
 Imported by `trainctl plan` only when --suggest is given (it loads the engine's estimator, so torch).
 """
@@ -34,7 +37,10 @@ def suggestion_lines(job: TrainingJob, result: SearchResult, where: str) -> list
         f"layouts for {model} (seq_len {spec.data.seq_len:,}, global batch {spec.training.global_batch_size:,} = "
         f"{tokens:,} tokens, {spec.training.dtype}) on {where}",
         f"searched {result.enumerated:,} layouts in {result.seconds:.2f} s: {result.evaluated:,} checked against the "
-        f"rules and memory, {result.solved} placed by the solver; fastest first",
+        f"rules and memory, {result.solved} placed by the solver; fastest first by modelled step time",
+        f"memory: at most {result.budget_bytes / 2**30:.1f} of {result.capacity_bytes / 2**30:.1f} GiB per GPU "
+        f"({1 - result.budget_bytes / result.capacity_bytes:.0%} headroom); step time, tokens/s and MFU are modelled "
+        "(compute at the GPU's peak FLOP rate, pipeline bubble, exposed communication), not measured",
     ]
     for number, layout in enumerate(result.layouts, 1):
         lines += [f"#{number}  {describe(layout.body)}", *(f"    {line}" for line in _why(layout, result.capacity_bytes))]
@@ -46,11 +52,12 @@ def _why(layout: Layout, capacity: int) -> list[str]:
     terms = ", ".join(f"{name} {seconds * 1e3:,.2f} ms" for name, seconds in step.terms().items())
     hidden = f"; {step.overlapped * 1e3:,.2f} ms of dp/cp communication overlapped" if step.overlapped else ""
     lines = [
-        f"step {step.total * 1e3:,.2f} ms, {layout.tokens_per_second:,.0f} tokens/s, MFU {step.mfu:.1%} "
+        f"modelled: step {step.total * 1e3:,.2f} ms, {layout.tokens_per_second:,.0f} tokens/s, MFU {step.mfu:.1%} "
         f"({terms}{hidden})",
-        f"memory: rank {memory.rank} needs {memory.total_bytes / 2**30:.1f} of {capacity / 2**30:.1f} GiB (parameters "
-        f"{memory.params_bytes / 2**30:.1f}, gradients {memory.grads_bytes / 2**30:.1f}, optimizer "
-        f"{memory.optimizer_bytes / 2**30:.1f}, activations {memory.activations_bytes / 2**30:.1f})",
+        f"memory: rank {memory.rank} needs {memory.total_bytes / 2**30:.1f} GiB, {memory.total_bytes / capacity:.0%} of "
+        f"{capacity / 2**30:.1f} (parameters {memory.params_bytes / 2**30:.1f}, gradients {memory.grads_bytes / 2**30:.1f}, "
+        f"optimizer {memory.optimizer_bytes / 2**30:.1f}, activations {memory.activations_bytes / 2**30:.1f}, "
+        f"working copies {memory.working_bytes / 2**30:.1f})",
     ]
     placement = layout.placement
     if placement is not None and placement.level_by_dim:

@@ -2,11 +2,15 @@
 model, sequence length and global batch on a whole cluster, by modelled step time.
 
 Contract: every layout returned is valid under the spec's own rules (`semantic_violations` against
-the cluster's GPU count, `pretrained_violations` for a `from_pretrained` model), its largest per-rank
-memory estimate (the engine's estimator: `estimate_memory` / `activation_bytes`, every pipeline
-stage's first shard, as `fit_violations` checks) fits the smallest GPU of the map, and its step time
-is `sizing.step_time.modelled_step_time` with the placement solver's communication on the empty
-cluster (`GpuPool.place`): what `trainctl plan` prints for the same job on the same map.
+the cluster's GPU count; for a `from_pretrained` model, `pretrained_violations`: its directory is
+checked once, its shape against each layout), its largest per-rank
+memory estimate (the engine's estimator: `estimate_memory` / `peak_above_state` with the
+data-parallel working copies, every pipeline stage's first shard, as `fit_violations` checks) fits
+the smallest GPU of the map less `headroom` (default `HEADROOM`, 10 %: the allocator's fragmentation,
+the CUDA context and libraries, NCCL's buffers and the estimator's own error), and its step time is
+`sizing.step_time.modelled_step_time` with the placement solver's communication on the empty cluster
+(`GpuPool.place`): what `trainctl plan` prints for the same job on the same map. Step time, tokens/s
+and MFU are modelled (compute at the GPU's peak FLOP rate), not measured.
 
 Enumerated (docs/placement.md, "Layout search", says why each cut is sound):
 
@@ -17,11 +21,15 @@ Enumerated (docs/placement.md, "Layout search", says why each cut is sound):
   2 virtual stages (GPipe is left out: the bubble of 1F1B with more activations in flight).
 - `ep` (MoE models): powers of two dividing num_experts and dp_shard x cp.
 - data parallel over the rest: FSDP (zero 3), ZeRO-2, DDP, HSDP (dp_shard a power of two, zero 3);
-  ZeRO-1 is left out (the cost model prices it as ZeRO-2, which holds less).
+  ZeRO-1 is left out (the cost model prices it as ZeRO-2, which holds less). With pp > 1 the sharded
+  splits are ZeRO-2 (HSDP zero 2), as torchtitan's default does: under a pipeline schedule ZeRO-3
+  gathers each stage again for every micro-batch's forward, which the cost model (two gathers a step)
+  does not price.
 - `micro_batch_size` powers of two up to `MAX_MICRO_BATCH`; activation checkpointing none, selective,
   full.
 
-GPU count: `spec.resources.gpus` when the spec sets it, else every GPU of the map.
+GPU count: every GPU of the map, or `gpus` (`trainctl plan --suggest --gpus N`); the spec's
+`resources.gpus` is what the search chooses, not an input.
 
 Ranking, in two stages so that 1,024 GPUs answer in about a second (bench/layout_search.py):
 
@@ -47,18 +55,23 @@ from trainctl.parallelism.layouts.dp_mode import effective_mode
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
 from trainctl.parallelism.sizing.estimator import (
+    LocalParam,
     MemoryEstimate,
     ModelPlan,
-    activation_bytes,
-    estimate_memory,
+    local_params,
     model_plan,
+    peak_above_state,
+    state_bytes,
+    working_copies,
 )
 from trainctl.parallelism.sizing.flops import peak_flops, training_flops_per_token
 from trainctl.parallelism.sizing.step_time import StepTime, modelled_step_time
+from trainctl.parallelism.sizing.working_copies import WorkingCopies
 from trainctl.service.pool import OFFLINE_BUDGET_S, GpuPool, PlannedPlacement
+from trainctl.spec.hf_config import weights_problem
 from trainctl.spec.job import JobSpecBody, ParallelismSpec, TrainingJob
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
-from trainctl.spec.validate import pretrained_violations, semantic_violations
+from trainctl.spec.validate import model_violations, semantic_violations
 from trainctl.workers.placement.fabric import LEVELS
 from trainctl.workers.placement.solver import job_traffic
 from trainctl.workers.topology import TopologyMap
@@ -72,6 +85,8 @@ TIE = 1e-3
 """Relative difference under which two estimates tie (the one needing less memory is kept)."""
 SCHEDULES = (("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2))
 """(pp_schedule, pp_virtual_stages) tried when pp > 1."""
+HEADROOM = 0.10
+"""Share of the GPU's memory a suggested layout leaves free by default."""
 
 
 class LayoutSearchError(ValueError):
@@ -102,6 +117,9 @@ class SearchResult:
     layouts: list[Layout]
     gpus: int
     capacity_bytes: int
+    """Memory of the smallest GPU of the map."""
+    budget_bytes: int
+    """What a layout's largest rank may need: `capacity_bytes` less the headroom."""
     enumerated: int
     """Layouts (grid, zero stage, schedule, micro-batch, checkpointing) enumerated."""
     evaluated: int
@@ -121,19 +139,22 @@ class _Variant:
     body: JobSpecBody
 
 
-def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top: int = 5) -> SearchResult:
-    """The `top` fastest valid layouts of `job`'s model, data and training settings on `spec.resources.gpus`
-    GPUs of `topology` when the spec sets it, else on all of them (module docstring); LayoutSearchError
-    when there is none, saying why."""
+def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top: int = 5, gpus: int | None = None,
+                    headroom: float = HEADROOM) -> SearchResult:
+    """The `top` fastest valid layouts of `job`'s model, data and training settings on `gpus` GPUs of
+    `topology` (default all of them) whose largest rank needs at most 1 - `headroom` of the smallest GPU's
+    memory (module docstring); LayoutSearchError when there is none, saying why."""
     started = time.perf_counter()
     if job.spec.command is not None:
         raise LayoutSearchError("spec.command: a command job runs its own program; its memory and step time are unknown here")
     if job.spec.resources.device == "cpu":
         raise LayoutSearchError("spec.resources.device: cpu; the search ranks layouts on the cluster's GPUs (use auto or cuda)")
+    if not 0 <= headroom < 1:
+        raise LayoutSearchError(f"headroom {headroom:g}: the share of GPU memory left free must be at least 0 and below 1")
     pool = GpuPool(topology, source, solver_budget_s=OFFLINE_BUDGET_S)
-    world = job.spec.resources.gpus if "gpus" in job.spec.resources.model_fields_set else pool.total
-    if world > pool.total:
-        raise LayoutSearchError(f"spec.resources.gpus: {world} GPUs requested but {source} has {pool.total}")
+    world = pool.total if gpus is None else gpus
+    if not 1 <= world <= pool.total:
+        raise LayoutSearchError(f"--gpus {world}: {source} has {pool.total} GPUs; search on 1 to {pool.total}")
     models = sorted({pool.gpu_model(node) or "" for node, _ in pool.nodes()})
     capacities = [gpu_memory_bytes(m) for m in models]
     dtype = job.spec.training.dtype
@@ -149,7 +170,11 @@ def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top
         raise LayoutSearchError(f"spec.model.from_pretrained: {exc}") from None
     except UnknownPresetError as exc:
         raise LayoutSearchError(f"spec.model.preset: {exc}") from None
-    search = _Search(job, config, pool, world, capacity, peak)
+    weights = None if job.spec.model.from_pretrained is None else weights_problem(job.spec.model.from_pretrained)
+    if weights:
+        raise LayoutSearchError(f"spec.model.from_pretrained: {weights}")
+    budget = int(capacity * (1 - headroom))
+    search = _Search(job, config, pool, world, capacity, budget, peak)
     variants = sorted(search.variants(), key=lambda v: (v.estimate, v.traffic))
     solved = max(top, 1) + 2
     shortlist: dict[tuple[int, ...], _Variant] = {}  # model-parallel shape -> its best variant that is valid and fits
@@ -168,14 +193,14 @@ def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top
         if not search.valid(variant.body):
             continue
         need = search.peak_memory(variant.body).total_bytes
-        if need <= capacity and (held is None or need < search.peak_memory(held.body).total_bytes):
+        if need <= budget and (held is None or need < search.peak_memory(held.body).total_bytes):
             shortlist[shape] = variant  # of equal estimates, the one with the most headroom
     if not shortlist:
         raise LayoutSearchError(search.why_none(variants))
     layouts = sorted((search.solved(variant) for variant in shortlist.values()),
                      key=lambda layout: (layout.step.total, layout.memory.total_bytes))
     return SearchResult(
-        layouts=layouts[:top], gpus=world, capacity_bytes=capacity,
+        layouts=layouts[:top], gpus=world, capacity_bytes=capacity, budget_bytes=budget,
         enumerated=len(variants), evaluated=evaluated, solved=len(shortlist), seconds=time.perf_counter() - started,
     )
 
@@ -198,14 +223,16 @@ def _powers_of_two(limit: int) -> list[int]:
 class _Search:
     """The enumeration and the cached estimates of one search."""
 
-    def __init__(self, job: TrainingJob, config: ModelConfig, pool: GpuPool, world: int, capacity: int, peak: float):
-        self.job, self.config, self.pool, self.world, self.capacity, self.peak = job, config, pool, world, capacity, peak
+    def __init__(self, job: TrainingJob, config: ModelConfig, pool: GpuPool, world: int, capacity: int, budget: int,
+                 peak: float):
+        self.job, self.config, self.pool, self.world, self.peak = job, config, pool, world, peak
+        self.capacity, self.budget = capacity, budget
         index = pool.index
         self.tp_limit = index.level_capacity.get("nvlink") or index.level_capacity.get("host", 1)
         self.flops_per_token = training_flops_per_token(config, job.spec.data.seq_len)
         self._plans: dict[tuple[int, int], ModelPlan] = {}
-        self._static: dict[tuple, int] = {}
-        self._activations: dict[tuple, int] = {}
+        self._static: dict[tuple, tuple[list[list[LocalParam]], int, int, int, WorkingCopies]] = {}
+        self._above: dict[tuple, tuple[int, int]] = {}
         self._comm: dict[tuple, dict[str, float]] = {}
         self._memory: dict[tuple, MemoryEstimate] = {}
 
@@ -236,7 +263,7 @@ class _Search:
                     continue
                 for pp in (p for p in range(1, rest + 1) if rest % p == 0 and config.n_layers % p == 0):
                     schedules = SCHEDULES if pp > 1 else (("1f1b", 1),)
-                    for (schedule, virtual), (replicate, shard, zero) in product(schedules, _data_parallel(rest // pp, cp)):
+                    for (schedule, virtual), (replicate, shard, zero) in product(schedules, _data_parallel(rest // pp, cp, pp)):
                         if config.n_layers % (pp * virtual):
                             continue
                         for ep in self._expert_degrees(shard * cp):
@@ -254,7 +281,9 @@ class _Search:
     # ---- checks and estimates (cached by what each depends on) ------------------------------------------
     def valid(self, body: JobSpecBody) -> bool:
         job = self.job.model_copy(update={"spec": body})
-        return not semantic_violations(job, pool_gpus=self.pool.total, check_data=False) and not pretrained_violations(job)
+        if semantic_violations(job, pool_gpus=self.pool.total, check_data=False):
+            return False
+        return body.model.from_pretrained is None or not model_violations(self.config, job)  # presets: in semantic_violations
 
     def peak_memory(self, body: JobSpecBody) -> MemoryEstimate:
         """The largest estimate over the first shard of every pipeline stage (as `fit_violations`)."""
@@ -267,9 +296,9 @@ class _Search:
             estimates = []
             for stage in range(par.pp):
                 rank = grid.rank_of(pp=stage)
-                static = self._static_bytes(body, rank, stage, plan)
-                activations = self._activation_bytes(body, rank, stage, plan, static[1])
-                estimates.append(MemoryEstimate(rank, *static, activations))
+                parts, *static, working = self._static_bytes(body, rank, stage, plan)
+                activations, working_bytes = self._above_state(body, rank, stage, plan, parts, static[1], working)
+                estimates.append(MemoryEstimate(rank, *static, activations, working_bytes))
             self._memory[key] = max(estimates, key=lambda m: m.total_bytes)
         return self._memory[key]
 
@@ -280,25 +309,31 @@ class _Search:
             self._plans[key] = model_plan(self.config, body)
         return self._plans[key]
 
-    def _static_bytes(self, body: JobSpecBody, rank: int, stage: int, plan: ModelPlan) -> tuple[int, int, int]:
-        """(parameters, gradients, optimizer) of `rank`: they depend on the sharding, not on batch or schedule."""
+    def _static_bytes(self, body: JobSpecBody, rank: int, stage: int,
+                      plan: ModelPlan) -> tuple[list[list[LocalParam]], int, int, int, WorkingCopies]:
+        """(local parameters, parameter, gradient and optimizer bytes, working copies) of `rank`: they depend
+        on the sharding, not on batch or schedule."""
         par = body.parallelism
         key = (par.tp, par.pp, par.pp_virtual_stages, par.dp_shard, par.cp, par.ep, par.zero_stage, par.dp_replicate > 1, stage)
         if key not in self._static:
-            m = estimate_memory(self.config, body, rank, plan)
-            self._static[key] = (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
+            parts = local_params(self.config, body, rank, plan)
+            working = working_copies(self.config, body, rank, plan, parts)
+            self._static[key] = (parts, *state_bytes(body, rank, parts), working)
         return self._static[key]
 
-    def _activation_bytes(self, body: JobSpecBody, rank: int, stage: int, plan: ModelPlan, grads_bytes: int) -> int:
+    def _above_state(self, body: JobSpecBody, rank: int, stage: int, plan: ModelPlan, parts: list[list[LocalParam]],
+                     grads_bytes: int, working: WorkingCopies) -> tuple[int, int]:
+        """(activations, working copies) at the step's peak beyond the sharded state."""
         par, training = body.parallelism, body.training
         micro_batches = training.global_batch_size // (par.dp * int(training.micro_batch_size))
         in_flight = micro_batches if par.pp_schedule == "gpipe" else min(micro_batches, par.pp)
-        key = (par.tp, par.cp, par.sequence_parallel, par.pp, par.pp_virtual_stages, in_flight, training.micro_batch_size,
-               training.activation_checkpointing, stage, grads_bytes, micro_batches > 1,
+        key = (par.tp, par.cp, par.sequence_parallel, par.pp, par.pp_virtual_stages, in_flight, min(in_flight, micro_batches - 1),
+               training.micro_batch_size, training.activation_checkpointing, stage, grads_bytes, working,
                effective_mode(par, dtensor_params=par.tp > 1))
-        if key not in self._activations:
-            self._activations[key] = activation_bytes(self.config, body, rank, grads_bytes, plan)
-        return self._activations[key]
+        if key not in self._above:
+            peak = peak_above_state(self.config, body, rank, grads_bytes, working, plan, parts)
+            self._above[key] = (peak.activations, peak.working)
+        return self._above[key]
 
     def communication_estimate(self, body: JobSpecBody) -> dict[str, float]:
         """Per dimension, the cost model's traffic of the layout (at micro-batch 1) with each group priced
@@ -328,27 +363,29 @@ class _Search:
         return Layout(body, self.peak_memory(body), step, tokens / step.total, placement)
 
     def why_none(self, variants: list[_Variant]) -> str:
-        """Why no layout fits: the smallest estimated need over every valid variant, against the GPU."""
+        """Why no layout fits: the smallest estimated need over every valid variant, against the budget."""
         valid = [v for v in variants if self.valid(v.body)]
         gpus = f"{self.world} GPUs of {self.capacity / 2**30:.1f} GiB"
         if not valid:
             return (f"no valid layout of this model on {gpus}: the spec's rules (heads and vocabulary divisible by tp, "
                     f"layers by pp, global_batch_size {self.job.spec.training.global_batch_size} by dp x micro_batch_size) "
-                    "leave none; set spec.resources.gpus to use part of the cluster")
+                    "leave none; search another GPU count with --gpus N")
         smallest = min(valid, key=lambda v: self.peak_memory(v.body).total_bytes)
         m = self.peak_memory(smallest.body)
-        return (f"no layout fits {gpus}: the smallest estimated need is {m.total_bytes / 2**30:.1f} GiB per rank "
-                f"({describe(smallest.body)}: parameters {m.params_bytes / 2**30:.1f}, gradients {m.grads_bytes / 2**30:.1f}, "
-                f"optimizer {m.optimizer_bytes / 2**30:.1f}, activations {m.activations_bytes / 2**30:.1f} GiB); "
-                "use more GPUs, GPUs with more memory, or a smaller model, sequence or batch")
+        return (f"no layout fits {gpus} with {self.budget / 2**30:.1f} GiB usable (the rest is headroom): the smallest "
+                f"estimated need is {m.total_bytes / 2**30:.1f} GiB per rank ({describe(smallest.body)}: parameters "
+                f"{m.params_bytes / 2**30:.1f}, gradients {m.grads_bytes / 2**30:.1f}, optimizer {m.optimizer_bytes / 2**30:.1f}, "
+                f"activations {m.activations_bytes / 2**30:.1f}, working copies {m.working_bytes / 2**30:.1f} GiB); use more "
+                "GPUs, GPUs with more memory, less headroom, or a smaller model, sequence or batch")
 
 
-def _data_parallel(dp: int, cp: int) -> list[tuple[int, int, int]]:
-    """(dp_replicate, dp_shard, zero_stage) splits of `dp` data-parallel ranks."""
+def _data_parallel(dp: int, cp: int, pp: int) -> list[tuple[int, int, int]]:
+    """(dp_replicate, dp_shard, zero_stage) splits of `dp` data-parallel ranks (ZeRO-2, not 3, under PP)."""
+    sharded = 2 if pp > 1 else 3
     if dp == 1:
-        return [(1, 1, 0), (1, 1, 3)] if cp > 1 else [(1, 1, 0)]
-    splits = [(1, dp, 3), (1, dp, 2), (dp, 1, 0)]
-    splits += [(dp // s, s, 3) for s in _powers_of_two(dp // 2) if s > 1 and dp % s == 0]
+        return [(1, 1, 0), (1, 1, sharded)] if cp > 1 else [(1, 1, 0)]
+    splits = [(1, dp, 3), (1, dp, 2), (dp, 1, 0)] if pp == 1 else [(1, dp, 2), (dp, 1, 0)]
+    splits += [(dp // s, s, sharded) for s in _powers_of_two(dp // 2) if s > 1 and dp % s == 0]
     return splits
 
 

@@ -146,7 +146,8 @@ def fit_violations(job: TrainingJob, pool: GpuPool) -> list[FieldViolation]:
         "spec.resources.gpus",
         f"rank {worst.rank} needs an estimated {worst.total_bytes / 2**30:.1f} GiB (parameters "
         f"{worst.params_bytes / 2**30:.1f}, gradients {worst.grads_bytes / 2**30:.1f}, optimizer "
-        f"{worst.optimizer_bytes / 2**30:.1f}, activations {worst.activations_bytes / 2**30:.1f}) but the pool's "
+        f"{worst.optimizer_bytes / 2**30:.1f}, activations {worst.activations_bytes / 2**30:.1f}, working copies "
+        f"{worst.working_bytes / 2**30:.1f}) but the pool's "
         f"largest GPU has {capacity / 2**30:.1f} GiB: shard the model further (dp_shard, tp, pp) or shrink it",
     )]
 
@@ -169,7 +170,7 @@ def _estimate(job: TrainingJob, plan: pb.PlanJobResponse, gpu_model: str | None,
         plan.memory.add(rank=m.rank, bytes={  # RankMemory.bytes is int64: clamp (such a job is refused anyway)
             name: min(value, INT64_MAX) for name, value in (
                 ("parameters", m.params_bytes), ("gradients", m.grads_bytes), ("optimizer", m.optimizer_bytes),
-                ("activations", m.activations_bytes), ("total", m.total_bytes),
+                ("activations", m.activations_bytes), ("working_copies", m.working_bytes), ("total", m.total_bytes),
             )
         })
     communication = plan.placement_cost_seconds if plan.HasField("placement_cost_seconds") else 0.0

@@ -9,12 +9,16 @@ parameters and optimizer state, as the engine's step runs (trainer.forward_backw
    (the log-softmax output, its gradient and the logits' gradient); compiled (`training.compile`
    without TP: engine/loss.py `objectives`), the logits' gradient alone, in their dtype. For a large
    vocabulary this is the step's peak, reached before any gradient exists, unless gradients are
-   already held: gradient accumulation, pipeline schedules and DDP's bucket views
-   (`gradients_held_from_start`).
-3. Backward frees each block's saved tensors as its gradients appear: at the end every gradient is
-   held, with at most one block's saved tensors (a bound).
+   already held: DDP's bucket views (`gradients_in_buckets`), and from the second micro-batch on
+   (gradient accumulation, pipeline schedules).
+3. Backward frees each block's saved tensors as its gradients appear: while the blocks run backward
+   the forward's tensors are held (a bound); at the end every gradient is held, with at most one
+   block's saved tensors (a bound).
 4. Activation checkpointing: a checkpointed block keeps only its input; backward recomputes it, with
    the blocks below it still saved, one full block, its weights' copies and (a bound) every gradient.
+5. Each phase also holds the data-parallel implementation's working copies of that phase (gathered
+   parameters, unsharded gradients, reduce-scatter and broadcast buffers: sizing/working_copies.py),
+   and the optimizer step is a phase of its own (every gradient and ZeRO-1's broadcast buffers).
 
 Per token and block, in bytes (`block_bytes`), with d_n = dim (/ tp under sequence parallel), q = heads
 x head_dim / tp, f = ffn_dim / tp (an MoE layer: top_k experts, plus the shared one), e = 2 under bf16
@@ -46,6 +50,7 @@ from math import prod
 
 from trainctl.parallelism.layouts.dp_mode import effective_mode
 from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.sizing.working_copies import WorkingCopies, gathers_parameters
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig
 
@@ -69,12 +74,12 @@ class Precision:
 
 
 def precision(job: JobSpecBody) -> Precision:
-    """fp32; bf16 under FSDP / HSDP / ZeRO-2 (the parameters themselves are gathered in bf16, no
-    autocast); bf16 autocast over fp32 parameters otherwise (the Trainer's `autocast`)."""
+    """fp32; bf16 where FSDP2 runs (ZeRO-2 / ZeRO-3 / HSDP, DDP over TP parameters: the parameters
+    themselves are gathered in bf16, no weight copies); bf16 autocast over fp32 parameters otherwise
+    (the Trainer's `autocast`)."""
     if job.training.dtype != "bfloat16":
         return Precision(stream=FP32, compute=FP32, autocast=False)
-    par = job.parallelism
-    if effective_mode(par, dtensor_params=par.tp > 1) in ("zero2", "fsdp", "hsdp"):
+    if gathers_parameters(job):
         return Precision(stream=2, compute=2, autocast=False)
     return Precision(stream=FP32, compute=2, autocast=True)
 
@@ -115,15 +120,12 @@ def checkpointed_layers(layers: Sequence[int], activation_checkpointing: str) ->
     return [activation_checkpointing == "full" or (activation_checkpointing == "selective" and i % 2 == 0) for i in layers]
 
 
-def gradients_held_from_start(job: JobSpecBody) -> bool:
-    """Whether gradients exist when a backward starts: from the second micro-batch on (accumulation, a
-    pipeline schedule), and always under DDP and ZeRO-1, whose gradients are views of buckets allocated
-    with the model. Otherwise (one micro-batch, FSDP or one process) they appear during backward."""
-    par, training = job.parallelism, job.training
-    grid = RankGrid.from_spec(par)
-    n_micro = training.global_batch_size // (grid.dp * int(training.micro_batch_size))
-    mode = effective_mode(par, dtensor_params=par.tp > 1)
-    return n_micro > 1 or par.pp > 1 or mode in ("ddp", "zero1")
+def gradients_in_buckets(job: JobSpecBody) -> bool:
+    """Whether gradients exist before the step's first backward: under DDP and ZeRO-1 they are views of
+    buckets allocated with the model. Otherwise (FSDP2, one process) they appear during the first
+    backward and are held from the second micro-batch on."""
+    par = job.parallelism
+    return effective_mode(par, dtensor_params=par.tp > 1) in ("ddp", "zero1") and not gathers_parameters(job)
 
 
 @dataclass(frozen=True)
@@ -170,30 +172,56 @@ def stage_params(local: Sequence[tuple[str, tuple[int, ...]]], tied: bool = Fals
 
 
 @dataclass(frozen=True)
+class PeakSplit:
+    """A step's peak beyond parameters, every (sharded) gradient and optimizer state, in bytes."""
+
+    activations: int
+    working: int
+    """The data-parallel working copies held at the peak (sizing/working_copies.py), with gradients held
+    unsharded beyond the sharded ones."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What one moment of a step holds beyond parameters and optimizer state, in bytes."""
+
+    name: str
+    grads: int
+    """Gradients held: none yet, the sharded ones, or (FSDP under a pipeline schedule) unsharded ones."""
+    activations: int
+    working: int
+
+    @property
+    def total(self) -> int:
+        return self.grads + self.activations + self.working
+
+
+@dataclass(frozen=True)
 class StepActivations:
-    """A rank's activation memory over one step, in bytes (module docstring)."""
+    """The moments of one step on a rank where its peak may come (module docstring)."""
 
-    backward_start: int
-    """Above parameters, gradients held then, and optimizer state at the start of backward: the
-    forwards held (saved tensors, weight copies, logits; several micro-batches' under a pipeline
-    schedule) and the loss's temporaries (last stage only)."""
-    backward_end: int
-    """Above parameters and optimizer state at the end of backward (every gradient included)."""
-    recompute: int
-    """Above parameters and optimizer state during the largest checkpointed block's recompute
-    (every gradient included; 0 without checkpointing)."""
-    grads_at_start: int
-    """Gradient bytes held when backward starts."""
+    phases: tuple[Phase, ...]
 
-    def peak_above_state(self, grads_bytes: int) -> int:
-        """The step's peak beyond parameters, gradients (`grads_bytes`, all of them) and optimizer
-        state: 0 or more, since the end of backward holds every gradient."""
-        peak = max(self.grads_at_start + self.backward_start, self.backward_end, self.recompute)
-        return max(0, peak - grads_bytes)
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda phase: phase.total)
+
+    def peak_above_state(self, grads_bytes: int) -> PeakSplit:
+        """The step's peak beyond parameters, every gradient (`grads_bytes`) and optimizer state (0 or
+        more: the end of backward holds every gradient), as activations and working copies. Gradients the
+        peak holds beyond `grads_bytes` count as working copies; where it holds fewer, the difference
+        comes off its activations, then its working copies."""
+        peak = self.peak()
+        short = grads_bytes - peak.grads
+        if short <= 0:
+            return PeakSplit(activations=peak.activations, working=peak.working - short)
+        activations = max(0, peak.activations - short)
+        return PeakSplit(activations=activations, working=max(0, peak.working - (short - peak.activations + activations)))
 
 
-def step_activations(config: ModelConfig, job: JobSpecBody, rank: int, stage: StageParams, grads_bytes: int) -> StepActivations:
-    """The activation memory of `rank` (holding `stage`, with `grads_bytes` of gradients) over one step."""
+def step_activations(config: ModelConfig, job: JobSpecBody, rank: int, stage: StageParams, grads_bytes: int,
+                     working: WorkingCopies) -> StepActivations:
+    """The activation memory of `rank` (holding `stage`, with `grads_bytes` of gradients and the
+    data-parallel implementation's `working` copies) over one step."""
     par, training = job.parallelism, job.training
     grid = RankGrid.from_spec(par)
     pp_rank = grid.coords(rank)["pp"]
@@ -218,12 +246,22 @@ def step_activations(config: ModelConfig, job: JobSpecBody, rank: int, stage: St
     n_micro = training.global_batch_size // (grid.dp * int(training.micro_batch_size))
     in_flight = 1 if par.pp == 1 else (n_micro if par.pp_schedule == "gpipe" else min(n_micro, par.pp - pp_rank))
     earlier = (in_flight - 1) * forward
-    recompute = max(
-        (sum(kept[:i]) + full[i] + copies[i] for i, c in enumerate(checkpointed) if c), default=None
-    )
-    return StepActivations(
-        backward_start=int(earlier + forward + loss),
-        backward_end=int(earlier + grads_bytes + max(full, default=0)),
-        recompute=int(earlier + grads_bytes + recompute) if recompute is not None else 0,
-        grads_at_start=grads_bytes if gradients_held_from_start(job) else 0,
-    )
+    grads_held = working.unsharded_grads or grads_bytes  # what every gradient takes once it exists
+    w = working
+    first = in_flight * forward  # the step's first backward: no gradient yet, but DDP's buckets
+    phases = [
+        Phase("backward start", grads_bytes if gradients_in_buckets(job) else 0, int(first + loss), w.backward_start),
+        Phase("blocks' backward", grads_bytes if gradients_in_buckets(job) else 0, int(first), w.blocks),
+        Phase("backward end", grads_held, int(earlier + max(full, default=0)), w.backward_end),
+        Phase("optimizer step", grads_bytes, 0, w.optimizer),
+    ]
+    if n_micro > 1:  # the next backward: every gradient, one forward fewer once the schedule runs out of micro-batches
+        later = min(in_flight, n_micro - 1) * forward
+        phases += [Phase("next backward start", grads_held, int(later + loss), w.backward_start),
+                   Phase("next blocks' backward", grads_held, int(later), w.blocks)]
+    recompute = max((sum(kept[:i]) + full[i] + copies[i] for i, c in enumerate(checkpointed) if c), default=None)
+    if recompute is not None:
+        phases.append(Phase("recompute", grads_held, int(earlier + recompute), w.blocks))
+    if w.reduction:
+        phases.append(Phase("deferred reduction", 0, 0, w.reduction))
+    return StepActivations(tuple(phases))

@@ -15,6 +15,8 @@ on the rank, following what the engine does (formulas in docs/engine.md):
    FSDP2 pads dim 0 to a multiple of the shard count, so parameter and gradient storage is
    ceil(rows / S) rows on every rank, while optimizer state follows the unpadded local rows.
    DDP and ZeRO-1 keep full parameters and gradients (DDP's gradient buckets are the gradients).
+   What the step holds beyond this sharded state (FSDP's gathered parameters, unsharded gradients
+   and reduce-scatter buffers, ZeRO-1's broadcast buffers) is `working_bytes` (sizing/working_copies.py).
 6. Optimizer state per local parameter: AdamW 2 fp32 moments + a 4-byte step; SGD one momentum
    buffer; Adafactor row and column factors (or a full variance for vectors) + a 4-byte step.
    ZeRO-1 keeps state only for the parameters its rank owns (data_parallel.partition_sizes).
@@ -22,7 +24,8 @@ on the rank, following what the engine does (formulas in docs/engine.md):
    only adapters have gradients and optimizer state, the frozen weights are parameters only.
 
 Master weights, gradients and optimizer state are float32 whatever the compute dtype. Activations
-are modelled (sizing/activations.py), not exact; `MemoryEstimate.total_bytes` is the step's peak.
+and working copies are modelled (sizing/activations.py, sizing/working_copies.py), not exact;
+`MemoryEstimate.total_bytes` is the step's peak.
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ from trainctl.parallelism.layouts.stage_split import balanced_split, local_stage
 from trainctl.parallelism.model.lora_names import PARENTS, is_adapter
 from trainctl.parallelism.sizing import activations
 from trainctl.parallelism.sizing.flops import training_flops_per_token
+from trainctl.parallelism.sizing.working_copies import (
+    FsdpUnit,
+    PartUnits,
+    WorkingCopies,
+    fsdp_working_copies,
+    gathers_parameters,
+    zero1_working_copies,
+)
 from trainctl.spec.job import JobSpecBody, LoRASpec
 from trainctl.spec.presets import ModelConfig
 
@@ -55,12 +66,15 @@ class MemoryEstimate:
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int
-    """The peak's bytes beyond the other three (`activation_bytes`): when the peak comes at the start of
-    backward, before gradients exist, the gradients are counted in full and this part is less them."""
+    """The peak's activations beyond the other four (`peak_above_state`): when the peak comes before
+    every gradient exists, the gradients are counted in full and this part is less them."""
+    working_bytes: int = 0
+    """What the data-parallel implementation holds at the peak beyond the sharded state: gathered
+    parameters, unsharded gradients, communication buffers (sizing/working_copies.py)."""
 
     @property
     def total_bytes(self) -> int:
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.working_bytes
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,8 @@ class LocalParam:
     """Shape of the storage behind it (padded under FSDP)."""
     shape: tuple[int, ...]
     """Shape of the rank's local values (what optimizer state is shaped like)."""
+    full_shape: tuple[int, ...]
+    """Shape before the data-parallel split (after TP and EP): what FSDP all-gathers, unpadded."""
     dense: bool
     """Data-parallel parameter (False for expert-parallel experts)."""
     trainable: bool = True
@@ -190,8 +206,7 @@ def local_params(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPl
     coords = grid.coords(rank)
     plan = plan or model_plan(config, job)
     shapes = plan.shapes
-    mode = effective_mode(par, dtensor_params=par.tp > 1)
-    fsdp = mode in ("zero2", "fsdp", "hsdp") or (mode == "ddp" and par.tp > 1)
+    fsdp = gathers_parameters(job)
     shard_group = grid.group(("dp_shard", "cp"), rank)
     n_shard, shard_index = len(shard_group), shard_group.index(rank)
     parts = []
@@ -210,14 +225,15 @@ def local_params(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPl
             if is_expert and par.ep > 1:
                 shape = _split(shape, 0, par.ep)
             dense = not (is_expert and par.ep > 1)
-            storage = shape
+            full, storage = shape, shape
             if fsdp and dense and n_shard > 1:
                 rows = ceil(shape[0] / n_shard)
                 storage = (rows, *shape[1:])
                 mine = max(0, min(rows, shape[0] - shard_index * rows))
                 shape = (mine, *shape[1:])
             trainable = job.lora is None or is_adapter(name)
-            part.append(LocalParam(name=name, storage_shape=storage, shape=shape, dense=dense, trainable=trainable))
+            part.append(LocalParam(name=name, storage_shape=storage, shape=shape, full_shape=full, dense=dense,
+                                   trainable=trainable))
         parts.append(part)
     return parts
 
@@ -236,32 +252,76 @@ def optimizer_state_bytes(shape: tuple[int, ...], optimizer: str, momentum: floa
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 
-def activation_bytes(config: ModelConfig, job: JobSpecBody, rank: int, grads_bytes: int, plan: ModelPlan | None = None) -> int:
-    """Bytes the step holds on `rank` at its peak beyond parameters, its `grads_bytes` of gradients and
-    optimizer state (sizing/activations.py: saved activations, autocast's weight copies, logits and
-    the loss's temporaries, less the gradients not yet allocated when the peak comes before them)."""
+def _owners(dense: list[LocalParam], n_shard: int) -> list[int]:
+    """ZeRO-1's owner of each dense trainable parameter, as `ZeroOneSharding` partitions them."""
+    return partition_sizes([prod(p.shape) for p in dense], n_shard)
+
+
+def _units(part: list[LocalParam], n_shard: int) -> PartUnits:
+    """The `fully_shard` units of a part: one per decoder block, and the root (everything else);
+    expert-parallel experts are left out (FSDP ignores them)."""
+    blocks: dict[str, list[LocalParam]] = {}
+    root: list[LocalParam] = []
+    for p in part:
+        if p.dense:
+            (blocks.setdefault(p.name.split(".")[1], []) if p.name.startswith("layers.") else root).append(p)
+
+    def unit(params: list[LocalParam]) -> FsdpUnit:
+        trained = [p for p in params if p.trainable]
+        return FsdpUnit(gathered=sum(prod(p.storage_shape) for p in params) * n_shard,
+                        grads=sum(prod(p.full_shape) for p in trained),
+                        reduced=sum(prod(p.storage_shape) for p in trained) * n_shard)
+
+    return PartUnits(blocks=tuple(unit(b) for b in blocks.values()), root=unit(root))
+
+
+def working_copies(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None,
+                   parts: list[list[LocalParam]] | None = None) -> WorkingCopies:
+    """What the data-parallel implementation holds on `rank` beyond its sharded state, per phase of the
+    step (sizing/working_copies.py); `parts`: `local_params` of the rank when already computed."""
     plan = plan or model_plan(config, job)
-    return _activations_of(config, job, rank, local_params(config, job, rank, plan), plan, grads_bytes)
+    parts = parts if parts is not None else local_params(config, job, rank, plan)
+    par = job.parallelism
+    n_shard = par.dp_shard * par.cp
+    if gathers_parameters(job):
+        return fsdp_working_copies(job, [_units(part, n_shard) for part in parts])
+    if effective_mode(par, dtensor_params=par.tp > 1) != "zero1":
+        return WorkingCopies()
+    owner_bytes = []
+    for part in parts:
+        dense = [p for p in part if p.trainable and p.dense]
+        per_owner = [0] * n_shard
+        for p, o in zip(dense, _owners(dense, n_shard), strict=True):
+            per_owner[o] += prod(p.shape) * FP32
+        owner_bytes.append(per_owner)
+    return zero1_working_copies(owner_bytes)
 
 
-def _activations_of(config: ModelConfig, job: JobSpecBody, rank: int, parts: list[list[LocalParam]], plan: ModelPlan,
-                    grads_bytes: int) -> int:
+def peak_above_state(config: ModelConfig, job: JobSpecBody, rank: int, grads_bytes: int, working: WorkingCopies,
+                     plan: ModelPlan | None = None, parts: list[list[LocalParam]] | None = None) -> activations.PeakSplit:
+    """What the step holds on `rank` at its peak beyond parameters, its `grads_bytes` of gradients and
+    optimizer state, as activations (sizing/activations.py: saved activations, autocast's weight copies,
+    logits and the loss's temporaries) and `working` copies, less the gradients not yet allocated when
+    the peak comes before them; `parts`: `local_params` of the rank when already computed."""
+    plan = plan or model_plan(config, job)
+    parts = parts if parts is not None else local_params(config, job, rank, plan)
+    return _peak_of(config, job, rank, parts, plan, grads_bytes, working)
+
+
+def _peak_of(config: ModelConfig, job: JobSpecBody, rank: int, parts: list[list[LocalParam]], plan: ModelPlan,
+             grads_bytes: int, working: WorkingCopies) -> activations.PeakSplit:
     stage = activations.stage_params([(p.name, p.storage_shape) for part in parts for p in part], tied=plan.tied)
-    return activations.step_activations(config, job, rank, stage, grads_bytes).peak_above_state(grads_bytes)
+    return activations.step_activations(config, job, rank, stage, grads_bytes, working).peak_above_state(grads_bytes)
 
 
-def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None) -> MemoryEstimate:
-    """Bytes of parameters, gradients, optimizer state and activations on `rank` (`plan` computed
-    here when not given)."""
-    plan = plan or model_plan(config, job)
+def state_bytes(job: JobSpecBody, rank: int, parts: list[list[LocalParam]]) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer state) bytes of `rank` holding `parts` (its `local_params`)."""
     par = job.parallelism
     train = job.training
     mode = effective_mode(par, dtensor_params=par.tp > 1)
     n_shard = par.dp_shard * par.cp
-    grid = RankGrid.from_spec(par)
-    shard_index = grid.group(("dp_shard", "cp"), rank).index(rank)
+    shard_index = RankGrid.from_spec(par).group(("dp_shard", "cp"), rank).index(rank)
     params = grads = optim = 0
-    parts = local_params(config, job, rank, plan)
     for part in parts:
         params += sum(prod(p.storage_shape) * FP32 for p in part)
         trained = [p for p in part if p.trainable]
@@ -269,15 +329,26 @@ def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int, plan: Mode
         owned = trained
         if mode == "zero1":
             dense = [p for p in trained if p.dense]
-            owner = partition_sizes([prod(p.shape) for p in dense], n_shard)
+            owner = _owners(dense, n_shard)
             owned = [p for p, o in zip(dense, owner, strict=True) if o == shard_index] + [p for p in trained if not p.dense]
         optim += sum(optimizer_state_bytes(p.shape, train.optimizer, train.beta1) for p in owned)
+    return params, grads, optim
+
+
+def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None) -> MemoryEstimate:
+    """Bytes of parameters, gradients, optimizer state, activations and working copies on `rank` at
+    the step's peak (`plan` computed here when not given)."""
+    plan = plan or model_plan(config, job)
+    parts = local_params(config, job, rank, plan)
+    params, grads, optim = state_bytes(job, rank, parts)
+    peak = _peak_of(config, job, rank, parts, plan, grads, working_copies(config, job, rank, plan, parts))
     return MemoryEstimate(
         rank=rank,
         params_bytes=params,
         grads_bytes=grads,
         optimizer_bytes=optim,
-        activations_bytes=_activations_of(config, job, rank, parts, plan, grads),
+        activations_bytes=peak.activations,
+        working_bytes=peak.working,
     )
 
 
