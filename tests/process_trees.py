@@ -10,6 +10,9 @@ from pathlib import Path
 DAEMON = """
 import os, signal, sys, time
 pid_file = sys.argv[1]
+stay = len(sys.argv) > 2
+if stay:  # before the daemon exists: a test that waits for its PID file may stop the program at once
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if os.fork() == 0:  # the classic daemon: fork, setsid, fork again, the middle process exits
     os.setsid()
     if os.fork() == 0:
@@ -22,8 +25,7 @@ if os.fork() == 0:  # the classic daemon: fork, setsid, fork again, the middle p
 while not os.path.exists(pid_file):
     time.sleep(0.05)
 print("daemon started", flush=True)
-if len(sys.argv) > 2:  # stay, and ignore the SIGTERM a stop sends
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if stay:  # and ignore the SIGTERM a stop sends
     time.sleep(600)
 """
 """``python -c DAEMON PID_FILE [stay]``: start a daemon that ignores SIGTERM (its PID and session id to
