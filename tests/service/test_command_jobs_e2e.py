@@ -119,3 +119,17 @@ def test_a_cancelled_program_that_ignores_sigterm_is_stopped_with_its_daemon_and
     for thread in [t for t in threading.enumerate() if t.name == f"cancel-{created.id}"]:
         thread.join(60)  # the scheduler's cancel call has answered
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
+
+
+def test_a_program_writing_nul_to_stderr_fails_with_its_exit_code_and_stderr(client: TrainctlClient) -> None:
+    """PostgreSQL's text refuses NUL: the reason and the log line are recorded escaped (both stores:
+    tests/service/test_text_safety.py), so the exit code and stderr are never lost."""
+    program = "import sys; sys.stderr.write('boom\\x00nul\\n'); sys.exit(3)"
+    spec = {"command": {"program": sys.executable, "args": ["-c", program]}, "resources": {"gpus": 1, "device": "cpu"},
+            "scheduling": {"max_restarts": 0}}
+    created = client.create_job(TrainingJob.model_validate({"metadata": {"name": "nul-stderr"}, "spec": spec}))
+    events = list(client.watch(created.id))
+    final = client.get_job(created.id)
+    assert final.status.state == pb.FAILED, final.status.reason
+    assert final.status.reason.startswith("rank 0 exited with code 3; last stderr lines:\nboom\\x00nul"), final.status.reason
+    assert "stderr: boom\\x00nul" in [e.log.message for e in events if e.WhichOneof("payload") == "log"]

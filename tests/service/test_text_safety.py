@@ -26,8 +26,6 @@ from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.workers.command.output import RankOutput, rank_log_path
 from trainctl.workers.events import EventKind, JobState
 
-pytestmark = pytest.mark.cluster(nodes=1, gpus_per_node=1)  # the one test on Ray needs a single CPU rank
-
 STDERR_REASON = "rank 0 exited with code 3; last stderr lines:\nboom\x00nul"
 STORED_REASON = "rank 0 exited with code 3; last stderr lines:\nboom\\x00nul"
 
@@ -155,16 +153,3 @@ def test_a_rank_forwards_and_keeps_its_stderr_escaped_and_logs_it_as_written(tmp
     output.close()
     assert forwarded == ["stderr: boom\\x00nul"] and output.stderr_tail() == ["boom\\x00nul"]
     assert rank_log_path(tmp_path, 0).read_text(encoding="utf-8") == "stderr: boom\x00nul\n"
-
-
-# ---- end to end on Ray (SQLite) ----------------------------------------------------------------------
-
-
-def test_a_program_writing_nul_to_stderr_fails_with_its_exit_code_and_stderr(client: TrainctlClient) -> None:
-    program = "import sys; sys.stderr.write('boom\\x00nul\\n'); sys.exit(3)"
-    created = client.create_job(command_job("nul-stderr", args=["-c", program]))
-    events = list(client.watch(created.id))
-    final = client.get_job(created.id)
-    assert final.status.state == pb.FAILED, final.status.reason
-    assert final.status.reason.startswith(STORED_REASON), final.status.reason
-    assert "stderr: boom\\x00nul" in [e.log.message for e in events if e.WhichOneof("payload") == "log"]
