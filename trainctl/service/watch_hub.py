@@ -262,12 +262,13 @@ class EventHub(Generic[T]):
                     feed.cursor = events[-1].sequence
                 continue
             appended.wait(self.store_poll_seconds)
-        self._retire(feed, ended=True)
+        self._retire(feed, ended=False, stopping=True)  # not the job's end: its watchers answer WatchStopped
 
-    def _retire(self, feed: _Feed[T], *, ended: bool) -> bool:
-        """Remove the feed when the job `ended` or it has no watchers; whether it was removed."""
+    def _retire(self, feed: _Feed[T], *, ended: bool, stopping: bool = False) -> bool:
+        """Remove the feed when the job `ended`, it has no watchers, or the service is `stopping`; whether
+        it was removed. Only `ended` tells the watchers the job is over."""
         with self._lock, feed.lock:
-            if not ended and feed.watchers:
+            if not ended and not stopping and feed.watchers:
                 return False
             feed.ended = ended
             for watcher in feed.watchers:
