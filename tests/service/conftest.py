@@ -1,5 +1,7 @@
-"""Store fixtures for the service tests: `store_location` runs a test on both backends, a data directory
-(SQLite) and a fresh database on the session's PostgreSQL server (`postgres`, tests/conftest.py)."""
+"""Fixtures of the service tests: `store_location` runs a test on both backends, a data directory (SQLite)
+and a fresh database on the session's PostgreSQL server (`postgres`, tests/conftest.py); `api` is an API
+server over a scripted runtime (`runtime`), which CLI commands find through TRAINCTL_SERVER, and `client`
+a client of it."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from control_plane_fakes import ApiServer, ScriptedRuntime, start_api_server
 from postgres_server import PostgresServer
+
+from trainctl.cli.client import TrainctlClient
 
 STORE_BACKENDS = ("sqlite", "postgresql")
 
@@ -22,3 +27,22 @@ def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
     url = server.create_database()
     yield url
     server.drop_database(url)
+
+
+@pytest.fixture
+def runtime() -> ScriptedRuntime:
+    return ScriptedRuntime()
+
+
+@pytest.fixture
+def api(tmp_path: Path, runtime: ScriptedRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
+    server = start_api_server(tmp_path / "data", runtime)
+    monkeypatch.setenv("TRAINCTL_SERVER", server.target)  # commands find the server from the environment
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(api: ApiServer) -> Iterator[TrainctlClient]:
+    with TrainctlClient(api.target, token="") as c:
+        yield c

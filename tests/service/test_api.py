@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -29,24 +29,6 @@ from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.workers.events import EventKind, JobState
 
 REMOTE_CASES = [c for c in bad_spec_catalogue() if not c.local_only]
-
-
-@pytest.fixture
-def runtime() -> ScriptedRuntime:
-    return ScriptedRuntime()
-
-
-@pytest.fixture
-def api(tmp_path: Path, runtime: ScriptedRuntime) -> Iterator[ApiServer]:
-    server = start_api_server(tmp_path, runtime)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def client(api: ApiServer) -> Iterator[TrainctlClient]:
-    with TrainctlClient(api.target, token="") as c:
-        yield c
 
 
 ENUM_PREFIXES = {

@@ -10,12 +10,11 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from control_plane_fakes import ApiServer, ScriptedRuntime, bad_spec_catalogue, start_api_server
+from control_plane_fakes import ApiServer, ScriptedRuntime, bad_spec_catalogue
 from small_jobs import small_job
 
 from trainctl.cli.main import EXIT_INVALID, main
@@ -72,19 +71,6 @@ def test_hostile_files_get_error_lines_not_tracebacks(tmp_path: Path, content: b
         err = capsys.readouterr().err
         assert expected in err and "Traceback" not in err, err
         assert all(line.startswith(("error: ", "  ")) for line in err.splitlines()), err
-
-
-@pytest.fixture
-def runtime() -> ScriptedRuntime:
-    return ScriptedRuntime()
-
-
-@pytest.fixture
-def api(tmp_path: Path, runtime: ScriptedRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
-    server = start_api_server(tmp_path / "data", runtime)
-    monkeypatch.setenv("TRAINCTL_SERVER", server.target)  # commands find the server from the environment
-    yield server
-    server.stop()
 
 
 def _spec(tmp_path: Path, name: str, gpus: int = 2, steps: int = 3, **labels: str) -> Path:

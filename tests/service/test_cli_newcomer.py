@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
-from control_plane_fakes import ApiServer, ScriptedRuntime, free_port, start_api_server
+from control_plane_fakes import ApiServer, ScriptedRuntime, free_port
 from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
@@ -120,19 +120,6 @@ def test_a_client_command_loads_no_spec_models_and_no_topology(tmp_path: Path) -
     done = subprocess.run([sys.executable, "-c", code, "--server", f"127.0.0.1:{free_port()}", "list"],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.stdout.splitlines()[-1] == "[]", done.stdout + done.stderr
-
-
-@pytest.fixture
-def runtime() -> ScriptedRuntime:
-    return ScriptedRuntime()
-
-
-@pytest.fixture
-def api(tmp_path: Path, runtime: ScriptedRuntime, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
-    server = start_api_server(tmp_path / "data", runtime)
-    monkeypatch.setenv("TRAINCTL_SERVER", server.target)
-    yield server
-    server.stop()
 
 
 def _submit(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str], gpus: int = 2) -> str:

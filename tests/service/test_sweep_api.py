@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,24 +41,6 @@ DOCUMENT: dict[str, Any] = {
         "trials": 3, "parallel_trials": 2,
     },
 }
-
-
-@pytest.fixture
-def runtime() -> ScriptedRuntime:
-    return ScriptedRuntime()
-
-
-@pytest.fixture
-def api(tmp_path: Path, runtime: ScriptedRuntime) -> Iterator[ApiServer]:
-    server = start_api_server(tmp_path, runtime)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def client(api: ApiServer) -> Iterator[TrainctlClient]:
-    with TrainctlClient(api.target, token="") as c:
-        yield c
 
 
 def changed(path: str, value: Any) -> dict[str, Any]:
