@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+from trainctl.parallelism.engine.loss import cross_entropy
 from trainctl.parallelism.layouts.pipeline import split_pipeline_stages
 from trainctl.parallelism.layouts.stage_split import (
     PipelineLayoutError,
@@ -123,11 +124,11 @@ def test_runner_rejects_bad_schedules_and_batches(single_rank_group) -> None:
     two = split_pipeline_stages(build_model(PRESETS["debug"], seed=0), pp_rank=0, pp=1, virtual_stages=2)
     cpu = torch.device("cpu")
     with pytest.raises(PipelineLayoutError, match="unknown pipeline schedule 'zb'"):
-        PipelineRunner(one, schedule="zb", n_microbatches=2, group=single_rank_group, device=cpu)
+        PipelineRunner(one, schedule="zb", n_microbatches=2, group=single_rank_group, device=cpu, loss_fn=cross_entropy)
     with pytest.raises(PipelineLayoutError, match="'1f1b' runs one stage per rank, got 2"):
-        PipelineRunner(two, schedule="1f1b", n_microbatches=2, group=single_rank_group, device=cpu)
+        PipelineRunner(two, schedule="1f1b", n_microbatches=2, group=single_rank_group, device=cpu, loss_fn=cross_entropy)
     with pytest.raises(PipelineLayoutError, match="interleaved_1f1b needs at least 2 virtual stages"):
-        PipelineRunner(one, schedule="interleaved_1f1b", n_microbatches=2, group=single_rank_group, device=cpu)
-    runner = PipelineRunner(one, schedule="1f1b", n_microbatches=2, group=single_rank_group, device=cpu)
+        PipelineRunner(one, schedule="interleaved_1f1b", n_microbatches=2, group=single_rank_group, device=cpu, loss_fn=cross_entropy)
+    runner = PipelineRunner(one, schedule="1f1b", n_microbatches=2, group=single_rank_group, device=cpu, loss_fn=cross_entropy)
     with pytest.raises(PipelineLayoutError, match="batch of 3 sequences is not divisible into 2 micro-batches"):
         runner.step(torch.zeros(3, 8, dtype=torch.long), torch.zeros(3, 8, dtype=torch.long))

@@ -103,7 +103,8 @@ except SystemExit:
     pass
 heavy = ("grpc", "google", "rich", "pydantic", "yaml", "torch", "ray", "trainctl.v1", "trainctl.spec.job",
          "trainctl.workers", "trainctl.service.server", "trainctl.cli.client")
-print(sorted({m for m in sys.modules if m.startswith(heavy) and (m in heavy or m.startswith(tuple(h + "." for h in heavy)))}))
+light = {"trainctl.workers", "trainctl.workers.ray_environment"}  # the Ray environment guard: the standard library only
+print(sorted({m for m in sys.modules if m.startswith(heavy) and (m in heavy or m.startswith(tuple(h + "." for h in heavy)))} - light))
 """
 
 

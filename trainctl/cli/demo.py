@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import tempfile
@@ -43,8 +42,6 @@ def run(args: argparse.Namespace) -> int:
 
 def run_demo(spec_path: Path, *, nodes: int = 2, gpus_per_node: int = 4) -> int:
     """Run the demo; exit status 0 when the job succeeded with a falling loss."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import urllib.request
 
     from trainctl.service.server import Service, ServiceConfig

@@ -22,11 +22,9 @@ that command's arguments are declared and parsed, and it runs (trainctl.cli.comm
 
 from __future__ import annotations
 
-import os
+from trainctl.workers.ray_environment import prepare_ray_environment
 
-# Before anything imports Ray: an embedded Ray binds 127.0.0.1 only and reports no usage stats.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+prepare_ray_environment()  # before anything imports Ray
 
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402

@@ -6,3 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 DataFormat = Literal["text", "tokens", "jsonl", "parquet", "arrow"]
+
+TOKEN_SHARD_INDEX = "index.json"
+"""The index file of a token-shard directory (`format: tokens`): written by
+trainctl.parallelism.data.token_shards, checked by spec validation."""

@@ -11,7 +11,6 @@ with no --ray-address starts one (``--nodes`` x ``--gpus-per-node``, 1 x 8 by de
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -135,7 +134,6 @@ def start_embedded(
         raise RuntimeError(
             "set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported, so the embedded cluster binds 127.0.0.1 only"
         )
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     topology = simulated_topology(nodes, gpus_per_node)
     labels = {node_name(i): topology_labels(topology, node_name(i)) for i in range(nodes)}
     for attempt in range(1, START_ATTEMPTS + 1):

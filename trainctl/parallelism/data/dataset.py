@@ -33,9 +33,10 @@ from pathlib import Path
 
 from trainctl.parallelism.data.corpus import PackedDataset
 from trainctl.parallelism.data.documents import source_files
-from trainctl.parallelism.data.token_shards import FORMAT_VERSION, INDEX, TokenShardDataset, prepare_shards
+from trainctl.parallelism.data.token_shards import FORMAT_VERSION, TokenShardDataset, prepare_shards
 from trainctl.parallelism.data.tokenizer import FIELD as TOKENIZER_FIELD
 from trainctl.parallelism.data.tokenizer import load_tokenizer
+from trainctl.spec.data_format import TOKEN_SHARD_INDEX
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import DataSpec, resolve_tokenizer
 
@@ -101,7 +102,7 @@ def cached_shards(spec: DataSpec, tokenizer: str, files: FileRule = FileRule()) 
     target = root / key
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / INDEX).is_file():
+        if not (target / TOKEN_SHARD_INDEX).is_file():
             building = root / f"{key}.tmp-{os.getpid()}"
             shutil.rmtree(building, ignore_errors=True)
             try:

@@ -51,10 +51,10 @@ from trainctl.parallelism.data.corpus import (
 )
 from trainctl.parallelism.data.documents import source_files, token_stream
 from trainctl.parallelism.data.tokenizer import document_tokens, load_tokenizer
+from trainctl.spec.data_format import TOKEN_SHARD_INDEX
 from trainctl.spec.files import FileRule, FileRuleError
 from trainctl.spec.job import DataSpec
 
-INDEX = "index.json"
 FORMAT_VERSION = 1
 DEFAULT_SHARD_TOKENS = 1 << 24
 
@@ -166,8 +166,8 @@ def prepare_shards(
     dtype = token_dtype(tok.vocab_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if (out / INDEX).exists():
-        (out / INDEX).unlink()  # the directory is not a valid dataset until the new index is written
+    if (out / TOKEN_SHARD_INDEX).exists():
+        (out / TOKEN_SHARD_INDEX).unlink()  # the directory is not a valid dataset until the new index is written
     masked = messages_field is not None
     writer = ShardWriter(out, dtype, shard_tokens, masked)
     stream = _encoded_text(paths, tokenizer, workers, files) if format == "text" else token_stream(spec, tok, paths, files)
@@ -180,9 +180,9 @@ def prepare_shards(
         "version": FORMAT_VERSION, "tokenizer": tokenizer, "vocab_size": tok.vocab_size, "dtype": dtype.name,
         "masked": masked, "files": [str(p) for p in paths], "shards": shards,
     }
-    tmp = out / f".{INDEX}.tmp"
+    tmp = out / f".{TOKEN_SHARD_INDEX}.tmp"
     tmp.write_text(json.dumps(index, indent=1))
-    tmp.replace(out / INDEX)
+    tmp.replace(out / TOKEN_SHARD_INDEX)
     return PrepareResult(
         out_dir=out, files=len(paths), tokens=sum(s["tokens"] for s in shards), shards=len(shards), masked=masked
     )
@@ -201,7 +201,7 @@ class TokenShardDataset:
         self.maps: list[np.memmap] = []
         self.mask_maps: list[np.memmap | None] = []
         for field, root in roots:
-            index_path = files.check(root / INDEX, field)
+            index_path = files.check(root / TOKEN_SHARD_INDEX, field)
             try:
                 index = files.read_json(index_path, field)
             except FileRuleError as exc:  # missing, unreadable, too large or not JSON
@@ -209,11 +209,11 @@ class TokenShardDataset:
                     f"{field}: {str(root)!r} is not a token-shard directory ({exc.message}); build it with `trainctl data prepare`"
                 ) from None
             if not isinstance(index, dict):
-                raise DataError(f"{field}: {str(root)!r} has a malformed {INDEX} (not a JSON object)")
+                raise DataError(f"{field}: {str(root)!r} has a malformed {TOKEN_SHARD_INDEX} (not a JSON object)")
             if index.get("version") != FORMAT_VERSION:
                 raise DataError(f"{field}: {str(root)!r} has index version {index.get('version')}, expected {FORMAT_VERSION}")
             if not isinstance(index.get("vocab_size"), int):
-                raise DataError(f"{field}: {str(root)!r} has a malformed {INDEX} (no integer vocab_size)")
+                raise DataError(f"{field}: {str(root)!r} has a malformed {TOKEN_SHARD_INDEX} (no integer vocab_size)")
             if index["vocab_size"] > vocab_size:
                 raise DataError(
                     f"spec.model.vocab_size: {vocab_size} is smaller than the vocabulary the shards in {str(root)!r} were "
@@ -277,7 +277,7 @@ def _mapped_shards(
     """The shards `index` lists and their masks (None where absent), each a file of `root` obeying
     `files`, memory-mapped and checked against its recorded token count."""
     maps, masks = [], []
-    source = str(root / INDEX)
+    source = str(root / TOKEN_SHARD_INDEX)
     try:
         dtype = np.dtype(index["dtype"])
         for shard in index["shards"]:
@@ -293,7 +293,7 @@ def _mapped_shards(
     except (DataError, FileRuleError):
         raise
     except (KeyError, TypeError) as exc:
-        raise DataError(f"{field}: {str(root)!r} has a malformed {INDEX}: {exc!r}") from exc
+        raise DataError(f"{field}: {str(root)!r} has a malformed {TOKEN_SHARD_INDEX}: {exc!r}") from exc
     except (OSError, ValueError) as exc:  # a shard missing, unreadable or empty
         raise DataError(f"{field}: cannot map a shard of {str(root)!r}: {exc}") from exc
     return maps, masks

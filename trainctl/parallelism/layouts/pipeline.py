@@ -40,7 +40,6 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
-from trainctl.parallelism.engine.loss import cross_entropy
 from trainctl.parallelism.layouts.stage_split import (
     PipelineLayoutError,
     balanced_split,
@@ -161,7 +160,7 @@ class PipelineRunner:
         n_microbatches: int,
         group: dist.ProcessGroup,
         device: torch.device,
-        loss_fn: LossFn = cross_entropy,
+        loss_fn: LossFn,
     ):
         if schedule not in SCHEDULES:
             raise PipelineLayoutError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(SCHEDULES)}")

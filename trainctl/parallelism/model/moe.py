@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from trainctl.parallelism.model.transformer import FeedForward
+from trainctl.parallelism.model.feed_forward import FeedForward
 from trainctl.spec.job import MoEAuxLoss
 from trainctl.spec.presets import MoEConfig
 

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainctl.parallelism.model.feed_forward import FeedForward
+from trainctl.parallelism.model.moe import MoEFeedForward
 from trainctl.spec.presets import ModelConfig, RopeScaling
 
 
@@ -140,29 +142,6 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
-
-    def __init__(self, dim: int, ffn_dim: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, ffn_dim, bias=False)
-        self.w2 = nn.Linear(ffn_dim, dim, bias=False)
-        self.w3 = nn.Linear(dim, ffn_dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-def _moe_feed_forward(config: ModelConfig) -> nn.Module:
-    try:
-        from trainctl.parallelism.model.moe import MoEFeedForward
-    except ImportError as exc:
-        raise NotImplementedError(
-            "MoE models need trainctl.parallelism.model.moe.MoEFeedForward, which is not available in this build"
-        ) from exc
-    return MoEFeedForward(config.dim, config.ffn_dim, config.moe)
-
-
 class TransformerBlock(nn.Module):
     """Pre-norm decoder block: x + attn(norm(x)), then + ffn(norm(x)) (dense `feed_forward` or `moe`)."""
 
@@ -172,7 +151,7 @@ class TransformerBlock(nn.Module):
         self.attention = Attention(config)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         if config.is_moe_layer(layer_id):
-            self.moe = _moe_feed_forward(config)
+            self.moe = MoEFeedForward(config.dim, config.ffn_dim, config.moe)
         else:
             self.feed_forward = FeedForward(config.dim, config.ffn_dim)
 
