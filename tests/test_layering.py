@@ -1,4 +1,5 @@
-"""Imports point down only: cli -> service -> workers -> parallelism -> spec (DESIGN.md).
+"""Imports point down only: cli -> service -> workers -> parallelism -> spec (DESIGN.md), and no module
+imports itself round a circle (function-level imports included, `if TYPE_CHECKING:` ones not).
 
 `observability` (the Grafana dashboards, read by deploy/render.py) sits beside the layers: it imports
 none of them, and none of them imports it. Every form of import is followed: `import x`, `from x import y`,
@@ -162,3 +163,108 @@ def test_checker_catches_a_dynamic_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import importlib\nmod = importlib.import_module('trainctl.parallelism.layouts.pipeline')\nx = __import__('os')\n")
     assert dynamic_imports(bad) == [(2, "import_module"), (3, "__import__")]
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    """Lines inside `if TYPE_CHECKING:` blocks: imports for annotations only, never executed."""
+    return {
+        inner.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for statement in node.body
+        for inner in ast.walk(statement)
+        if hasattr(inner, "lineno")
+    }
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports at run time (anywhere in the file: a function-level
+    import closes a circle as surely as a top-level one). `from a import b` counts as a.b when that is a
+    module, else as a."""
+    root = package.parent
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str | None:
+        parts = name.split(".")
+        while parts and ".".join(parts) not in modules:
+            parts.pop()
+        return ".".join(parts) or None
+
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        skipped = _type_checking_lines(tree)
+        named = [  # `from a import b, c`: a.b and a.c, which known() takes back to a where they are not modules
+            (node.lineno, f"{_absolute(node.module, node.level, _package_of(path, root))}.{alias.name}")
+            for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+            for alias in node.names
+        ]
+        graph[name] = {
+            target for line, module in [*imported_modules(path, root), *named]
+            if line not in skipped and (target := known(module)) is not None and target != name
+        }
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            child = next(edges, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_no_import_circle() -> None:
+    circles = import_circles(import_graph(PACKAGE))
+    assert not circles, "modules that import each other (directly or round a circle):\n" + "\n".join(map(str, circles))
+
+
+def test_checker_finds_a_circle_through_a_function_level_import(tmp_path: Path) -> None:
+    package = tmp_path / "trainctl"
+    (package / "model").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "model" / "__init__.py").write_text("")
+    (package / "model" / "a.py").write_text("from trainctl.model.b import thing\n")
+    (package / "model" / "b.py").write_text("def thing():\n    from trainctl.model import c\n")
+    (package / "model" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainctl.model import b\n"
+                                            "from . import a\n")
+    (package / "model" / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainctl.model import a\n")
+    (package / "model" / "e.py").write_text("from trainctl.model import d\n")
+    assert import_circles(import_graph(package)) == [["trainctl.model.a", "trainctl.model.b", "trainctl.model.c"]]
