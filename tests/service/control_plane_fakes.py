@@ -29,6 +29,7 @@ from trainctl.service.sweeps import SweepDriver
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus, status_of
+from trainctl.workers.relaunch import Relaunch
 from trainctl.workers.topology import TopologyMap, simulated_topology
 
 
@@ -50,12 +51,19 @@ class ScriptedRuntime:
     """Job id -> the per-node environment it was started with."""
     file_rules: dict[str, FileRule] = field(default_factory=dict)
     """Job id -> the FileRule its ranks were to open its files under."""
+    relaunches: dict[str, Relaunch] = field(default_factory=dict)
+    """Job id -> the Relaunch it was last started with (jobs started again after a cluster loss)."""
+    lost_clusters: set[str] = field(default_factory=set)
+    """Jobs whose supervisor ended with the Ray cluster it ran on (`lost_with_cluster`)."""
 
     def start_job(
-        self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict, file_rule: FileRule
+        self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict, file_rule: FileRule,
+        relaunch: Relaunch | None = None,
     ) -> None:
         if self.fail_start:
             raise RuntimeError("no Ray today")
+        if relaunch is not None:
+            self.relaunches[job_id] = relaunch
         self.started.append((job_id, placement))
         self.node_envs[job_id] = node_env
         self.file_rules[job_id] = file_rule
@@ -68,6 +76,9 @@ class ScriptedRuntime:
 
     def running_jobs(self) -> list[str]:
         return sorted(self.alive)
+
+    def lost_with_cluster(self, job_id: str) -> bool:
+        return job_id in self.lost_clusters
 
     def poll(self, job_id: str, cursor: int) -> JobStatus:
         return status_of(self.logs[job_id].all(), cursor, 1000)

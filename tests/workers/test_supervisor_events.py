@@ -62,6 +62,18 @@ def test_torn_last_line_is_dropped_but_corruption_elsewhere_is_an_error(tmp_path
         read_events(path)
 
 
+def test_an_append_after_a_torn_last_line_starts_a_line_of_its_own(tmp_path):
+    """A process killed mid-write leaves a line without its newline; the next writer's event must not be
+    glued to it (the log would be unreadable from there on)."""
+    path = tmp_path / "events.jsonl"
+    EventLog.open(path).append(EventKind.STATE, state=JobState.RUNNING, reason="up")
+    path.write_text(path.read_text() + '{"seq": 2, "kind": "lo')
+    EventLog.open(path).append(EventKind.STATE, state=JobState.FAILED, reason="relaunch refused")
+    events = read_events(path)
+    assert [(e.seq, e.state) for e in events] == [(1, JobState.RUNNING), (2, JobState.FAILED)]
+    assert path.read_text().endswith("\n")
+
+
 def test_gap_in_sequence_is_an_error(tmp_path):
     path = tmp_path / "events.jsonl"
     log = EventLog.open(path)

@@ -66,6 +66,7 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainctl.service.relaunch import log_stop_notice
     from trainctl.service.server import Service, ServiceConfig, settle_heap_for_serving
     from trainctl.service.shutdown import install_stop_signals
     from trainctl.service.store import StoreError
@@ -88,7 +89,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"trainctl serving on {service.target}; data in {config.data_dir}; store {service.store.location}"
           + (f"; metrics on http://{config.metrics_host}:{service.metrics_port}/metrics" if service.metrics_port else ""),
           flush=True)
-    install_stop_signals(service.stop)
+
+    def stop() -> None:
+        log_stop_notice(service.store, args.ray_address)  # what happens to the running jobs, before they stop
+        service.stop()
+
+    install_stop_signals(stop)
     settle_heap_for_serving()
     service.wait()
     return EXIT_OK

@@ -53,6 +53,7 @@ from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
 from trainctl.service.paths import JobPathPolicy
 from trainctl.service.pool import GpuPool, PlannedPlacement
+from trainctl.service.relaunch import Ending, after_cluster_loss
 from trainctl.service.store import Fence, JobRecord, JobStore, LeaseLost, QueuedJob, StoreUnavailable
 from trainctl.service.tenancy import Quota, TenantUsage, start_block_reason
 from trainctl.spec.files import FileRule
@@ -60,6 +61,7 @@ from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import ACTIVE_STATES, EVENTS_FILE, EventKind, JobState
 from trainctl.workers.events import Event as RuntimeEvent
 from trainctl.workers.events import JobStatus as RuntimeStatus
+from trainctl.workers.relaunch import Relaunch
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +79,12 @@ class Runtime(Protocol):
 
     def start_job(
         self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict[str, dict[str, str]],
-        file_rule: FileRule,
+        file_rule: FileRule, relaunch: Relaunch | None = None,
     ) -> None: ...
 
     def attach(self, job_id: str, run_dir: Path) -> None: ...
+
+    def lost_with_cluster(self, job_id: str) -> bool: ...
 
     def running_jobs(self) -> list[str]: ...
 
@@ -276,8 +280,9 @@ class Scheduler:
     def recover(self) -> None:
         """Rebuild reservations and cursors from the store after a (re)start or a store outage: forget
         jobs the store does not have active and reservations it does not know, re-attach the supervisors
-        of active jobs not followed yet, and start those whose admission a crash interrupted before their
-        supervisor existed. Jobs already followed keep their cursors."""
+        of active jobs not followed yet, relaunch (or end) those whose supervisor ended with the Ray
+        cluster it ran on (trainctl.service.relaunch), and start those whose admission a crash interrupted
+        before their supervisor existed. Jobs already followed keep their cursors."""
         with self._lock:
             running = set(self.runtime.running_jobs())
             stored = self.store.list_jobs(states=ACTIVE_STATES, oldest_first=True)
@@ -298,12 +303,21 @@ class Scheduler:
         self._active[record.id] = _Active(cursor=cursor, stored_cursor=cursor)
         run_dir = Path(record.run_dir or self.runs_dir / record.id)
         self.runtime.attach(record.id, run_dir)
-        if record.id not in running and not (run_dir / EVENTS_FILE).exists():
+        if record.id in running:
+            return
+        if not (run_dir / EVENTS_FILE).exists():
             if record.state == JobState.CANCELLING:
                 self._finish(self._set_state(record, JobState.CANCELLED, record.reason))
                 return
             log.info("job %s: admission was interrupted by a service restart; starting it", record.id)
             self._launch(record, placement)
+        elif self.runtime.lost_with_cluster(record.id):  # else Ray gave up on it: following it fails the job
+            outcome = after_cluster_loss(record, run_dir)
+            if isinstance(outcome, Ending):
+                self._finish(self._set_state(record, outcome.state, outcome.reason))
+            elif outcome is not None:
+                log.warning("job %s: relaunching it: %s", record.id, outcome.reason)
+                self._launch(record, placement, outcome)
 
     # ---- one tick -------------------------------------------------------------------------------------
     def tick(self, *, skip_idle_admission: bool = False) -> None:
@@ -624,10 +638,8 @@ class Scheduler:
                 return
             record = self.store.get_job(job_id)
             self._unlaunched.discard(job_id)
-            if record.state == JobState.CANCELLING:
-                self._finish(self._set_state(record, JobState.CANCELLED, record.reason))
-            elif record.state == JobState.SCHEDULED:
-                self._launch(record, PlannedPlacement.from_records(record.placement))
+            if not record.terminal:  # started, relaunched or cancelled as a re-sync would
+                self._recover_job(record, running=set())
 
     def _usage(self, tenant: str) -> TenantUsage:
         active = self.store.list_jobs(tenant=tenant, states=ACTIVE_STATES)
@@ -666,7 +678,7 @@ class Scheduler:
         if entry.reason != reason:
             self.store.update_status(entry.id, expect=[JobState.QUEUED], reason=reason)
 
-    def _launch(self, record: JobRecord, placement: PlannedPlacement) -> None:
+    def _launch(self, record: JobRecord, placement: PlannedPlacement, relaunch: Relaunch | None = None) -> None:
         if not self._may_launch():
             self._unlaunched.add(record.id)  # too little lease left: the next tick, or the next leader
             return
@@ -674,7 +686,8 @@ class Scheduler:
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.runtime.start_job(
-                record.id, record.job, placement, run_dir, node_env=self.pool.nccl_env(), file_rule=self._file_rule(record)
+                record.id, record.job, placement, run_dir, node_env=self.pool.nccl_env(), file_rule=self._file_rule(record),
+                relaunch=relaunch,
             )
         except Exception as exc:
             log.exception("job %s: start failed", record.id)

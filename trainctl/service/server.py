@@ -4,15 +4,17 @@
 `trainctl demo` run); health is SERVING while the store's database answers (trainctl.service.readiness);
 `stop()` takes it down gracefully: health goes NOT_SERVING, watch streams end,
 in-flight RPCs get `grace` seconds, the scheduler loop stops, and whatever the service started (the
-embedded Ray, the metrics endpoint) is stopped. Running jobs keep running (their supervisors are
-detached Ray actors) and are re-attached by the next start.
+embedded Ray, the metrics endpoint) is stopped. On an external Ray (`ray_address`) running jobs keep
+running (their supervisors are detached Ray actors) and are re-attached by the next start; with the
+embedded Ray they stop with it (their supervisors first, so none records the end of its ranks as the
+job's failure) and the next start on the same data relaunches them from their newest checkpoint
+(trainctl.service.relaunch).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,8 +175,9 @@ class Service:
         return f"{host}:{self.port}"
 
     def start(self) -> Service:
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # an embedded Ray binds loopback only
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        from trainctl.workers.ray_environment import prepare_ray_environment
+
+        prepare_ray_environment()  # before this process first imports Ray (below)
         from trainctl.workers.embedded import start_embedded
         from trainctl.workers.runtime import RayRuntime
 
@@ -273,6 +276,8 @@ class Service:
         if self._metrics_server is not None:
             self._metrics_server.close()
         self.store.close()
+        if self._embedded is not None:  # its jobs stop with it; the next start relaunches them (service.relaunch)
+            self._runtime.stop_supervisors()
         self._runtime.close()
         if self._embedded is not None:
             self._embedded.shutdown()

@@ -188,6 +188,7 @@ class EventLog:
         """A log backed by ``path``, holding the events already in it (none when it does not exist)."""
         log = cls(path=path)
         if path is not None and path.exists():
+            _drop_torn_tail(path)
             for event in read_events(path):
                 log._take(event)
         elif path is not None:
@@ -239,6 +240,15 @@ class EventLog:
         """Sequence number of the newest event (0 when empty)."""
         with self._lock:
             return len(self._events)
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line a crash left unfinished (no newline), so the next append starts a line of its own
+    instead of continuing the torn one (which would make every later event unreadable)."""
+    with path.open("r+b") as log_file:
+        data = log_file.read()
+        if data and not data.endswith(b"\n"):
+            log_file.truncate(data.rfind(b"\n") + 1)
 
 
 def read_events(path: Path) -> list[Event]:

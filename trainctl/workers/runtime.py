@@ -1,10 +1,13 @@
 """RayRuntime: what the service calls to run jobs on Ray.
 
-``start_job`` creates the job's detached, named `JobSupervisor`; ``poll`` reads its event log from a
+``start_job`` creates the job's detached, named `JobSupervisor` (or, given a `Relaunch`, a new one for a
+job whose supervisor ended with the Ray cluster it ran on); ``poll`` reads its event log from a
 cursor; ``replace_plan`` hands a supervisor that lost a node its new plan; ``cancel`` stops it and
 leaves no actor or placement group behind; ``running_jobs`` and ``attach`` let a restarted service
-find and re-attach the supervisors that kept running; ``cluster_nodes`` and ``live_nodes`` describe
-the Ray nodes trainctl can place ranks on.
+find and re-attach the supervisors that kept running, and ``lost_with_cluster`` tells a supervisor
+that is gone for good (Ray gave up restarting it) from one that ended with the Ray cluster it ran on
+(each run directory names the Ray session its supervisor was started in); ``cluster_nodes`` and
+``live_nodes`` describe the Ray nodes trainctl can place ranks on.
 
 Once a job is terminal and a poll has returned its last event, the runtime kills the supervisor;
 later polls read the same log from ``<run_dir>/events.jsonl``.
@@ -12,7 +15,6 @@ later polls read the same log from ``<run_dir>/events.jsonl``.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -37,6 +39,7 @@ from trainctl.workers.events import (
 from trainctl.workers.nodes import ClusterNode, cluster_nodes
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import check_slots, owned_by
+from trainctl.workers.relaunch import Relaunch
 from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, SUPERVISOR_SHARE
 from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, SupervisorConfig, supervisor_name
 from trainctl.workers.topology.model import TopologyMap
@@ -45,6 +48,11 @@ from trainctl.workers.warm_pool import WarmPool
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SUPERVISOR_MAX_RESTARTS = 3
 """Times Ray restarts a supervisor whose process died; each restart resumes from the checkpoint."""
+RAY_SESSION_FILE = "ray_session"
+"""In a job's run directory: the name of the Ray session (one per start of a Ray cluster) its supervisor
+was last started in."""
+SESSION_NAME_BYTES = 256
+"""Most bytes of `RAY_SESSION_FILE` read (Ray's session names are about 40)."""
 
 
 class JobNotFound(LookupError):
@@ -92,8 +100,6 @@ class RayRuntime:
         replan_timeout: float | None = None,
         warm_pool: bool = False,
     ) -> None:
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self.namespace = namespace
         self._placement_timeout = placement_timeout
         self._call_timeout = call_timeout
@@ -127,6 +133,7 @@ class RayRuntime:
         topology: TopologyMap | None = None,
         node_env: dict[str, dict[str, str]] | None = None,
         file_rule: FileRule = FileRule(),
+        relaunch: Relaunch | None = None,
     ) -> None:
         """Create the job's supervisor, which reserves the planned GPUs and starts training.
 
@@ -139,7 +146,11 @@ class RayRuntime:
 
         After a node loss the supervisor re-places the ranks itself on ``topology`` over the GPU slots
         free in Ray when one is given (a caller that keeps no GPU accounting); without it, it waits
-        for `replace_plan` from the caller (the service's scheduler, which owns the accounting)."""
+        for `replace_plan` from the caller (the service's scheduler, which owns the accounting).
+
+        ``relaunch``: the job ran before and its supervisor ended with the Ray cluster it ran on
+        (`lost_with_cluster`); the new supervisor continues the job's event log in ``run_dir``, records a
+        restart with the relaunch's reason and resumes from the newest complete checkpoint."""
         _check_job_id(job_id)
         if self._supervisor(job_id) is not None:
             raise JobAlreadyStarted(f"job {job_id} already has a supervisor ({supervisor_name(job_id)})")
@@ -161,7 +172,9 @@ class RayRuntime:
             # Pooled workers preload the engine and serve one call at a time: a command job starts its own.
             warm_workers=self.warm_pool.take(slots, use_gpu) if self.warm_pool is not None and job.spec.command is None else {},
             file_rule_json=file_rule.to_json(),
+            relaunch=relaunch,
         )
+        (run_path / RAY_SESSION_FILE).write_text(self._session() + "\n", encoding="utf-8")
         actor_cls = ray.remote(concurrency_groups={"control": 4, "reports": 1})(JobSupervisor)
         actor_cls.options(
             name=supervisor_name(job_id),
@@ -179,6 +192,37 @@ class RayRuntime:
         """Remember where a job's events live (a restarted service calls this for each known job)."""
         _check_job_id(job_id)
         self._run_dirs[job_id] = Path(run_dir).resolve()
+
+    def lost_with_cluster(self, job_id: str) -> bool:
+        """Whether the job's supervisor was started in a Ray session other than this runtime's: the Ray
+        cluster it ran on is gone (an embedded one ends with the service that started it), and nothing of
+        the job runs anymore. False when its run directory names this session or none (a run from before
+        sessions were recorded). Needs `attach` (or `start_job`) first."""
+        run_dir = self._run_dirs.get(job_id)
+        if run_dir is None:
+            raise JobNotFound(f"job {job_id}: no run directory (call attach() with its run dir)")
+        try:
+            with (run_dir / RAY_SESSION_FILE).open("rb") as file:  # the run directory is the job's too: bounded
+                started_in = file.read(SESSION_NAME_BYTES).decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            return False
+        return bool(started_in) and started_in != self._session()
+
+    def stop_supervisors(self, timeout: float = 5.0) -> list[str]:
+        """Kill every job's supervisor (Ray does not restart them; their ranks end with them) without
+        recording an end, and wait up to ``timeout`` seconds until they are gone; returns their job ids.
+        For a service about to stop the Ray cluster its jobs run on: a supervisor that saw its ranks die
+        with the cluster first would record that as the job's failure, where the job is to be relaunched
+        by the next start (`lost_with_cluster`)."""
+        jobs = self.running_jobs()
+        for job_id in jobs:
+            supervisor = self._supervisor(job_id)
+            if supervisor is not None:
+                ray.kill(supervisor, no_restart=True)
+        deadline = time.monotonic() + timeout
+        while set(jobs) & set(self.running_jobs()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return jobs
 
     def running_jobs(self) -> list[str]:
         """Job ids of the supervisors alive in this namespace."""
@@ -262,6 +306,10 @@ class RayRuntime:
             return ray.get_actor(supervisor_name(job_id), namespace=self.namespace)
         except ValueError:
             return None
+
+    def _session(self) -> str:
+        """The name of the Ray session this runtime is connected to (new with every start of a cluster)."""
+        return str(ray.get_runtime_context().get_session_name())
 
     def _has_control_node(self) -> bool:
         return any(n.alive and n.control for n in cluster_nodes())

@@ -26,7 +26,10 @@ from the placement solver over the GPU slots free in Ray; it is recorded as a PL
 The actor is threaded: a driver thread runs the generations while the ``control`` concurrency group
 serves poll/cancel and the single-threaded ``reports`` group takes rank reports in order. If the
 actor itself is restarted by Ray, it reloads its event log from ``<run_dir>/events.jsonl``, removes
-what its previous incarnation left and starts a new generation from the checkpoint.
+what its previous incarnation left and starts a new generation from the checkpoint. A supervisor the
+service starts again for a job whose previous one ended with the Ray cluster it ran on
+(``SupervisorConfig.relaunch``, trainctl.service.relaunch) does the same and records the service's
+reason; those relaunches do not count against ``scheduling.max_restarts``.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobState, 
 from trainctl.workers.host_memory import HostMemoryExceeded
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
+from trainctl.workers.relaunch import Relaunch, is_relaunch
 from trainctl.workers.replan import describe_move, free_slots, missing_nodes, replacement
 from trainctl.workers.topology.model import TopologyMap, parse_topology
 
@@ -120,6 +124,10 @@ class SupervisorConfig:
     file_rule_json: str = FileRule().to_json()
     """The job's `FileRule` (trainctl.spec.files) as JSON: where the files its ranks open may lie. The
     default confines nothing (bounded reads and index entries kept in their directories only)."""
+    relaunch: Relaunch | None = None
+    """Set when the service starts this supervisor for a job whose previous one ended with the Ray cluster
+    it ran on: the restart is recorded with its reason, and the service's relaunches do not count against
+    ``scheduling.max_restarts``. None: a new job."""
 
 
 class _Outcome(Enum):
@@ -213,13 +221,17 @@ class JobSupervisor:
         status = self.poll(0, 1)
         if status.state.terminal:
             return
-        if self._log.last_seq > 0:  # Ray restarted this actor after its process died
+        if self._log.last_seq > 0:  # Ray restarted this actor after its process died, or the service relaunched it
             self._remove_leftovers()
             if status.state is JobState.CANCELLING:
                 self._state(JobState.CANCELLED, "cancelled by request")
                 return
+            relaunch = config.relaunch
+            if relaunch is not None and ray.get_runtime_context().was_current_actor_reconstructed:
+                relaunch = None  # Ray restarted the relaunched supervisor: its own process died
             self._state(
                 JobState.RESTARTING,
+                relaunch.reason if relaunch is not None else
                 "job supervisor restarted (its process died); rebuilding the rank group from the last complete checkpoint",
             )
         else:
@@ -303,7 +315,8 @@ class JobSupervisor:
 
     def _supervise(self) -> None:
         max_restarts = self._job.spec.scheduling.max_restarts
-        restarts = self.poll(0, 1).restarts
+        relaunches = sum(is_relaunch(event) for event in self._log.all())  # not the job's fault: not in its budget
+        restarts = self.poll(0, 1).restarts - relaunches
         while True:
             outcome, detail = self._run_generation()
             if self._cancel.is_set():

@@ -1,0 +1,53 @@
+"""A supervisor the service relaunched after its Ray cluster ended (`SupervisorConfig.relaunch`): the
+service's relaunches are in the job's restart count but not in its `scheduling.max_restarts` budget.
+The driver loop runs here without Ray, its generations scripted."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from small_jobs import restartable_job
+
+from trainctl.workers.events import EventKind, EventLog, JobState
+from trainctl.workers.relaunch import Relaunch
+from trainctl.workers.supervisor import JobSupervisor, SupervisorConfig, _Outcome
+
+
+def relaunched_supervisor(relaunches: int, max_restarts: int, outcomes: Iterator[tuple[_Outcome, str]]) -> JobSupervisor:
+    """A supervisor whose log holds `relaunches` service relaunches, its generations ending as `outcomes` say."""
+    job = restartable_job("relaunched", steps=10, max_restarts=max_restarts)
+    log = EventLog()
+    log.append(EventKind.STATE, state=JobState.RUNNING, reason="ranks up")
+    for count in range(1, relaunches + 1):
+        relaunch = Relaunch(resume="resuming from checkpoint step 4", count=count)
+        log.append(EventKind.STATE, state=JobState.RESTARTING, reason=relaunch.reason, generation=count)
+    supervisor = JobSupervisor.__new__(JobSupervisor)  # the driver loop alone: no actor, no rank group
+    supervisor._cfg = SupervisorConfig(
+        job_id="relaunched", job_json=job.model_dump_json(), slots=[], run_dir="unused", use_gpu=False, relaunch=relaunch,
+    )
+    supervisor._job = job
+    supervisor._log = log
+    supervisor._cancel = threading.Event()
+    supervisor._generation = relaunches
+    supervisor._run_generation = lambda: next(outcomes)  # type: ignore[method-assign]
+    return supervisor
+
+
+def test_relaunches_do_not_spend_the_jobs_restarts() -> None:
+    died = (_Outcome.FAILED, "rank 1 died")
+    supervisor = relaunched_supervisor(2, max_restarts=1, outcomes=iter([died, (_Outcome.SUCCEEDED, "all 2 ranks finished")]))
+    supervisor._supervise()
+    status = supervisor._log.status(0, 1)
+    assert status.state is JobState.SUCCEEDED and status.restarts == 3, status
+    [own] = [e.reason for e in supervisor._log.all() if e.state is JobState.RESTARTING and "died" in e.reason]
+    assert own == "rank 1 died; restart 1 of 1 from the last complete checkpoint"
+
+
+def test_the_jobs_own_restarts_are_still_limited_after_relaunches() -> None:
+    died = (_Outcome.FAILED, "rank 1 died")
+    supervisor = relaunched_supervisor(2, max_restarts=1, outcomes=iter([died, died]))
+    supervisor._supervise()
+    status = supervisor._log.status(0, 1)
+    assert status.state is JobState.FAILED and status.restarts == 3, status
+    assert status.reason == "rank 1 died; giving up after 1 restart(s) (scheduling.max_restarts=1)"

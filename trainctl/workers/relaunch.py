@@ -1,0 +1,44 @@
+"""`Relaunch`: what a supervisor started again for a job is told, when the job's previous supervisor
+ended with the Ray cluster it ran on (the service's embedded Ray stops with the service; an external
+cluster may have been restarted). The service decides it (trainctl.service.relaunch); the runtime
+starts the supervisor with it (`RayRuntime.start_job`), which records the restart with its `reason` and
+resumes from the newest complete checkpoint in a new generation. The job's event log is the record of
+its relaunches (`is_relaunch`): they are restarts, but not the job's fault, so they do not count against
+``scheduling.max_restarts``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainctl.workers.events import Event, EventKind, JobState
+
+REASON_PREFIX = "the service restarted on a new Ray cluster"
+"""How the reason of every relaunch's RESTARTING state begins (and no other reason does)."""
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """Why the job's supervisor is started again, and how often the service has done so."""
+
+    resume: str
+    """Where the job resumes, in words ("resuming from checkpoint step 10")."""
+    count: int
+    """The service's relaunches of this job, this one included."""
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"a relaunch count starts at 1, got {self.count}")
+
+    @property
+    def reason(self) -> str:
+        """The reason of the job's RESTARTING state."""
+        return (
+            f"{REASON_PREFIX} and the job's supervisor and ranks ended with the old one; {self.resume} "
+            f"(service relaunch {self.count}, not counted against scheduling.max_restarts)"
+        )
+
+
+def is_relaunch(event: Event) -> bool:
+    """Whether `event` is the RESTARTING state a relaunched supervisor recorded."""
+    return event.kind is EventKind.STATE and event.state is JobState.RESTARTING and event.reason.startswith(REASON_PREFIX)
