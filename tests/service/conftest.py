@@ -1,7 +1,7 @@
 """Fixtures of the service tests: `store_location` runs a test on both backends, a data directory (SQLite)
 and a fresh database on the session's PostgreSQL server (`postgres`, tests/conftest.py); `api` is an API
-server over a scripted runtime (`runtime`), which CLI commands find through TRAINCTL_SERVER, and `client`
-a client of it."""
+server over a scripted runtime (`runtime`), which CLI commands find through TRAINCTL_SERVER, and
+`api_client` a client of it (`client`, tests/conftest.py, is the Ray-backed service's)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,6 @@ def api(tmp_path: Path, runtime: ScriptedRuntime, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.fixture
-def client(api: ApiServer) -> Iterator[TrainctlClient]:
+def api_client(api: ApiServer) -> Iterator[TrainctlClient]:
     with TrainctlClient(api.target, token="") as c:
         yield c

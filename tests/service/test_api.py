@@ -54,9 +54,9 @@ def proto_from_yaml(path: Path) -> pb.Job:
 
 
 @pytest.mark.parametrize("case", REMOTE_CASES, ids=lambda c: c.name)
-def test_bad_spec_gets_invalid_argument_naming_the_field(case, client: TrainctlClient, api: ApiServer) -> None:
+def test_bad_spec_gets_invalid_argument_naming_the_field(case, api_client: TrainctlClient, api: ApiServer) -> None:
     with pytest.raises(grpc.RpcError) as info:
-        client.create_job(proto_from_yaml(case.path))
+        api_client.create_job(proto_from_yaml(case.path))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     fields = [v.field for v in field_violations(info.value)]
     assert case.field in fields, f"{case.name}: {info.value.details()}"
@@ -64,28 +64,28 @@ def test_bad_spec_gets_invalid_argument_naming_the_field(case, client: TrainctlC
     # and the server keeps serving
     stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(api.target))
     assert stub.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
-    assert client.get_cluster().total_gpus == 8
+    assert api_client.get_cluster().total_gpus == 8
 
 
 def test_at_least_fifteen_kinds_reach_the_server() -> None:
     assert len(REMOTE_CASES) >= 15
 
 
-def test_unknown_enum_number_names_the_field(client: TrainctlClient) -> None:
+def test_unknown_enum_number_names_the_field(api_client: TrainctlClient) -> None:
     message = job_to_proto(small_job("enum"))
     message.spec.training.optimizer = 99
     with pytest.raises(grpc.RpcError) as info:
-        client.create_job(message)
+        api_client.create_job(message)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert [v.field for v in field_violations(info.value)] == ["spec.training.optimizer"]
 
 
-def test_nothing_recorded_for_rejected_jobs(client: TrainctlClient) -> None:
-    names = {j.metadata.name for j in client.list_jobs()}
+def test_nothing_recorded_for_rejected_jobs(api_client: TrainctlClient) -> None:
+    names = {j.metadata.name for j in api_client.list_jobs()}
     assert not names & {c.path.stem for c in REMOTE_CASES}
 
 
-def test_request_field_errors(client: TrainctlClient, api: ApiServer) -> None:
+def test_request_field_errors(api_client: TrainctlClient, api: ApiServer) -> None:
     stub = pb_grpc.TrainingServiceStub(grpc.insecure_channel(api.target))
     cases = [
         (lambda: stub.CreateJob(pb.CreateJobRequest()), grpc.StatusCode.INVALID_ARGUMENT, "job"),
@@ -106,58 +106,58 @@ def test_request_field_errors(client: TrainctlClient, api: ApiServer) -> None:
         assert info.value.code() == code, info.value.details()
         if field is not None:
             assert [v.field for v in field_violations(info.value)] == [field]
-    job = client.create_job(small_job("watch-bad"))
+    job = api_client.create_job(small_job("watch-bad"))
     with pytest.raises(grpc.RpcError) as info:
         list(stub.WatchJob(pb.WatchJobRequest(id=job.id, after_sequence=-1)))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.mark.parametrize("before", [2**63, 2**64 + 5, True, -1, 1.5, "7"])
-def test_a_forged_page_token_is_a_bad_page_token(client: TrainctlClient, api: ApiServer, before: object) -> None:
+def test_a_forged_page_token_is_a_bad_page_token(api_client: TrainctlClient, api: ApiServer, before: object) -> None:
     """A token's seq must be an int64 that is not negative: SQLite cannot bind a larger integer."""
-    client.create_job(small_job("paged"))
+    api_client.create_job(small_job("paged"))
     stub = pb_grpc.TrainingServiceStub(grpc.insecure_channel(api.target))
     token = base64.urlsafe_b64encode(json.dumps({"before": before}).encode()).decode()
     assert answer(lambda: stub.ListJobs(pb.ListJobsRequest(page_token=token))) == (grpc.StatusCode.INVALID_ARGUMENT, ["page_token"])
 
 
-def test_a_page_token_of_deeply_nested_json_is_a_bad_page_token(client: TrainctlClient, api: ApiServer) -> None:
+def test_a_page_token_of_deeply_nested_json_is_a_bad_page_token(api_client: TrainctlClient, api: ApiServer) -> None:
     """Decoding it raised RecursionError, answered INTERNAL: a token longer than any issued one is refused unread."""
     stub = pb_grpc.TrainingServiceStub(grpc.insecure_channel(api.target))
     token = base64.urlsafe_b64encode(b"[" * 100_000).decode()
     assert answer(lambda: stub.ListJobs(pb.ListJobsRequest(page_token=token))) == (grpc.StatusCode.INVALID_ARGUMENT, ["page_token"])
 
 
-def test_a_request_id_sent_again_with_another_job_is_refused_naming_it(client: TrainctlClient, api: ApiServer) -> None:
-    first = client.create_job(small_job("first"), request_id="once")
-    assert client.create_job(small_job("first"), request_id="once").id == first.id  # a retry: the same request
+def test_a_request_id_sent_again_with_another_job_is_refused_naming_it(api_client: TrainctlClient, api: ApiServer) -> None:
+    first = api_client.create_job(small_job("first"), request_id="once")
+    assert api_client.create_job(small_job("first"), request_id="once").id == first.id  # a retry: the same request
     with pytest.raises(grpc.RpcError) as info:
-        client.create_job(small_job("second"), request_id="once")
+        api_client.create_job(small_job("second"), request_id="once")
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     [violation] = field_violations(info.value)
     assert violation.field == "request_id" and f"job {first.id}" in violation.description
     assert [j.id for j in api.scheduler.store.list_jobs()] == [first.id]
 
 
-def test_create_get_list_and_idempotent_retry(client: TrainctlClient) -> None:
-    first = client.create_job(small_job("listed", labels={"team": "a"}), request_id="retry-1")
-    again = client.create_job(small_job("listed", labels={"team": "a"}), request_id="retry-1")
+def test_create_get_list_and_idempotent_retry(api_client: TrainctlClient) -> None:
+    first = api_client.create_job(small_job("listed", labels={"team": "a"}), request_id="retry-1")
+    again = api_client.create_job(small_job("listed", labels={"team": "a"}), request_id="retry-1")
     assert first.id == again.id
     assert first.status.state == pb.QUEUED and first.status.create_time.seconds > 0
-    got = client.get_job(first.id)
+    got = api_client.get_job(first.id)
     assert got.metadata.labels["team"] == "a" and got.spec.parallelism.dp_shard == 2
-    other = client.create_job(small_job("listed-b", labels={"team": "b"}))
-    assert [j.id for j in client.list_jobs(labels={"team": "a"})] == [first.id]
-    assert {j.id for j in client.list_jobs(labels={"team": "b"})} == {other.id}
-    everything = [j.id for j in client.list_jobs(page_size=1)]  # pages of one
-    assert everything == [j.id for j in client.list_jobs(page_size=1000)] and len(everything) >= 2
-    assert first.id not in [j.id for j in client.list_jobs(states=["SUCCEEDED"])]
-    assert first.id in [j.id for j in client.list_jobs(states=["QUEUED", "SCHEDULED"] * 2000)]  # duplicates are fine
+    other = api_client.create_job(small_job("listed-b", labels={"team": "b"}))
+    assert [j.id for j in api_client.list_jobs(labels={"team": "a"})] == [first.id]
+    assert {j.id for j in api_client.list_jobs(labels={"team": "b"})} == {other.id}
+    everything = [j.id for j in api_client.list_jobs(page_size=1)]  # pages of one
+    assert everything == [j.id for j in api_client.list_jobs(page_size=1000)] and len(everything) >= 2
+    assert first.id not in [j.id for j in api_client.list_jobs(states=["SUCCEEDED"])]
+    assert first.id in [j.id for j in api_client.list_jobs(states=["QUEUED", "SCHEDULED"] * 2000)]  # duplicates are fine
 
 
-def test_watch_resumes_from_a_cursor_and_ends_at_a_terminal_state(client: TrainctlClient, runtime: ScriptedRuntime) -> None:
-    job = client.create_job(small_job("watched"))
-    events = client.watch(job.id, follow=True)
+def test_watch_resumes_from_a_cursor_and_ends_at_a_terminal_state(api_client: TrainctlClient, runtime: ScriptedRuntime) -> None:
+    job = api_client.create_job(small_job("watched"))
+    events = api_client.watch(job.id, follow=True)
     first = next(events)
     assert first.state_change.to_state == pb.QUEUED
     second = next(events)
@@ -168,12 +168,12 @@ def test_watch_resumes_from_a_cursor_and_ends_at_a_terminal_state(client: Trainc
     assert [e.WhichOneof("payload") for e in rest] == ["state_change", "step", "step", "step", "state_change"]
     assert rest[-1].state_change.to_state == pb.SUCCEEDED
     # resume from the middle: exactly the events after the cursor
-    resumed = list(client.watch(job.id, after_sequence=rest[1].sequence, follow=False))
+    resumed = list(api_client.watch(job.id, after_sequence=rest[1].sequence, follow=False))
     assert [e.sequence for e in resumed] == [e.sequence for e in rest[2:]]
-    full = client.get_job(job.id, full=True)
+    full = api_client.get_job(job.id, full=True)
     assert [m.step for m in full.metrics] == [1, 2, 3] and full.metrics[0].breakdown["forward_backward"] == 0.2
     assert full.status.steps_done == 3 and full.status.last_loss == 2.0 and full.status.first_loss == 4.0
-    assert not client.get_job(job.id).metrics  # basic view
+    assert not api_client.get_job(job.id).metrics  # basic view
 
 
 def test_a_diverged_job_shows_nan_in_get_job_and_watch_job(tmp_path: Path, store_location: str) -> None:
@@ -239,79 +239,79 @@ def test_a_nul_character_is_refused_or_not_found_alike_on_both_stores(tmp_path: 
         api.stop()
 
 
-def test_cancel_contract(client: TrainctlClient, runtime: ScriptedRuntime) -> None:
-    job = client.create_job(small_job("to-cancel", gpus=8))
-    blocked = client.create_job(small_job("blocked", gpus=8))
-    assert client.cancel_job(blocked.id, reason="changed my mind").status.state == pb.CANCELLED
-    assert client.get_job(blocked.id).status.reason == "changed my mind"
+def test_cancel_contract(api_client: TrainctlClient, runtime: ScriptedRuntime) -> None:
+    job = api_client.create_job(small_job("to-cancel", gpus=8))
+    blocked = api_client.create_job(small_job("blocked", gpus=8))
+    assert api_client.cancel_job(blocked.id, reason="changed my mind").status.state == pb.CANCELLED
+    assert api_client.get_job(blocked.id).status.reason == "changed my mind"
     states = []
-    for event in client.watch(job.id):
+    for event in api_client.watch(job.id):
         if event.WhichOneof("payload") == "state_change":
             states.append(event.state_change.to_state)
             if event.state_change.to_state == pb.SCHEDULED:
                 runtime.wait_started(job.id)
                 runtime.state(job.id, JobState.RUNNING, "ranks up")
             elif event.state_change.to_state == pb.RUNNING:
-                assert client.cancel_job(job.id).status.state == pb.CANCELLING
+                assert api_client.cancel_job(job.id).status.state == pb.CANCELLING
     assert states == [pb.QUEUED, pb.SCHEDULED, pb.RUNNING, pb.CANCELLING, pb.CANCELLED]
     assert runtime.cancelled == [job.id]
-    assert client.get_job(job.id).status.reason == "cancelled by anonymous"  # the caller's reason is kept
-    done = client.create_job(small_job("done"))
-    for event in client.watch(done.id):
+    assert api_client.get_job(job.id).status.reason == "cancelled by anonymous"  # the caller's reason is kept
+    done = api_client.create_job(small_job("done"))
+    for event in api_client.watch(done.id):
         if event.state_change.to_state == pb.SCHEDULED:
             runtime.wait_started(done.id)
             runtime.run(done.id, [1.0])
     with pytest.raises(grpc.RpcError) as info:
-        client.cancel_job(done.id)
+        api_client.cancel_job(done.id)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
-def test_plan(client: TrainctlClient) -> None:
+def test_plan(api_client: TrainctlClient) -> None:
     hybrid = TrainingJob.model_validate({
         "metadata": {"name": "plan"},
         "spec": {"parallelism": {"pp": 2, "dp_shard": 2, "tp": 2}, "training": {"global_batch_size": 8, "micro_batch_size": 2},
                  "resources": {"gpus": 8, "device": "cpu"}},
     })
-    plan = client.plan_job(hybrid)
+    plan = api_client.plan_job(hybrid)
     assert plan.valid and plan.world_size == 8 and plan.pool_gpus == 8
     assert dict(plan.grid) == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2, "ep": 1}
     assert sorted((p.node, p.gpu) for p in plan.placement) == [(f"node-{n}", g) for n in (0, 1) for g in range(4)]
     by_rank = {p.rank: p for p in plan.placement}
     assert by_rank[0].node == by_rank[1].node  # tp peers (adjacent ranks) share a node
     assert plan.HasField("placement_cost_seconds")
-    bad = client.plan_job(load_job_file(Path(__file__).parents[1] / "spec" / "bad" / "heads-tp.yaml"))
+    bad = api_client.plan_job(load_job_file(Path(__file__).parents[1] / "spec" / "bad" / "heads-tp.yaml"))
     assert not bad.valid and "spec.model.n_heads" in [v.field for v in bad.violations]
 
 
-def test_a_data_glob_repeating_the_recursive_wildcard_is_refused_without_walking(client: TrainctlClient, tmp_path: Path) -> None:
+def test_a_data_glob_repeating_the_recursive_wildcard_is_refused_without_walking(api_client: TrainctlClient, tmp_path: Path) -> None:
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / "doc.txt").write_text("a document " * 50)
     message = job_to_proto(small_job("globs"))
     del message.spec.data.paths.values[:]
     message.spec.data.paths.values.extend([str(tmp_path / "**" / "*.txt"), str(tmp_path / "**" / "**" / "*.txt")])
-    plan = client.plan_job(message)
+    plan = api_client.plan_job(message)
     assert not plan.valid
     assert [(v.field, "'**'" in v.description) for v in plan.violations] == [("spec.data.paths[1]", True)], plan.violations
     with pytest.raises(grpc.RpcError) as info:
-        client.create_job(message)
+        api_client.create_job(message)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert [v.field for v in field_violations(info.value)] == ["spec.data.paths[1]"]
 
 
 def test_a_full_view_of_a_long_run_answers_its_steps_evenly_thinned(
-    client: TrainctlClient, api: ApiServer, monkeypatch: pytest.MonkeyPatch
+    api_client: TrainctlClient, api: ApiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(service_api, "FULL_VIEW_STEPS", 5)  # stands for 10,000 of a run of millions
-    job = client.create_job(small_job("long-run"))
+    job = api_client.create_job(small_job("long-run"))
     for step in range(1, 14):
         api.scheduler.store.record_step(job.id, {"step": step, "loss": 10.0 / step})
-    full = client.get_job(job.id, full=True)
+    full = api_client.get_job(job.id, full=True)
     assert [m.step for m in full.metrics] == [1, 4, 7, 10, 13]  # the first, the last, evenly between
     assert full.metrics[-1].loss == pytest.approx(10.0 / 13)
 
 
-def test_cluster_health_and_reflection(client: TrainctlClient, api: ApiServer) -> None:
-    cluster = client.get_cluster()
+def test_cluster_health_and_reflection(api_client: TrainctlClient, api: ApiServer) -> None:
+    cluster = api_client.get_cluster()
     assert [n.name for n in cluster.nodes] == ["node-0", "node-1"]
     assert cluster.total_gpus == 8 and cluster.free_gpus + cluster.used_gpus == 8
     channel = grpc.insecure_channel(api.target)
@@ -322,17 +322,17 @@ def test_cluster_health_and_reflection(client: TrainctlClient, api: ApiServer) -
 
 
 def test_an_unexpected_exception_is_internal_and_the_server_survives(
-    client: TrainctlClient, api: ApiServer, monkeypatch: pytest.MonkeyPatch
+    api_client: TrainctlClient, api: ApiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(api.scheduler.store, "count_by_state", broken)
     with pytest.raises(grpc.RpcError) as info:
-        client.get_cluster()
+        api_client.get_cluster()
     assert info.value.code() == grpc.StatusCode.INTERNAL and "disk on fire" not in info.value.details()
     monkeypatch.undo()
-    assert client.get_cluster().total_gpus == 8
+    assert api_client.get_cluster().total_gpus == 8
 
 
 def test_a_restarted_service_loses_and_duplicates_nothing(tmp_path: Path) -> None:

@@ -94,10 +94,10 @@ BAD = [
 
 @pytest.mark.parametrize(("path", "value", "field", "words"), BAD, ids=[b[2] + ":" + b[3] for b in BAD])
 def test_bad_sweeps_are_invalid_argument_naming_the_field(
-    client: TrainctlClient, api: ApiServer, path: str, value: Any, field: str, words: str
+    api_client: TrainctlClient, api: ApiServer, path: str, value: Any, field: str, words: str
 ) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        client.create_sweep(sent(changed(path, value)))
+        api_client.create_sweep(sent(changed(path, value)))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     violations = field_violations(caught.value)
     assert any(v.field == field and words in v.description for v in violations), violations
@@ -105,20 +105,20 @@ def test_bad_sweeps_are_invalid_argument_naming_the_field(
 
 
 def test_a_retried_create_sweep_is_answered_its_sweep_and_another_sweep_needs_another_id(
-    client: TrainctlClient, api: ApiServer
+    api_client: TrainctlClient, api: ApiServer
 ) -> None:
-    first = client.create_sweep(parse_sweep_object(DOCUMENT), request_id="sweep-once")
-    assert client.create_sweep(parse_sweep_object(DOCUMENT), request_id="sweep-once").id == first.id
+    first = api_client.create_sweep(parse_sweep_object(DOCUMENT), request_id="sweep-once")
+    assert api_client.create_sweep(parse_sweep_object(DOCUMENT), request_id="sweep-once").id == first.id
     with pytest.raises(grpc.RpcError) as caught:  # the same id with another sweep: a client's mistake
-        client.create_sweep(sent(changed("spec.trials", 4)), request_id="sweep-once")
+        api_client.create_sweep(sent(changed("spec.trials", 4)), request_id="sweep-once")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     [violation] = field_violations(caught.value)
     assert violation.field == "request_id" and f"sweep {first.id}" in violation.description
     assert [s.id for s in api.scheduler.store.list_sweeps()] == [first.id]
 
 
-def test_a_watch_of_a_running_sweep_ends_unavailable_when_the_service_stops(client: TrainctlClient, api: ApiServer) -> None:
-    created = client.create_sweep(parse_sweep_object(DOCUMENT))
+def test_a_watch_of_a_running_sweep_ends_unavailable_when_the_service_stops(api_client: TrainctlClient, api: ApiServer) -> None:
+    created = api_client.create_sweep(parse_sweep_object(DOCUMENT))
     with grpc.insecure_channel(api.target) as channel:
         stream = pb_grpc.TrainingServiceStub(channel).WatchSweep(pb.WatchSweepRequest(id=created.id), timeout=30)
         assert next(stream).status.state == pb.SWEEP_STATE_RUNNING
@@ -145,35 +145,35 @@ def test_sweep_round_trips_the_wire_losslessly() -> None:
     assert [type(v) for v in sweep_from_proto(sweep_to_proto(sweep)).spec.parameters[1].values] == [int, float, str, bool]
 
 
-def test_sweep_trials_are_labelled_jobs_and_cancel_stops_them(client: TrainctlClient, runtime: ScriptedRuntime) -> None:
-    created = client.create_sweep(parse_sweep_object(DOCUMENT))
+def test_sweep_trials_are_labelled_jobs_and_cancel_stops_them(api_client: TrainctlClient, runtime: ScriptedRuntime) -> None:
+    created = api_client.create_sweep(parse_sweep_object(DOCUMENT))
     assert created.status.state == pb.SWEEP_STATE_RUNNING and created.id.startswith("api-sweep-")
     deadline = time.monotonic() + 10
-    while len(client.get_sweep(created.id).status.trials) < 2:
+    while len(api_client.get_sweep(created.id).status.trials) < 2:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    sweep = client.get_sweep(created.id)
-    jobs = list(client.list_jobs(labels={SWEEP_LABEL: created.id}))
+    sweep = api_client.get_sweep(created.id)
+    jobs = list(api_client.list_jobs(labels={SWEEP_LABEL: created.id}))
     assert sorted(j.id for j in jobs) == sorted(t.job_id for t in sweep.status.trials)
     first = sweep.status.trials[0]
-    job = client.get_job(first.job_id)
+    job = api_client.get_job(first.job_id)
     assert job.spec.training.lr == first.params["spec.training.lr"].float_value
     assert job.spec.training.micro_batch_size == first.params["spec.training.micro_batch_size"].int_value
-    assert [s.id for s in client.list_sweeps()] == [created.id]
+    assert [s.id for s in api_client.list_sweeps()] == [created.id]
 
     runtime.wait_started(first.job_id)
     runtime.state(first.job_id, JobState.RUNNING, "ranks up")
-    cancelled = client.cancel_sweep(created.id, "enough")
+    cancelled = api_client.cancel_sweep(created.id, "enough")
     assert cancelled.status.state == pb.SWEEP_STATE_CANCELLED
     assert {t.state for t in cancelled.status.trials} == {pb.TRIAL_STATE_CANCELLED}
-    while {client.get_job(t.job_id).status.state for t in cancelled.status.trials} != {pb.CANCELLED}:
+    while {api_client.get_job(t.job_id).status.state for t in cancelled.status.trials} != {pb.CANCELLED}:
         assert time.monotonic() < deadline + 10
         time.sleep(0.05)
-    assert client.get_job(first.job_id).status.reason == "enough"
-    assert [s.status.state for s in client.watch_sweep(created.id)] == [pb.SWEEP_STATE_CANCELLED]
-    assert len(client.get_sweep(created.id).status.trials) == 2  # no trial after the cancel
+    assert api_client.get_job(first.job_id).status.reason == "enough"
+    assert [s.status.state for s in api_client.watch_sweep(created.id)] == [pb.SWEEP_STATE_CANCELLED]
+    assert len(api_client.get_sweep(created.id).status.trials) == 2  # no trial after the cancel
     with pytest.raises(grpc.RpcError) as caught:
-        client.get_sweep("nope")
+        api_client.get_sweep("nope")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
