@@ -218,3 +218,21 @@ def test_from_pretrained_is_confined_like_every_path(runs: dict[str, Path], tmp_
         assert "not yours" in theirs
         via_link = job_fields(each, model={"from_pretrained": str(root / "corpus" / "theirs")})[field]
         assert "job-theirs" not in via_link and "not yours" in via_link
+
+
+def test_without_roots_relative_paths_are_refused_naming_each_field(runs: dict[str, Path]) -> None:
+    """A spec sent to the service has no directory to resolve a relative path against (the CLI resolves a
+    spec file's against the file's directory first): every path field says so; `~` and absolute paths pass."""
+    policy = policy_of([], runs["runs"])
+    relative = job_fields(
+        policy, data={"paths": ["corpus/*.txt", "@stdlib"], "tokenizer": "tok.json"}, init_from="checkpoints",
+    )
+    command = job_fields(policy, command={"program": "python", "working_dir": "code"})
+    pretrained = job_fields(policy, model={"from_pretrained": "models/tiny"})
+    found = {**relative, **command, **pretrained}
+    assert set(found) == {"spec.data.paths[0]", "spec.data.tokenizer", "spec.init_from", "spec.command.working_dir",
+                          "spec.model.from_pretrained"}
+    for description in found.values():
+        assert "is a relative path" in description
+        assert "resolve a spec file's relative paths against the file's directory" in description
+    assert job_fields(policy, data={"paths": ["~/corpus/*.txt", str(runs["root"] / "corpus" / "*.txt")]}) == {}

@@ -4,9 +4,8 @@ The first `serve` line is the server (plus a free port, a data dir under tmp_pat
 port); later `serve` lines are alternative ways to start it and are not run. Every other line runs as
 a subprocess in a directory that links the repository's `.venv` and `examples`, so relative paths
 resolve as from the repository root while `report` writes its files under tmp_path. JOB is the job the
-first `submit` created, JOB2 the second's. Then every file in examples/ is planned on the same server;
-the fine-tuning examples, which name the user's model and dataset by placeholder paths, with those
-replaced by stand-in files (example_files.py).
+first `submit` created, JOB2 the second's. Then every file in examples/ is planned on the same server as
+shipped (its relative paths resolve against examples/, through the `examples` link).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import time
 from pathlib import Path
 
 import yaml
-from example_files import localized, needs_user_files, write_user_files
 from reliability.serve_process import ServeProcess
 
 from trainctl.cli.client import TrainctlClient
@@ -83,14 +81,9 @@ def wait_cancelled(target: str, job_id: str) -> None:
 
 def plan_every_example(work: Path, env: dict[str, str]) -> None:
     """`trainctl plan` of each example: a plan where the default pool can hold it, else the clear refusal."""
-    user_files = write_user_files(work / "user-files")
     for spec in sorted((REPO / "examples").glob("*.yaml")):
         gpus = yaml.safe_load(spec.read_text())["spec"]["resources"]["gpus"]
-        target = f"examples/{spec.name}"
-        if needs_user_files(spec):
-            target = f"user-files/{spec.name}"
-            (work / target).write_text(localized(spec, user_files))
-        argv = [str(work / ".venv/bin/trainctl"), "plan", target]
+        argv = [str(work / ".venv/bin/trainctl"), "plan", f"examples/{spec.name}"]
         done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
         if gpus <= DEFAULT_POOL_GPUS:
             assert done.returncode == 0 and "fits now" in done.stdout, (spec.name, done.stdout, done.stderr)

@@ -1,5 +1,8 @@
-"""`trainctl export JOB|CHECKPOINT_DIR --out DIR`: the trained model as Hugging Face safetensors in its
-family (an imported model's own, `MixtralForCausalLM` for MoE, `LlamaForCausalLM` for presets).
+"""`trainctl export JOB|CHECKPOINT_DIR --out DIR`: the trained model as a complete Hugging Face model
+directory in its family (an imported model's own, `MixtralForCausalLM` for MoE, `LlamaForCausalLM` for
+presets): model.safetensors, config.json (an imported model's own keys), generation_config.json and the
+tokenizer files of the job's tokenizer (chat template included), loadable with `AutoTokenizer` and
+`AutoModelForCausalLM` (trainctl.parallelism.checkpoint.hf_export, hf_files).
 
 JOB is a job id on the server (its run directory's newest checkpoint, with the job's spec); a path is a
 `step_*` checkpoint, a checkpoint root or a run directory (its spec from the `job.json` the Trainer
@@ -52,7 +55,8 @@ def resolve_source(source: str, server: str | None) -> Pretrained:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="JOB|CHECKPOINT_DIR", help="job id, checkpoint, checkpoint root or run directory")
-    parser.add_argument("--out", required=True, type=Path, help="output directory (model.safetensors, config.json)")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="output directory (model.safetensors, config.json, generation_config.json, tokenizer files)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the written weights")
 
 

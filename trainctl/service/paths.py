@@ -1,13 +1,15 @@
 """The one confinement rule for every path a job names.
 
 A job spec names files the service's workers read: `spec.data.paths` (globs of text files, or token-shard
-directories), `spec.data.tokenizer`, `spec.init_from`, `spec.model.from_pretrained` and `spec.command.working_dir`.
-`JobPathPolicy` applies one rule to all of them:
+directories), `spec.data.tokenizer`, `spec.init_from`, `spec.model.from_pretrained` and `spec.command.working_dir`
+(trainctl.spec.path_fields lists them). `JobPathPolicy` applies one rule to all of them:
 
 - With data roots (`--data-root`), a path must be absolute, have no `..` component, its fixed (non-glob)
   part must lie under a root, and every file a glob matches must still lie under a root once symlinks are
   resolved (`os.path.realpath`). Globs are expanded only after their fixed part is known to lie under a
-  root. Without roots (single-user set-ups, or `--allow-any-data-path`) this part is skipped.
+  root. Without roots (single-user set-ups, or `--allow-any-data-path`) this part is skipped, but a
+  relative path is still refused: a spec sent to the service has no directory to resolve it against
+  (the CLI resolves a spec file's relative paths against the file's directory before sending it).
 - Whatever the roots, a path must not lie inside the run directory (`<data-dir>/runs/<job id>`, which
   holds the job's checkpoints) of a job the caller may not read: another tenant's, or one that does not
   exist (the message is the same, so ids cannot be probed). A glob whose pattern could reach into run
@@ -35,13 +37,12 @@ from pathlib import Path
 
 from trainctl.service.tenancy import Principal
 from trainctl.spec.files import FileRule
-from trainctl.spec.job import TOKENIZER_AUTO, JobSpecBody
-from trainctl.spec.validate import STDLIB_CORPUS, FieldViolation, resolve_data_paths
+from trainctl.spec.job import JobSpecBody
+from trainctl.spec.path_fields import JOB_REFERENCE_PREFIX, is_relative, path_fields
+from trainctl.spec.validate import FieldViolation, resolve_data_paths
 
 log = logging.getLogger(__name__)
 
-JOB_REFERENCE_PREFIX = "job:"
-"""`init_from: job:<id>` names the checkpoints of the caller's earlier job `<id>`."""
 _GLOB_MAGIC = re.compile(r"[*?\[]")
 
 
@@ -151,6 +152,10 @@ class JobPathPolicy:
                 return f"{value!r} must be an absolute path under a data root ({roots})"
             if ".." in Path(value).parts:
                 return f"{value!r} must not contain '..' components"
+        elif is_relative(value):
+            return (f"{value!r} is a relative path, and a spec sent to the service has no directory to resolve it "
+                    "against: name it absolutely (trainctl validate, plan and submit resolve a spec file's relative "
+                    "paths against the file's directory)")
         path = os.path.expanduser(value)
         glob = glob and bool(_GLOB_MAGIC.search(path))
         fixed = _static_prefix(path) if glob else path
@@ -179,35 +184,13 @@ class JobPathPolicy:
         check, which would expand a hostile glob such as `/**` over the whole filesystem unconfined."""
         caller = _Caller(principal, tenant_of)
         out = []
-        glob = spec.data.format in ("text", "jsonl", "parquet")  # token-shard and arrow paths are directories, named literally
-        for i, pattern in enumerate(spec.data.paths):
-            if pattern == STDLIB_CORPUS:
-                continue
-            problem = self._path_problem(pattern, caller, glob=glob)
-            if problem:
-                out.append(FieldViolation(f"spec.data.paths[{i}]", problem))
-        if spec.data.tokenizer not in ("byte", TOKENIZER_AUTO):  # auto: the model directory, checked as such
-            problem = self._path_problem(spec.data.tokenizer, caller, glob=False)
-            if problem:
-                out.append(FieldViolation("spec.data.tokenizer", problem))
         reference = job_reference(spec.init_from)
-        if reference is not None:
-            if not caller.may_read(reference):
-                out.append(FieldViolation("spec.init_from", f"no job {reference!r} of yours"))
-        elif spec.init_from is not None and spec.init_from.strip():  # blank: the spec's own rule says so
-            problem = self._path_problem(spec.init_from, caller, glob=False)
+        if reference is not None and not caller.may_read(reference):
+            out.append(FieldViolation("spec.init_from", f"no job {reference!r} of yours"))
+        for path in path_fields(spec):
+            problem = self._path_problem(path.value, caller, glob=path.glob)
             if problem:
-                out.append(FieldViolation("spec.init_from", problem))
-        pretrained = spec.model.from_pretrained
-        if pretrained is not None and pretrained.strip():  # blank: the spec's own rule says so
-            problem = self._path_problem(pretrained, caller, glob=False)
-            if problem:
-                out.append(FieldViolation("spec.model.from_pretrained", problem))
-        working_dir = spec.command.working_dir if spec.command is not None else None
-        if working_dir is not None and working_dir.strip():  # blank: the spec's own rule says so
-            problem = self._path_problem(working_dir, caller, glob=False)
-            if problem:
-                out.append(FieldViolation("spec.command.working_dir", problem))
+                out.append(FieldViolation(path.field, problem))
         return out
 
     def file_rule(self, spec: JobSpecBody, job_id: str | None, may_read_job: Callable[[str], bool]) -> FileRule:
@@ -215,13 +198,10 @@ class JobPathPolicy:
         (trainctl.spec.files): this policy's roots, and the run directories the job may read: its own,
         and those its (resolved) path fields lie in when `may_read_job(id)` says they are its tenant's."""
         readable = {job_id} if job_id else set()
-        named = [*spec.data.paths, spec.data.tokenizer, spec.init_from, spec.model.from_pretrained]
-        if spec.command is not None:
-            named.append(spec.command.working_dir)
-        for value in named:
-            if not value or value == STDLIB_CORPUS or value in ("byte", TOKENIZER_AUTO):
+        for path in path_fields(spec):
+            if not path.value:
                 continue
-            real = os.path.realpath(_static_prefix(os.path.expanduser(value)))
+            real = os.path.realpath(_static_prefix(os.path.expanduser(path.value)))
             if _within(real, self.runs_dir) and real != self.runs_dir:
                 job = Path(os.path.relpath(real, self.runs_dir)).parts[0]
                 if may_read_job(job):

@@ -214,13 +214,16 @@ class ModelSpec(StrictModel):
 MAX_FIELD_NAME = 256
 FieldName = Annotated[str, Field(min_length=1, max_length=MAX_FIELD_NAME)]
 
+STDLIB_CORPUS = "@stdlib"
+"""`data.paths` entry meaning the Python standard library's .py files (not a path)."""
+
 TOKENIZER_AUTO = "auto"
 """`data.tokenizer` value meaning "the model's": the `from_pretrained` model directory when the job
 has one, else `byte` (`resolve_tokenizer`)."""
 
 
 class DataSpec(StrictModel):
-    paths: list[DataPathText] = Field(default_factory=lambda: ["@stdlib"], max_length=MAX_DATA_PATHS)
+    paths: list[DataPathText] = Field(default_factory=lambda: [STDLIB_CORPUS], max_length=MAX_DATA_PATHS)
     """Glob patterns of text, JSONL or Parquet files; directories for `tokens` and `arrow`. `@stdlib`
     means the Python standard library's .py files, a corpus present on every machine."""
     tokenizer: PathText = TOKENIZER_AUTO

@@ -9,11 +9,13 @@ an early-stopping rule. `sweep_violations` names every problem by field (`spec.p
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError
 
 from trainctl.spec.job import API_VERSION, MAX_STEPS, JobSpecBody, Metadata, StrictModel, TrainingJob, count
+from trainctl.spec.path_fields import with_paths_under
 from trainctl.spec.text import printable, unstorable_problem
 from trainctl.spec.validate import (
     FieldViolation,
@@ -135,8 +137,15 @@ def parse_sweep_object(document: dict) -> Sweep:
 
 
 def load_sweep_file(path: str) -> Sweep:
-    """Read and schema-validate a Sweep spec file."""
-    return parse_sweep_object(bounded_yaml_document(bounded_spec_text(path)))
+    """Read and schema-validate a Sweep spec file, its template's relative paths resolved against the
+    file's directory (trainctl.spec.path_fields)."""
+    sweep = parse_sweep_object(bounded_yaml_document(bounded_spec_text(path)))
+    try:
+        template = with_paths_under(sweep.spec.template, Path(path).parent)
+    except SpecError as exc:
+        raise SpecError([FieldViolation("spec.template" + v.field.removeprefix("spec"), v.description)
+                         for v in exc.violations]) from None
+    return sweep.model_copy(update={"spec": sweep.spec.model_copy(update={"template": template})})
 
 
 def document_kind(path: str) -> str:

@@ -15,9 +15,11 @@ import yaml
 from pydantic import ValidationError
 
 from trainctl.spec import data_sources
+from trainctl.spec.data_format import TOKEN_SHARD_INDEX
 from trainctl.spec.files import FileRule, FileRuleError
-from trainctl.spec.hf_config import weights_problem
+from trainctl.spec.hf_config import load_config_json, weights_problem
 from trainctl.spec.job import (
+    STDLIB_CORPUS,
     TOKENIZER_AUTO,
     CommandSpec,
     DataSpec,
@@ -27,14 +29,13 @@ from trainctl.spec.job import (
     TrainingSpec,
     resolve_tokenizer,
 )
+from trainctl.spec.path_fields import with_paths_under
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
 from trainctl.spec.strict_yaml import StrictLoader
 from trainctl.spec.violations import (
     FieldViolation as FieldViolation,  # re-exported: most callers import it here
 )
 from trainctl.spec.violations import SpecError as SpecError
-
-STDLIB_CORPUS = "@stdlib"
 
 
 def parse_yaml(text: str) -> TrainingJob:
@@ -233,6 +234,28 @@ def pretrained_violations(job: TrainingJob, files: FileRule = FileRule()) -> lis
     return ([FieldViolation("spec.model.from_pretrained", weights)] if weights else []) + model_violations(model, job)
 
 
+def pretrained_warnings(job: TrainingJob, files: FileRule = FileRule()) -> list[FieldViolation]:
+    """What is allowed but probably not meant for a `from_pretrained` model (`validate`, `plan` and
+    CreateJob show these without refusing the job): a `spec.data.seq_len` past its config.json's
+    `max_position_embeddings`, positions the model never trained on. config.json is read under `files`;
+    one that cannot be read gives no warning (`pretrained_violations` names that problem)."""
+    directory = job.spec.model.from_pretrained
+    if directory is None or not directory.strip():
+        return []
+    try:
+        limit = load_config_json(directory, files).get("max_position_embeddings")
+    except PretrainedConfigError:
+        return []
+    seq_len = job.spec.data.seq_len
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1 or seq_len <= limit:
+        return []
+    return [FieldViolation(
+        "spec.data.seq_len",
+        f"{seq_len} exceeds the model's max_position_embeddings {limit} (its config.json): it never trained on "
+        f"positions past {limit}; the job runs as asked (set seq_len <= {limit} unless you mean to extend its context)",
+    )]
+
+
 def _efficiency_violations(job: TrainingJob) -> list[FieldViolation]:
     """Rules of the optimizer kernel, LoRA and init_from fields."""
     spec = job.spec
@@ -250,10 +273,6 @@ def _efficiency_violations(job: TrainingJob) -> list[FieldViolation]:
     if spec.init_from is not None and not spec.init_from.strip():
         out.append(FieldViolation("spec.init_from", "must be a checkpoint path, not empty"))
     return out
-
-
-SHARD_INDEX = "index.json"
-"""The index of a token-shard directory (trainctl.parallelism.data.token_shards writes it)."""
 
 
 def _shard_violations(patterns: list[str], files: FileRule) -> list[FieldViolation]:
@@ -342,8 +361,10 @@ def validate_job(job: TrainingJob, *, pool_gpus: int | None = None, check_data: 
 
 
 def load_job_file(path: str | os.PathLike[str]) -> TrainingJob:
-    """Read and schema-validate a spec file."""
-    return parse_yaml(bounded_spec_text(path))
+    """Read and schema-validate a spec file, its relative paths resolved against the file's directory
+    (trainctl.spec.path_fields)."""
+    job = parse_yaml(bounded_spec_text(path))
+    return job.model_copy(update={"spec": with_paths_under(job.spec, Path(path).parent)})
 
 
 # ---- bounded parsing of untrusted spec text (issue 20: no input may crash or stall the parser) ----------
@@ -542,9 +563,9 @@ def _indexed_tokens(directory: Path, field: str, files: FileRule) -> int:
     """Tokens a prepared token-shard directory holds, from its index.json read under `files`; each shard
     (and mask) file it names must be a file of the directory under the rule (checked, not opened).
     FileRuleError naming `field` when the directory has no such index."""
-    index_path = files.check(directory / SHARD_INDEX, field)
+    index_path = files.check(directory / TOKEN_SHARD_INDEX, field)
     if not index_path.is_file():
-        raise FileRuleError(field, f"{str(directory)!r} is not a token-shard directory (no {SHARD_INDEX}); build it with "
+        raise FileRuleError(field, f"{str(directory)!r} is not a token-shard directory (no {TOKEN_SHARD_INDEX}); build it with "
                                    "`trainctl data prepare`")
     index = files.read_json(index_path, field)
     shards = index.get("shards") if isinstance(index, dict) else None

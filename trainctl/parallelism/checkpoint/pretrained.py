@@ -80,9 +80,10 @@ def load_weights(pretrained: Pretrained, files: FileRule = FileRule(), _depth: i
         return state
     if _depth >= MAX_CHAIN:
         raise CheckpointNotFoundError(f"{pretrained.path}: init_from chain longer than {MAX_CHAIN}")
-    if job.model.from_pretrained is not None:  # adapters on a Hugging Face model
-        fresh = build_model(pretrained.config, job.training.seed)
-        base = read_model_weights(job.model.from_pretrained, fresh, pretrained.config, files)
+    if job.model.from_pretrained is not None:  # adapters on a Hugging Face model (the skeleton gives the shapes)
+        with torch.device("meta"):
+            skeleton = Transformer(pretrained.config)
+        base = read_model_weights(job.model.from_pretrained, skeleton, pretrained.config, files)
     elif job.init_from is None:  # adapters on a fresh model: its initialisation is reproducible
         base = build_model(pretrained.config, job.training.seed).state_dict()
     else:

@@ -5,13 +5,17 @@
 attends to the cached keys and values of every layer, so a step costs one token's work; without it
 every step re-runs the whole sequence through `Transformer.forward`. Both compute the same logits
 (the cached path reuses the model's own projections, RoPE and norms, at the token's absolute
-position), so greedy decoding gives the same text either way (tested).
+position), so greedy decoding gives the same text either way (tested). A row stops at an
+end-of-sequence id (`stop_ids`). `chat_prompt` renders a prompt as a user message with the tokenizer's
+chat template (`trainctl generate --chat`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -94,8 +98,12 @@ def generate(
     top_p: float = 1.0,
     use_cache: bool = True,
     seed: int = 0,
+    stop_ids: Sequence[int] = (),
+    pad_id: int | None = None,
 ) -> torch.Tensor:
-    """`prompt` [batch, n] followed by `max_new_tokens` generated tokens."""
+    """`prompt` [batch, n] followed by up to `max_new_tokens` generated tokens. A row that produces one
+    of `stop_ids` (end of sequence) is finished: its later tokens are `pad_id` (default: the first stop
+    id), and generation ends once every row is finished, as transformers' `generate` does."""
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError("the prompt must hold at least one token")
     if max_new_tokens < 0 or temperature < 0 or not 0 < top_p <= 1:
@@ -106,11 +114,19 @@ def generate(
     tokens = prompt
     cache = KVCache()
     step_input = prompt
+    stops = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
+    pad = stop_ids[0] if pad_id is None and stop_ids else pad_id
+    finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
         logits = forward_cached(model, step_input, cache)[:, -1] if use_cache else model(tokens)[:, -1]
-        chosen = next_token(logits, temperature, top_p, generator)[:, None]
-        tokens = torch.cat([tokens, chosen], dim=1)
-        step_input = chosen
+        chosen = next_token(logits, temperature, top_p, generator)
+        if len(stops):
+            chosen = torch.where(finished, pad, chosen)
+            finished |= torch.isin(chosen, stops)
+        tokens = torch.cat([tokens, chosen[:, None]], dim=1)
+        step_input = chosen[:, None]
+        if finished.all():
+            break
     return tokens
 
 
@@ -129,3 +145,23 @@ def decode(tokenizer: str, ids: list[int]) -> str:
 def encode(tokenizer: str, text: str) -> list[int]:
     """Token ids of `text` under the spec's tokenizer."""
     return [int(i) for i in load_tokenizer(tokenizer).encode(text.encode())]
+
+
+def chat_prompt(hf_tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `text` as one user message rendered with the tokenizer's chat template and the
+    generation prompt, as `apply_chat_template(..., add_generation_prompt=True)` gives them (rendered
+    within the data pipeline's limits: `chat_render`)."""
+    from trainctl.parallelism.data.chat import ChatError
+    from trainctl.parallelism.data.chat_render import TemplateLimitExceeded, conversation_budget, render
+
+    if not getattr(hf_tokenizer, "chat_template", None):
+        raise ChatError("--chat: the tokenizer has no chat template")
+    messages = [{"role": "user", "content": text}]
+    try:
+        budget = conversation_budget(messages, "--prompt")
+        rendered = render(hf_tokenizer, messages, generation_prompt=True, budget=budget)
+    except TemplateLimitExceeded:
+        raise
+    except Exception as exc:  # the template's own errors (jinja2 exceptions, raise_exception calls)
+        raise ChatError(f"--chat: the chat template cannot render the prompt: {exc}") from exc
+    return list(hf_tokenizer(rendered, add_special_tokens=False)["input_ids"])
