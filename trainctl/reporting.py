@@ -15,14 +15,20 @@ import socket
 REPORT_SOCKET_ENV = "TRAINCTL_REPORT_SOCKET"
 
 
-def report(step: int, loss: float, *, tokens: int = 0, lr: float | None = None, grad_norm: float | None = None) -> None:
-    """Report a finished optimizer step: its number, its loss and, optionally, the tokens it trained
-    (over all ranks, like the built-in engine's), its learning rate and gradient norm. Every rank may
+def report(
+    step: int, loss: float, *, tokens: int | None = None, lr: float | None = None, grad_norm: float | None = None
+) -> None:
+    """Report a finished optimizer step: its number, its loss and, optionally, the tokens that step
+    trained (over all ranks, like the built-in engine's), its learning rate and gradient norm. Report
+    every step or every N steps: step time and tokens per second come from the steps and the wall time
+    between a rank's reports. A metric left out is absent from the job's metrics, not 0. Every rank may
     call it; the first report of each step is the job's, the others time the step on their rank."""
     path = os.environ.get(REPORT_SOCKET_ENV)
     if not path:
         return
-    payload = {"step": int(step), "loss": float(loss), "tokens": int(tokens)}
+    payload: dict[str, int | float] = {"step": int(step), "loss": float(loss)}
+    if tokens is not None:
+        payload["tokens"] = int(tokens)
     if lr is not None:
         payload["lr"] = float(lr)
     if grad_norm is not None:

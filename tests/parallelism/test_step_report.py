@@ -14,11 +14,12 @@ def test_round_trip_keeps_every_field():
     assert StepReport.from_dict(report.to_dict()) == report
 
 
-def test_missing_metrics_read_as_zero_and_unknown_keys_are_ignored():
-    report = StepReport.from_dict({"step": "3", "loss": 2, "mfu": None, "time": 1.0, "straggler": None})
-    assert report == StepReport(step=3, loss=2.0, grad_norm=0.0, lr=0.0, tokens=0, tokens_per_second=0.0, mfu=None,
-                                step_time_seconds=0.0)
-    assert report.checkpoint_bytes is None and report.breakdown == {}
+def test_missing_metrics_stay_absent_and_unknown_keys_are_ignored():
+    """A command job's program reports what it chooses: what it leaves out is None (not reported), not 0."""
+    report = StepReport.from_dict({"step": "3", "loss": 2, "mfu": None, "lr": 0, "time": 1.0, "straggler": None})
+    assert report == StepReport(step=3, loss=2.0, grad_norm=None, lr=0.0, tokens=None, tokens_per_second=None,
+                                mfu=None, step_time_seconds=None)
+    assert report.checkpoint_bytes is None and report.peak_memory_bytes is None and report.breakdown == {}
 
 
 def test_step_and_loss_are_required():

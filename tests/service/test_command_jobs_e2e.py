@@ -1,5 +1,6 @@
 """Command jobs through the service (issue 15), on the embedded 2-node Ray with CPU ranks and gloo:
-programs nobody here wrote (a PyTorch-tutorial DDP script, a `transformers.Trainer` script) run to
+programs nobody here wrote (a PyTorch-tutorial DDP script, also as examples/command-job.yaml ships it,
+a `transformers.Trainer` script) run to
 SUCCEEDED with the world size and rank order placement chose; their output streams while they run and
 `trainctl logs --rank` shows one rank's lines; their `trainctl.report` calls reach the step path
 (`get -o json`) and the Prometheus gauges. A cancelled program that ignores SIGTERM and left a `setsid`
@@ -76,6 +77,23 @@ def test_pytorch_ddp_script_streams_its_logs_and_reports_its_loss(
     assert document["status"]["steps_done"] == 8
 
 
+def test_the_command_job_example_runs_as_shipped_from_another_directory(
+    service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`trainctl submit examples/command-job.yaml --watch` as shipped: its `working_dir: command` is
+    examples/command/ (relative to the spec file, not to the current directory), where ddp_train.py
+    trains its 20 steps on the 2 ranks."""
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["--server", service.target, "submit", str(EXAMPLES.parent / "command-job.yaml"), "--watch"]) == 0
+    job_id = capsys.readouterr().out.split()[1]  # "job <id> QUEUED"
+    with TrainctlClient(service.target) as client:
+        final = client.get_job(job_id, full=True)
+    assert final.status.state == pb.SUCCEEDED, final.status.reason
+    assert final.spec.command.working_dir == str(EXAMPLES)
+    assert final.status.steps_done == 20 and [m.step for m in final.metrics] == list(range(1, 21))
+
+
 def test_transformers_trainer_script_runs_with_ddp_and_reports_through_a_callback(
     client: TrainctlClient, service: Service
 ) -> None:
@@ -133,3 +151,44 @@ def test_a_program_writing_nul_to_stderr_fails_with_its_exit_code_and_stderr(cli
     assert final.status.state == pb.FAILED, final.status.reason
     assert final.status.reason.startswith("rank 0 exited with code 3; last stderr lines:\nboom\\x00nul"), final.status.reason
     assert "stderr: boom\\x00nul" in [e.log.message for e in events if e.WhichOneof("payload") == "log"]
+
+
+def test_a_program_reporting_every_5_steps_gets_its_own_rates_and_no_metric_it_never_reported(
+    client: TrainctlClient, service: Service, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 34, point 5: step time and tokens/s from the steps and wall time between reports (within
+    10 % of what the program measures itself), none for the run's first report, and lr, grad norm, peak
+    memory and MFU, which it never reports, absent from `get -o json` and from the exported gauges."""
+    program = Path(__file__).with_name("reporting_program.py")
+    spec = {
+        "command": {"program": "python", "args": [str(program), "--steps", "20", "--every", "5",
+                                                  "--step-seconds", "0.1", "--tokens", "256"]},
+        "resources": {"gpus": 1, "device": "cpu"},
+        "scheduling": {"max_restarts": 0},
+    }
+    created = client.create_job(TrainingJob.model_validate({"metadata": {"name": "every-5"}, "spec": spec}))
+    events = list(client.watch(created.id))
+    assert client.get_job(created.id).status.state == pb.SUCCEEDED, client.get_job(created.id).status.reason
+    measured = {}
+    for e in events:  # "measured step 10: 0.100213 s/step 2554.5 tokens/s"
+        if e.WhichOneof("payload") == "log" and e.log.message.startswith("measured step "):
+            words = e.log.message.split()
+            measured[int(words[2].rstrip(":"))] = (float(words[3]), float(words[5]))
+    assert sorted(measured) == [10, 15, 20]
+
+    capsys.readouterr()
+    assert main(["--server", service.target, "get", created.id, "-o", "json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["metrics"]
+    assert [m["step"] for m in steps] == [5, 10, 15, 20]
+    assert all(m["tokens"] == 256 for m in steps)
+    assert "step_time_seconds" not in steps[0] and "tokens_per_second" not in steps[0]  # no report before it
+    for m in steps[1:]:
+        seconds, rate = measured[m["step"]]
+        assert m["step_time_seconds"] == pytest.approx(seconds, rel=0.1), m
+        assert m["tokens_per_second"] == pytest.approx(rate, rel=0.1), m
+    assert not any({"lr", "grad_norm", "peak_memory_bytes", "mfu"} & set(m) for m in steps), steps
+
+    assert exported(service, "job_tps", created.id) == pytest.approx(steps[-1]["tokens_per_second"])
+    for gauge in ("job_lr", "job_grad_norm", "job_peak_memory", "job_mfu"):
+        collector = getattr(service.metrics, gauge)
+        assert not [s for f in collector.collect() for s in f.samples if s.labels.get("job_id") == created.id], gauge

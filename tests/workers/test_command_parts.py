@@ -19,7 +19,12 @@ from trainctl.workers.command import output as output_module
 from trainctl.workers.command.environment import rank_environment
 from trainctl.workers.command.output import RankOutput, rank_log_path
 from trainctl.workers.command.program import ProgramExited, ProgramProcess
-from trainctl.workers.command.report_channel import ReportChannel, ReportError, step_report_of
+from trainctl.workers.command.report_channel import (
+    ReportChannel,
+    ReportError,
+    seconds_per_step,
+    step_report_of,
+)
 from trainctl.workers.placement import RankAssignment
 
 
@@ -46,6 +51,46 @@ def test_report_datagrams_become_step_reports_or_name_the_bad_field() -> None:
                            ({"step": 1, "loss": 1.0, "tokens": -1}, "tokens"), ({"step": 1, "loss": 1.0, "lr": "x"}, "lr")):
         with pytest.raises(ReportError, match=field):
             step_report_of(payload, 1.0)
+
+
+def test_step_time_is_the_wall_time_between_reports_over_the_steps_between_them() -> None:
+    """Issue 34, point 5: a program reporting every 5 steps, 2.5 s apart, steps in 0.5 s (not 2.5 s) at
+    5 times the tokens/s; a run's first report, and one that does not advance the step (the program
+    started over), has no rate rather than one that holds start-up or unknown steps."""
+    assert seconds_per_step(None, 5, 100.0) is None  # the first report of a run (each generation is one)
+    assert seconds_per_step((5, 100.0), 10, 102.5) == pytest.approx(0.5)
+    assert seconds_per_step((10, 102.5), 11, 103.0) == pytest.approx(0.5)  # every step, as before
+    assert seconds_per_step((10, 102.5), 10, 103.0) is None and seconds_per_step((10, 102.5), 4, 103.0) is None
+    report = step_report_of({"step": 10, "loss": 1.5, "tokens": 100}, seconds_per_step((5, 100.0), 10, 102.5))
+    assert (report.step_time_seconds, report.tokens_per_second) == (pytest.approx(0.5), pytest.approx(200.0))
+    first = step_report_of({"step": 5, "loss": 1.5, "tokens": 100}, None)
+    assert (first.tokens, first.step_time_seconds, first.tokens_per_second) == (100, None, None)
+
+
+def test_metrics_a_report_leaves_out_are_absent_not_zero() -> None:
+    report = step_report_of({"step": 1, "loss": 2.0}, 0.5)
+    assert (report.grad_norm, report.lr, report.tokens, report.tokens_per_second, report.mfu) == (None,) * 5
+    assert report.peak_memory_bytes is None and report.step_time_seconds == 0.5
+    assert report.to_dict()["grad_norm"] is None  # the supervisor's event log and the store keep it absent
+
+
+def test_a_channel_times_reports_every_n_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    reports: list = []
+    problems: list[str] = []
+    with ReportChannel(reports.append, problems.append) as channel:
+        monkeypatch.setenv(REPORT_SOCKET_ENV, channel.path)
+        started = time.monotonic()
+        for step in (4, 8, 12):
+            trainctl.report(step=step, loss=1.0, tokens=10)
+            deadline = time.monotonic() + 5
+            while len(reports) < step // 4 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.2)
+        elapsed = time.monotonic() - started
+    assert [r.step for r in reports] == [4, 8, 12] and problems == []
+    assert reports[0].step_time_seconds is None and reports[0].tokens_per_second is None
+    for r in reports[1:]:  # 4 steps in at least 0.2 s: at least 0.05 s a step, at most 10 / 0.05 tokens/s
+        assert 0.05 <= r.step_time_seconds < elapsed / 4 and r.tokens_per_second == pytest.approx(10 / r.step_time_seconds)
 
 
 def test_trainctl_report_reaches_its_rank_workers_channel(monkeypatch: pytest.MonkeyPatch) -> None:

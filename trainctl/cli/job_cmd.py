@@ -28,14 +28,14 @@ def _time(ts: Any) -> str | None:
     return ts.ToDatetime().isoformat() + "Z" if ts.seconds or ts.nanos else None
 
 
+STEP_METRICS = ("grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "peak_memory_bytes")
+"""StepMetrics' optional fields, in output order: a metric the job did not report is left out of its step."""
+
+
 def metrics_dict(m: pb.StepMetrics) -> dict[str, Any]:
-    """One step's metrics as plain JSON values."""
-    return {
-        "step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "lr": m.lr, "tokens": m.tokens,
-        "tokens_per_second": m.tokens_per_second, "mfu": m.mfu if m.HasField("mfu") else None,
-        "step_time_seconds": m.step_time_seconds, "peak_memory_bytes": m.peak_memory_bytes,
-        "breakdown": dict(m.breakdown), "time": _time(m.time),
-    }
+    """One step's metrics as plain JSON values, without the metrics the job did not report."""
+    reported = {name: getattr(m, name) for name in STEP_METRICS if m.HasField(name)}
+    return {"step": m.step, "loss": m.loss, **reported, "breakdown": dict(m.breakdown), "time": _time(m.time)}
 
 
 def job_document(job: pb.Job) -> dict[str, Any]:

@@ -6,6 +6,7 @@ the job commands share. The spec models, the planner and the estimator load only
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
 from trainctl.cli.client import TrainctlClient
@@ -65,7 +66,7 @@ def plan(args: argparse.Namespace) -> int:
         parts = ", ".join(f"{k} {terms[k] * 1e3:.2f} ms" for k in names)
         print(f"modelled step time: {result.step_time_seconds * 1e3:.2f} ms" + (f" ({parts})" if parts else ""))
     for note in result.notes:
-        print(f"note: {note}")
+        print(note if note.startswith("warning: ") else f"note: {note}")
     return EXIT_OK
 
 
@@ -128,11 +129,13 @@ def _offline_plan(args: argparse.Namespace, job: TrainingJob) -> tuple[pb.PlanJo
 
 
 def validate(args: argparse.Namespace) -> int:
-    from trainctl.spec.validate import semantic_violations
+    from trainctl.spec.validate import pretrained_warnings, semantic_violations
 
     job = load_job(args.file)
     violations = semantic_violations(job, pool_gpus=args.pool_gpus, check_data=True)
     if violations:
         raise CliError(f"{args.file} is not a valid job spec", EXIT_INVALID, violations)
     print(f"{args.file}: valid ({job.spec.parallelism.world_size} ranks)")
+    for warning in pretrained_warnings(job):
+        print(f"warning: {warning.field}: {warning.description}", file=sys.stderr)
     return EXIT_OK

@@ -40,7 +40,8 @@ class Tracker:
         self.loss = metrics.loss
         if self.first_loss is None:
             self.first_loss = metrics.loss
-        self.tokens_per_second = metrics.tokens_per_second
+        if metrics.HasField("tokens_per_second"):  # a command job's first report of a run has none
+            self.tokens_per_second = metrics.tokens_per_second
         self.mfu = metrics.mfu if metrics.HasField("mfu") else None
         self._step_times = [*self._step_times[-19:], (now, metrics.step)]
 

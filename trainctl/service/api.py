@@ -37,7 +37,7 @@ from trainctl.service.errors import (
 from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
 from trainctl.service.job_messages import JobMessages, step_to_proto
 from trainctl.service.paths import JobPathPolicy, job_reference
-from trainctl.service.planning import fit_violations, plan_response
+from trainctl.service.planning import fit_violations, plan_response, warning_notes
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import (
@@ -58,6 +58,7 @@ from trainctl.spec.validate import (
     SpecError,
     data_violations,
     pretrained_violations,
+    pretrained_warnings,
     semantic_violations,
     working_dir_violations,
 )
@@ -180,6 +181,12 @@ class TrainingServicer(SweepRpcs):
                 violations.append(FieldViolation("spec.init_from", f"{named} names no usable checkpoint: {problem}"))
         return job, violations
 
+    def _warnings(self, job: TrainingJob, principal: Principal) -> list[FieldViolation]:
+        """`pretrained_warnings` of a checked job (its paths resolved), config.json read under its FileRule."""
+        if job.spec.command is not None or job.spec.model.from_pretrained is None:
+            return []
+        return pretrained_warnings(job, self.paths.file_rule(job.spec, None, lambda job_id: self._owns(principal, job_id)))
+
     def _tenant_of(self, job_id: str) -> str | None:
         if len(job_id) > MAX_ID_LENGTH:
             return None
@@ -205,7 +212,13 @@ class TrainingServicer(SweepRpcs):
         digest = request_digest(request.job)
         try:
             retried = self._retried(request.request_id, digest, principal)
-            return retried or self._create(self._validated(request.job, principal), request.request_id, digest, principal)
+            if retried is not None:
+                return retried
+            job = self._validated(request.job, principal)
+            record = self._create(job, request.request_id, digest, principal)
+            for warning in self._warnings(job, principal):  # accepted, and said in the job's log (`trainctl logs`)
+                self.store.append_event(record.id, st.EVENT_LOG, {"level": "WARNING", "message": f"{warning.field}: {warning.description}"})
+            return record
         except RequestReused as reused:
             raise reused_request_id(f"job {reused}") from None
 
@@ -302,7 +315,10 @@ class TrainingServicer(SweepRpcs):
         if not request.HasField("job"):
             raise bad_field("job", "the job to plan is required")
         job, violations = self._violations(request.job, principal)
-        return plan_response(job, violations, self.pool)
+        plan = plan_response(job, violations, self.pool)
+        if plan.valid and job is not None:
+            plan.notes.extend(warning_notes(self._warnings(job, principal)))
+        return plan
 
     def GetCluster(self, request: pb.GetClusterRequest, principal: Principal) -> pb.Cluster:  # noqa: N802
         holders = self.pool.holders()

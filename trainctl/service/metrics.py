@@ -332,18 +332,22 @@ class ServiceMetrics:
             series.last_step = report.step
             self.job_step.labels(*labels).set(report.step)
             self.job_loss.labels(*labels).set(report.loss)
-            self.job_grad_norm.labels(*labels).set(report.grad_norm)
-            self.job_lr.labels(*labels).set(report.lr)
-            self.job_tokens.labels(*labels).inc(report.tokens * steps)
-            self.job_tps.labels(*labels).set(report.tokens_per_second)
+            # A metric the job does not report (a command job's program may pass only step and loss)
+            # exports no sample at all, rather than a 0 that reads as measured.
+            for gauge, value in ((self.job_grad_norm, report.grad_norm), (self.job_lr, report.lr),
+                                 (self.job_tps, report.tokens_per_second), (self.job_peak_memory, report.peak_memory_bytes)):
+                if value is not None:
+                    gauge.labels(*labels).set(value)
+            if report.tokens is not None:
+                self.job_tokens.labels(*labels).inc(report.tokens * steps)
             if report.mfu is not None and math.isfinite(report.mfu):
                 self.job_mfu.labels(*labels).set(report.mfu)
-            self.job_step_duration.labels(*labels).observe(report.step_time_seconds)
+            if report.step_time_seconds is not None:
+                self.job_step_duration.labels(*labels).observe(report.step_time_seconds)
             for phase, seconds in report.breakdown.items():
                 self.job_phase.labels(*labels, phase).set(seconds)
             if CHECKPOINT_PHASE in report.breakdown:  # the engine times a save inside the step that made it
                 self.job_checkpoint_duration.labels(*labels).observe(report.breakdown[CHECKPOINT_PHASE])
-            self.job_peak_memory.labels(*labels).set(report.peak_memory_bytes)
             self.job_last_progress.labels(*labels).set(self._clock())
 
     def record_checkpoint_size(self, job_id: str, tenant: str, size_bytes: int) -> None:

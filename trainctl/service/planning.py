@@ -34,7 +34,12 @@ from trainctl.parallelism.sizing.step_time import modelled_step_time
 from trainctl.service.pool import OFFLINE_BUDGET_S, GpuPool
 from trainctl.spec.job import INT64_MAX, JobSpecBody, TrainingJob
 from trainctl.spec.presets import ModelConfig, resolve_model
-from trainctl.spec.validate import FieldViolation, pretrained_violations, semantic_violations
+from trainctl.spec.validate import (
+    FieldViolation,
+    pretrained_violations,
+    pretrained_warnings,
+    semantic_violations,
+)
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.topology import TopologyMap
 
@@ -65,7 +70,15 @@ def plan_on_map(job: TrainingJob, topology: TopologyMap, source: str) -> pb.Plan
     violations = semantic_violations(job, pool_gpus=pool.total, check_data=False) + pretrained_violations(job)
     if not violations:
         violations = fit_violations(job, pool)
-    return plan_response(job, violations, pool)
+    plan = plan_response(job, violations, pool)
+    if plan.valid:
+        plan.notes.extend(warning_notes(pretrained_warnings(job)))
+    return plan
+
+
+def warning_notes(warnings: list[FieldViolation]) -> list[str]:
+    """A valid job's warnings (`trainctl.spec.validate.pretrained_warnings`) as plan notes."""
+    return [f"warning: {w.field}: {w.description}" for w in warnings]
 
 
 def plan_job(job: TrainingJob, pool: GpuPool) -> pb.PlanJobResponse:

@@ -182,6 +182,30 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN request_digest TEXT;
     ALTER TABLE sweeps ADD COLUMN request_digest TEXT;
     """,
+    # 8 -> 9: a step's metrics other than its loss may be absent (NULL): a command job's program reports
+    # what it chooses (`trainctl.report`), and a metric it never passes is no value, not 0. SQLite cannot
+    # drop NOT NULL from a column, so the table is rebuilt (nothing references it); rows keep their values.
+    """
+    CREATE TABLE step_metrics_nullable (
+        job_id TEXT NOT NULL REFERENCES jobs(id),
+        step $int NOT NULL,
+        time $real NOT NULL,
+        loss $real NOT NULL,
+        grad_norm $real,
+        lr $real,
+        tokens $int,
+        tokens_per_second $real,
+        mfu $real,
+        step_time_seconds $real,
+        peak_memory_bytes $int,
+        breakdown TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (job_id, step)
+    );
+    INSERT INTO step_metrics_nullable SELECT job_id, step, time, loss, grad_norm, lr, tokens, tokens_per_second,
+        mfu, step_time_seconds, peak_memory_bytes, breakdown FROM step_metrics;
+    DROP TABLE step_metrics;
+    ALTER TABLE step_metrics_nullable RENAME TO step_metrics;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -818,14 +842,15 @@ class JobStore:
                 + ") VALUES (?, ?, ?, ?, " + ", ".join("?" * len(_METRIC_COLUMNS)) + ")"
                 " ON CONFLICT (job_id, step) DO UPDATE SET "
                 + ", ".join(f"{c} = excluded.{c}" for c in ("time", "breakdown", *_METRIC_COLUMNS)),
-                (job_id, step, metrics.get("time", now), json_text(metrics.get("breakdown") or {}),
-                 *[0 if v is None and c != "mfu" else v for c, v in zip(_METRIC_COLUMNS, values, strict=True)]),
+                (job_id, step, metrics.get("time", now), json_text(metrics.get("breakdown") or {}), *values),
             )
             first = current.first_loss if current.first_loss is not None else metrics["loss"]
+            # The job's tokens/s is the newest step's that has one (a command job's first report has none).
             db.execute(
                 "UPDATE jobs SET steps_done = CASE WHEN steps_done > ? THEN steps_done ELSE ? END, first_loss = ?,"
-                " last_loss = ?, tokens_per_second = ?, mfu = ?, update_time = ?, version = version + 1 WHERE id = ?",
-                (step, step, first, metrics["loss"], metrics.get("tokens_per_second") or 0.0, metrics.get("mfu"), now, job_id),
+                " last_loss = ?, tokens_per_second = COALESCE(?, tokens_per_second), mfu = ?, update_time = ?,"
+                " version = version + 1 WHERE id = ?",
+                (step, step, first, metrics["loss"], metrics.get("tokens_per_second"), metrics.get("mfu"), now, job_id),
             )
             return self._append(db, job_id, EVENT_STEP, {**metrics, "time": metrics.get("time", now)}, now)
 

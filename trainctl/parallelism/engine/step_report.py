@@ -1,5 +1,9 @@
 """The step report: metrics of one optimizer step, as the engine makes it and as the supervisor's event
-log and the service's metrics read it back (`to_dict` / `from_dict`)."""
+log and the service's metrics read it back (`to_dict` / `from_dict`).
+
+The built-in engine fills every metric. A command job's program reports what it chooses
+(`trainctl.report`): a metric it never passes, or a rate its report cannot give, is None, and stays
+absent downstream (the store, `get -o json`, Prometheus, `trainctl report`) rather than reading as 0."""
 
 from __future__ import annotations
 
@@ -17,22 +21,22 @@ class StepReport:
     """1-based number of the optimizer step just completed."""
     loss: float
     """Global mean training loss of the step (cross-entropy, plus the aux loss of MoE models)."""
-    grad_norm: float
-    """Global gradient norm before clipping."""
-    lr: float
-    """Learning rate used by the step."""
-    tokens: int
-    """Tokens trained in the step (global_batch_size x seq_len)."""
-    tokens_per_second: float
-    """Global tokens per second of the step."""
+    grad_norm: float | None
+    """Global gradient norm before clipping (None: not reported)."""
+    lr: float | None
+    """Learning rate used by the step (None: not reported)."""
+    tokens: int | None
+    """Tokens trained in the step (global_batch_size x seq_len; None: not reported)."""
+    tokens_per_second: float | None
+    """Global tokens per second of the step (None: not reported, or no rate known)."""
     mfu: float | None
     """Model FLOPs utilisation, None when the device's peak FLOPS is unknown (CPU)."""
-    step_time_seconds: float
-    """Wall time of the step on this rank."""
+    step_time_seconds: float | None
+    """Wall time of the step on this rank (None: no time known)."""
     breakdown: dict[str, float] = field(default_factory=dict)
     """Seconds per phase: data, forward_backward, optimizer (incl. clipping), checkpoint."""
-    peak_memory_bytes: int = 0
-    """Peak CUDA memory allocated, or the process's peak RSS on CPU."""
+    peak_memory_bytes: int | None = None
+    """Peak CUDA memory allocated, or the process's peak RSS on CPU (None: not reported)."""
     checkpoint_bytes: int | None = None
     """Size of the checkpoint this step saved (its files and marker), None when it saved none."""
 
@@ -42,19 +46,23 @@ class StepReport:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepReport:
-        """Inverse of `to_dict`. ``step`` and ``loss`` are required; a missing or null metric reads as 0
-        (``mfu`` and ``checkpoint_bytes`` stay None), and keys that are not fields are ignored."""
-        checkpoint_bytes = data.get("checkpoint_bytes")
+        """Inverse of `to_dict`. ``step`` and ``loss`` are required; a missing or null metric reads as None
+        (not reported), and keys that are not fields are ignored."""
+
+        def number(name: str, kind: type[float] | type[int]) -> Any:
+            value = data.get(name)
+            return None if value is None else kind(value)
+
         return cls(
             step=int(data["step"]),
             loss=float(data["loss"]),
-            grad_norm=float(data.get("grad_norm") or 0.0),
-            lr=float(data.get("lr") or 0.0),
-            tokens=int(data.get("tokens") or 0),
-            tokens_per_second=float(data.get("tokens_per_second") or 0.0),
-            mfu=None if data.get("mfu") is None else float(data["mfu"]),
-            step_time_seconds=float(data.get("step_time_seconds") or 0.0),
+            grad_norm=number("grad_norm", float),
+            lr=number("lr", float),
+            tokens=number("tokens", int),
+            tokens_per_second=number("tokens_per_second", float),
+            mfu=number("mfu", float),
+            step_time_seconds=number("step_time_seconds", float),
             breakdown={str(k): float(v) for k, v in (data.get("breakdown") or {}).items()},
-            peak_memory_bytes=int(data.get("peak_memory_bytes") or 0),
-            checkpoint_bytes=None if checkpoint_bytes is None else int(checkpoint_bytes),
+            peak_memory_bytes=number("peak_memory_bytes", int),
+            checkpoint_bytes=number("checkpoint_bytes", int),
         )

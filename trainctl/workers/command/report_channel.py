@@ -3,9 +3,13 @@ per step to, turned into the engine's `StepReport` so a command job's steps take
 of built-in jobs (supervisor STEP events -> store, `get -o json`, Prometheus, progress lines).
 
 A datagram is ``{"step": int, "loss": float, "tokens": int?, "lr": float?, "grad_norm": float?}``
-(`trainctl.reporting`). The step time is the interval between this rank's reports (from the program's
-start for the first), and tokens per second is tokens over it. A datagram that is not such an object is
-dropped with a log line naming the problem.
+(`trainctl.reporting`; ``tokens`` are the reported step's). A program may report every step or every N
+steps: the step time is the wall time since this rank's previous report over the steps since it
+(`seconds_per_step`), and tokens per second is the step's tokens over that time. The first report of a
+program's run (each generation starts a new one) carries no step time and no tokens per second: its
+interval would hold the program's start-up (imports, rendezvous, loading a checkpoint) and, after a
+restart, steps it resumed past. Metrics the datagram leaves out stay None (absent, not 0). A datagram
+that is not such an object is dropped with a log line naming the problem.
 """
 
 from __future__ import annotations
@@ -31,8 +35,17 @@ class ReportError(ValueError):
     """A datagram that is not a step report."""
 
 
-def step_report_of(payload: Any, step_time: float) -> StepReport:
-    """The StepReport a `trainctl.report` datagram describes; ReportError names the bad field."""
+def seconds_per_step(previous: tuple[int, float] | None, step: int, now: float) -> float | None:
+    """Wall seconds per step between the previous report ``(step, monotonic time)`` and one of ``step``
+    at ``now``; None for a run's first report and for one that does not advance the step."""
+    if previous is None or step <= previous[0]:
+        return None
+    return (now - previous[1]) / (step - previous[0])
+
+
+def step_report_of(payload: Any, step_time: float | None) -> StepReport:
+    """The StepReport a `trainctl.report` datagram describes, with ``step_time`` seconds per step (None:
+    unknown); ReportError names the bad field."""
     if not isinstance(payload, dict):
         raise ReportError("a report must be a JSON object")
     step, loss = payload.get("step"), payload.get("loss")
@@ -42,16 +55,17 @@ def step_report_of(payload: Any, step_time: float) -> StepReport:
     for name, value in numbers.items():
         if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
             raise ReportError(f"{name} must be a finite number, got {value!r}")
-    tokens = payload.get("tokens") or 0
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+    tokens = payload.get("tokens")
+    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0):
         raise ReportError(f"tokens must be an integer >= 0, got {tokens!r}")
+    rate = tokens / step_time if tokens is not None and step_time is not None and step_time > 0 else None
     return StepReport(
         step=step,
         loss=float(loss),
-        grad_norm=float(payload.get("grad_norm") or 0.0),
-        lr=float(payload.get("lr") or 0.0),
+        grad_norm=None if "grad_norm" not in numbers else float(numbers["grad_norm"]),
+        lr=None if "lr" not in numbers else float(numbers["lr"]),
         tokens=tokens,
-        tokens_per_second=tokens / step_time if step_time > 0 else 0.0,
+        tokens_per_second=rate,
         mfu=None,
         step_time_seconds=step_time,
     )
@@ -67,11 +81,11 @@ class ReportChannel:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(self.path)
         self._on_report, self._on_problem = on_report, on_problem
-        self._last = time.monotonic()
+        self._previous: tuple[int, float] | None = None
+        """(step, monotonic time) of the run's newest accepted report."""
         self._thread = threading.Thread(target=self._serve, name="report-channel", daemon=True)
 
     def __enter__(self) -> ReportChannel:
-        self._last = time.monotonic()
         self._thread.start()
         return self
 
@@ -87,9 +101,12 @@ class ReportChannel:
                 return
             now = time.monotonic()
             try:
-                report = step_report_of(json.loads(data), now - self._last)
+                payload = json.loads(data)
+                step = payload.get("step") if isinstance(payload, dict) else None
+                step_time = seconds_per_step(self._previous, step, now) if isinstance(step, int) else None
+                report = step_report_of(payload, step_time)
             except (ReportError, ValueError) as exc:
                 self._on_problem(f"trainctl.report ignored: {exc}")
                 continue
-            self._last = now
+            self._previous = (report.step, now)
             self._on_report(report)
