@@ -66,12 +66,14 @@ def build_sweep_figure(sweep: pb.Sweep, curves: dict[str, list[pb.StepMetrics]])
         steps = curves.get(trial.job_id, [])
         if not steps:
             continue
-        values = [(m.step, getattr(m, metric)) for m in steps if metric != "mfu" or m.HasField("mfu")]
+        reported = steps[0].DESCRIPTOR.fields_by_name[metric].has_presence  # optional metrics: only steps that have it
+        values = [(m.step, getattr(m, metric)) for m in steps if not reported or m.HasField(metric)]
         is_best = trial.number == best
         ax.plot([s for s, _ in values], [v for _, v in values], color="k" if is_best else STATE_COLOURS.get(_state(trial), "C7"),
                 linewidth=2.5 if is_best else 1.0, alpha=1.0 if is_best else 0.6,
                 label=f"best: trial {trial.number}" if is_best else None)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(metric)
     if best is not None:
         ax.legend(loc="upper right", fontsize="small")
