@@ -1,4 +1,5 @@
-"""Imports point down only: cli -> service -> workers -> parallelism -> spec (DESIGN.md), and no module
+"""Imports point down only: cli -> service -> workers -> parallelism -> spec (DESIGN.md), with the wire
+(proto conversions, error details, credentials: trainctl.wire) below cli and service and above spec; and no module
 imports itself round a circle (function-level imports included, `if TYPE_CHECKING:` ones not).
 
 `observability` (the Grafana dashboards, read by deploy/render.py) sits beside the layers: it imports
@@ -22,13 +23,15 @@ IMPORT_CALLS = ("import_module", "__import__")
 # For each layer, the modules it must never import (third-party or trainctl's own upper layers).
 FORBIDDEN = {
     "spec": ("torch", "ray", "grpc", "trainctl.parallelism", "trainctl.workers", "trainctl.service", "trainctl.cli",
-             "trainctl.observability"),
+             "trainctl.wire", "trainctl.observability"),
     "parallelism": ("ray", "grpc", "trainctl.workers", "trainctl.service", "trainctl.cli", "trainctl.v1",
-                    "trainctl.observability"),
-    "workers": ("grpc", "trainctl.service", "trainctl.cli", "trainctl.v1", "trainctl.observability"),
+                    "trainctl.wire", "trainctl.observability"),
+    "workers": ("grpc", "trainctl.service", "trainctl.cli", "trainctl.v1", "trainctl.wire", "trainctl.observability"),
+    "wire": ("torch", "ray", "trainctl.parallelism", "trainctl.workers", "trainctl.service", "trainctl.cli",
+             "trainctl.observability"),
     "service": ("trainctl.cli", "trainctl.observability"),
     "observability": ("torch", "ray", "grpc", "trainctl.spec", "trainctl.parallelism", "trainctl.workers",
-                      "trainctl.service", "trainctl.cli", "trainctl.v1"),
+                      "trainctl.service", "trainctl.cli", "trainctl.v1", "trainctl.wire"),
 }
 
 
@@ -149,7 +152,7 @@ def dynamic_imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("layer", ["spec", "parallelism", "workers", "service"])
+@pytest.mark.parametrize("layer", ["spec", "parallelism", "workers", "wire", "service"])
 def test_layer_imports_are_static(layer: str) -> None:
     offences = [
         f"{path.relative_to(PACKAGE.parent)}:{line} calls {name}"
@@ -268,3 +271,21 @@ def test_checker_finds_a_circle_through_a_function_level_import(tmp_path: Path) 
     (package / "model" / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainctl.model import a\n")
     (package / "model" / "e.py").write_text("from trainctl.model import d\n")
     assert import_circles(import_graph(package)) == [["trainctl.model.a", "trainctl.model.b", "trainctl.model.c"]]
+
+
+SERVER_COMMANDS = ("serve_cmd.py", "demo.py")
+"""CLI modules that run a service in their process, and so may import it."""
+PLANNING_COMMANDS = ("plan_cmd.py", "suggest_cmd.py")
+"""Offline planning, which imports service.planning / service.layout_search until the planning layer moves
+below the service (issue 33); then they join the client commands."""
+
+
+def test_client_commands_import_nothing_of_the_service() -> None:
+    files = [p for p in _layer_files("cli") if p.name not in SERVER_COMMANDS + PLANNING_COMMANDS]
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for path in files
+        for line, module in imported_modules(path)
+        if module == "trainctl.service" or module.startswith("trainctl.service.")
+    ]
+    assert not found, "client commands importing the server (the wire, trainctl.wire, is what they share):\n" + "\n".join(found)

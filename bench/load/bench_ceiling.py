@@ -46,7 +46,7 @@ from bench_load import (
     summarise,
 )
 
-from trainctl.service.auth import generate_token
+from trainctl.wire.tokens import generate_token
 
 
 def start_null_server(log_path: Path) -> tuple[subprocess.Popen, str]:

@@ -21,10 +21,10 @@ import grpc
 import pytest
 from prom_support import free_port
 
-from trainctl.service.convert import job_to_proto
 from trainctl.spec.validate import parse_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.convert import job_to_proto
 from trainctl.workers.embedded import topology_labels
 from trainctl.workers.resources import slot_resources
 from trainctl.workers.topology import simulated_topology

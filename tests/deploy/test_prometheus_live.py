@@ -16,11 +16,11 @@ import yaml
 from deploy_support import DEPLOY, require_tool
 from prom_support import Prometheus, free_port
 
-from trainctl.service.convert import job_to_proto
 from trainctl.service.server import Service, ServiceConfig
 from trainctl.spec.validate import parse_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.convert import job_to_proto
 
 RATE_INTERVAL = "10s"  # Grafana's $__rate_interval for a 1 s scrape interval, rounded up
 JOB_SPEC = {

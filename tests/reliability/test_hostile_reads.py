@@ -18,9 +18,9 @@ import grpc
 import pytest
 from serve_process import ServeProcess
 
-from trainctl.service.errors import field_violations
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.errors import field_violations
 from trainctl.workers.embedded import EmbeddedRay, start_embedded
 
 pytestmark = pytest.mark.timeout(300)

@@ -12,7 +12,7 @@ import grpc
 import yaml
 
 from trainctl.service.api import TrainingServicer
-from trainctl.service.auth import Authenticator, generate_token, hash_token
+from trainctl.service.auth import Authenticator
 from trainctl.service.hardening import MessageLimits
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.paths import JobPathPolicy
@@ -21,9 +21,10 @@ from trainctl.service.rpc_server import RpcServer
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.server import build_grpc_server
 from trainctl.service.store import JobStore
-from trainctl.service.tls import TlsConfig, bind
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.tls import TlsConfig, bind
+from trainctl.wire.tokens import generate_token, hash_token
 from trainctl.workers.topology import simulated_topology
 
 POOL_NODES, POOL_GPUS_PER_NODE = 2, 4

@@ -20,12 +20,12 @@ from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.service import api as service_api
-from trainctl.service.convert import job_to_proto
-from trainctl.service.errors import field_violations
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import load_job_file
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.convert import job_to_proto
+from trainctl.wire.errors import field_violations
 from trainctl.workers.events import EventKind, JobState
 
 REMOTE_CASES = [c for c in bad_spec_catalogue() if not c.local_only]

@@ -19,20 +19,17 @@ from secure_service import bearer, job_message, start_service, stub, write_acces
 
 from trainctl.cli.token_cmd import token_main
 from trainctl.service.auth import (
-    MIN_TOKEN_LENGTH,
-    TOKEN_PREFIX,
     AccessConfig,
     AuthConfigError,
     AuthenticationError,
     Authenticator,
     check_exposure,
-    generate_token,
-    hash_token,
     is_loopback,
     load_access_config,
 )
-from trainctl.service.tenancy import ANONYMOUS, Principal, Quota, Role
+from trainctl.service.tenancy import ANONYMOUS, Principal, Quota
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.tokens import MIN_TOKEN_LENGTH, TOKEN_PREFIX, Role, generate_token, hash_token
 
 ALICE = generate_token()
 ROOT = generate_token()

@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry
 from secure_service import SecureService, Tokens, bearer, job_message, start_service, stub, write_access_file
 from throwaway_pki import Authority
 
-from trainctl.service.errors import field_violations
 from trainctl.service.metrics import ServiceMetrics
-from trainctl.service.tls import TlsConfig, channel_credentials
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.errors import field_violations
+from trainctl.wire.tls import TlsConfig, channel_credentials
 
 QUOTAS = {"vision": {"queued_jobs": 3, "running_gpus": 4}}
 

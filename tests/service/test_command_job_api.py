@@ -10,9 +10,9 @@ import pytest
 from secure_service import SecureService, Tokens, bearer, start_service, stub, write_access_file
 from test_tenant_paths import refused
 
-from trainctl.service.convert import job_from_proto, job_to_proto
 from trainctl.spec.job import MAX_ENV_BYTES, TrainingJob
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.convert import job_from_proto, job_to_proto
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trainctl.service.convert import job_from_proto, job_to_proto
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import SpecError, parse_object
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.convert import job_from_proto, job_to_proto
 
 RICH = {
     "metadata": {"name": "rich-job", "labels": {"team": "nlp", "exp": "42"}},

@@ -15,8 +15,8 @@ from control_plane_fakes import ApiServer, ScriptedRuntime, start_api_server
 from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
-from trainctl.service.convert import job_to_proto
-from trainctl.service.errors import field_violations
+from trainctl.wire.convert import job_to_proto
+from trainctl.wire.errors import field_violations
 
 
 @pytest.fixture

@@ -24,10 +24,10 @@ from data_sources import build_tokenizer, write_arrow
 from secure_service import SecureService, Tokens, bearer, start_service, stub, write_access_file
 from small_jobs import small_job
 
-from trainctl.service.convert import job_to_proto
-from trainctl.service.errors import field_violations
 from trainctl.spec.files import MAX_LINE_BYTES
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.convert import job_to_proto
+from trainctl.wire.errors import field_violations
 
 SECRET = "SECRET-VALUE-FROM-OUTSIDE"
 DEEP = "[" * 50_000 + "]" * 50_000

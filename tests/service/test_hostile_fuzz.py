@@ -30,14 +30,14 @@ from spec_strategies import BASE, mutated_documents, values
 from trainctl.cli.main import EXIT_INVALID, EXIT_OK, main
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator
-from trainctl.service.convert import job_to_proto
-from trainctl.service.errors import ApiError
 from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.service.tenancy import ANONYMOUS
 from trainctl.spec.validate import parse_object
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.convert import job_to_proto
+from trainctl.wire.errors import ApiError
 from trainctl.workers.topology import simulated_topology
 from trainctl.workers.topology.model import parse_topology
 

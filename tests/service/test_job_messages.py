@@ -9,11 +9,11 @@ import pytest
 from small_jobs import small_job
 from test_convert import RICH
 
-from trainctl.service.convert import job_to_proto
 from trainctl.service.job_messages import JobMessages, fill_status
 from trainctl.service.store import JobRecord, JobStore
 from trainctl.spec.validate import parse_object
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.convert import job_to_proto
 from trainctl.workers.events import JobState
 
 

@@ -26,11 +26,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from postgres_server import PostgresServer
 from small_jobs import small_job
 
-from trainctl.service.convert import job_to_proto
 from trainctl.service.readiness import StoreReadiness
 from trainctl.service.store import JobStore, StoreUnavailable
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.convert import job_to_proto
 from trainctl.workers.events import JobState
 
 CLIENTS = 3

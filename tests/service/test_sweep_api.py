@@ -16,13 +16,13 @@ import yaml
 from control_plane_fakes import ApiServer, ScriptedRuntime, start_api_server
 
 from trainctl.cli.client import TrainctlClient
-from trainctl.service.errors import field_violations
 from trainctl.service.sweep_api import quota_violations
-from trainctl.service.sweep_convert import sweep_from_proto, sweep_to_proto
 from trainctl.service.tenancy import Quota
 from trainctl.spec.sweep import SWEEP_LABEL, parse_sweep_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.errors import field_violations
+from trainctl.wire.sweep_convert import sweep_from_proto, sweep_to_proto
 from trainctl.workers.events import JobState
 
 DOCUMENT: dict[str, Any] = {

@@ -15,8 +15,8 @@ from secure_service import SecureService, Tokens, bearer, job_message, start_ser
 from trainctl.cli.export_cmd import resolve_source
 from trainctl.parallelism.checkpoint.dcp import save_checkpoint
 from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, write_run_spec
-from trainctl.service.errors import field_violations
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.errors import field_violations
 
 UNKNOWN_ID = "job-000000000000"
 

@@ -15,14 +15,14 @@ from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.cli.main import EXIT_INVALID, main
-from trainctl.service.convert import job_to_proto
-from trainctl.service.errors import field_violations
 from trainctl.service.store import EVENT_LOG, EVENT_STATE, JobNotFound, JobStore, SweepNotFound, TrialState
-from trainctl.service.sweep_convert import sweep_to_proto
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.sweep import parse_sweep_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.convert import job_to_proto
+from trainctl.wire.errors import field_violations
+from trainctl.wire.sweep_convert import sweep_to_proto
 from trainctl.workers.command.output import RankOutput, rank_log_path
 from trainctl.workers.events import EventKind, JobState
 

@@ -18,13 +18,13 @@ import pytest
 from control_plane_fakes import ScriptedRuntime, start_api_server
 from small_jobs import small_job
 
-from trainctl.service.convert import job_to_proto
 from trainctl.service.hardening import StreamLimiter
 from trainctl.service.server import DEFAULT_STREAMS_PER_TENANT, ServiceConfig
 from trainctl.service.store import Event, JobRecord, JobStore
 from trainctl.service.watch_hub import EventHub, WatchStopped
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.convert import job_to_proto
 from trainctl.workers.events import JobState
 
 WAIT = 30.0

@@ -168,7 +168,7 @@ def test_a_sweep_spec_is_typed_as_strictly() -> None:
 
 def test_a_sweep_value_over_the_proto_is_typed_as_strictly() -> None:
     """The proto's SweepValue carries a bound or choice of any kind: only the spec's types decide."""
-    from trainctl.service.sweep_convert import sweep_from_proto, sweep_to_proto
+    from trainctl.wire.sweep_convert import sweep_from_proto, sweep_to_proto
 
     message = sweep_to_proto(parse_sweep_object(sweep({"type": "float", "low": 0.001, "high": 0.1})))
     for kind, value, got in (("string_value", "0.001", "a string"), ("bool_value", True, "a boolean")):

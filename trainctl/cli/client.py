@@ -21,7 +21,7 @@ at once, a silent address after a second and a half). The `trainctl` command's c
 run it before their first call, so a command with no server to talk to ends at once with a hint
 rather than after the rounds of retries.
 
-Errors are grpc.RpcError; `trainctl.service.errors.field_violations(err)` lists the offending fields
+Errors are grpc.RpcError; `trainctl.wire.errors.field_violations(err)` lists the offending fields
 of an INVALID_ARGUMENT.
 """
 
@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from trainctl.cli.addresses import server_addresses
-from trainctl.service.tls import channel_credentials
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.tls import channel_credentials
 
 if TYPE_CHECKING:  # the spec models load only when a call converts one (`trainctl list` never does)
     from trainctl.spec.job import TrainingJob
@@ -59,13 +59,13 @@ class ServerUnreachable(ConnectionError):
 
 
 def _job_message(job: TrainingJob) -> pb.Job:
-    from trainctl.service.convert import job_to_proto
+    from trainctl.wire.convert import job_to_proto
 
     return job_to_proto(job)
 
 
 def _sweep_message(sweep: Sweep) -> pb.Sweep:
-    from trainctl.service.sweep_convert import sweep_to_proto
+    from trainctl.wire.sweep_convert import sweep_to_proto
 
     return sweep_to_proto(sweep)
 

@@ -172,7 +172,7 @@ def run(command: str, argv: Sequence[str]) -> int:
 
 def _rpc_failure(exc: Any) -> int:
     """Print a call's failure (its field violations, if any) and return the exit status for it."""
-    from trainctl.service.errors import field_violations
+    from trainctl.wire.errors import field_violations
 
     violations = field_violations(exc)
     if violations:

@@ -37,7 +37,7 @@ def resolve_source(source: str, server: str | None) -> Pretrained:
     import grpc
 
     from trainctl.cli.client import ServerUnreachable, TrainctlClient
-    from trainctl.service.convert import job_from_proto
+    from trainctl.wire.convert import job_from_proto
 
     try:
         with TrainctlClient(server, fail_fast=True) as client:

@@ -40,7 +40,7 @@ def metrics_dict(m: pb.StepMetrics) -> dict[str, Any]:
 
 def job_document(job: pb.Job) -> dict[str, Any]:
     """A job as the document `get -o yaml|json` prints: the spec as written, status, metrics."""
-    from trainctl.service.convert import job_from_proto
+    from trainctl.wire.convert import job_from_proto
 
     s = job.status
     status = {

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from trainctl.service.server import Service, ServiceConfig, settle_heap_for_serving
     from trainctl.service.shutdown import install_stop_signals
     from trainctl.service.store import StoreError
-    from trainctl.service.tls import TlsConfig
+    from trainctl.wire.tls import TlsConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert or args.tls_key else None

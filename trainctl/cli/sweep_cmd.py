@@ -178,7 +178,7 @@ def _trial_state(number: int) -> str:
 
 
 def _params(trial: pb.Trial) -> dict[str, Any]:
-    from trainctl.service.sweep_convert import value_from_proto
+    from trainctl.wire.sweep_convert import value_from_proto
 
     return {path: value_from_proto(trial.params[path]) for path in sorted(trial.params)}
 
@@ -211,7 +211,7 @@ def describe(sweep: pb.Sweep) -> str:
 
 def sweep_document(sweep: pb.Sweep) -> dict[str, Any]:
     """A sweep as the document `sweep get -o yaml|json` prints: the spec as written, status, trials."""
-    from trainctl.service.sweep_convert import sweep_from_proto
+    from trainctl.wire.sweep_convert import sweep_from_proto
 
     s = sweep.status
     trials = [

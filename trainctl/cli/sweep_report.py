@@ -22,8 +22,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from trainctl.cli.report import ReportError, ReportFiles, save_figure
-from trainctl.service.sweep_convert import value_from_proto
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.sweep_convert import value_from_proto
 
 PANELS = ("Objective per trial", "Parameters", "Curves")
 """Axes titles, in reading order (tests find the panels by these)."""

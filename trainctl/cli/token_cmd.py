@@ -1,7 +1,7 @@
 """`trainctl token new|hash`: make a token and its access-file entry, or hash an existing token.
 
-The access file's format, token hashing and validation are the service's (`trainctl.service.auth`);
-this module is only the command line around them, which loads them when it runs.
+Tokens, their hash and the access file's entry are the wire's (`trainctl.wire.tokens`), shared with the
+service that checks them; this module is only the command line around them, which loads them when it runs.
 `python -m trainctl.cli.token_cmd` runs it alone.
 """
 
@@ -15,7 +15,7 @@ from trainctl.cli.subcommand import run_alone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from trainctl.service.tenancy import Role
+    from trainctl.wire.tokens import Role
 
     sub = parser.add_subparsers(dest="token_command", required=True)
     new = sub.add_parser("new", help="generate a token; print it once, and the access-file entry to add")
@@ -29,9 +29,8 @@ def run(args: argparse.Namespace) -> int:
     import yaml
     from pydantic import ValidationError
 
-    from trainctl.service.auth import TokenEntry, generate_token, hash_token
-    from trainctl.service.tenancy import Role
     from trainctl.spec.validate import violations_from_pydantic
+    from trainctl.wire.tokens import Role, TokenEntry, generate_token, hash_token
 
     if args.token_command == "hash":
         token = sys.stdin.readline().strip()

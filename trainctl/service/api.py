@@ -3,7 +3,7 @@
 Each method takes the request and the caller's Principal (authenticated by trainctl.service.rpc_calls,
 which also runs the method: the methods in `BLOCKING` on a thread of the server's pool, the other unary
 ones on its event loop, the coroutines and streams on it too, handing their blocking parts to the pool). Handlers raise `ApiError`
-(trainctl.service.errors), which becomes the call's status. A job of another tenant is NOT_FOUND to a
+(trainctl.wire.errors), which becomes the call's status. A job of another tenant is NOT_FOUND to a
 user, so ids cannot be probed.
 """
 
@@ -24,16 +24,6 @@ from trainctl.parallelism.checkpoint.source import init_from_problem
 from trainctl.service import store as st
 from trainctl.service.async_bridge import store_read
 from trainctl.service.auth import Authenticator
-from trainctl.service.convert import job_from_proto, request_digest, timestamp
-from trainctl.service.errors import (
-    ApiError,
-    bad_field,
-    failed_precondition,
-    invalid_argument,
-    not_found,
-    reused_request_id,
-    service_stopping,
-)
 from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
 from trainctl.service.job_messages import JobMessages, step_to_proto
 from trainctl.service.paths import JobPathPolicy, job_reference
@@ -63,6 +53,16 @@ from trainctl.spec.validate import (
     working_dir_violations,
 )
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.convert import job_from_proto, request_digest, timestamp
+from trainctl.wire.errors import (
+    ApiError,
+    bad_field,
+    failed_precondition,
+    invalid_argument,
+    not_found,
+    reused_request_id,
+    service_stopping,
+)
 from trainctl.workers.events import ACTIVE_STATES, JobState
 
 T = TypeVar("T")

@@ -28,7 +28,6 @@ import ipaddress
 import logging
 import os
 import re
-import secrets
 import threading
 import time
 from collections.abc import Iterable
@@ -36,19 +35,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trainctl.service.tenancy import ANONYMOUS, TENANT_PATTERN, Principal, Quota, Role
+from trainctl.service.tenancy import ANONYMOUS, Principal, Quota
 from trainctl.spec import strict_yaml
 from trainctl.spec.validate import violations_from_pydantic
+from trainctl.wire.tokens import TENANT_PATTERN, TokenEntry
 
 log = logging.getLogger(__name__)
 
-TOKEN_PREFIX = "trainctl_"
-"""Generated tokens start with this, so secret scanners and humans recognise a leaked one."""
-MIN_TOKEN_LENGTH = 32
-"""Shortest token `hash_token` accepts: anything shorter is too guessable for an unsalted hash."""
-_TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")
 _BEARER = re.compile(r"^\s*bearer\s+(\S+)\s*$", re.IGNORECASE)
 
 RELOAD_SECONDS = 5.0
@@ -62,35 +57,6 @@ class AuthConfigError(ValueError):
 
 class AuthenticationError(Exception):
     """A call that carries no usable bearer token. The message never contains the token."""
-
-
-class TokenEntry(BaseModel):
-    """One accepted token: who holds it, its tenant and role, and the SHA-256 of the token."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    name: str = Field(min_length=1, max_length=128)
-    """Who holds the token; shown in logs instead of the token."""
-    tenant: str = Field(min_length=1, max_length=63)
-    """Tenant whose jobs the holder sees (a DNS-1123 label)."""
-    role: Role = Role.USER
-    """user: own tenant only; admin: every tenant."""
-    sha256: str
-    """Lower-case hex SHA-256 of the token (`trainctl token new` or `trainctl token hash`)."""
-
-    @field_validator("tenant")
-    @classmethod
-    def _tenant_label(cls, value: str) -> str:
-        if not TENANT_PATTERN.match(value):
-            raise ValueError("must be a DNS-1123 label: lower-case letters, digits and '-'")
-        return value
-
-    @field_validator("sha256")
-    @classmethod
-    def _hex_digest(cls, value: str) -> str:
-        if not re.fullmatch(r"[0-9a-f]{64}", value):
-            raise ValueError("must be 64 lower-case hex digits (the SHA-256 of the token, never the token)")
-        return value
 
 
 class AccessConfig(BaseModel):
@@ -125,20 +91,6 @@ class AccessConfig(BaseModel):
             if not TENANT_PATTERN.match(tenant):
                 raise ValueError(f"command_tenants[{i}]: {tenant!r} is not a tenant name (a DNS-1123 label)")
         return self
-
-
-def generate_token() -> str:
-    """A new random token: the prefix and 256 bits of URL-safe base64."""
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
-
-
-def hash_token(token: str) -> str:
-    """Hex SHA-256 of a token, after checking it is long enough and fits in gRPC metadata."""
-    if len(token) < MIN_TOKEN_LENGTH:
-        raise ValueError(f"a token must be at least {MIN_TOKEN_LENGTH} characters; use `trainctl token new`")
-    if not _TOKEN_CHARS.match(token):
-        raise ValueError("a token may hold only printable ASCII without spaces")
-    return hashlib.sha256(token.encode("ascii")).hexdigest()
 
 
 def load_access_config(path: str | Path) -> AccessConfig:

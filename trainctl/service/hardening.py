@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from trainctl.service.errors import bad_field
+from trainctl.wire.errors import bad_field
 
 MiB = 1024 * 1024
 MAX_REASON_LENGTH = 1000

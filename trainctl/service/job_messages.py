@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from trainctl.service.convert import job_to_proto, timestamp
 from trainctl.service.newest_kept import NewestKept
 from trainctl.service.store import JobRecord
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.convert import job_to_proto, timestamp
 
 DEFAULT_CAPACITY = 20_000
 """Jobs kept (a small job's spec part and answer together are about 0.7 KiB): a ListJobs walk over the

@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from trainctl.service.hardening import MalformedRequestInterceptor
 from trainctl.service.rpc_server import RpcServer
 from trainctl.service.store import JobStore
-from trainctl.service.tls import bind
+from trainctl.wire.tls import bind
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ from google.protobuf.message import Message
 
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import AuthenticationError, Authenticator
-from trainctl.service.errors import ApiError
 from trainctl.service.hardening import StreamLimiter, undecodable_details
 from trainctl.service.store import StoreUnavailable
 from trainctl.service.tenancy import Principal
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.errors import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from trainctl.service.rpc_server import RpcServer
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.service.sweeps import SweepDriver
-from trainctl.service.tls import TlsConfig, bind
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.tls import TlsConfig, bind
 
 if TYPE_CHECKING:
     from trainctl.workers.warm_pool import WarmPool

@@ -15,15 +15,6 @@ from collections.abc import AsyncIterator, Callable
 
 from trainctl.service.async_bridge import wait_for_store_change
 from trainctl.service.auth import Authenticator
-from trainctl.service.convert import request_digest, timestamp
-from trainctl.service.errors import (
-    bad_field,
-    failed_precondition,
-    invalid_argument,
-    not_found,
-    reused_request_id,
-    service_stopping,
-)
 from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
 from trainctl.service.planning import fit_violations
 from trainctl.service.pool import GpuPool
@@ -37,13 +28,22 @@ from trainctl.service.store import (
     TrialRecord,
     TrialState,
 )
-from trainctl.service.sweep_convert import sweep_from_proto, sweep_to_proto, value_to_proto
 from trainctl.service.sweeps import SweepDriver
 from trainctl.service.tenancy import Principal, Quota
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.sweep import Sweep, sweep_violations
 from trainctl.spec.validate import FieldViolation, SpecError
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.convert import request_digest, timestamp
+from trainctl.wire.errors import (
+    bad_field,
+    failed_precondition,
+    invalid_argument,
+    not_found,
+    reused_request_id,
+    service_stopping,
+)
+from trainctl.wire.sweep_convert import sweep_from_proto, sweep_to_proto, value_to_proto
 from trainctl.workers.events import JobState
 
 MAX_ID_LENGTH = 128

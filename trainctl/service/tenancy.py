@@ -12,25 +12,15 @@ QUEUED with that reason, as a full cluster would leave it).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-TENANT_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-"""Tenant names are DNS-1123 labels, like job names, so they are safe in logs, labels and paths."""
+from trainctl.wire.tokens import Role
 
 DEFAULT_TENANT = "default"
 """The tenant of every job when authentication is off (the embedded default)."""
-
-
-class Role(StrEnum):
-    """What a principal may do: `user` acts within its tenant, `admin` across all tenants."""
-
-    USER = "user"
-    ADMIN = "admin"
 
 
 @dataclass(frozen=True)

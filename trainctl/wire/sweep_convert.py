@@ -1,6 +1,6 @@
 """The pydantic Sweep <-> the proto `Sweep`, and a stored sweep as the API's answer.
 
-The template is a JobSpec converted by trainctl.service.convert's rules; parameters, objective and
+The template is a JobSpec converted by trainctl.wire.convert's rules; parameters, objective and
 early stopping are converted here field by field (string literals are enums `<ENUM>_<VALUE>`, a value
 of the search space is a `SweepValue` oneof so ints, floats, strings and booleans survive the wire).
 proto -> pydantic validates with the Sweep model, so a bad value raises SpecError naming the path.
@@ -12,10 +12,10 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from trainctl.service.convert import spec_body_document, spec_body_to_proto
 from trainctl.spec.sweep import Sweep, parse_sweep_object
 from trainctl.spec.validate import FieldViolation, SpecError
 from trainctl.v1 import training_pb2 as pb
+from trainctl.wire.convert import spec_body_document, spec_body_to_proto
 
 _OPTIONAL_SCALARS = {
     "SweepSpec": ("trials", "parallel_trials", "startup_trials", "seed"),
