@@ -60,15 +60,36 @@ SLOW_TESTS = (
     "parallelism/test_estimator.py::test_estimated_peaks_match_the_peaks_measured_under_gloo",  # 8 layouts, 2-4 ranks: ~40 s
     "parallelism/test_hf_mixtral.py::test_saved_mixtral_runs_under_expert_parallel_with_the_same_logits",
     "parallelism/test_hf_finetune.py::test_trained_import_exports_and_generates_as_in_transformers",  # 4 ranks, export, generate
-    "parallelism/test_equivalence_cp_pp.py::test_cp_pp_layout_matches_single_process[cp2_zigzag_pp2_tp2_sp]",
-    "parallelism/test_equivalence_cp_pp.py::test_cp_pp_layout_matches_single_process[fsdp2_cp2_zigzag_pp2]",
-    "parallelism/test_launch.py::test_torchrun_trains_and_checkpoints",  # torchrun starts 2 processes
+    "parallelism/test_examples_finetune.py::test_the_finetune_example_trains",  # 2 ranks, 10 steps: 15-65 s each (transformers' import)
+    "parallelism/test_launch.py",  # torchrun starts 2 processes; the world-size check starts one importing torch
     "parallelism/test_equivalence_masked.py::test_gradient_accumulation_does_not_change_the_masked_objective",
     "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[ddp2]",
     "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[tp2_sp]",
     "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[cp2_zigzag]",
     "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[pp2]",
     "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[dp2_pp2]",
+    # Measured at 8 s or more beside other test runs (about 4 s idle):
+    "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[fsdp2]",
+    "parallelism/test_equivalence_cp_pp.py::",  # every CP x PP case: 4 to 8 ranks
+    "parallelism/test_checkpoint_resume.py::test_resume_under_another_layout_continues_the_run",  # a 4-rank FSDP run first
+    "parallelism/test_data_formats.py::test_trainer_resumed_under_another_dp_size_trains_every_sample_once",
+    "parallelism/test_dp_equivalence.py::test_bf16_mixed_precision_tracks_fp32[fsdp-bf16]",
+    "parallelism/test_hf_import.py::test_imported_models_train_alike_under_tp_dp_and_pp",  # 10 cases, 2-4 ranks: 13-23 s each
+    "parallelism/test_hf_import.py::test_tied_pp_checkpoints_resume_in_one_process_and_export",
+    "parallelism/test_hf_finetune.py::test_fine_tuning_matches_transformers[qwen2-full]",
+    "parallelism/test_hf_finetune.py::test_fine_tuning_matches_transformers[llama-lora]",
+    "parallelism/test_equivalence_training_options.py::test_bf16_under_tensor_parallel_tracks_bf16_single_process",
+    "parallelism/test_equivalence_training_options.py::test_compiled_blocks_under_fsdp_match_eager_single_process",
+    "parallelism/test_equivalence_training_options.py::test_selective_activation_checkpointing_under_tp_sp_matches",
+    "parallelism/test_harness.py::test_one_percent_is_caught_under_the_bf16_tolerance",
+    "parallelism/test_estimator.py::test_param_grad_optimizer_bytes_are_exact[fsdp-dp4-padded]",
+    "parallelism/test_estimator.py::test_estimates_of_imported_models_are_exact[qwen3-qknorm-tp2-fsdp2]",
+    "parallelism/test_lora.py::test_lora_under_data_parallel_matches_one_process[fsdp]",
+    "parallelism/test_optimizers.py::test_sharded_optimizer_state_round_trips[adamw-fsdp]",
+    "parallelism/test_optimizers.py::test_sharded_optimizer_state_round_trips[sgd-fsdp]",
+    "parallelism/test_optimizers.py::test_optimizer_trains_and_resumes_bit_for_bit[adamw-fused]",
+    "parallelism/test_distributed_teardown.py::test_teardown_releases_every_process_group",
+    "parallelism/test_grid.py::test_device_mesh_groups_match_the_grid",  # 8 ranks: 4 more pool workers to start
 )
 """Test ids (below tests/, prefixes) that are `slow` without using a Ray fixture."""
 

@@ -9,7 +9,7 @@ API (the `pool` fixture in conftest.py is a session-wide `WorkerPool`):
         or a test module in tests/parallelism); arguments and results must pickle. An exception on
         any rank fails the call with that rank's traceback. world_size 1 runs without a process group.
 
-    run_layout(pool, body, steps=4) -> LayoutRun
+    run_layout(pool, body, steps=3) -> LayoutRun
         Train `body` (a JobSpecBody; its parallelism block picks the layout, world size = its
         product) for `steps` optimizer steps; `LayoutRun.losses` are the global losses per step and
         `LayoutRun.grads[step]` that step's gradients, after reduction and before clipping, gathered
@@ -17,7 +17,7 @@ API (the `pool` fixture in conftest.py is a session-wide `WorkerPool`):
         `context=` ("module:function") wraps each rank's run in a context manager; `edit_batch=` /
         `edit_grads=` inject an error, to test the harness itself.
 
-    run_reference(pool, body, steps=4) -> LayoutRun
+    run_reference(pool, body, steps=3) -> LayoutRun
         The same job with every parallel degree set to 1, in one process: the single-process result
         every layout must reproduce. Cached per job, so a matrix of layouts pays for it once.
 
@@ -61,8 +61,10 @@ from trainctl.parallelism.layouts.parallelize import canonical_name
 from trainctl.spec.job import JobSpecBody
 
 DEFAULT_TIMEOUT = 240.0
-DEFAULT_STEPS = 4
-"""Optimizer steps an equivalence run trains (each step's gradients are gathered and compared)."""
+DEFAULT_STEPS = 3
+"""Optimizer steps an equivalence run trains (each step's gradients are gathered and compared): the
+first step's gradients check the layout's forward and backward, the later two that its optimizer
+updates (Adam's moments over two updates, the warm-up schedule) keep the parameters equal."""
 FP32_LOSS_RTOL = 1e-5
 FP32_GRAD_RTOL = 5e-5
 """fp32 tolerances: relative loss error, and per-tensor relative gradient error ||g - g_ref|| / ||g_ref||.
@@ -77,7 +79,7 @@ still exceeds 8e-3 (test_harness.py shows it for that noisiest tensor)."""
 BF16_TP_LOSS_RTOL = 5e-5
 """Measured up to 1.1e-5 for the same reason."""
 BF16_TP_TRAINING = {"dtype": "bfloat16", "lr": 1e-4, "micro_batch_size": 4}
-"""lr 1e-4 so the per-step bf16 differences do not compound through the weights over the 4 steps (at
+"""lr 1e-4 so the per-step bf16 differences do not compound through the weights over the steps (at
 lr 3e-3 the worst gradient difference grows to 6 % by step 4, which would hide a 1 % error)."""
 MAX_REPORTED = 20
 """Mismatches listed in an assert_equivalent failure (the rest are counted)."""
@@ -88,8 +90,10 @@ case (a 2x longer suite was measured). `teardown` releases every group the engin
 (test_distributed_teardown.py), so this is a safety net for a call that leaks one."""
 
 
-RECYCLE = "recycle"
-"""Task that makes a worker exit at once, sent by the pool after a call whose result said so."""
+EXIT = "exit"
+"""Task that makes a worker exit at once, without torch's and gloo's destructors (which can wait on
+leaked threads: with a plain return, closing 4 workers waited out the 5 s join timeout; 0.2 s with this).
+The pool sends it to replace a worker whose last result said so, and to every worker when it closes."""
 
 
 def native_threads() -> int:
@@ -111,10 +115,8 @@ def _worker_loop(index: int, tasks: mp.Queue, results: mp.Queue) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     while True:
         task = tasks.get()
-        if task is None:
-            return
-        if task == RECYCLE:  # the parent has every result (tensors travel by fd from this process)
-            os._exit(0)  # without torch's and gloo's destructors, which can wait on leaked threads
+        if task == EXIT:  # the parent has every result it waits for (tensors travel by fd from this process)
+            os._exit(0)
         call_id, fn, rank, world_size, port, args = task
         try:
             if world_size > 1:
@@ -147,7 +149,7 @@ class WorkerPool:
     def _replace(self, index: int) -> None:
         """Stop worker `index` (its last result said it holds too many threads) and start a fresh one."""
         proc, tasks = self._workers[index]
-        tasks.put(RECYCLE)
+        tasks.put(EXIT)
         proc.join(timeout=30)
         if proc.is_alive():
             proc.kill()
@@ -198,7 +200,7 @@ class WorkerPool:
         """Stop every worker (by its own handle) and forget them."""
         for proc, tasks in self._workers:
             if proc.is_alive():
-                tasks.put(None)
+                tasks.put(EXIT)
         for proc, _ in self._workers:
             proc.join(timeout=5)
             if proc.is_alive():

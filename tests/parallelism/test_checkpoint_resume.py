@@ -37,23 +37,24 @@ RESUME_LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def dp4_run(pool, corpus, tmp_path_factory):
-    """An uninterrupted FSDP dp4 run of 6 steps that checkpoints at step 3 (and 6)."""
+    """An uninterrupted FSDP dp4 run of 4 steps that checkpoints at step 2 (and 4): the 2 steps after the
+    resume point show the parameters (the first loss) and the optimizer and schedule state (the second)."""
     root = tmp_path_factory.mktemp("dp4")
-    body = tiny_job(corpus, steps=6, dp_shard=4, zero_stage=3)
-    body.checkpoint.interval_steps = 3
+    body = tiny_job(corpus, steps=4, dp_shard=4, zero_stage=3)
+    body.checkpoint.interval_steps = 2
     result = run_training(pool, body, str(root / "ckpt"))
-    assert result.resumed_from_step is None and len(result.losses) == 6
+    assert result.resumed_from_step is None and len(result.losses) == 4
     return root / "ckpt", result
 
 
 @pytest.mark.parametrize("layout", RESUME_LAYOUTS.values(), ids=RESUME_LAYOUTS.keys())
 def test_resume_under_another_layout_continues_the_run(pool, corpus, tmp_path, dp4_run, layout):
     saved, uninterrupted = dp4_run
-    assert [s for s, _ in ckpt.complete_checkpoints(saved)] == [3, 6]
+    assert [s for s, _ in ckpt.complete_checkpoints(saved)] == [2, 4]
     resume_dir = tmp_path / "ckpt"
-    shutil.copytree(saved / "step_00000003", resume_dir / "step_00000003")
-    body = tiny_job(corpus, steps=6, **layout)
-    body.checkpoint.interval_steps = 3
+    shutil.copytree(saved / "step_00000002", resume_dir / "step_00000002")
+    body = tiny_job(corpus, steps=4, **layout)
+    body.checkpoint.interval_steps = 2
     resumed = run_training(pool, body, str(resume_dir))
-    assert resumed.resumed_from_step == 3 and resumed.steps_completed == 6
-    assert resumed.losses == pytest.approx(uninterrupted.losses[3:], rel=1e-5)
+    assert resumed.resumed_from_step == 2 and resumed.steps_completed == 4
+    assert resumed.losses == pytest.approx(uninterrupted.losses[2:], rel=1e-5)

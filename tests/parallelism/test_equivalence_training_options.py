@@ -1,7 +1,7 @@
 """Training options under parallel layouts reproduce the single-process run, gradients at every step.
 
 bf16 under TP and PP, `torch.compile` and selective activation checkpointing: each case trains the
-harness's 4 steps and compares every step's loss and every parameter's full gradient with a
+harness's 3 steps and compares every step's loss and every parameter's full gradient with a
 single-process reference (fp32 tolerances unless stated).
 """
 

@@ -1,6 +1,6 @@
 """The equivalence harness is sensitive: subtle injected errors are reported, naming step and parameter.
 
-Each case trains the dense debug job under FSDP (dp_shard 2) for the harness's 4 steps with one error
+Each case trains the dense debug job under FSDP (dp_shard 2) for the harness's 3 steps with one error
 injected on every rank, and compares it with the single-process reference as every layout test does.
 The errors are ones Adam hides from the losses: one parameter's gradient scaled by 1.01 at one step,
 and one sample's tokens shifted by one position at one step. The last case repeats the scaled
