@@ -17,7 +17,7 @@ import json
 import statistics
 import time
 
-from trainctl.service.layout_search import LayoutSearchError, describe, suggest_layouts
+from trainctl.planning.layout_search import LayoutSearchError, describe, suggest_layouts
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import parse_object
 from trainctl.workers.topology.presets import cluster_topology

@@ -30,7 +30,7 @@ STAGES = (
     (
         ("parallelism", ["parallelism"], None),
         ("deploy", ["deploy"], None),
-        ("spec", ["spec", "test_layering.py"], None),
+        ("spec", ["spec", "planning", "test_layering.py"], None),
         ("service-unit", ["service"], "not slow"),
     ),
     (("workers", ["workers"], None),),

@@ -1,6 +1,8 @@
-"""Imports point down only: cli -> service -> workers -> parallelism -> spec (DESIGN.md), with the wire
-(proto conversions, error details, credentials: trainctl.wire) below cli and service and above spec; and no module
-imports itself round a circle (function-level imports included, `if TYPE_CHECKING:` ones not).
+"""Imports point down only: cli -> service -> planning -> workers -> parallelism -> spec (DESIGN.md; the planning
+layer, trainctl.planning, is the planner the service and the offline `trainctl plan` share), with the wire (proto
+conversions, error details, credentials: trainctl.wire) below cli and service and above spec; and no module imports
+itself round a circle (function-level imports included, `if TYPE_CHECKING:` ones not). The planning layer loads
+neither torch, Ray, gRPC nor protobuf (checked in a fresh interpreter).
 
 `observability` (the Grafana dashboards, read by deploy/render.py) sits beside the layers: it imports
 none of them, and none of them imports it. Every form of import is followed: `import x`, `from x import y`,
@@ -12,6 +14,8 @@ name the checker cannot read is an offence of its own.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,16 +26,19 @@ IMPORT_CALLS = ("import_module", "__import__")
 
 # For each layer, the modules it must never import (third-party or trainctl's own upper layers).
 FORBIDDEN = {
-    "spec": ("torch", "ray", "grpc", "trainctl.parallelism", "trainctl.workers", "trainctl.service", "trainctl.cli",
-             "trainctl.wire", "trainctl.observability"),
-    "parallelism": ("ray", "grpc", "trainctl.workers", "trainctl.service", "trainctl.cli", "trainctl.v1",
-                    "trainctl.wire", "trainctl.observability"),
-    "workers": ("grpc", "trainctl.service", "trainctl.cli", "trainctl.v1", "trainctl.wire", "trainctl.observability"),
+    "spec": ("torch", "ray", "grpc", "trainctl.parallelism", "trainctl.workers", "trainctl.planning", "trainctl.service",
+             "trainctl.cli", "trainctl.wire", "trainctl.observability"),
+    "parallelism": ("ray", "grpc", "trainctl.workers", "trainctl.planning", "trainctl.service", "trainctl.cli",
+                    "trainctl.v1", "trainctl.wire", "trainctl.observability"),
+    "workers": ("grpc", "trainctl.planning", "trainctl.service", "trainctl.cli", "trainctl.v1", "trainctl.wire",
+                "trainctl.observability"),
+    "planning": ("torch", "ray", "grpc", "google.protobuf", "trainctl.v1", "trainctl.wire", "trainctl.service",
+                 "trainctl.cli", "trainctl.observability"),
     "wire": ("torch", "ray", "trainctl.parallelism", "trainctl.workers", "trainctl.service", "trainctl.cli",
              "trainctl.observability"),
     "service": ("trainctl.cli", "trainctl.observability"),
     "observability": ("torch", "ray", "grpc", "trainctl.spec", "trainctl.parallelism", "trainctl.workers",
-                      "trainctl.service", "trainctl.cli", "trainctl.v1", "trainctl.wire"),
+                      "trainctl.planning", "trainctl.service", "trainctl.cli", "trainctl.v1", "trainctl.wire"),
 }
 
 
@@ -152,7 +159,7 @@ def dynamic_imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("layer", ["spec", "parallelism", "workers", "wire", "service"])
+@pytest.mark.parametrize("layer", ["spec", "parallelism", "workers", "planning", "wire", "service"])
 def test_layer_imports_are_static(layer: str) -> None:
     offences = [
         f"{path.relative_to(PACKAGE.parent)}:{line} calls {name}"
@@ -275,13 +282,11 @@ def test_checker_finds_a_circle_through_a_function_level_import(tmp_path: Path) 
 
 SERVER_COMMANDS = ("serve_cmd.py", "demo.py")
 """CLI modules that run a service in their process, and so may import it."""
-PLANNING_COMMANDS = ("plan_cmd.py", "suggest_cmd.py")
-"""Offline planning, which imports service.planning / service.layout_search until the planning layer moves
-below the service (issue 33); then they join the client commands."""
 
 
 def test_client_commands_import_nothing_of_the_service() -> None:
-    files = [p for p in _layer_files("cli") if p.name not in SERVER_COMMANDS + PLANNING_COMMANDS]
+    """Offline planning (`plan --cluster`, `--suggest`) included: it imports the planning layer, not the service."""
+    files = [p for p in _layer_files("cli") if p.name not in SERVER_COMMANDS]
     found = [
         f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
         for path in files
@@ -289,3 +294,20 @@ def test_client_commands_import_nothing_of_the_service() -> None:
         if module == "trainctl.service" or module.startswith("trainctl.service.")
     ]
     assert not found, "client commands importing the server (the wire, trainctl.wire, is what they share):\n" + "\n".join(found)
+
+
+PLANNING_IMPORTS = """
+import sys
+import trainctl.planning.layout_search, trainctl.planning.plan
+heavy = ("torch", "ray", "grpc", "google.protobuf", "trainctl.v1", "trainctl.wire", "trainctl.service", "trainctl.cli")
+print(sorted(m for m in sys.modules if m in heavy or m.startswith(tuple(h + "." for h in heavy))))
+"""
+
+
+def test_the_planning_layer_loads_no_engine_runtime_or_rpc_stack() -> None:
+    """What the import check above cannot see: nothing the planning layer imports, at any depth, loads torch,
+    Ray, gRPC or protobuf (the offline plan and the service's admission both start without them)."""
+    done = subprocess.run([sys.executable, "-c", PLANNING_IMPORTS], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout[-2000:]

@@ -35,7 +35,7 @@ from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from trainctl.cli.client import TrainctlClient  # noqa: E402
-from trainctl.service.pool import PlannedPlacement  # noqa: E402
+from trainctl.planning.pool import PlannedPlacement  # noqa: E402
 from trainctl.service.server import Service, ServiceConfig  # noqa: E402
 from trainctl.spec.job import TrainingJob  # noqa: E402
 from trainctl.workers.embedded import EmbeddedRay, start_embedded  # noqa: E402

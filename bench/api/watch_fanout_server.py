@@ -21,9 +21,9 @@ import threading
 import time
 from pathlib import Path
 
+from trainctl.planning.pool import GpuPool
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator
-from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.server import build_grpc_server
 from trainctl.service.store import JobStore

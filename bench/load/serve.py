@@ -22,7 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
-from trainctl.service.pool import GpuPool, PlannedPlacement
+from trainctl.planning.pool import GpuPool, PlannedPlacement
 from trainctl.service.server import Service, ServiceConfig
 
 try:

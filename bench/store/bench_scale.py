@@ -45,7 +45,7 @@ from typing import Any
 import grpc
 import psycopg
 
-from trainctl.service.pool import GpuPool
+from trainctl.planning.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import DB_NAME, EVENT_LOG, JobStore, total_steps
 from trainctl.spec.job import TrainingJob

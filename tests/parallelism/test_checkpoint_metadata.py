@@ -30,10 +30,11 @@ from trainctl.parallelism.checkpoint import dcp_reader
 from trainctl.parallelism.checkpoint.dcp import load_checkpoint, save_checkpoint
 from trainctl.parallelism.checkpoint.layout import COMPLETE, METADATA, latest_checkpoint
 from trainctl.parallelism.checkpoint.pretrained import read_model_state
-from trainctl.parallelism.checkpoint.source import CHECKPOINT_SUBDIR, RUN_SPEC, init_from_problem
+from trainctl.parallelism.checkpoint.source import init_from_problem
 from trainctl.parallelism.engine.trainer import Trainer
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.model.transformer import build_model
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.files import FileRule, FileRuleError
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import resolve_model
@@ -69,9 +70,10 @@ def appeared(marker: Path, unpickled: object) -> bool:
 def copy_run(base_run: Path, root: Path) -> Path:
     """A copy of `base_run`'s newest checkpoint and recorded job as `root/run` (a run directory); its step dir."""
     _, step = latest_checkpoint(base_run)
-    target = root / "run" / CHECKPOINT_SUBDIR / step.name
+    run = RunDirectory(root / "run")
+    target = run.checkpoints / step.name
     shutil.copytree(step, target)
-    shutil.copy(base_run / RUN_SPEC, target.parent / RUN_SPEC)
+    shutil.copy(RunDirectory.run_spec_in(base_run), run.run_spec)
     return target
 
 
@@ -114,7 +116,7 @@ def test_engine_checkpoints_load_without_torchs_unrestricted_readers(
     # init_from: the whole model's weights, read under a rule confining them to the run
     step = copy_run(base_run, tmp_path / "root")
     weights = read_model_state(step, confined(tmp_path / "root"))
-    job = JobSpecBody.model_validate_json((base_run / RUN_SPEC).read_text())
+    job = JobSpecBody.model_validate_json(RunDirectory.run_spec_in(base_run).read_text())
     expected = build_model(resolve_model(job.model), 0).state_dict()
     assert {k: v.shape for k, v in weights.items()} == {k: v.shape for k, v in expected.items()}
 

@@ -22,10 +22,10 @@ from small_jobs import restartable_job, single_process_losses
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.parallelism.checkpoint.dcp import complete_checkpoints
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service.server import Service
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.embedded import EmbeddedRay
-from trainctl.workers.supervisor import CHECKPOINT_SUBDIR
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -70,7 +70,7 @@ def test_killed_rank_resumes_record_data_without_repeating_or_skipping_a_sample(
     for losses in (before, after):
         assert [losses[s] for s in sorted(losses)] == pytest.approx([reference[s - 1] for s in sorted(losses)], rel=1e-4)
 
-    checkpoints = complete_checkpoints(service.config.data_dir / "runs" / created.id / CHECKPOINT_SUBDIR)
+    checkpoints = complete_checkpoints(RunDirectory.of_job(service.config.data_dir / "runs", created.id).checkpoints)
     assert [step for step, _ in checkpoints] == list(range(2, STEPS + 1, 2))
     assert [data_offset(path) for _, path in checkpoints] == [step * batch for step, _ in checkpoints]
     status = client.get_job(created.id).status

@@ -22,7 +22,7 @@ from small_jobs import restartable_job, single_process_losses
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.parallelism.checkpoint.layout import complete_checkpoints
-from trainctl.parallelism.checkpoint.source import CHECKPOINT_SUBDIR
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.v1 import training_pb2 as pb
 
 pytestmark = pytest.mark.timeout(480)
@@ -34,15 +34,15 @@ WAIT = 240.0
 """Seconds a job may take to reach a point the test waits for (Ray and torch start-up on 2 busy cores)."""
 
 
-def newest_checkpoint(run_dir: Path) -> int:
+def newest_checkpoint(run: RunDirectory) -> int:
     """The newest complete checkpoint's step (0: none yet)."""
-    return max((step for step, _ in complete_checkpoints(run_dir / CHECKPOINT_SUBDIR)), default=0)
+    return max((step for step, _ in complete_checkpoints(run.checkpoints)), default=0)
 
 
-def wait_for_checkpoint_after(client: TrainctlClient, job_id: str, run_dir: Path, step: int) -> int:
+def wait_for_checkpoint_after(client: TrainctlClient, job_id: str, run: RunDirectory, step: int) -> int:
     """Wait until the running job has saved a complete checkpoint after `step`; returns its step."""
     deadline = time.monotonic() + WAIT
-    while (saved := newest_checkpoint(run_dir)) <= step:
+    while (saved := newest_checkpoint(run)) <= step:
         status = client.get_job(job_id).status
         assert status.state in (pb.QUEUED, pb.SCHEDULED, pb.RUNNING, pb.RESTARTING), status
         assert time.monotonic() < deadline, f"no checkpoint after step {step} within {WAIT:g} s: {status}"
@@ -78,17 +78,17 @@ def test_a_job_resumes_from_its_checkpoint_after_the_default_service_is_stopped_
             reference = uninterrupted.result()
         client = TrainctlClient(serve.target)
         job_id = client.create_job(job).id
-        run_dir = serve.data_dir / "runs" / job_id
+        run = RunDirectory.of_job(serve.data_dir / "runs", job_id)
         saved = 0
         resumed_from: list[int] = []
         for how in (signal.SIGTERM, signal.SIGKILL):
-            passed = wait_for_checkpoint_after(client, job_id, run_dir, saved)
+            passed = wait_for_checkpoint_after(client, job_id, run, saved)
             client.close()
             stop_and_reap(serve, how)
             if how is signal.SIGTERM:
                 notice = f"stopping with 1 active job(s) ({job_id}): they stop with the service's embedded Ray and resume"
                 assert notice in serve.log_path.read_text()
-            saved = newest_checkpoint(run_dir)
+            saved = newest_checkpoint(run)
             assert passed <= saved < STEPS, (passed, saved)
             resumed_from.append(saved)
             serve.start()

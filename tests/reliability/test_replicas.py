@@ -35,10 +35,11 @@ from serve_process import BIN, ServeProcess
 from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service.leadership import SCHEDULER_LEASE
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.embedded import EmbeddedRay
-from trainctl.workers.events import EVENTS_FILE, EventKind, JobState, read_events
+from trainctl.workers.events import EventKind, JobState, read_events
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -153,7 +154,8 @@ def test_sigkilled_leader_replica_hands_over_losing_and_duplicating_nothing(
     assert len(list(on_standby.list_jobs())) == 2
 
     for job_id in (running.id, queued.id):  # each supervisor started once: one SCHEDULED, no restart
-        (log_file,) = [runs / job_id / EVENTS_FILE for runs in runs_of(leader, standby) if (runs / job_id).exists()]
+        candidates = [RunDirectory.of_job(runs, job_id) for runs in runs_of(leader, standby)]
+        (log_file,) = [run.events for run in candidates if run.root.exists()]
         states = [e.state for e in read_events(log_file) if e.kind is EventKind.STATE]
         assert states == [JobState.SCHEDULED, JobState.RUNNING, JobState.SUCCEEDED], (job_id, states)
     assert on_standby.get_cluster().used_gpus == 0

@@ -32,11 +32,12 @@ from serve_process import ServeProcess
 from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.workers.embedded import EmbeddedRay
-from trainctl.workers.events import EVENTS_FILE, EventKind, JobState, read_events
+from trainctl.workers.events import EventKind, JobState, read_events
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -108,7 +109,7 @@ def test_sigkilled_service_restarts_losing_and_duplicating_nothing(serve: ServeP
 
     # Each job's supervisor started exactly once: its own log has one SCHEDULED and no restart.
     for job_id in (running.id, queued.id):
-        log = read_events(serve.data_dir / "runs" / job_id / EVENTS_FILE)
+        log = read_events(RunDirectory.of_job(serve.data_dir / "runs", job_id).events)
         supervisor_states = [e.state for e in log if e.kind is EventKind.STATE]
         assert supervisor_states == [JobState.SCHEDULED, JobState.RUNNING, JobState.SUCCEEDED], (job_id, supervisor_states)
     assert "admission was interrupted" not in serve.log_path.read_text()

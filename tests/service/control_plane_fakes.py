@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainctl.parallelism.run_directory import RunDirectory
+from trainctl.planning.pool import GpuPool
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator
 from trainctl.service.leadership import Leadership
-from trainctl.service.pool import GpuPool
 from trainctl.service.readiness import HealthStatus
 from trainctl.service.rpc_server import RpcServer
 from trainctl.service.scheduler import Scheduler
@@ -57,7 +58,7 @@ class ScriptedRuntime:
     """Jobs whose supervisor ended with the Ray cluster it ran on (`lost_with_cluster`)."""
 
     def start_job(
-        self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict, file_rule: FileRule,
+        self, job_id: str, job: TrainingJob, placement: Any, run_dir: RunDirectory, *, node_env: dict, file_rule: FileRule,
         relaunch: Relaunch | None = None,
     ) -> None:
         if self.fail_start:
@@ -70,7 +71,7 @@ class ScriptedRuntime:
         self.logs[job_id] = EventLog()
         self.alive.add(job_id)
 
-    def attach(self, job_id: str, run_dir: Path) -> None:
+    def attach(self, job_id: str, run_dir: RunDirectory) -> None:
         self.attached.append(job_id)
         self.logs.setdefault(job_id, EventLog())
 

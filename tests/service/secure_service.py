@@ -11,12 +11,12 @@ from typing import Any
 import grpc
 import yaml
 
+from trainctl.planning.pool import GpuPool
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator
 from trainctl.service.hardening import MessageLimits
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.paths import JobPathPolicy
-from trainctl.service.pool import GpuPool
 from trainctl.service.rpc_server import RpcServer
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.server import build_grpc_server

@@ -19,14 +19,17 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
+from trainctl.planning.plan import plan_on_map
 from trainctl.service import api as service_api
 from trainctl.spec.job import TrainingJob
-from trainctl.spec.validate import load_job_file
+from trainctl.spec.validate import load_job_file, parse_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.wire.convert import job_to_proto
 from trainctl.wire.errors import field_violations
+from trainctl.wire.plan_convert import plan_to_proto
 from trainctl.workers.events import EventKind, JobState
+from trainctl.workers.topology.presets import cluster_topology
 
 REMOTE_CASES = [c for c in bad_spec_catalogue() if not c.local_only]
 
@@ -281,6 +284,23 @@ def test_plan(api_client: TrainctlClient) -> None:
     assert plan.HasField("placement_cost_seconds")
     bad = api_client.plan_job(load_job_file(Path(__file__).parents[1] / "spec" / "bad" / "heads-tp.yaml"))
     assert not bad.valid and "spec.model.n_heads" in [v.field for v in bad.violations]
+
+
+def test_the_service_plan_is_the_offline_plan_on_the_same_map(tmp_path: Path) -> None:
+    """PlanJob and `trainctl plan --cluster` answer one plan (trainctl.planning), converted by the wire alike."""
+    topology = cluster_topology("hgx-h100:2")
+    too_big = load_job_file(Path(__file__).parents[2] / "examples" / "hybrid-3d.yaml")  # 32 ranks on 16 GPUs
+    document = too_big.model_dump(mode="json")
+    document["spec"]["parallelism"]["dp_shard"] = 2
+    document["spec"]["resources"]["gpus"] = 16
+    fits = parse_object(document)
+    api = start_api_server(tmp_path, ScriptedRuntime(), topology=topology)
+    try:
+        with TrainctlClient(api.target, token="") as client:
+            for job in (fits, too_big):
+                assert plan_to_proto(plan_on_map(job, topology, "--cluster hgx-h100:2")) == client.plan_job(job)
+    finally:
+        api.stop()
 
 
 def test_a_data_glob_repeating_the_recursive_wildcard_is_refused_without_walking(api_client: TrainctlClient, tmp_path: Path) -> None:

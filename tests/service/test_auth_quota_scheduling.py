@@ -10,7 +10,8 @@ from typing import Any
 from secure_service import POOL_GPUS_PER_NODE, POOL_NODES
 from small_jobs import small_job
 
-from trainctl.service.pool import GpuPool
+from trainctl.parallelism.run_directory import RunDirectory
+from trainctl.planning.pool import GpuPool
 from trainctl.service.scheduler import QUEUE_PAGE, Scheduler
 from trainctl.service.store import JobStore
 from trainctl.service.tenancy import Quota
@@ -26,10 +27,13 @@ class FakeRuntime:
         self.started: list[str] = []
         self.finished: set[str] = set()
 
-    def start_job(self, job_id: str, job: Any, placement: Any, run_dir: Path, *, node_env: dict, file_rule: Any) -> None:
+    def start_job(
+        self, job_id: str, job: Any, placement: Any, run_dir: RunDirectory, *, node_env: dict, file_rule: Any,
+        relaunch: Any = None,
+    ) -> None:
         self.started.append(job_id)
 
-    def attach(self, job_id: str, run_dir: Path) -> None:
+    def attach(self, job_id: str, run_dir: RunDirectory) -> None:
         raise AssertionError("nothing to re-attach in this test")
 
     def running_jobs(self) -> list[str]:

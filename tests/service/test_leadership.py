@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from small_jobs import small_job
 
+from trainctl.planning.pool import GpuPool
 from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import ServiceMetrics
-from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.workers.events import JobState

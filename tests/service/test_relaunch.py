@@ -13,13 +13,13 @@ from control_plane_fakes import ScriptedRuntime, make_scheduler
 from small_jobs import restartable_job
 
 from trainctl.parallelism.checkpoint.layout import COMPLETE, step_dir_name
-from trainctl.parallelism.checkpoint.source import CHECKPOINT_SUBDIR
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service import store as st
 from trainctl.service.relaunch import RELAUNCHES_WITHOUT_PROGRESS, stop_notice
 from trainctl.service.scheduler import Scheduler
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import EVENTS_FILE, EventLog, JobState
+from trainctl.workers.events import EventLog, JobState
 from trainctl.workers.relaunch import Relaunch
 
 NOT_COUNTED = "not counted against scheduling.max_restarts"
@@ -29,19 +29,19 @@ class FileBackedRuntime(ScriptedRuntime):
     """A scripted runtime whose event logs live in the run directories, as the real runtime's do: a
     re-attached or relaunched job continues its log, and a relaunched supervisor records its restart."""
 
-    def attach(self, job_id: str, run_dir: Path) -> None:
+    def attach(self, job_id: str, run_dir: RunDirectory) -> None:
         self.attached.append(job_id)
         try:
-            self.logs[job_id] = EventLog.open(run_dir / EVENTS_FILE)
+            self.logs[job_id] = EventLog.open(run_dir.events)
         except ValueError:  # a damaged log: the real runtime reads it only when polled
             self.logs[job_id] = EventLog()
 
     def start_job(
-        self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict, file_rule: FileRule,
-        relaunch: Relaunch | None = None,
+        self, job_id: str, job: TrainingJob, placement: Any, run_dir: RunDirectory, *, node_env: dict,
+        file_rule: FileRule, relaunch: Relaunch | None = None,
     ) -> None:
         super().start_job(job_id, job, placement, run_dir, node_env=node_env, file_rule=file_rule, relaunch=relaunch)
-        self.logs[job_id] = EventLog.open(run_dir / EVENTS_FILE)
+        self.logs[job_id] = EventLog.open(run_dir.events)
         if relaunch is not None:
             self.state(job_id, JobState.RESTARTING, relaunch.reason)
 
@@ -56,16 +56,16 @@ def running_job(data_dir: Path, runtime: FileBackedRuntime, steps: int, checkpoi
     for step in range(1, steps + 1):
         runtime.step(job_id, step, 10.0 / step)
     if checkpoint is not None:
-        save(data_dir / "runs" / job_id, checkpoint)
+        save(RunDirectory.at(first.store.get_job(job_id).run_dir), checkpoint)  # where the scheduler put it
     first.tick()
     assert first.store.get_job(job_id).state == JobState.RUNNING
     first.store.close()
     return job_id
 
 
-def save(run_dir: Path, step: int) -> None:
+def save(run: RunDirectory, step: int) -> None:
     """A complete (empty) checkpoint of `step`, as the engine leaves one."""
-    path = run_dir / CHECKPOINT_SUBDIR / step_dir_name(step)
+    path = run.checkpoints / step_dir_name(step)
     path.mkdir(parents=True)
     (path / COMPLETE).write_text(json.dumps({"files": {}}))
 
@@ -149,7 +149,7 @@ def test_a_job_whose_log_is_damaged_fails_saying_so_and_the_others_are_relaunche
     runtime = FileBackedRuntime()
     damaged = running_job(tmp_path, runtime, steps=12, checkpoint=10)
     intact = running_job(tmp_path, runtime, steps=12, checkpoint=10)
-    with (tmp_path / "runs" / damaged / EVENTS_FILE).open("a") as log:
+    with RunDirectory.of_job(tmp_path / "runs", damaged).events.open("a") as log:
         log.write('{"seq": "torn\n{"seq": 99}\n')  # a torn line that is no longer the last
     runtime.started.clear()
     again = restart_service(tmp_path, runtime, lost={damaged, intact})

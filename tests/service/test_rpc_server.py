@@ -44,7 +44,7 @@ def test_reads_are_answered_while_a_write_holds_the_store(service_on_each_store)
     held = threading.Event()
 
     def hold_the_store() -> None:  # what a slow commit looks like to everybody else
-        with running.store._lock:
+        with running.store._core.lock:
             held.set()
             release.wait(30)
 

@@ -13,11 +13,11 @@ import pytest
 from control_plane_fakes import ScriptedRuntime, eventually, make_scheduler
 from small_jobs import small_job
 
+from trainctl.planning.pool import GpuPool
 from trainctl.service import scheduler as scheduler_module
 from trainctl.service import store as st
 from trainctl.service.leadership import Leadership
 from trainctl.service.paths import JobPathPolicy
-from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.spec.files import FileRule

@@ -11,7 +11,7 @@ import pytest
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.cli.main import main
-from trainctl.service.planning import plan_on_map
+from trainctl.planning.plan import plan_on_map
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import pretrained_warnings
 from trainctl.workers.topology import simulated_topology

@@ -371,7 +371,7 @@ def test_a_nan_objective_fails_its_trial_and_is_never_the_best(tmp_path: Path, s
     scheduler.store.create_trial(older.id, 0, params, None)
     for number, objective in enumerate((math.nan, 1.5), start=1):
         scheduler.store.create_trial(older.id, number, params, None)
-        scheduler.store._db.execute(  # as an older trainctl settled it
+        scheduler.store._core.db.execute(  # as an older trainctl settled it
             "UPDATE sweep_trials SET state = ?, objective = ? WHERE sweep_id = ? AND number = ?",
             (TrialState.COMPLETE, objective, older.id, number),
         )

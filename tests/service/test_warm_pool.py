@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import ray
@@ -20,10 +19,11 @@ from ray.util.state import list_actors
 from test_e2e import job, leftovers, states_of
 
 from trainctl.cli.client import TrainctlClient
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service.server import Service
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.embedded import EmbeddedRay
-from trainctl.workers.events import EVENTS_FILE, EventKind, read_events
+from trainctl.workers.events import EventKind, read_events
 from trainctl.workers.placement import RankAssignment
 from trainctl.workers.rank_group import RankGroup
 from trainctl.workers.warm_pool import WARM_PREFIX, WarmPool, parse_warm_name
@@ -40,7 +40,7 @@ def pool_of(service: Service) -> WarmPool:
 
 def warm_actors(cluster: EmbeddedRay) -> dict[str, str]:
     """Pooled workers' actor names -> state, per Ray's state API."""
-    return {a.name: a.state for a in list_actors(address=cluster.address) if (a.name or "").startswith(WARM_PREFIX)}
+    return {a.name: a.state for a in list_actors(address=cluster.address, limit=10_000) if (a.name or "").startswith(WARM_PREFIX)}
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -67,8 +67,8 @@ def loaded_pool(service: Service, cluster: EmbeddedRay, slots: list[tuple[str, i
 
 
 def placement_of(service: Service, job_id: str) -> list[dict]:
-    run_dir = Path(service.config.data_dir).resolve() / "runs" / job_id
-    placements = [e.placement for e in read_events(run_dir / EVENTS_FILE) if e.kind is EventKind.PLACEMENT]
+    run = RunDirectory.at(service.store.get_job(job_id).run_dir)
+    placements = [e.placement for e in read_events(run.events) if e.kind is EventKind.PLACEMENT]
     assert len(placements) == 1, placements
     return placements[0]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.cli.progress import follow, state_name
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.v1 import training_pb2 as pb
 
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
@@ -86,7 +87,7 @@ def _summary(job: pb.Job, data_dir: Path, seconds: float) -> int:
         print(f"  loss            {metrics[0].loss:.4f} (step {metrics[0].step}) -> {metrics[-1].loss:.4f} (step {metrics[-1].step})")
         print(f"  throughput      {tps:,.0f} tokens/s (median over {len(metrics)} steps)")
     print(f"  restarts        {s.restarts}")
-    print(f"  checkpoints     {Path(s.run_dir) / 'checkpoints'}")
+    print(f"  checkpoints     {RunDirectory(Path(s.run_dir)).checkpoints}")
     print(f"  step metrics    {data_dir / 'job-metrics.json'} (and `trainctl get -o json` while serving)")
     print(f"  prometheus      {data_dir / 'metrics.prom'} (final scrape of the service's /metrics)")
     print(f"  wall time       {seconds:.0f} s, everything started has been stopped")

@@ -31,6 +31,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 def resolve_source(source: str, server: str | None) -> Pretrained:
     """A checkpoint path, or a job id looked up on the server (its run directory and spec)."""
     from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, open_checkpoint
+    from trainctl.parallelism.run_directory import RunDirectory
 
     if Path(source).expanduser().exists():
         return open_checkpoint(source)
@@ -50,7 +51,7 @@ def resolve_source(source: str, server: str | None) -> Pretrained:
         ) from None
     if not job.status.run_dir:
         raise CheckpointNotFoundError(f"job {source} has no run directory yet (state: {job.status.state})")
-    return open_checkpoint(job.status.run_dir, job=job_from_proto(job).spec)
+    return open_checkpoint(RunDirectory(Path(job.status.run_dir)).checkpoints, job=job_from_proto(job).spec)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

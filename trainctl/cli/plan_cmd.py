@@ -1,6 +1,8 @@
 """The spec commands: `validate FILE` (local) and `plan FILE` (on the server's pool, or offline on
 `--cluster PRESET:N` / `--topology MAP`, with `--suggest` the layout search), and the spec loading
-the job commands share. The spec models, the planner and the estimator load only when a command runs.
+the job commands share. The spec models, the planner (trainctl.planning) and the estimator load only
+when a command runs; the offline plan prints what the service's PlanJob answers (the same JobPlan,
+converted by trainctl.wire.plan_convert), so both print alike.
 """
 
 from __future__ import annotations
@@ -71,9 +73,9 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def _suggest(args: argparse.Namespace, job: TrainingJob) -> int:
-    """`plan --suggest`: the layout search on the cluster, offline (its estimator loads torch here)."""
+    """`plan --suggest`: the layout search on the cluster, offline (trainctl.planning.layout_search)."""
     from trainctl.cli.suggest_cmd import suggestion_lines
-    from trainctl.service.layout_search import HEADROOM, LayoutSearchError, suggest_layouts
+    from trainctl.planning.layout_search import HEADROOM, LayoutSearchError, suggest_layouts
 
     if not (args.cluster or args.topology):
         raise CliError("--suggest plans offline: give the cluster with --cluster PRESET:N or --topology MAP", EXIT_INVALID)
@@ -119,12 +121,13 @@ def _cluster_words(job: TrainingJob, topology: Any, option: str, gpus: int) -> s
 
 
 def _offline_plan(args: argparse.Namespace, job: TrainingJob) -> tuple[pb.PlanJobResponse, str]:
-    """The plan on `--cluster PRESET:N` or `--topology MAP` with no server (the service's own planning,
-    so the engine's estimator and torch load here), and the cluster described for the output."""
-    from trainctl.service.planning import plan_on_map
+    """The plan on `--cluster PRESET:N` or `--topology MAP` with no server (the planning layer the
+    service plans with, as PlanJob answers it), and the cluster described for the output."""
+    from trainctl.planning.plan import plan_on_map
+    from trainctl.wire.plan_convert import plan_to_proto
 
     topology, option = _offline_topology(args)
-    result = plan_on_map(job, topology, option)
+    result = plan_to_proto(plan_on_map(job, topology, option))
     return result, _cluster_words(job, topology, option, result.pool_gpus)
 
 

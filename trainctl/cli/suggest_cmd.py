@@ -3,12 +3,13 @@ search's answer as text. Step time, tokens/s and MFU are the search's model (com
 the pipeline bubble, the communication the placement leaves exposed) and say so; memory is the
 estimator's, against the GPU's memory less the headroom.
 
-Imported by `trainctl plan` only when --suggest is given (it loads the engine's estimator, so torch).
+Imported by `trainctl plan` only when --suggest is given (it loads the planning layer: the engine's
+sizing modules, the placement solver).
 """
 
 from __future__ import annotations
 
-from trainctl.service.layout_search import Layout, SearchResult, describe
+from trainctl.planning.layout_search import Layout, SearchResult, describe
 from trainctl.spec.job import TrainingJob
 
 LEVEL_WORDS = {

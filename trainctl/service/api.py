@@ -21,14 +21,15 @@ from typing import TypeVar
 import grpc
 
 from trainctl.parallelism.checkpoint.source import init_from_problem
+from trainctl.planning.fit import fit_violations
+from trainctl.planning.plan import plan_response
+from trainctl.planning.pool import GpuPool
 from trainctl.service import store as st
 from trainctl.service.async_bridge import store_read
 from trainctl.service.auth import Authenticator
 from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
 from trainctl.service.job_messages import JobMessages, step_to_proto
 from trainctl.service.paths import JobPathPolicy, job_reference
-from trainctl.service.planning import fit_violations, plan_response, warning_notes
-from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import (
     AdmissionRefused,
@@ -63,6 +64,7 @@ from trainctl.wire.errors import (
     reused_request_id,
     service_stopping,
 )
+from trainctl.wire.plan_convert import plan_to_proto
 from trainctl.workers.events import ACTIVE_STATES, JobState
 
 T = TypeVar("T")
@@ -317,8 +319,8 @@ class TrainingServicer(SweepRpcs):
         job, violations = self._violations(request.job, principal)
         plan = plan_response(job, violations, self.pool)
         if plan.valid and job is not None:
-            plan.notes.extend(warning_notes(self._warnings(job, principal)))
-        return plan
+            plan = plan.with_warnings(self._warnings(job, principal))
+        return plan_to_proto(plan)
 
     def GetCluster(self, request: pb.GetClusterRequest, principal: Principal) -> pb.Cluster:  # noqa: N802
         holders = self.pool.holders()

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service.tenancy import Principal
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import JobSpecBody
@@ -116,9 +117,9 @@ class JobPathPolicy:
         self.roots: tuple[str, ...] = tuple(resolved)
         self.runs_dir = os.path.realpath(runs_dir)
 
-    def run_dir(self, job_id: str) -> Path:
-        """The run directory of job `job_id` (its checkpoints are in `checkpoints/`)."""
-        return Path(self.runs_dir) / job_id
+    def run_dir(self, job_id: str) -> RunDirectory:
+        """The run directory of job `job_id`."""
+        return RunDirectory.of_job(self.runs_dir, job_id)
 
     # ---- the rule ------------------------------------------------------------------------------------
 
@@ -214,4 +215,4 @@ class JobPathPolicy:
         reference = job_reference(spec.init_from)
         if reference is None:
             return spec
-        return spec.model_copy(update={"init_from": str(self.run_dir(reference))})
+        return spec.model_copy(update={"init_from": str(self.run_dir(reference).root)})

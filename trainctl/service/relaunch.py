@@ -29,15 +29,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from trainctl.parallelism.checkpoint.layout import latest_checkpoint
-from trainctl.parallelism.checkpoint.source import CHECKPOINT_SUBDIR
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service.store import JobRecord, JobStore
 from trainctl.spec.files import FileRuleError
 from trainctl.workers.events import (
     ACTIVE_STATES,
-    EVENTS_FILE,
     Event,
     EventKind,
     JobState,
@@ -62,11 +60,12 @@ class Ending:
     reason: str
 
 
-def after_cluster_loss(record: JobRecord, run_dir: Path) -> Relaunch | Ending | None:
+def after_cluster_loss(record: JobRecord, run: RunDirectory) -> Relaunch | Ending | None:
     """What to do with an active job whose supervisor ended with the Ray cluster it ran on (its event log
-    is in `run_dir`): relaunch it, end it, or None when its log ended first (following it records that)."""
+    and checkpoints are in `run`): relaunch it, end it, or None when its log ended first (following it
+    records that)."""
     try:
-        events = read_events(run_dir / EVENTS_FILE)
+        events = read_events(run.events)
     except (OSError, ValueError) as exc:  # one job's damaged log must not keep the service from starting
         return Ending(JobState.FAILED, f"its supervisor ended with the Ray cluster it ran on, and its event log cannot be read: {exc}")
     logged = status_of(events, 0, 1)
@@ -88,15 +87,15 @@ def after_cluster_loss(record: JobRecord, run_dir: Path) -> Relaunch | Ending | 
             f"the service restarted on a new Ray cluster {stalled + 1} times in a row without the job reporting "
             f"{since} in between; not relaunched again (at most {RELAUNCHES_WITHOUT_PROGRESS} relaunches without progress)"
         ))
-    return Relaunch(resume=_resume_point(record, run_dir), count=len(earlier) + 1)
+    return Relaunch(resume=_resume_point(record, run), count=len(earlier) + 1)
 
 
-def _resume_point(record: JobRecord, run_dir: Path) -> str:
+def _resume_point(record: JobRecord, run: RunDirectory) -> str:
     """Where the relaunched job resumes, in words."""
     if record.job.spec.command is not None:
         return "its program resumes from what it saved in $TRAINCTL_CHECKPOINT_DIR"
     try:
-        newest = latest_checkpoint(run_dir / CHECKPOINT_SUBDIR)
+        newest = latest_checkpoint(run.checkpoints)
     except FileRuleError:  # a marker the engine will skip as well: it names the checkpoint it resumes from
         return "resuming from its newest complete checkpoint"
     if newest is None:

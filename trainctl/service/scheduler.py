@@ -18,7 +18,9 @@ One background thread owns every transition after QUEUED except the API's cancel
    fit blocks lower ones, so a large job is never starved by a stream of small ones; a job its tenant's
    quota holds blocks that tenant's lower ones (not other tenants'); a running job waiting to be
    re-placed blocks them all. Nodes Ray does not have alive are left out. A waiting
-   job's reason says what it waits for.
+   job's reason says what it waits for. An admitted job's run directory
+   (trainctl.parallelism.run_directory) is named here, once, and recorded with its placement; every
+   later start and re-attach hands the runtime that recorded one.
 
 State changes use the store's compare-and-set, so a cancel racing with admission is never lost.
 While the store is unavailable (a PostgreSQL store whose database is away) ticks fail and the loop
@@ -48,17 +50,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainctl.parallelism.run_directory import RunDirectory
+from trainctl.planning.pool import GpuPool, PlannedPlacement
 from trainctl.service import store as st
 from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
 from trainctl.service.paths import JobPathPolicy
-from trainctl.service.pool import GpuPool, PlannedPlacement
 from trainctl.service.relaunch import Ending, after_cluster_loss
 from trainctl.service.store import Fence, JobRecord, JobStore, LeaseLost, QueuedJob, StoreUnavailable
 from trainctl.service.tenancy import Quota, TenantUsage, start_block_reason
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import ACTIVE_STATES, EVENTS_FILE, EventKind, JobState
+from trainctl.workers.events import ACTIVE_STATES, EventKind, JobState
 from trainctl.workers.events import Event as RuntimeEvent
 from trainctl.workers.events import JobStatus as RuntimeStatus
 from trainctl.workers.relaunch import Relaunch
@@ -78,11 +81,11 @@ class Runtime(Protocol):
     """What the scheduler needs from trainctl.workers.runtime.RayRuntime."""
 
     def start_job(
-        self, job_id: str, job: TrainingJob, placement: Any, run_dir: Path, *, node_env: dict[str, dict[str, str]],
-        file_rule: FileRule, relaunch: Relaunch | None = None,
+        self, job_id: str, job: TrainingJob, placement: Any, run_dir: RunDirectory, *,
+        node_env: dict[str, dict[str, str]], file_rule: FileRule, relaunch: Relaunch | None = None,
     ) -> None: ...
 
-    def attach(self, job_id: str, run_dir: Path) -> None: ...
+    def attach(self, job_id: str, run_dir: RunDirectory) -> None: ...
 
     def lost_with_cluster(self, job_id: str) -> bool: ...
 
@@ -301,18 +304,18 @@ class Scheduler:
         self.pool.reserve(record.id, placement)
         cursor = int(record.runtime_cursor or 0)
         self._active[record.id] = _Active(cursor=cursor, stored_cursor=cursor)
-        run_dir = Path(record.run_dir or self.runs_dir / record.id)
-        self.runtime.attach(record.id, run_dir)
+        run = RunDirectory.at(record.run_dir)
+        self.runtime.attach(record.id, run)
         if record.id in running:
             return
-        if not (run_dir / EVENTS_FILE).exists():
+        if not run.events.exists():
             if record.state == JobState.CANCELLING:
                 self._finish(self._set_state(record, JobState.CANCELLED, record.reason))
                 return
             log.info("job %s: admission was interrupted by a service restart; starting it", record.id)
             self._launch(record, placement)
         elif self.runtime.lost_with_cluster(record.id):  # else Ray gave up on it: following it fails the job
-            outcome = after_cluster_loss(record, run_dir)
+            outcome = after_cluster_loss(record, run)
             if isinstance(outcome, Ending):
                 self._finish(self._set_state(record, outcome.state, outcome.reason))
             elif outcome is not None:
@@ -594,7 +597,7 @@ class Scheduler:
             updated = self.store.update_status(
                 entry.id, expect=[JobState.QUEUED], state=JobState.SCHEDULED,
                 reason=f"placed {len(placement.assignments)} ranks on {', '.join(nodes)}", schedule_time=time.time(),
-                placement=placement.records(), run_dir=str(self.runs_dir / entry.id),
+                placement=placement.records(), run_dir=str(RunDirectory.of_job(self.runs_dir, entry.id).root),
             )
             if updated is None:  # cancelled meanwhile
                 self.pool.release(entry.id)
@@ -682,12 +685,10 @@ class Scheduler:
         if not self._may_launch():
             self._unlaunched.add(record.id)  # too little lease left: the next tick, or the next leader
             return
-        run_dir = self.runs_dir / record.id
-        run_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.runtime.start_job(
-                record.id, record.job, placement, run_dir, node_env=self.pool.nccl_env(), file_rule=self._file_rule(record),
-                relaunch=relaunch,
+                record.id, record.job, placement, RunDirectory.at(record.run_dir), node_env=self.pool.nccl_env(),
+                file_rule=self._file_rule(record), relaunch=relaunch,
             )
         except Exception as exc:
             log.exception("job %s: start failed", record.id)

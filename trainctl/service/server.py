@@ -24,13 +24,13 @@ from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from trainctl.planning.pool import GpuPool
 from trainctl.service.api import TrainingServicer
 from trainctl.service.auth import Authenticator, check_exposure
 from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
 from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 from trainctl.service.paths import JobPathPolicy, check_confinement
-from trainctl.service.pool import GpuPool
 from trainctl.service.readiness import HealthStatus, StoreReadiness, start_health_server
 from trainctl.service.rpc_calls import TrainingServiceCalls
 from trainctl.service.rpc_server import RpcServer
@@ -65,7 +65,7 @@ class ServiceConfig:
     data_dir: Path = Path(DEFAULT_DATA_DIR)
     """Run directories, and the SQLite store unless `store` names a database."""
     store: str | None = None
-    """A `postgresql://` URL for the job store (trainctl.service.store_db); None: SQLite in `data_dir`.
+    """A `postgresql://` URL for the job store (trainctl.service.store.db); None: SQLite in `data_dir`.
     Replicas on one PostgreSQL store all serve the API; one leads the scheduler (a lease in the database)."""
     metrics_port: int = DEFAULT_METRICS_PORT
     """0 turns the Prometheus endpoint off."""

@@ -13,11 +13,11 @@ import re
 import threading
 from collections.abc import AsyncIterator, Callable
 
+from trainctl.planning.fit import fit_violations
+from trainctl.planning.pool import GpuPool
 from trainctl.service.async_bridge import wait_for_store_change
 from trainctl.service.auth import Authenticator
 from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
-from trainctl.service.planning import fit_violations
-from trainctl.service.pool import GpuPool
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import (
     JobStore,

@@ -3,9 +3,9 @@
 Events carry a sequence number that increases by one per event, starting at 1. A poller keeps the
 sequence number of the last event it has seen (its *cursor*; 0 before the first) and asks for the
 events after it, so it can stop and resume at any point without losing or repeating one. The log
-is kept in memory by the job's supervisor and appended, one JSON object per line, to
-``<run_dir>/events.jsonl``: a supervisor restarted by Ray reloads it and continues the numbering, and
-the runtime reads it once the supervisor is gone.
+is kept in memory by the job's supervisor and appended, one JSON object per line, to the run
+directory's ``events.jsonl`` (`RunDirectory.events`): a supervisor restarted by Ray reloads it and
+continues the numbering, and the runtime reads it once the supervisor is gone.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.parallelism.engine.step_report import StepReport
-
-EVENTS_FILE = "events.jsonl"
 
 
 class JobState(StrEnum):

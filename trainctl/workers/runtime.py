@@ -10,12 +10,11 @@ that is gone for good (Ray gave up restarting it) from one that ended with the R
 ``live_nodes`` describe the Ray nodes trainctl can place ranks on.
 
 Once a job is terminal and a poll has returned its last event, the runtime kills the supervisor;
-later polls read the same log from ``<run_dir>/events.jsonl``.
+later polls read the same log from its run directory (`RunDirectory.events`).
 """
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -25,10 +24,10 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from trainctl.parallelism.run_directory import RunDirectory, check_job_id
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import (
-    EVENTS_FILE,
     EventKind,
     EventLog,
     JobState,
@@ -45,14 +44,10 @@ from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, Superv
 from trainctl.workers.topology.model import TopologyMap
 from trainctl.workers.warm_pool import WarmPool
 
-JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SUPERVISOR_MAX_RESTARTS = 3
 """Times Ray restarts a supervisor whose process died; each restart resumes from the checkpoint."""
-RAY_SESSION_FILE = "ray_session"
-"""In a job's run directory: the name of the Ray session (one per start of a Ray cluster) its supervisor
-was last started in."""
 SESSION_NAME_BYTES = 256
-"""Most bytes of `RAY_SESSION_FILE` read (Ray's session names are about 40)."""
+"""Most bytes of a run directory's `ray_session` read (Ray's session names are about 40)."""
 
 
 class JobNotFound(LookupError):
@@ -105,7 +100,7 @@ class RayRuntime:
         self._call_timeout = call_timeout
         self._poll_timeout = poll_timeout
         self._replan_timeout = replan_timeout
-        self._run_dirs: dict[str, Path] = {}
+        self._run_dirs: dict[str, RunDirectory] = {}
         self._liveness: tuple[float, dict[str, bool]] = (-LIVENESS_MAX_AGE, {})
         self._liveness_lock = threading.Lock()
         self._owns_connection = not ray.is_initialized()
@@ -128,7 +123,7 @@ class RayRuntime:
         job_id: str,
         job: TrainingJob,
         placement: _Placement,
-        run_dir: str | Path,
+        run_dir: RunDirectory | str | Path,
         *,
         topology: TopologyMap | None = None,
         node_env: dict[str, dict[str, str]] | None = None,
@@ -150,19 +145,20 @@ class RayRuntime:
 
         ``relaunch``: the job ran before and its supervisor ended with the Ray cluster it ran on
         (`lost_with_cluster`); the new supervisor continues the job's event log in ``run_dir``, records a
-        restart with the relaunch's reason and resumes from the newest complete checkpoint."""
-        _check_job_id(job_id)
+        restart with the relaunch's reason and resumes from the newest complete checkpoint.
+
+        ``run_dir``: the job's run directory (the scheduler's `RunDirectory`, or a path), created here."""
+        check_job_id(job_id)
         if self._supervisor(job_id) is not None:
             raise JobAlreadyStarted(f"job {job_id} already has a supervisor ({supervisor_name(job_id)})")
         slots = list(placement.assignments)
         use_gpu = self._check_placement(job, slots)
-        run_path = Path(run_dir).resolve()
-        run_path.mkdir(parents=True, exist_ok=True)
+        run = RunDirectory.at(run_dir).create()
         config = SupervisorConfig(
             job_id=job_id,
             job_json=job.model_dump_json(),
             slots=slots,
-            run_dir=str(run_path),
+            run_dir=str(run.root),
             use_gpu=use_gpu,
             placement_timeout=self._placement_timeout,
             call_timeout=self._call_timeout,
@@ -174,7 +170,7 @@ class RayRuntime:
             file_rule_json=file_rule.to_json(),
             relaunch=relaunch,
         )
-        (run_path / RAY_SESSION_FILE).write_text(self._session() + "\n", encoding="utf-8")
+        run.ray_session.write_text(self._session() + "\n", encoding="utf-8")
         actor_cls = ray.remote(concurrency_groups={"control": 4, "reports": 1})(JobSupervisor)
         actor_cls.options(
             name=supervisor_name(job_id),
@@ -186,23 +182,23 @@ class RayRuntime:
             # On a control node when the cluster has one, so it does not die with a GPU node it supervises.
             resources={CONTROL_RESOURCE: SUPERVISOR_SHARE} if self._has_control_node() else {},
         ).remote(config)
-        self._run_dirs[job_id] = run_path
+        self._run_dirs[job_id] = run
 
-    def attach(self, job_id: str, run_dir: str | Path) -> None:
+    def attach(self, job_id: str, run_dir: RunDirectory | str | Path) -> None:
         """Remember where a job's events live (a restarted service calls this for each known job)."""
-        _check_job_id(job_id)
-        self._run_dirs[job_id] = Path(run_dir).resolve()
+        check_job_id(job_id)
+        self._run_dirs[job_id] = RunDirectory.at(run_dir)
 
     def lost_with_cluster(self, job_id: str) -> bool:
         """Whether the job's supervisor was started in a Ray session other than this runtime's: the Ray
         cluster it ran on is gone (an embedded one ends with the service that started it), and nothing of
         the job runs anymore. False when its run directory names this session or none (a run from before
         sessions were recorded). Needs `attach` (or `start_job`) first."""
-        run_dir = self._run_dirs.get(job_id)
-        if run_dir is None:
+        run = self._run_dirs.get(job_id)
+        if run is None:
             raise JobNotFound(f"job {job_id}: no run directory (call attach() with its run dir)")
         try:
-            with (run_dir / RAY_SESSION_FILE).open("rb") as file:  # the run directory is the job's too: bounded
+            with run.ray_session.open("rb") as file:  # the run directory is the job's too: bounded
                 started_in = file.read(SESSION_NAME_BYTES).decode("utf-8", "replace").strip()
         except FileNotFoundError:
             return False
@@ -321,15 +317,15 @@ class RayRuntime:
 
     def _read_log(self, job_id: str, cursor: int, limit: int) -> JobStatus:
         """The job's log file from ``cursor``; an empty SCHEDULED status while the file does not exist."""
-        run_dir = self._run_dirs.get(job_id)
-        if run_dir is None or not (run_dir / EVENTS_FILE).exists():
+        run = self._run_dirs.get(job_id)
+        if run is None or not run.events.exists():
             return JobStatus(events=[], cursor=cursor, state=JobState.SCHEDULED, reason="supervisor starting", restarts=0)
-        return status_of(read_events(run_dir / EVENTS_FILE), cursor, limit)
+        return status_of(read_events(run.events), cursor, limit)
 
     def _poll_file(self, job_id: str, cursor: int, limit: int) -> JobStatus:
         """The log of a job whose supervisor is gone; a job it left unfinished is recorded FAILED."""
-        run_dir = self._run_dirs.get(job_id)
-        path = run_dir / EVENTS_FILE if run_dir else None
+        run = self._run_dirs.get(job_id)
+        path = run.events if run else None
         if path is None or not path.exists():
             raise JobNotFound(f"job {job_id}: no supervisor and no event log (call attach() with its run dir)")
         status = status_of(read_events(path), 0, 1)
@@ -392,10 +388,3 @@ def uses_cuda(device: str, node_has_cuda: dict[str, bool]) -> bool:
             f"the plan mixes nodes with CUDA GPUs and without ({', '.join(without)}); one backend must serve all ranks"
         )
     return not without
-
-
-def _check_job_id(job_id: str) -> None:
-    if not JOB_ID_PATTERN.match(job_id):
-        raise ValueError(
-            f"job id {job_id!r} must be 1-128 characters of letters, digits, '_', '.' and '-', starting alphanumeric"
-        )

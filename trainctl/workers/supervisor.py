@@ -5,11 +5,11 @@ collects step reports and log lines into the job's event log. It watches the ran
 (its actor or process gone, its node removed) fails the rank's pending call within about a second,
 and a group that makes no step progress for ``scheduling.step_timeout_seconds`` counts as hung.
 Either tears the group down and starts a new generation, which resumes from the newest complete
-checkpoint in ``<run_dir>/checkpoints``, up to ``scheduling.max_restarts`` times; after that the job
-FAILS with the reason. A rank that raised the engine's `ConfigurationError` (bad data, checkpoint or
-tokenizer for this spec) or a `FileRuleError` (a file the job's `FileRule`, which the ranks get from
-``file_rule_json``, refuses), while no rank died, FAILS the job at once: a restart cannot fix it. A
-cancel tears the group down and ends in CANCELLED.
+checkpoint in the run directory's ``checkpoints/``, up to ``scheduling.max_restarts`` times; after
+that the job FAILS with the reason. A rank that raised the engine's `ConfigurationError` (bad data,
+checkpoint or tokenizer for this spec) or a `FileRuleError` (a file the job's `FileRule`, which the
+ranks get from ``file_rule_json``, refuses), while no rank died, FAILS the job at once: a restart
+cannot fix it. A cancel tears the group down and ends in CANCELLED.
 
 A command job (``spec.command``) runs the user's program on every rank instead of the engine
 (`RankGroup.start_programs`): a program that exits non-zero ends the generation like a dead rank, named
@@ -25,8 +25,8 @@ from the placement solver over the GPU slots free in Ray; it is recorded as a PL
 
 The actor is threaded: a driver thread runs the generations while the ``control`` concurrency group
 serves poll/cancel and the single-threaded ``reports`` group takes rank reports in order. If the
-actor itself is restarted by Ray, it reloads its event log from ``<run_dir>/events.jsonl``, removes
-what its previous incarnation left and starts a new generation from the checkpoint. A supervisor the
+actor itself is restarted by Ray, it reloads its event log from the run directory's ``events.jsonl``,
+removes what its previous incarnation left and starts a new generation from the checkpoint. A supervisor the
 service starts again for a job whose previous one ended with the Ray cluster it ran on
 (``SupervisorConfig.relaunch``, trainctl.service.relaunch) does the same and records the service's
 reason; those relaunches do not count against ``scheduling.max_restarts``.
@@ -40,7 +40,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -48,13 +47,13 @@ import yaml
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from trainctl.parallelism.checkpoint.source import CHECKPOINT_SUBDIR as CHECKPOINT_SUBDIR
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.files import FileRule, FileRuleError
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.command.program import ProgramExited
-from trainctl.workers.events import EVENTS_FILE, EventKind, EventLog, JobState, JobStatus, StragglerStats
+from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus, StragglerStats
 from trainctl.workers.host_memory import HostMemoryExceeded
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
@@ -65,8 +64,6 @@ from trainctl.workers.topology.model import TopologyMap, parse_topology
 log = logging.getLogger(__name__)
 
 SUPERVISOR_PREFIX = "trainctl-job-"
-LOGS_SUBDIR = "logs"
-"""Under the run directory: each command job rank's output file (`trainctl.workers.command.output`)."""
 ROOT_CAUSE_WAIT = 2.0
 """Seconds to wait for the other ranks' outcomes when one fails, to name the rank that died."""
 REASON_CHARS = 300
@@ -97,7 +94,8 @@ class SupervisorConfig:
     slots: list[RankAssignment]
     """The plan: one slot per rank."""
     run_dir: str
-    """Directory shared by the service, the supervisor and the ranks: events and checkpoints."""
+    """The job's `RunDirectory` (its root), shared by the service, the supervisor and the ranks: events,
+    checkpoints, a command job's logs."""
     use_gpu: bool
     """Ranks use CUDA and NCCL (True) or CPU and gloo (False)."""
     placement_timeout: float = 60.0
@@ -197,8 +195,8 @@ class JobSupervisor:
     def __init__(self, config: SupervisorConfig) -> None:
         self._cfg = config
         self._job = TrainingJob.model_validate_json(config.job_json)
-        self._run_dir = Path(config.run_dir)
-        self._log = EventLog.open(self._run_dir / EVENTS_FILE)
+        self._run = RunDirectory.at(config.run_dir)
+        self._log = EventLog.open(self._run.events)
         self._lock = threading.Lock()
         self._shutdown_lock = threading.Lock()
         """Held while a rank group is torn down: a second `_shutdown_group` waits until it is gone."""
@@ -358,12 +356,10 @@ class JobSupervisor:
                 generation=self._generation,
                 placement=[loc.to_dict() for loc in locations],
             )
-            checkpoint_dir = self._run_dir / CHECKPOINT_SUBDIR
-            checkpoint_dir.mkdir(parents=True, exist_ok=True)
             self._progress_at = self._output_at = time.monotonic()
             self._stepping = False
             self._stats = _StepStats()
-            refs = self._start(group, checkpoint_dir)
+            refs = self._start(group)
             nodes = sorted({loc.node or "?" for loc in locations})
             self._state(
                 JobState.RUNNING,
@@ -377,23 +373,24 @@ class JobSupervisor:
         finally:
             self._shutdown_group()
 
-    def _start(self, group: RankGroup, checkpoint_dir: Path) -> list[ray.ObjectRef]:
+    def _start(self, group: RankGroup) -> list[ray.ObjectRef]:
         """Start the engine, or a command job's program, on every rank; one result ref per rank."""
         cfg, spec = self._cfg, self._job.spec
         reporter = ray.get_runtime_context().current_actor
         if spec.command is None:
             return group.start(
-                spec.model_dump_json(), str(checkpoint_dir), reporter, cfg.call_timeout, cfg.node_env, cfg.file_rule_json
+                spec.model_dump_json(), str(self._run.checkpoints), reporter, cfg.call_timeout, cfg.node_env,
+                cfg.file_rule_json,
             )
         command = spec.command
         return group.start_programs(
             [command.program, *command.args],
-            command.working_dir or str(self._run_dir),
+            command.working_dir or str(self._run.root),
             dict(command.env),
             node_env=cfg.node_env,
             grid=RankGrid.from_spec(spec.parallelism),
-            checkpoint_dir=str(checkpoint_dir),
-            log_dir=str(self._run_dir / LOGS_SUBDIR),
+            checkpoint_dir=str(self._run.checkpoints),
+            log_dir=str(self._run.logs),
             restart_count=self._log.status(0, 1).restarts,
             max_restarts=spec.scheduling.max_restarts,
             reporter=reporter,

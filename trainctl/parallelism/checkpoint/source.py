@@ -1,6 +1,6 @@
 """Which checkpoint a path names and what wrote it, without torch: a `step_*` checkpoint, a checkpoint
-root (its newest complete one) or a job's run directory (its `checkpoints/`), and the job recorded
-beside it as `job.json` (`write_run_spec`). The service checks `init_from` with `init_from_problem` at
+root (its newest complete one) or a job's run directory (trainctl.parallelism.run_directory: its
+`checkpoints/`), and the job recorded beside it as `job.json` (`write_run_spec`). The service checks `init_from` with `init_from_problem` at
 submit time; `trainctl.parallelism.checkpoint.pretrained` loads the weights.
 
 Everything is read under the job's `FileRule` (trainctl.spec.files): the path itself, the markers and
@@ -18,12 +18,10 @@ from pydantic import ValidationError
 from trainctl.parallelism.checkpoint import layout
 from trainctl.parallelism.checkpoint.layout import FIELD
 from trainctl.parallelism.errors import ConfigurationError
+from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.files import MAX_JSON_BYTES, FileRule, FileRuleError
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
-
-RUN_SPEC = "job.json"
-CHECKPOINT_SUBDIR = "checkpoints"
 
 
 class CheckpointNotFoundError(ConfigurationError, FileNotFoundError):
@@ -41,29 +39,33 @@ class Pretrained:
 
 def write_run_spec(checkpoint_dir: str | Path, job: JobSpecBody) -> None:
     """Record `job` in `checkpoint_dir/job.json` (atomically; call on one rank)."""
-    root = Path(checkpoint_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{RUN_SPEC}.tmp"
+    spec_file = RunDirectory.run_spec_in(checkpoint_dir)
+    spec_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = spec_file.with_name(f".{spec_file.name}.tmp")
     tmp.write_text(job.model_dump_json(indent=2))
-    tmp.replace(root / RUN_SPEC)
+    tmp.replace(spec_file)
 
 
 def resolve_checkpoint(path: str | Path, files: FileRule = FileRule()) -> Path:
-    """The complete `step_*` checkpoint `path` names (itself, a root's newest, or a run dir's newest),
-    read under `files`."""
+    """The complete `step_*` checkpoint `path` names, read under `files`. `path` may be what a user
+    passes: a `step_*` checkpoint (one with a `COMPLETE` marker: itself, checked intact), a job's run
+    directory (laid out as one, `RunDirectory.laid_out_at`: the newest in its `checkpoints/`) or a
+    checkpoint root (any other directory: the newest `step_*` in it)."""
     path = files.check(path, FIELD)
     if (path / layout.COMPLETE).is_file():
         problem = layout.checkpoint_problem(path, files)
         if problem is not None:
             raise CheckpointNotFoundError(f"{path}: the checkpoint is damaged: {problem}")
         return path
-    for root in (path, path / CHECKPOINT_SUBDIR):
-        found = layout.latest_checkpoint(root, files=files)
-        if found is not None:
-            return found[1]
+    run = RunDirectory.laid_out_at(path)
+    root = path if run is None else run.checkpoints
+    found = layout.latest_checkpoint(root, files=files)
+    if found is not None:
+        return found[1]
+    looked_in = "it" if run is None else f"its {run.checkpoints.name}/ (it is a run directory)"
     raise CheckpointNotFoundError(
         f"{path}: no complete checkpoint there (looked for a step_* directory with {layout.COMPLETE}, "
-        f"and for step_* directories in it or in its {CHECKPOINT_SUBDIR}/)"
+        f"and for step_* directories in {looked_in})"
     )
 
 
@@ -71,10 +73,10 @@ def open_checkpoint(path: str | Path, job: JobSpecBody | None = None, files: Fil
     """Resolve `path` and the job that wrote it (its recorded job.json unless `job` is given), read under `files`."""
     step_dir = resolve_checkpoint(path, files)
     if job is None:
-        spec_file = files.check(step_dir.parent / RUN_SPEC, FIELD)
+        spec_file = files.check(RunDirectory.run_spec_in(step_dir.parent), FIELD)
         if not spec_file.is_file():
             raise CheckpointNotFoundError(
-                f"{step_dir}: the run recorded no {RUN_SPEC} beside its checkpoints; pass the job spec explicitly"
+                f"{step_dir}: the run recorded no {spec_file.name} beside its checkpoints; pass the job spec explicitly"
             )
         raw = files.read_bytes(spec_file, FIELD, MAX_JSON_BYTES)
         try:

@@ -14,8 +14,9 @@ import pytest
 from trainctl.cli.main import EXIT_INVALID, main
 from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
 from trainctl.parallelism.sizing.estimator import full_shapes
-from trainctl.service.layout_search import HEADROOM, Layout, LayoutSearchError, SearchResult, suggest_layouts
-from trainctl.service.planning import estimable, estimate_ranks, plan_on_map
+from trainctl.planning.fit import estimable, estimate_ranks
+from trainctl.planning.layout_search import HEADROOM, Layout, LayoutSearchError, SearchResult, suggest_layouts
+from trainctl.planning.plan import plan_on_map
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.spec.validate import parse_object, semantic_violations

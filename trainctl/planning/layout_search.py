@@ -67,7 +67,7 @@ from trainctl.parallelism.sizing.estimator import (
 from trainctl.parallelism.sizing.flops import peak_flops, training_flops_per_token
 from trainctl.parallelism.sizing.step_time import StepTime, modelled_step_time
 from trainctl.parallelism.sizing.working_copies import WorkingCopies
-from trainctl.service.pool import OFFLINE_BUDGET_S, GpuPool, PlannedPlacement
+from trainctl.planning.pool import OFFLINE_BUDGET_S, GpuPool, PlannedPlacement
 from trainctl.spec.hf_config import weights_problem
 from trainctl.spec.job import JobSpecBody, ParallelismSpec, TrainingJob
 from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model

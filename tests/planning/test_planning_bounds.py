@@ -1,5 +1,5 @@
 """The submit-time fit check and the bounded plan (issue 20): estimates from the configuration, the
-largest per-rank estimate against the pool's largest GPU, byte counts that fit the proto."""
+largest per-rank estimate against the pool's largest GPU, byte counts that fit the proto's int64."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from typing import Any
 
 import yaml
 
-from trainctl.service.planning import fit_violations, plan_job
-from trainctl.service.pool import GpuPool
+from trainctl.planning.fit import fit_violations
+from trainctl.planning.plan import plan_job
+from trainctl.planning.pool import GpuPool
 from trainctl.spec.job import INT64_MAX, TrainingJob
 from trainctl.spec.validate import parse_object, semantic_violations
+from trainctl.wire.plan_convert import plan_to_proto
 from trainctl.workers.topology import simulated_topology
 from trainctl.workers.topology.model import parse_topology
 
@@ -49,7 +51,7 @@ def test_a_plan_with_every_size_at_its_bound_is_bounded_and_its_bytes_fit_int64(
     assert semantic_violations(giant, pool_gpus=8, check_data=False) == []
     plan = plan_job(giant, pool())
     assert [m.rank for m in plan.memory] == list(range(8))
-    assert all(0 < m.bytes["total"] <= INT64_MAX for m in plan.memory)
+    assert all(0 < m.bytes["total"] <= INT64_MAX for m in plan_to_proto(plan).memory)
 
 
 def test_beyond_the_estimate_budget_only_the_first_shard_of_each_stage_is_estimated() -> None:

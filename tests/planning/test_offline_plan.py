@@ -1,27 +1,24 @@
 """Offline planning (issue 17): `trainctl plan FILE --cluster PRESET:N | --topology MAP` with no server
-answers what the service's PlanJob answers on the same map; its step time is compute at the preset
-GPU's peak, the pipeline bubble and the placement's communication; bad clusters and maps are refused
-naming the option, the field or the file."""
+plans every rank (the service's PlanJob answers the same plan on the same map: tests/service/test_api.py);
+its step time is compute at the preset GPU's peak, the pipeline bubble and the placement's communication;
+bad clusters and maps are refused naming the option, the field or the file."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from control_plane_fakes import ScriptedRuntime, start_api_server
 
-from trainctl.cli.client import TrainctlClient
 from trainctl.cli.main import EXIT_INVALID, main
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.parallelism.sizing.estimator import flops_per_step
 from trainctl.parallelism.sizing.flops import peak_flops, training_flops_per_token
 from trainctl.parallelism.sizing.pipeline_bubble import bubble_seconds
-from trainctl.service.planning import plan_on_map
-from trainctl.service.pool import GpuPool
+from trainctl.planning.plan import plan_on_map
+from trainctl.planning.pool import GpuPool
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import resolve_model
 from trainctl.spec.validate import load_job_file, parse_object
@@ -42,29 +39,20 @@ def resized(job: TrainingJob, **parallelism: int) -> TrainingJob:
     return parse_object(data)
 
 
-@pytest.fixture
-def hgx_client(tmp_path: Path) -> Iterator[TrainctlClient]:
-    """A client of an in-process service whose pool is the `hgx-h100:2` map."""
-    api = start_api_server(tmp_path, ScriptedRuntime(), topology=cluster_topology("hgx-h100:2"))
-    try:
-        with TrainctlClient(api.target, token="") as client:
-            yield client
-    finally:
-        api.stop()
-
-
-def test_the_offline_plan_is_the_service_plan_on_the_same_map(hgx_client: TrainctlClient) -> None:
+def test_the_offline_plan_places_estimates_and_times_every_rank() -> None:
     topology = cluster_topology("hgx-h100:2")
     fits = resized(load_job_file(HYBRID), dp_shard=2)  # pp2 x dp_shard2 x tp4 = 16 ranks
     too_big = load_job_file(HYBRID)  # 32 ranks
-    for job in (fits, too_big):
-        assert plan_on_map(job, topology, "--cluster hgx-h100:2") == hgx_client.plan_job(job)
     offline = plan_on_map(fits, topology, "--cluster hgx-h100:2")
-    assert offline.valid and len(offline.placement) == 16 and len(offline.memory) == 16
+    assert offline.valid and offline.world_size == 16
+    assert offline.degrees == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 4, "ep": 1}
+    assert offline.placement is not None and len(offline.placement.assignments) == 16
+    assert [m.rank for m in offline.memory] == list(range(16))
     assert set(offline.step_time_breakdown) == {"compute_at_peak", "recompute", "pipeline_bubble", "communication"}
     assert offline.step_time_seconds == pytest.approx(sum(offline.step_time_breakdown.values()))
     refused = plan_on_map(too_big, topology, "--cluster hgx-h100:2")
     assert not refused.valid and [v.field for v in refused.violations] == ["spec.resources.gpus"]
+    assert (refused.world_size, refused.placement, refused.memory, refused.notes) == (0, None, (), ())
 
 
 @pytest.mark.parametrize("preset", ["hgx-h100:4", "gb200-nvl72:1", "pcie-h100-nvl:4"])
@@ -82,7 +70,7 @@ def test_step_time_is_compute_at_the_preset_peak_plus_recompute_bubble_and_expos
     micro_batches = training.global_batch_size // (grid.dp * training.micro_batch_size)
     # data-parallel communication hides behind compute + recompute; tp and pp transfers are exposed
     by_dim = GpuPool(cluster_topology(preset), preset).place(job, empty=True).seconds_by_dim
-    assert sum(by_dim.values()) == pytest.approx(plan.placement_cost_seconds)
+    assert sum(by_dim.values()) == pytest.approx(plan.placement.cost_seconds)
     exposed = by_dim["tp"] + by_dim["pp"] + max(0.0, by_dim["dp"] - compute - blocks / 3)
     assert dict(plan.step_time_breakdown) == pytest.approx({
         "compute_at_peak": compute,
@@ -90,7 +78,7 @@ def test_step_time_is_compute_at_the_preset_peak_plus_recompute_bubble_and_expos
         "pipeline_bubble": bubble_seconds(compute + blocks / 3, par.pp_schedule, par.pp, micro_batches, par.pp_virtual_stages),
         "communication": exposed,
     })
-    assert f"{(plan.placement_cost_seconds - exposed) * 1e3:.2f} ms of data- and context-parallel communication overlaps" in plan.notes[-1]
+    assert f"{(plan.placement.cost_seconds - exposed) * 1e3:.2f} ms of data- and context-parallel communication overlaps" in plan.notes[-1]
 
 
 def test_the_cli_plans_offline_without_a_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

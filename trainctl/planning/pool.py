@@ -1,4 +1,5 @@
-"""The GPU pool as the scheduler sees it: the topology map, which GPU each job holds, and placement.
+"""The GPU pool as the scheduler and the planner see it: the topology map, which GPU each job holds,
+and placement.
 
 Capacity comes from the topology map (trainctl.workers.topology): a file given with `--topology`, or a
 simulated map of the embedded cluster. Placement (trainctl.workers.placement) turns a job's rank grid

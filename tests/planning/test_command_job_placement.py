@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trainctl.parallelism.layouts.grid import RankGrid
-from trainctl.service.pool import GpuPool, PlannedPlacement
+from trainctl.planning.pool import GpuPool, PlannedPlacement
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.placement import RankAssignment
 from trainctl.workers.topology import simulated_topology
