@@ -66,7 +66,7 @@ import yaml
 from load_clients import run_clients
 from outage import HealthWatch, outage_markdown, outage_summary, take_database_away
 
-from trainctl.service.store_db import open_database
+from trainctl.service.store.db import open_database
 from trainctl.wire.tokens import generate_token, hash_token
 
 HERE = Path(__file__).resolve().parent

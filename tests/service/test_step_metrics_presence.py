@@ -15,7 +15,7 @@ from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.service.job_messages import step_to_proto
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.store import MIGRATIONS, JobStore
-from trainctl.service.store_db import open_database, run_script
+from trainctl.service.store.db import open_database, run_script
 from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 

@@ -30,7 +30,7 @@ from trainctl.service.store import (
     SweepState,
     TrialState,
 )
-from trainctl.service.store_db import (
+from trainctl.service.store.db import (
     READ_CONNECTIONS,
     PostgresDatabase,
     StoreUnavailable,
@@ -178,7 +178,7 @@ def test_an_unchanged_job_is_the_same_record_and_any_change_is_seen(
     """Records are kept by their row's version, which every write adds one to, so a change written by
     another store on the same database is seen as surely as one of this store's own (writes of every
     kind: a status, a step, the queue's reasons); the kept records and specs are bounded."""
-    monkeypatch.setattr("trainctl.service.store.RECORDS_KEPT", 3)
+    monkeypatch.setattr("trainctl.service.store.cache.RECORDS_KEPT", 3)
     store, other = JobStore(store_location), JobStore(store_location)
     ids = [store.create_job(job(f"k{i}", labels={"team": "a"}))[0].id for i in range(3)]
     first = store.get_job(ids[0])
@@ -193,7 +193,7 @@ def test_an_unchanged_job_is_the_same_record_and_any_change_is_seen(
     other.set_queue_reason("behind the first", behind=None)
     assert {r.reason for r in store.list_jobs()} == {"behind the first"}
     store.create_job(job("k3"))
-    assert (len(store._records), len(store._specs)) == (3, 3)  # noqa: SLF001  # the bound: the oldest went
+    assert (len(store._core.cache.records), len(store._core.cache.specs)) == (3, 3)  # noqa: SLF001  # the bound: the oldest went
 
 
 def test_a_change_whose_commit_failed_is_never_answered(store_location: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -202,18 +202,18 @@ def test_a_change_whose_commit_failed_is_never_answered(store_location: str, mon
     same version with other values, and a kept record of that version would be answered instead."""
     store = JobStore(store_location)
     job_id = store.create_job(job("c"))[0].id
-    commit = store._db.commit
+    commit = store._core.db.commit
 
     def lost() -> None:
-        store._db.rollback()
+        store._core.db.rollback()
         raise StoreUnavailable("the commit's answer was lost")
 
-    monkeypatch.setattr(store._db, "commit", lost)
+    monkeypatch.setattr(store._core.db, "commit", lost)
     with pytest.raises(StoreUnavailable):
         store.update_status(job_id, state=JobState.CANCELLED, reason="never committed")
     with pytest.raises(StoreUnavailable):
         store.create_job(job("never"))
-    monkeypatch.setattr(store._db, "commit", commit)
+    monkeypatch.setattr(store._core.db, "commit", commit)
     store.set_queue_reason("waiting for GPUs", behind=None)  # the row's next version, with other values
     record = store.get_job(job_id)
     assert (record.state, record.reason) == (JobState.QUEUED, "waiting for GPUs")
@@ -231,13 +231,13 @@ def test_a_filtered_listing_returns_its_jobs_as_they_matched_even_when_one_chang
     store, other = JobStore(store_location), JobStore(store_location)
     ids = [store.create_job(job(f"f{i}"))[0].id for i in range(3)]
     reader = JobStore(store_location)  # a store that has kept no record: every row is read after the ids
-    read_rows = reader._records_of  # noqa: SLF001
+    read_rows = reader._core.cache.records_of  # noqa: SLF001
 
     def cancelled_in_between(db: object, heads: list[dict[str, object]]) -> object:
         other.update_status(ids[1], state=JobState.CANCELLED, reason="in between")
         return read_rows(db, heads)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(reader, "_records_of", cancelled_in_between)
+    monkeypatch.setattr(reader._core.cache, "records_of", cancelled_in_between)
     listed = reader.list_jobs(states=[JobState.QUEUED])
     monkeypatch.undo()
     assert [(r.id, r.state) for r in listed] in (
@@ -403,7 +403,7 @@ def test_migration_moves_trial_jobs_keys_out_of_the_tenants_namespace(store_loca
     trial = store.create_trial(record.id, 0, {}, job("t0"))
     assert trial is not None
     own, _ = store.create_job(job("own"), tenant="sweep", request_id=f"{record.id}/1")
-    store._db.execute("UPDATE jobs SET request_id = ? WHERE id = ?", (f"sweep/{record.id}/0", trial.job_id))
+    store._core.db.execute("UPDATE jobs SET request_id = ? WHERE id = ?", (f"sweep/{record.id}/0", trial.job_id))
     store.close()
     set_back_to_schema_7(store_location)
     set_schema_version(store_location, 6)
@@ -450,7 +450,7 @@ def test_a_sweep_is_read_with_its_trials_as_of_one_commit(store_location: str, m
     """Another replica cancels the sweep between the read of its row and the read of its trials: a reader
     sees it RUNNING with a RUNNING trial or CANCELLED with a CANCELLED one, never RUNNING with CANCELLED."""
     mine, other = JobStore(store_location), JobStore(store_location)
-    database = type(mine._db)
+    database = type(mine._core.db)
     execute = database.execute
     cancelled = threading.Event()
 
@@ -476,7 +476,7 @@ def test_an_id_already_taken_is_drawn_again(store_location: str) -> None:
     IntegrityError, answered INTERNAL), while a request id used twice still returns the first."""
     store = JobStore(store_location)
     taken, fresh = uuid.UUID("deadbeef" + "0" * 24), uuid.UUID("cafef00d" + "0" * 24)
-    with mock.patch("trainctl.service.store.uuid.uuid4", side_effect=[taken, taken, fresh, taken, taken, taken, fresh]):
+    with mock.patch("trainctl.service.store.jobs.uuid.uuid4", side_effect=[taken, taken, fresh, taken, taken, taken, fresh]):
         first, _ = store.create_job(job("train"), request_id="r")
         second, created = store.create_job(job("train"))
         first_sweep, _ = store.create_sweep(sweep())
@@ -577,7 +577,7 @@ def test_reads_do_not_wait_for_a_write_to_commit(store_location: str) -> None:
     inside, release = threading.Event(), threading.Event()
 
     def open_write() -> None:
-        with store._tx() as db:  # the transaction every write method runs in
+        with store._core.tx() as db:  # the transaction every write method runs in
             db.execute("UPDATE jobs SET reason = 'uncommitted', version = version + 1 WHERE id = ?", (job_id,))
             inside.set()
             release.wait(30)
@@ -619,7 +619,7 @@ def test_postgresql_reads_share_a_few_read_only_connections_closed_with_the_stor
         reads = list(pool.map(lambda _: (store.get_job(job_id).name, len(store.list_jobs())), range(400)))
     assert reads == [("p", 1)] * 400
     assert 1 < connections() <= READ_CONNECTIONS + 1
-    with store._db.reading() as db, pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+    with store._core.db.reading() as db, pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
         db.execute("UPDATE jobs SET reason = 'written through a read connection'")
     store.close()
     deadline = time.monotonic() + 10  # a backend leaves pg_stat_activity once it has exited

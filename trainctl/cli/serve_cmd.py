@@ -25,7 +25,7 @@ def positive_int(text: str) -> int:
 
 
 def _store_url(text: str) -> str:
-    from trainctl.service.store_db import POSTGRES_SCHEMES
+    from trainctl.service.store.db import POSTGRES_SCHEMES
 
     if not text.startswith(POSTGRES_SCHEMES):
         raise argparse.ArgumentTypeError(

@@ -11,7 +11,7 @@ either store:
 - what the service records on its own (state reasons, log lines, stderr tails, error echoes) is made
   storable (`storable`): NUL becomes the four characters ``\\x00``, so a reader still sees where it was,
   and a lone surrogate becomes U+FFFD, the replacement character a decoder puts for bytes it cannot
-  decode. trainctl.service.store_db applies it to every string bound to a statement and in a JSON column.
+  decode. trainctl.service.store.db applies it to every string bound to a statement and in a JSON column.
 
 Pure standard library, the lowest layer: the spec, the workers and the service share it.
 """
