@@ -13,7 +13,8 @@ from trainctl.parallelism.data.corpus import DataError
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.spec.files import FileRuleError
 from trainctl.workers.events import EventKind, EventLog, JobState, StragglerStats, read_events, status_of
-from trainctl.workers.supervisor import _failure_class, _Outcome, _StepStats
+from trainctl.workers.step_stats import StepStats
+from trainctl.workers.supervisor import _failure_class, _Outcome
 
 
 def test_sequence_numbers_and_cursor_resume(tmp_path):
@@ -97,7 +98,7 @@ def test_terminal_states():
 
 
 def test_straggler_stats_use_the_newest_step_every_rank_timed():
-    stats = _StepStats()
+    stats = StepStats()
     stats.add(0, 1, 1.0)
     stats.add(1, 1, 1.5)
     stats.add(2, 1, 3.0)
@@ -113,7 +114,7 @@ def test_straggler_stats_use_the_newest_step_every_rank_timed():
 
 
 def test_step_times_from_every_rank_give_the_ratio_and_name_the_slowest_rank_once():
-    stats = _StepStats()
+    stats = StepStats()
     for step, times in [(1, (1.0, 1.1)), (2, (1.0, 1.5)), (3, (1.0, 1.6)), (4, (1.7, 1.0)), (5, (1.0, 1.05))]:
         for rank, seconds in enumerate(times):  # rank 0 via its StepReport, rank 1 via record_step_time
             stats.add(rank, step, seconds)
@@ -127,7 +128,7 @@ def test_step_times_from_every_rank_give_the_ratio_and_name_the_slowest_rank_onc
 
 
 def test_no_ratio_until_every_reporting_rank_timed_a_step():
-    stats = _StepStats()
+    stats = StepStats()
     stats.add(0, 1, 1.0)
     assert stats.latest_complete(before=2) is None and stats.straggler_line(None) is None
     stats.add(1, 1, 0.0)  # a zero time gives no ratio rather than a division by zero

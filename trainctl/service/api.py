@@ -29,6 +29,7 @@ from trainctl.service.async_bridge import store_read
 from trainctl.service.auth import Authenticator
 from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
 from trainctl.service.job_messages import JobMessages, step_to_proto
+from trainctl.service.owned_records import MAX_ID_LENGTH, owned_record
 from trainctl.service.paths import JobPathPolicy, job_reference
 from trainctl.service.scheduler import Scheduler
 from trainctl.service.store import (
@@ -60,7 +61,6 @@ from trainctl.wire.errors import (
     bad_field,
     failed_precondition,
     invalid_argument,
-    not_found,
     reused_request_id,
     service_stopping,
 )
@@ -70,7 +70,6 @@ from trainctl.workers.events import ACTIVE_STATES, JobState
 T = TypeVar("T")
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
-MAX_ID_LENGTH = 128
 MAX_LABEL_FILTERS = 32
 MAX_PAGE_TOKEN_LENGTH = 64
 """Longer than any ListJobs page token the server issues (44 characters at most)."""
@@ -82,9 +81,9 @@ WATCH_IDLE_CHECK_SECONDS = 5.0
 is woken at once by new events and by the service stopping (`EventHub.wake_all`)."""
 
 
-class TrainingServicer(SweepRpcs):
-    """Implements trainctl.v1.TrainingService over a JobStore, a Scheduler and a GpuPool (the sweep RPCs:
-    trainctl.service.sweep_api, driven by a SweepDriver)."""
+class TrainingServicer:
+    """Implements trainctl.v1.TrainingService over a JobStore, a Scheduler and a GpuPool (the sweep RPCs are
+    handed to a `trainctl.service.sweep_api.SweepRpcs`, the sweeps driven by a SweepDriver)."""
 
     BLOCKING = frozenset({"CancelJob", "PlanJob", "GetCluster", "CreateSweep", "GetSweep", "ListSweeps", "CancelSweep"})
     """Unary methods that may block (a write's commit, a call to Ray, the sweep reads: a read-only
@@ -112,8 +111,6 @@ class TrainingServicer(SweepRpcs):
         """The confinement rule for every path a job names (no data roots unless the service has some)."""
         self.stopping = stopping or threading.Event()
         self.ray_nodes = ray_nodes
-        self.sweeps = sweeps
-        """The sweep driver, woken when a sweep is created (None: sweeps wait for its next pass)."""
         self.watch_hub: EventHub[pb.JobEvent] = EventHub(
             store, event_to_proto, stopping=self.stopping, poll_seconds=WATCH_IDLE_CHECK_SECONDS,
             expected_failures=(StoreUnavailable,),
@@ -121,20 +118,15 @@ class TrainingServicer(SweepRpcs):
         """Following WatchJobs: one store reader per followed job, its events converted once for all."""
         self.jobs = JobMessages()
         """Answers' Job messages, each job's spec converted once."""
+        self.sweep_rpcs = SweepRpcs(
+            store, pool, authenticator, checked=self._checked, cancel_job=scheduler.request_cancel,
+            stopping=self.stopping, sweeps=sweeps,
+        )
+        """The sweep RPCs' handlers (the methods below hand them the calls)."""
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _job(self, job_id: str, principal: Principal) -> JobRecord:
-        if not job_id:
-            raise bad_field("id", "a job id is required")
-        if len(job_id) > MAX_ID_LENGTH:
-            raise bad_field("id", f"longer than {MAX_ID_LENGTH} characters")
-        try:
-            record = self.store.get_job(job_id)
-        except JobNotFound:
-            raise not_found(f"job {job_id!r}") from None
-        if not principal.can_access(record.tenant):
-            raise not_found(f"job {job_id!r}")
-        return record
+        return owned_record("job", job_id, principal, self.store.get_job, JobNotFound)
 
     def _violations(self, message: pb.Job, principal: Principal) -> tuple[TrainingJob | None, list[FieldViolation]]:
         """The request's job (its `init_from: job:<id>` resolved) and everything wrong with it: schema,
@@ -343,6 +335,22 @@ class TrainingServicer(SweepRpcs):
     def _owns(self, principal: Principal, job_id: str) -> bool:
         tenant = self._tenant_of(job_id)
         return tenant is not None and principal.can_access(tenant)
+
+    # ---- sweeps (trainctl.service.sweep_api) ----------------------------------------------------------
+    def CreateSweep(self, request: pb.CreateSweepRequest, principal: Principal) -> pb.Sweep:  # noqa: N802
+        return self.sweep_rpcs.CreateSweep(request, principal)
+
+    def GetSweep(self, request: pb.GetSweepRequest, principal: Principal) -> pb.Sweep:  # noqa: N802
+        return self.sweep_rpcs.GetSweep(request, principal)
+
+    def ListSweeps(self, request: pb.ListSweepsRequest, principal: Principal) -> pb.ListSweepsResponse:  # noqa: N802
+        return self.sweep_rpcs.ListSweeps(request, principal)
+
+    def CancelSweep(self, request: pb.CancelSweepRequest, principal: Principal) -> pb.Sweep:  # noqa: N802
+        return self.sweep_rpcs.CancelSweep(request, principal)
+
+    def WatchSweep(self, request: pb.WatchSweepRequest, principal: Principal) -> AsyncIterator[pb.Sweep]:  # noqa: N802
+        return self.sweep_rpcs.WatchSweep(request, principal)
 
 
 # ---- conversions ------------------------------------------------------------------------------------

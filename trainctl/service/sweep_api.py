@@ -1,8 +1,9 @@
 """The sweep RPCs of the TrainingService (CreateSweep, GetSweep, ListSweeps, CancelSweep, WatchSweep).
 
-A mixin of `trainctl.service.api.TrainingServicer`: the same tenancy (another tenant's sweep is
-NOT_FOUND), the same job checks for the template (its fields named `spec.template.*`), and the sweep's
-own rules (trainctl.spec.sweep.sweep_violations) plus the tenant's quota against `parallel_trials`.
+`trainctl.service.api.TrainingServicer` holds one `SweepRpcs` and hands these calls to it: the same
+tenancy (another tenant's sweep is NOT_FOUND), the same job checks for the template (its fields named
+`spec.template.*`), and the sweep's own rules (trainctl.spec.sweep.sweep_violations) plus the tenant's
+quota against `parallel_trials`.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import math
 import re
 import threading
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from trainctl.planning.fit import fit_violations
 from trainctl.planning.pool import GpuPool
 from trainctl.service.async_bridge import wait_for_store_change
 from trainctl.service.auth import Authenticator
 from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.owned_records import MAX_ID_LENGTH, owned_record
 from trainctl.service.store import (
+    JobRecord,
     JobStore,
     RequestReused,
     SweepNotFound,
@@ -39,14 +42,12 @@ from trainctl.wire.errors import (
     bad_field,
     failed_precondition,
     invalid_argument,
-    not_found,
     reused_request_id,
     service_stopping,
 )
 from trainctl.wire.sweep_convert import sweep_from_proto, sweep_to_proto, value_to_proto
 from trainctl.workers.events import JobState
 
-MAX_ID_LENGTH = 128
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 WATCH_POLL_SECONDS = 0.5
@@ -69,29 +70,24 @@ def quota_violations(sweep: Sweep, tenant: str, quota: Quota) -> list[FieldViola
     return out
 
 
+@dataclass
 class SweepRpcs:
-    """The sweep handlers; the servicer provides what is declared here."""
+    """The sweep handlers, given what they use of the service."""
 
     store: JobStore
-    scheduler: Scheduler
     pool: GpuPool
     auth: Authenticator
-    sweeps: SweepDriver | None
+    checked: Callable[[TrainingJob, Principal], tuple[TrainingJob, list[FieldViolation]]]
+    """The servicer's checks of a job (`TrainingServicer._checked`), applied to the sweep's template."""
+    cancel_job: Callable[[str, str], JobRecord]
+    """Cancels a job with a reason (`Scheduler.request_cancel`)."""
     stopping: threading.Event
-    _checked: Callable[[TrainingJob, Principal], tuple[TrainingJob, list[FieldViolation]]]
+    """Set while the service stops: a WatchSweep ends UNAVAILABLE."""
+    sweeps: SweepDriver | None = None
+    """The sweep driver, woken when a sweep is created (None: sweeps wait for its next pass)."""
 
     def _sweep(self, sweep_id: str, principal: Principal) -> SweepRecord:
-        if not sweep_id:
-            raise bad_field("id", "a sweep id is required")
-        if len(sweep_id) > MAX_ID_LENGTH:
-            raise bad_field("id", f"longer than {MAX_ID_LENGTH} characters")
-        try:
-            record = self.store.get_sweep(sweep_id)
-        except SweepNotFound:
-            raise not_found(f"sweep {sweep_id!r}") from None
-        if not principal.can_access(record.tenant):
-            raise not_found(f"sweep {sweep_id!r}")
-        return record
+        return owned_record("sweep", sweep_id, principal, self.store.get_sweep, SweepNotFound)
 
     def _sweep_message(self, record: SweepRecord) -> pb.Sweep:
         """The sweep with its trials' jobs' states, read by the trials' own job ids: not by the sweep's
@@ -111,7 +107,7 @@ class SweepRpcs:
             raise invalid_argument(exc.violations, "invalid sweep: " + str(exc)) from None
         violations = sweep_violations(sweep, pool_gpus=self.pool.total)
         if not violations:
-            job, problems = self._checked(TrainingJob(metadata=sweep.metadata, spec=sweep.spec.template), principal)
+            job, problems = self.checked(TrainingJob(metadata=sweep.metadata, spec=sweep.spec.template), principal)
             problems = problems or fit_violations(job, self.pool)
             violations += [FieldViolation("spec.template" + v.field.removeprefix("spec"), v.description) for v in problems]
             sweep = sweep.model_copy(update={"spec": sweep.spec.model_copy(update={"template": job.spec})})
@@ -169,7 +165,7 @@ class SweepRpcs:
             if trial.state == TrialState.CANCELLED and trial.job_id:
                 job = self.store.get_job(trial.job_id)
                 if job.state in (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING):
-                    self.scheduler.request_cancel(trial.job_id, trial.reason)
+                    self.cancel_job(trial.job_id, trial.reason)
         return self._sweep_message(record)
 
     async def WatchSweep(self, request: pb.WatchSweepRequest, principal: Principal) -> AsyncIterator[pb.Sweep]:  # noqa: N802

@@ -53,12 +53,13 @@ from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.files import FileRule, FileRuleError
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.command.program import ProgramExited
-from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus, StragglerStats
+from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus
 from trainctl.workers.host_memory import HostMemoryExceeded
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
 from trainctl.workers.relaunch import Relaunch, is_relaunch
 from trainctl.workers.replan import describe_move, free_slots, missing_nodes, replacement
+from trainctl.workers.step_stats import StepStats
 from trainctl.workers.topology.model import TopologyMap, parse_topology
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,6 @@ MEMORY_NOT_RESTARTED = "not restarted (the same allocation would fail again)"
 """How a reason ends when a rank exceeded its host-memory limit."""
 REPLAN_INTERVAL = 1.0
 """Seconds between looks for a new plan while waiting for one after a node loss."""
-STEP_HISTORY = 16
-"""Steps of per-rank step times kept for straggler statistics."""
-STRAGGLER_LOG_RATIO = 1.3
-"""Slowest over fastest rank step time from which a log line names the slowest rank (the
-TrainctlJobStraggler alert's threshold); only the ratio is a metric."""
 
 
 def supervisor_name(job_id: str) -> str:
@@ -138,57 +134,6 @@ class _Outcome(Enum):
     """A rank raised a configuration error: the job fails without another restart."""
 
 
-@dataclass
-class _StepStats:
-    """Per-rank step times of recent steps, for straggler statistics."""
-
-    times: dict[int, dict[int, float]] = field(default_factory=dict)
-    reporters: set[int] = field(default_factory=set)
-    last_emitted: int = -1
-    named: int | None = None
-    """The slowest rank the last straggler log line named (None while the ranks are even)."""
-
-    def add(self, rank: int, step: int, seconds: float | None) -> None:
-        self.reporters.add(rank)
-        if seconds is not None:
-            self.times.setdefault(step, {})[rank] = float(seconds)
-        for old in sorted(self.times)[:-STEP_HISTORY]:
-            del self.times[old]
-
-    def latest_complete(self, before: int) -> StragglerStats | None:
-        """Straggler stats of the newest step before ``before`` that every reporting rank has timed."""
-        for step in sorted(self.times, reverse=True):
-            per_rank = self.times[step]
-            if step < before and len(per_rank) >= 2 and self.reporters <= set(per_rank):
-                slowest = max(per_rank, key=per_rank.__getitem__)
-                fastest = min(per_rank, key=per_rank.__getitem__)
-                return StragglerStats(
-                    step=step,
-                    rank_step_times=dict(sorted(per_rank.items())),
-                    slowest_rank=slowest,
-                    fastest_rank=fastest,
-                    ratio=per_rank[slowest] / per_rank[fastest] if per_rank[fastest] > 0 else None,
-                )
-        return None
-
-    def straggler_line(self, stats: StragglerStats | None) -> str | None:
-        """A log line naming the slowest rank when the ranks start straggling or the slowest one changes."""
-        if stats is None or stats.ratio is None:
-            return None
-        if stats.ratio < STRAGGLER_LOG_RATIO:
-            self.named = None
-            return None
-        slowest, fastest = stats.slowest_rank, stats.fastest_rank
-        if slowest == self.named:
-            return None
-        self.named = slowest
-        times = stats.rank_step_times
-        return (
-            f"straggler at step {stats.step}: rank {slowest} took {times[slowest]:.3f}s, "
-            f"{stats.ratio:.2f}x rank {fastest} ({times[fastest]:.3f}s)"
-        )
-
-
 class JobSupervisor:
     """The supervisor actor's class (made remote by `trainctl.workers.runtime`)."""
 
@@ -214,7 +159,7 @@ class JobSupervisor:
         self._progress_at = time.monotonic()
         self._output_at = time.monotonic()
         self._stepping = False
-        self._stats = _StepStats()
+        self._stats = StepStats()
         self._thread: threading.Thread | None = None
         status = self.poll(0, 1)
         if status.state.terminal:
@@ -358,7 +303,7 @@ class JobSupervisor:
             )
             self._progress_at = self._output_at = time.monotonic()
             self._stepping = False
-            self._stats = _StepStats()
+            self._stats = StepStats()
             refs = self._start(group)
             nodes = sorted({loc.node or "?" for loc in locations})
             self._state(

@@ -1,0 +1,186 @@
+"""Following running jobs: poll each job's supervisor from its cursor, append what happened to the store
+(state changes, step metrics, log lines), record its end once its log is drained, send the cancels the
+API asked for, and hand a job whose supervisor lost a node to re-placement.
+
+Each job is followed on its own: an unexpected error is logged and retried next tick without stopping
+the others; one that lasts FOLLOW_GRACE_SECONDS stops the job and fails it. A supervisor unreachable for
+POLL_GRACE_SECONDS fails its job. A cancel runs on a thread of its own (it waits until the job's actors
+and placement group are gone, and must not stall the loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainctl.planning.pool import PlannedPlacement
+from trainctl.service import store as st
+from trainctl.service.scheduling.replacement import Replacement
+from trainctl.service.scheduling.state import ActiveJob, SchedulerState
+from trainctl.service.store import JobRecord, LeaseLost, StoreUnavailable
+from trainctl.workers.events import Event as RuntimeEvent
+from trainctl.workers.events import EventKind, JobState
+
+log = logging.getLogger(__name__)
+
+POLL_GRACE_SECONDS = 30.0
+"""How long a job's supervisor may be unreachable (just created, or busy) before the job fails."""
+FOLLOW_GRACE_SECONDS = 30.0
+"""How long following a job may keep failing with an unexpected error (typically a poison event: the
+store refuses the same event on every tick) before the job is stopped and fails."""
+
+
+@dataclass
+class Following:
+    """Follows the jobs in `state.active`, one `follow(job_id)` per job and tick."""
+
+    state: SchedulerState
+    replacement: Replacement
+    _cancels: set[threading.Thread] = field(default_factory=set)
+    """Threads sending a cancel to the runtime (`_cancel`), until each ends; `join_cancels` waits for them."""
+    _cancels_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def follow(self, job_id: str) -> None:
+        """Follow one job; an unexpected error is that job's alone (`_follow_failed`), so the other jobs
+        and the admission pass go on. The store being away or the lease lost still ends the tick."""
+        try:
+            self._follow(job_id)
+        except (StoreUnavailable, LeaseLost):
+            raise
+        except Exception as exc:
+            self._follow_failed(job_id, exc)
+            return
+        if job_id in self.state.active:
+            self.state.active[job_id].follow_failing_since = None
+
+    def join_cancels(self, deadline: float) -> None:
+        """Wait until `deadline` (monotonic) for the cancels in flight."""
+        with self._cancels_lock:
+            cancels = list(self._cancels)
+        for thread in cancels:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _follow_failed(self, job_id: str, exc: Exception) -> None:
+        """Log a job's failed follow (the next tick retries from the last event applied); one failing for
+        FOLLOW_GRACE_SECONDS marks the job to be stopped and failed with a reason naming the error."""
+        active = self.state.active.get(job_id)
+        if active is None or active.failure is not None:
+            log.debug("job %s: failing it failed (%r); retrying", job_id, exc)
+            return
+        now = time.monotonic()
+        if active.follow_failing_since is None:
+            active.follow_failing_since = now
+            log.exception("job %s: following it failed after event %d; retrying", job_id, active.cursor)
+        elif now - active.follow_failing_since >= FOLLOW_GRACE_SECONDS:
+            active.failure = (
+                f"the service could not follow the job for {FOLLOW_GRACE_SECONDS:.0f} s "
+                f"(after event {active.cursor}): {type(exc).__name__}: {exc}"
+            )
+            log.error("job %s: %s; stopping it", job_id, active.failure)
+        else:
+            log.debug("job %s: following it failed again (%r); retrying", job_id, exc)
+
+    def _fail_unfollowed(self, job_id: str, active: ActiveJob, failure: str) -> None:
+        """Stop a job that could not be followed; once the runtime's cancel is done, record it FAILED
+        with `failure` and free its GPUs."""
+        if active.cancel is None:
+            active.cancel = self._send_cancel(job_id)
+        if not active.cancel.is_alive():
+            state = self.state
+            state.finish(state.set_state(state.store.get_job(job_id), JobState.FAILED, failure))
+
+    def _send_cancel(self, job_id: str) -> threading.Thread:
+        """Start the thread that stops the job's supervisor and ranks (`_cancel`)."""
+        thread = threading.Thread(target=self._cancel, args=(job_id,), name=f"cancel-{job_id}", daemon=True)
+        with self._cancels_lock:
+            self._cancels.add(thread)
+        thread.start()
+        return thread
+
+    def _follow(self, job_id: str) -> None:
+        state = self.state
+        active = state.active[job_id]
+        if active.failure is not None:
+            self._fail_unfollowed(job_id, active, active.failure)
+            return
+        record = state.store.get_job(job_id)
+        if record.state == JobState.CANCELLING and active.cancel is None:
+            active.cancel = self._send_cancel(job_id)
+        try:
+            status = state.runtime.poll(job_id, active.cursor)
+        except Exception as exc:
+            now = time.monotonic()
+            active.failing_since = active.failing_since or now
+            if now - active.failing_since < POLL_GRACE_SECONDS:
+                log.debug("job %s: poll failed (%s); retrying", job_id, exc)
+                return
+            log.exception("job %s: poll failed for %.0f s", job_id, POLL_GRACE_SECONDS)
+            state.finish(state.set_state(record, JobState.FAILED, f"lost contact with the job's supervisor: {exc}"))
+            return
+        active.failing_since = None
+        for event in status.events:
+            record = self._apply(record, event)
+            active.cursor = event.seq  # a store failure mid-page resumes after the last event applied
+        active.cursor = status.cursor
+        if status.cursor != active.stored_cursor:
+            state.store.update_status(job_id, runtime_cursor=str(status.cursor), restarts=status.restarts)
+            active.stored_cursor = status.cursor
+        if status.replan and not status.state.terminal and record.state != JobState.CANCELLING:
+            self.replacement.replace(record, status.replan)
+        else:  # the supervisor waits for no plan (it went on without one, or the job is ending)
+            active.replan_waiting = ()
+        if status.drained and status.state.terminal:
+            record = state.store.get_job(job_id)
+            reason = record.reason if record.state == JobState.CANCELLING and status.state.value == JobState.CANCELLED else status.reason
+            state.finish(state.set_state(record, status.state.value, reason))
+
+    def _cancel(self, job_id: str) -> None:
+        """Stop the job's supervisor and ranks (blocks until none is left); the loop records the end."""
+        try:
+            self.state.runtime.cancel(job_id)
+        except Exception as exc:
+            log.exception("job %s: cancel failed", job_id)
+            self.state.store.append_event(job_id, st.EVENT_LOG, {"level": "ERROR", "message": f"cancel failed: {exc}"})
+        finally:
+            with self._cancels_lock:
+                self._cancels.discard(threading.current_thread())
+            self.state.wake()
+
+    def _apply(self, record: JobRecord, event: RuntimeEvent) -> JobRecord:
+        """Write one runtime event to the store; the job's record as it is afterwards."""
+        store, metrics = self.state.store, self.state.metrics
+        if event.kind is EventKind.STEP and event.step is not None:
+            store.record_step(record.id, {**event.step, "time": event.time}, now=event.time)
+            if metrics is not None:
+                report = event.step_report()
+                metrics.record_step(record.id, record.tenant, report)
+                straggler = event.straggler()
+                if straggler is not None and straggler.ratio is not None and straggler.ratio >= 1.0:
+                    metrics.set_straggler_ratio(record.id, record.tenant, straggler.ratio)
+                if report.checkpoint_bytes is not None:  # the step saved a checkpoint
+                    metrics.record_checkpoint_size(record.id, record.tenant, report.checkpoint_bytes)
+            return store.get_job(record.id)
+        if event.kind in (EventKind.LOG, EventKind.REPLAN, EventKind.PLAN):
+            level = "WARNING" if event.kind is EventKind.REPLAN else "INFO"
+            payload: dict[str, Any] = {"message": event.message, "level": level}
+            if event.rank is not None:
+                payload["rank"] = event.rank
+            store.append_event(record.id, st.EVENT_LOG, payload, now=event.time)
+            if event.kind is EventKind.PLAN and event.placement:
+                self.replacement.adopt_plan(record, PlannedPlacement.from_plan(event.placement, record.job))
+        elif event.kind is EventKind.PLACEMENT and event.placement is not None:
+            where = ", ".join(f"{p.get('rank')}->{p.get('node')}:{p.get('gpu')}" for p in event.placement)
+            store.append_event(record.id, st.EVENT_LOG, {"level": "INFO", "message": f"ranks placed: {where}"}, now=event.time)
+        elif event.kind is EventKind.STATE and event.state is not None:
+            if event.state.terminal:
+                return record  # recorded once the whole log is drained (see _follow), after the last step
+            if record.state == JobState.CANCELLING:
+                return record  # a job being cancelled does not go back to running
+            extra = {"start_time": event.time} if event.state is JobState.RUNNING and record.start_time is None else {}
+            record = self.state.set_state(record, event.state, event.reason, **extra)
+            if event.state is JobState.RESTARTING and metrics is not None:
+                metrics.record_restart(record.id, record.tenant)
+        return record

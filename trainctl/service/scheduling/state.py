@@ -1,0 +1,140 @@
+"""What the scheduler's parts share: the store, the pool, the runtime, the jobs followed and the lock one
+tick holds, with the few writes every part makes (a job's state, its end, its held placement)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainctl.parallelism.run_directory import RunDirectory
+from trainctl.planning.pool import GpuPool, PlannedPlacement
+from trainctl.service.leadership import Leadership
+from trainctl.service.metrics import ServiceMetrics
+from trainctl.service.paths import JobPathPolicy
+from trainctl.service.store import JobRecord, JobStore
+from trainctl.service.tenancy import Quota
+from trainctl.spec.files import FileRule
+from trainctl.spec.job import TrainingJob
+from trainctl.workers.events import JobState
+from trainctl.workers.events import JobStatus as RuntimeStatus
+from trainctl.workers.relaunch import Relaunch
+
+
+class Runtime(Protocol):
+    """What the scheduler needs from trainctl.workers.runtime.RayRuntime."""
+
+    def start_job(
+        self, job_id: str, job: TrainingJob, placement: Any, run_dir: RunDirectory, *,
+        node_env: dict[str, dict[str, str]], file_rule: FileRule, relaunch: Relaunch | None = None,
+    ) -> None: ...
+
+    def attach(self, job_id: str, run_dir: RunDirectory) -> None: ...
+
+    def lost_with_cluster(self, job_id: str) -> bool: ...
+
+    def running_jobs(self) -> list[str]: ...
+
+    def poll(self, job_id: str, cursor: int) -> RuntimeStatus: ...
+
+    def cancel(self, job_id: str) -> RuntimeStatus: ...
+
+    def replace_plan(self, job_id: str, job: TrainingJob, placement: Any) -> bool: ...
+
+    def live_nodes(self) -> set[str]: ...
+
+
+@dataclass
+class ActiveJob:
+    """What the scheduler keeps about a job it follows."""
+
+    cursor: int = 0
+    """The runtime log's position after the last event applied to the store."""
+    stored_cursor: int = 0
+    """The position last written to the job's `runtime_cursor` (where a restarted service resumes)."""
+    cancel: threading.Thread | None = None
+    """The thread sending the job's cancel to the runtime (None: none sent)."""
+    failing_since: float | None = None
+    """Since when polling the job's supervisor fails (None: the last poll answered)."""
+    follow_failing_since: float | None = None
+    """Since when following the job fails with an unexpected error (None: the last follow went through)."""
+    failure: str | None = None
+    """Why the job is being failed because it could not be followed: it is stopped, then recorded FAILED."""
+    replan_waiting: tuple[str, ...] = ()
+    """The lost nodes while the job waits for GPUs to be re-placed on (empty otherwise)."""
+
+
+def _no_quota(_tenant: str) -> Quota:
+    return Quota()
+
+
+@dataclass
+class SchedulerState:
+    """The scheduler's shared state; every part receives this one object."""
+
+    store: JobStore
+    pool: GpuPool
+    runtime: Runtime
+    runs_dir: Path
+    wake: Callable[[], None]
+    """Run the next tick now."""
+    metrics: ServiceMetrics | None = None
+    quota_of: Callable[[str], Quota] = _no_quota
+    leadership: Leadership | None = None
+    """None: this scheduler is the only one (SQLite, or tests); else it works only while leading."""
+    paths: JobPathPolicy | None = None
+    """The service's path rule: each launched job's ranks open its files under `paths.file_rule` (its
+    data roots, and the run directories of its tenant's jobs its spec names). None: the default
+    `FileRule`, which confines nothing (a scheduler without a served API, in tests and benchmarks)."""
+    active: dict[str, ActiveJob] = field(default_factory=dict)
+    """The jobs this scheduler follows, by id."""
+    unlaunched: set[str] = field(default_factory=set)
+    """Jobs admitted or recovered but not handed to the runtime yet (too little lease left)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held by a tick, a re-sync, and a standby's mirroring or standing down."""
+
+    def may_launch(self) -> bool:
+        """Whether enough lease is left to hand the runtime a job or a plan (always, without a leadership)."""
+        return self.leadership is None or self.leadership.may_launch()
+
+    def down_nodes(self) -> set[str]:
+        """Nodes of the pool that Ray does not have alive."""
+        return {name for name, _ in self.pool.nodes()} - self.runtime.live_nodes()
+
+    def set_state(self, record: JobRecord, state: JobState, reason: str, **extra: Any) -> JobRecord:
+        """Record the job's new state; a job the API moved to CANCELLING meanwhile leaves it only for an
+        end, so a supervisor's late RUNNING or RESTARTING never undoes a cancel."""
+        if record.state == state:
+            return record
+        expect = None if JobState(state).terminal else [s for s in JobState if not s.terminal and s != JobState.CANCELLING]
+        updated = self.store.update_status(record.id, expect=expect, state=state, reason=reason, **extra)
+        if updated is None:
+            return self.store.get_job(record.id)
+        if self.metrics is not None:
+            self.metrics.set_job_state(updated.id, updated.tenant, updated.state)
+        return updated
+
+    def finish(self, record: JobRecord) -> None:
+        """Once the job ended: free its GPUs, stop following it, and run the next tick now."""
+        if record.terminal:
+            self.pool.release(record.id)
+            self.active.pop(record.id, None)
+            self.wake()
+
+    def hold(self, job_id: str, placement: PlannedPlacement, **changes: Any) -> None:
+        """Reserve `placement`'s GPUs for the job and store it as the job's placement, with `changes`."""
+        self.pool.reserve(job_id, placement)
+        updated = self.store.update_status(job_id, placement=placement.records(), **changes)
+        if updated is not None and self.metrics is not None:
+            self.metrics.set_job_placement(updated.id, updated.tenant, self.by_domain(placement))
+
+    def by_domain(self, placement: PlannedPlacement) -> dict[tuple[str, str], int]:
+        """Ranks of `placement` per (node, NVLink domain), as the placement gauge counts them."""
+        domains = self.pool.domains()
+        out: dict[tuple[str, str], int] = {}
+        for a in placement.assignments:
+            key = (a.node, domains.get(a.node, a.node))
+            out[key] = out.get(key, 0) + 1
+        return out
