@@ -126,7 +126,7 @@ def test_checker_reads_every_form_of_import(tmp_path: Path) -> None:
         "from ..placement import place\n"
         "from ... import cli\n"
         "import importlib\n"
-        "importlib.import_module('trainctl.service.api')\n"
+        "importlib.import_module('trainctl.service.api.servicer')\n"
         "__import__('grpc')\n"
         "importlib.import_module(f'trainctl.v1.{name}')\n"
         "importlib.import_module(name)\n"
@@ -134,11 +134,11 @@ def test_checker_reads_every_form_of_import(tmp_path: Path) -> None:
     )
     assert [m for _, m in imported_modules(bad, tmp_path)] == [
         "os", "trainctl.service.store", "ray.util", "trainctl.workers.sub.sibling", "trainctl.workers.placement",
-        "trainctl.cli", "importlib", "trainctl.service.api", "grpc", "trainctl.v1", UNREADABLE,
+        "trainctl.cli", "importlib", "trainctl.service.api.servicer", "grpc", "trainctl.v1", UNREADABLE,
         "trainctl.workers.runtime",
     ]
     assert [o.split(" imports ")[1] for o in offences("workers", [bad], tmp_path)] == [
-        "trainctl.service.store", "trainctl.cli", "trainctl.service.api", "grpc", "trainctl.v1", UNREADABLE,
+        "trainctl.service.store", "trainctl.cli", "trainctl.service.api.servicer", "grpc", "trainctl.v1", UNREADABLE,
     ]
 
 

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from trainctl.planning.pool import GpuPool
-from trainctl.service.api import TrainingServicer
-from trainctl.service.auth import Authenticator
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.api.servicer import TrainingServicer
+from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.security.auth import Authenticator
 from trainctl.service.server import build_grpc_server
 from trainctl.service.store import JobStore
 from trainctl.spec.job import TrainingJob

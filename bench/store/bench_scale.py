@@ -46,7 +46,7 @@ import grpc
 import psycopg
 
 from trainctl.planning.pool import GpuPool
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.scheduling.scheduler import Scheduler
 from trainctl.service.store import DB_NAME, EVENT_LOG, JobStore, total_steps
 from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb

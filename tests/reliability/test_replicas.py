@@ -36,7 +36,7 @@ from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.parallelism.run_directory import RunDirectory
-from trainctl.service.leadership import SCHEDULER_LEASE
+from trainctl.service.scheduling.leadership import SCHEDULER_LEASE
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.embedded import EmbeddedRay
 from trainctl.workers.events import EventKind, JobState, read_events

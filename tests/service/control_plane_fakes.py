@@ -18,15 +18,15 @@ from typing import Any
 
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.planning.pool import GpuPool
-from trainctl.service.api import TrainingServicer
-from trainctl.service.auth import Authenticator
-from trainctl.service.leadership import Leadership
+from trainctl.service.api.rpc_server import RpcServer
+from trainctl.service.api.servicer import TrainingServicer
 from trainctl.service.readiness import HealthStatus
-from trainctl.service.rpc_server import RpcServer
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.scheduling.leadership import Leadership
+from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.scheduling.sweeps import SweepDriver
+from trainctl.service.security.auth import Authenticator
 from trainctl.service.server import DEFAULT_STREAMS_PER_TENANT, build_grpc_server
 from trainctl.service.store import JobStore
-from trainctl.service.sweeps import SweepDriver
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus, status_of

@@ -12,13 +12,13 @@ import grpc
 import yaml
 
 from trainctl.planning.pool import GpuPool
-from trainctl.service.api import TrainingServicer
-from trainctl.service.auth import Authenticator
-from trainctl.service.hardening import MessageLimits
+from trainctl.service.api.rpc_server import RpcServer
+from trainctl.service.api.servicer import TrainingServicer
 from trainctl.service.metrics import ServiceMetrics
-from trainctl.service.paths import JobPathPolicy
-from trainctl.service.rpc_server import RpcServer
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.security.auth import Authenticator
+from trainctl.service.security.hardening import MessageLimits
+from trainctl.service.security.paths import JobPathPolicy
 from trainctl.service.server import build_grpc_server
 from trainctl.service.store import JobStore
 from trainctl.v1 import training_pb2 as pb

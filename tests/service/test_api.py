@@ -20,7 +20,7 @@ from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.planning.plan import plan_on_map
-from trainctl.service import api as service_api
+from trainctl.service.api import servicer as service_api
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import load_job_file, parse_object
 from trainctl.v1 import training_pb2 as pb

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from secure_service import bearer, job_message, start_service, stub, write_access_file
 
 from trainctl.cli.token_cmd import token_main
-from trainctl.service.auth import (
+from trainctl.service.security.auth import (
     AccessConfig,
     AuthConfigError,
     AuthenticationError,
@@ -27,7 +27,7 @@ from trainctl.service.auth import (
     is_loopback,
     load_access_config,
 )
-from trainctl.service.tenancy import ANONYMOUS, Principal, Quota
+from trainctl.service.security.tenancy import ANONYMOUS, Principal, Quota
 from trainctl.v1 import training_pb2 as pb
 from trainctl.wire.tokens import MIN_TOKEN_LENGTH, TOKEN_PREFIX, Role, generate_token, hash_token
 
@@ -129,7 +129,7 @@ def test_authenticate_maps_tokens_to_principals(tmp_path: Path) -> None:
 
 
 def test_without_access_file_everyone_is_anonymous_admin_and_a_warning_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="trainctl.service.auth"):
+    with caplog.at_level(logging.WARNING, logger="trainctl.service.security.auth"):
         auth = Authenticator.from_file(None)
     assert not auth.enabled
     assert "authentication is OFF" in caplog.text
@@ -173,7 +173,7 @@ def test_token_cli_hash_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert "at least 32" in capsys.readouterr().err
 
 
-# ---- the TrainingService's calls over real gRPC on loopback (trainctl.service.rpc_calls) -------------
+# ---- the TrainingService's calls over real gRPC on loopback (trainctl.service.api.rpc_calls) -------------
 
 GET = "/trainctl.v1.TrainingService/GetJob"
 WATCH = "/trainctl.v1.TrainingService/WatchJob"
@@ -310,7 +310,7 @@ def test_access_file_changes_apply_without_a_restart(tmp_path: Path, caplog: pyt
 
     path.write_text("tokens: [{name: broken}]")
     touch_later(path, 2)
-    with caplog.at_level(logging.ERROR, logger="trainctl.service.auth"):
+    with caplog.at_level(logging.ERROR, logger="trainctl.service.security.auth"):
         assert auth.authenticate_token(carol).name == "carol"  # a bad edit keeps the version in force
     assert "keeping the previously loaded version" in caplog.text and "tokens[0].tenant" in caplog.text
 

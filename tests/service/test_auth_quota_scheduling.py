@@ -12,10 +12,10 @@ from small_jobs import small_job
 
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.planning.pool import GpuPool
-from trainctl.service.scheduler import Scheduler
 from trainctl.service.scheduling.admission import QUEUE_PAGE
+from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.security.tenancy import Quota
 from trainctl.service.store import JobStore
-from trainctl.service.tenancy import Quota
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import JobState, JobStatus
 from trainctl.workers.topology import simulated_topology

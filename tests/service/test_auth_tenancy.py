@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainctl.service.tenancy import (
+from trainctl.service.security.tenancy import (
     ANONYMOUS,
     DEFAULT_TENANT,
     Principal,

@@ -13,7 +13,7 @@ from postgres_server import PostgresServer
 from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
-from trainctl.service.leadership import SCHEDULER_LEASE
+from trainctl.service.scheduling.leadership import SCHEDULER_LEASE
 from trainctl.service.server import Service, ServiceConfig
 from trainctl.service.store import JobStore
 from trainctl.v1 import training_pb2 as pb

@@ -8,8 +8,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from trainctl.service.api.rpc_server import RpcServer
 from trainctl.service.readiness import HealthStatus, start_health_server
-from trainctl.service.rpc_server import RpcServer
 from trainctl.service.server import SERVICE_NAME
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc

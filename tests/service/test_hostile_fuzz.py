@@ -29,11 +29,11 @@ from spec_strategies import BASE, mutated_documents, values
 
 from trainctl.cli.main import EXIT_INVALID, EXIT_OK, main
 from trainctl.planning.pool import GpuPool
-from trainctl.service.api import TrainingServicer
-from trainctl.service.auth import Authenticator
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.api.servicer import TrainingServicer
+from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.security.auth import Authenticator
+from trainctl.service.security.tenancy import ANONYMOUS
 from trainctl.service.store import JobStore
-from trainctl.service.tenancy import ANONYMOUS
 from trainctl.spec.validate import parse_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.wire.convert import job_to_proto

@@ -8,9 +8,9 @@ from grpc_health.v1 import health_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
+from trainctl.service.api.rpc_server import RpcServer
 from trainctl.service.readiness import HealthStatus
-from trainctl.service.rpc_server import RpcServer
+from trainctl.service.security.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
 
 CHECK = "/grpc.health.v1.Health/Check"
 WATCH = "/grpc.health.v1.Health/Watch"

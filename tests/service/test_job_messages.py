@@ -9,7 +9,7 @@ import pytest
 from small_jobs import small_job
 from test_convert import RICH
 
-from trainctl.service.job_messages import JobMessages, fill_status
+from trainctl.service.api.job_messages import JobMessages, fill_status
 from trainctl.service.store import JobRecord, JobStore
 from trainctl.spec.validate import parse_object
 from trainctl.v1 import training_pb2 as pb

@@ -1,7 +1,7 @@
 """Two scheduler replicas on one PostgreSQL store (one scripted runtime plays the shared Ray cluster):
 exactly one leads through the database lease, a standby takes over when the leader dies and re-attaches
 to its running job, and a lease race (the leader paused past its lease at its worst moments) starts no
-job twice (trainctl.service.leadership)."""
+job twice (trainctl.service.scheduling.leadership)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from small_jobs import small_job
 
 from trainctl.planning.pool import GpuPool
-from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import ServiceMetrics
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.scheduling.leadership import Leadership
+from trainctl.service.scheduling.scheduler import Scheduler
 from trainctl.service.store import JobStore
 from trainctl.workers.events import JobState
 from trainctl.workers.topology import simulated_topology

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.planning.pool import GpuPool
 from trainctl.service.metrics import NodeGpus, ServiceMetrics, start_metrics_server
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.scheduling.scheduler import Scheduler
 from trainctl.service.store import JobNotFound, JobStore
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, JobState

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.service.paths import JobPathPolicy
-from trainctl.service.tenancy import Principal, Role
+from trainctl.service.security.paths import JobPathPolicy
+from trainctl.service.security.tenancy import Principal, Role
 from trainctl.spec.job import DataSpec, JobSpecBody
 from trainctl.spec.validate import data_violations
 
@@ -115,7 +115,7 @@ def test_confined_globs_are_then_checked_to_match_readable_files(layout: dict[st
 
 def test_a_glob_outside_the_roots_is_never_expanded(layout: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     expanded: list[list[str]] = []
-    import trainctl.service.paths as paths_module
+    import trainctl.service.security.paths as paths_module
 
     real = paths_module.resolve_data_paths
     monkeypatch.setattr(paths_module, "resolve_data_paths", lambda patterns: expanded.append(patterns) or real(patterns))
@@ -190,7 +190,7 @@ def test_token_shard_directories_are_confined_as_literal_paths(runs: dict[str, P
 def test_a_server_with_tenants_needs_data_roots_or_the_loud_opt_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from secure_service import write_access_file
 
-    from trainctl.service.paths import ConfinementConfigError, check_confinement
+    from trainctl.service.security.paths import ConfinementConfigError, check_confinement
     from trainctl.service.server import Service, ServiceConfig
 
     access = write_access_file(tmp_path).path
@@ -198,7 +198,7 @@ def test_a_server_with_tenants_needs_data_roots_or_the_loud_opt_out(tmp_path: Pa
         Service(ServiceConfig(data_dir=tmp_path / "svc", tokens_file=access, metrics_port=0)).start()  # before Ray starts
     check_confinement(False, [], False)  # no tenants: no roots needed
     check_confinement(True, [tmp_path], False)
-    with caplog.at_level("WARNING", logger="trainctl.service.paths"):
+    with caplog.at_level("WARNING", logger="trainctl.service.security.paths"):
         check_confinement(True, [], True)
     assert "--allow-any-data-path" in caplog.text and caplog.records[0].levelname == "WARNING"
 

@@ -15,8 +15,8 @@ from small_jobs import restartable_job
 from trainctl.parallelism.checkpoint.layout import COMPLETE, step_dir_name
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service import store as st
-from trainctl.service.relaunch import RELAUNCHES_WITHOUT_PROGRESS, stop_notice
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.scheduling.relaunch import RELAUNCHES_WITHOUT_PROGRESS, stop_notice
+from trainctl.service.scheduling.scheduler import Scheduler
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventLog, JobState

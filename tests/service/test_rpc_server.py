@@ -1,4 +1,4 @@
-"""The asyncio gRPC server (trainctl.service.rpc_server, rpc_calls): reads never wait behind a write that
+"""The asyncio gRPC server (trainctl.service.api.rpc_server, rpc_calls): reads never wait behind a write that
 holds the store, open streams hold no thread, and a stop ends the streams still open."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import grpc
 import pytest
 from secure_service import bearer, job_message, start_service, stub, write_access_file
 
-from trainctl.service.rpc_server import RpcServer
+from trainctl.service.api.rpc_server import RpcServer
 from trainctl.v1 import training_pb2 as pb
 
 WORKERS = 8

@@ -15,10 +15,10 @@ from small_jobs import small_job
 
 from trainctl.planning.pool import GpuPool
 from trainctl.service import store as st
-from trainctl.service.leadership import Leadership
-from trainctl.service.paths import JobPathPolicy
-from trainctl.service.scheduler import Scheduler
 from trainctl.service.scheduling import following
+from trainctl.service.scheduling.leadership import Leadership
+from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.security.paths import JobPathPolicy
 from trainctl.service.store import JobStore
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from trainctl.cli.job_cmd import STEP_METRICS, metrics_dict
 from trainctl.cli.progress import Tracker
 from trainctl.parallelism.engine.step_report import StepReport
-from trainctl.service.job_messages import step_to_proto
+from trainctl.service.api.job_messages import step_to_proto
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.store import MIGRATIONS, JobStore
 from trainctl.service.store.db import open_database, run_script

@@ -16,8 +16,8 @@ import yaml
 from control_plane_fakes import ApiServer, ScriptedRuntime, start_api_server
 
 from trainctl.cli.client import TrainctlClient
-from trainctl.service.sweep_api import quota_violations
-from trainctl.service.tenancy import Quota
+from trainctl.service.api.sweep_rpcs import quota_violations
+from trainctl.service.security.tenancy import Quota
 from trainctl.spec.sweep import SWEEP_LABEL, parse_sweep_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from control_plane_fakes import ScriptedRuntime, make_scheduler
 
-from trainctl.service.api import TrainingServicer
-from trainctl.service.auth import Authenticator
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.api.servicer import TrainingServicer
+from trainctl.service.api.sweep_rpcs import best_trial
+from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.scheduling.sweeps import SweepDriver
+from trainctl.service.security.auth import Authenticator
+from trainctl.service.security.tenancy import Principal, Role
 from trainctl.service.store import StoreUnavailable, SweepRecord, SweepState, TrialState
-from trainctl.service.sweep_api import best_trial
-from trainctl.service.sweeps import SweepDriver
-from trainctl.service.tenancy import Principal, Role
 from trainctl.spec.sweep import SWEEP_LABEL, TRIAL_LABEL, Sweep, parse_sweep_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.events import JobState, JobStatus

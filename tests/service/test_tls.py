@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from throwaway_pki import Authority
 
-from trainctl.service.hardening import MessageLimits
+from trainctl.service.security.hardening import MessageLimits
 from trainctl.wire.tls import TlsConfig, TlsConfigError, bind, channel_credentials
 
 

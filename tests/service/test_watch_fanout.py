@@ -1,4 +1,4 @@
-"""Watch fan-out (trainctl.service.watch_hub): many followers of one job over real gRPC each get every
+"""Watch fan-out (trainctl.service.api.watch_hub): many followers of one job over real gRPC each get every
 event exactly once in order; the store is read once per batch of new events, not once per watcher; a
 watcher that joins late at an old cursor, or stops reading, still gets every event, without stalling
 the others or growing the server's buffers; the per-tenant stream limit is an explicit setting."""
@@ -18,10 +18,10 @@ import pytest
 from control_plane_fakes import ScriptedRuntime, start_api_server
 from small_jobs import small_job
 
-from trainctl.service.hardening import StreamLimiter
+from trainctl.service.api.watch_hub import EventHub, WatchStopped
+from trainctl.service.security.hardening import StreamLimiter
 from trainctl.service.server import DEFAULT_STREAMS_PER_TENANT, ServiceConfig
 from trainctl.service.store import Event, JobRecord, JobStore
-from trainctl.service.watch_hub import EventHub, WatchStopped
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.wire.convert import job_to_proto

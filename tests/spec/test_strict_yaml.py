@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainctl.service.auth import AuthConfigError, load_access_config
+from trainctl.service.security.auth import AuthConfigError, load_access_config
 from trainctl.spec import strict_yaml
 from trainctl.spec.sweep import parse_sweep_object, path_problem, sweep_violations
 from trainctl.spec.validate import SpecError, parse_object, parse_yaml

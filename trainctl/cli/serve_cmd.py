@@ -66,7 +66,7 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainctl.service.relaunch import log_stop_notice
+    from trainctl.service.scheduling.relaunch import log_stop_notice
     from trainctl.service.server import Service, ServiceConfig, settle_heap_for_serving
     from trainctl.service.shutdown import install_stop_signals
     from trainctl.service.store import StoreError

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from trainctl.service.hardening import MalformedRequestInterceptor
-from trainctl.service.rpc_server import RpcServer
+from trainctl.service.api.rpc_server import RpcServer
+from trainctl.service.security.hardening import MalformedRequestInterceptor
 from trainctl.service.store import JobStore
 from trainctl.wire.tls import bind
 

@@ -8,7 +8,7 @@ embedded Ray, the metrics endpoint) is stopped. On an external Ray (`ray_address
 running (their supervisors are detached Ray actors) and are re-attached by the next start; with the
 embedded Ray they stop with it (their supervisors first, so none records the end of its ranks as the
 job's failure) and the next start on the same data relaunches them from their newest checkpoint
-(trainctl.service.relaunch).
+(trainctl.service.scheduling.relaunch).
 """
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from trainctl.planning.pool import GpuPool
-from trainctl.service.api import TrainingServicer
-from trainctl.service.auth import Authenticator, check_exposure
-from trainctl.service.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
-from trainctl.service.leadership import Leadership
+from trainctl.service.api.rpc_calls import TrainingServiceCalls
+from trainctl.service.api.rpc_server import RpcServer
+from trainctl.service.api.servicer import TrainingServicer
 from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metrics_server
-from trainctl.service.paths import JobPathPolicy, check_confinement
 from trainctl.service.readiness import HealthStatus, StoreReadiness, start_health_server
-from trainctl.service.rpc_calls import TrainingServiceCalls
-from trainctl.service.rpc_server import RpcServer
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.scheduling.leadership import Leadership
+from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.scheduling.sweeps import SweepDriver
+from trainctl.service.security.auth import Authenticator, check_exposure
+from trainctl.service.security.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
+from trainctl.service.security.paths import JobPathPolicy, check_confinement
 from trainctl.service.store import JobStore
-from trainctl.service.sweeps import SweepDriver
 from trainctl.v1 import training_pb2 as pb
 from trainctl.wire.tls import TlsConfig, bind
 
@@ -86,7 +86,7 @@ class ServiceConfig:
     """Serve with authentication on and no data roots (logged as a WARNING at start)."""
     workers: int = DEFAULT_WORKERS
     """Threads for the calls' blocking work (writes and their commits, calls to Ray, sweep reads). Reads
-    and open streams need none: they run on the server's event loop (trainctl.service.rpc_server)."""
+    and open streams need none: they run on the server's event loop (trainctl.service.api.rpc_server)."""
     streams_per_tenant: int = DEFAULT_STREAMS_PER_TENANT
     """Most server streams (following WatchJobs, WatchSweeps) one tenant may hold open at once; more are
     answered RESOURCE_EXHAUSTED. An open stream is a suspended coroutine (tens of KiB); a service many
@@ -108,8 +108,8 @@ def build_grpc_server(
     streams_per_tenant: int = DEFAULT_STREAMS_PER_TENANT,
     limits: MessageLimits | None = None,
 ) -> tuple[RpcServer, HealthStatus]:
-    """The unbound gRPC server (trainctl.service.rpc_server): the TrainingService's calls
-    (trainctl.service.rpc_calls: metrics, auth, the per-tenant stream cap, decoding, errors), health
+    """The unbound gRPC server (trainctl.service.api.rpc_server): the TrainingService's calls
+    (trainctl.service.api.rpc_calls: metrics, auth, the per-tenant stream cap, decoding, errors), health
     checking and reflection (their undecodable requests answered INVALID_ARGUMENT), message limits.
     Tests build the same server. `workers`, `streams_per_tenant`: see ServiceConfig."""
     server = RpcServer(

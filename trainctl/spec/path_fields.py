@@ -5,7 +5,7 @@
 `spec.data.paths[i]` (globs for text, JSONL and Parquet; directories for token shards and Arrow;
 `@stdlib` is not a path), `spec.data.tokenizer` (unless `byte` or `auto`), `spec.init_from` (unless
 `job:<id>`, a reference to an earlier job) and `spec.command.working_dir`; of the last three a blank
-value is left to the spec's own rules (an empty data path or tokenizer is listed: it names no file). This is the one list: the service's path policy (trainctl.service.paths) walks it,
+value is left to the spec's own rules (an empty data path or tokenizer is listed: it names no file). This is the one list: the service's path policy (trainctl.service.security.paths) walks it,
 and `with_paths_under` rewrites it.
 
 `with_paths_under(spec, directory)` is the spec with each relative path joined to `directory` and

@@ -466,7 +466,7 @@ def data_violations(data: DataSpec, *, model_dir: str | None = None, files: File
     directory (what `tokenizer: auto` means). Every file opened or handed on is under `files`, the job's
     rule (trainctl.spec.files): a tokenizer directory's every entry, since the ranks hand it whole to
     transformers. A service with confinement calls it only for paths its path policy let through
-    (trainctl.service.paths)."""
+    (trainctl.service.security.paths)."""
     if data.format == "tokens":
         out = _shard_violations(data.paths, files)
     elif data.format == "arrow":

@@ -1,6 +1,6 @@
 """API errors as google.rpc.Status (DESIGN.md decision 9).
 
-Servicer code raises `ApiError`; the server's call chain (trainctl.service.rpc_calls) turns it into the
+Servicer code raises `ApiError`; the server's call chain (trainctl.service.api.rpc_calls) turns it into the
 call's status with its details. INVALID_ARGUMENT carries a google.rpc.BadRequest whose field
 violations name dotted spec paths, so every client (CLI, other languages) can point at the field.
 """

@@ -1,5 +1,5 @@
 """The access file's tokens, shared by `trainctl token` (which makes them) and the service (which checks
-them, trainctl.service.auth): tenant names, roles, the token format and its hash.
+them, trainctl.service.security.auth): tenant names, roles, the token format and its hash.
 
 Tokens are random 256-bit secrets (`generate_token`), so the access file stores only their SHA-256."""
 

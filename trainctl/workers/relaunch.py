@@ -1,6 +1,6 @@
 """`Relaunch`: what a supervisor started again for a job is told, when the job's previous supervisor
 ended with the Ray cluster it ran on (the service's embedded Ray stops with the service; an external
-cluster may have been restarted). The service decides it (trainctl.service.relaunch); the runtime
+cluster may have been restarted). The service decides it (trainctl.service.scheduling.relaunch); the runtime
 starts the supervisor with it (`RayRuntime.start_job`), which records the restart with its `reason` and
 resumes from the newest complete checkpoint in a new generation. The job's event log is the record of
 its relaunches (`is_relaunch`): they are restarts, but not the job's fault, so they do not count against

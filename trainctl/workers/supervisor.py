@@ -28,7 +28,7 @@ serves poll/cancel and the single-threaded ``reports`` group takes rank reports 
 actor itself is restarted by Ray, it reloads its event log from the run directory's ``events.jsonl``,
 removes what its previous incarnation left and starts a new generation from the checkpoint. A supervisor the
 service starts again for a job whose previous one ended with the Ray cluster it ran on
-(``SupervisorConfig.relaunch``, trainctl.service.relaunch) does the same and records the service's
+(``SupervisorConfig.relaunch``, trainctl.service.scheduling.relaunch) does the same and records the service's
 reason; those relaunches do not count against ``scheduling.max_restarts``.
 """
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service.scheduling.launching import Launcher
 from trainctl.service.scheduling.state import ActiveJob, SchedulerState
+from trainctl.service.security.tenancy import TenantUsage, start_block_reason
 from trainctl.service.store import QueuedJob
-from trainctl.service.tenancy import TenantUsage, start_block_reason
 from trainctl.workers.events import ACTIVE_STATES, JobState
 
 QUEUE_PAGE = 64

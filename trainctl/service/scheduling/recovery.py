@@ -1,6 +1,6 @@
 """Re-syncing from the store after a (re)start, a store outage or a new lease: reservations and cursors
 rebuilt, supervisors re-attached, jobs whose supervisor ended with the Ray cluster relaunched or ended
-(trainctl.service.relaunch), jobs whose admission a crash interrupted started; and the jobs a short
+(trainctl.service.scheduling.relaunch), jobs whose admission a crash interrupted started; and the jobs a short
 lease held back handed to the runtime once it allows."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.planning.pool import PlannedPlacement
-from trainctl.service.relaunch import Ending, after_cluster_loss
 from trainctl.service.scheduling.launching import Launcher
+from trainctl.service.scheduling.relaunch import Ending, after_cluster_loss
 from trainctl.service.scheduling.state import ActiveJob, SchedulerState
 from trainctl.service.store import JobRecord
 from trainctl.workers.events import ACTIVE_STATES, JobState

@@ -11,11 +11,11 @@ from typing import Any, Protocol
 
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.planning.pool import GpuPool, PlannedPlacement
-from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import ServiceMetrics
-from trainctl.service.paths import JobPathPolicy
+from trainctl.service.scheduling.leadership import Leadership
+from trainctl.service.security.paths import JobPathPolicy
+from trainctl.service.security.tenancy import Quota
 from trainctl.service.store import JobRecord, JobStore
-from trainctl.service.tenancy import Quota
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import JobState

@@ -100,7 +100,7 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (sweep_id, number)
     );
     """,
-    # 2 -> 3: leases (leadership among service replicas, trainctl.service.leadership).
+    # 2 -> 3: leases (leadership among service replicas, trainctl.service.scheduling.leadership).
     """
     CREATE TABLE leases (
         name TEXT PRIMARY KEY,

@@ -15,7 +15,7 @@ idempotent): a job whose admission was written but not seen to commit is started
 whose write never committed is released, and each job's runtime log is followed from the last event
 applied, so nothing is lost or applied twice.
 
-With a `leadership` (replicas sharing a PostgreSQL store, trainctl.service.leadership) the loop works
+With a `leadership` (replicas sharing a PostgreSQL store, trainctl.service.scheduling.leadership) the loop works
 only while this replica holds the lease: on taking it, it re-syncs from the store (`recover()`,
 re-attaching the supervisors the previous leader followed); on losing it, it forgets its jobs. A
 standby's pool mirrors the placements in the store, so GetCluster and PlanJob answer alike on every
@@ -36,17 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.planning.pool import GpuPool, PlannedPlacement
-from trainctl.service.leadership import Leadership
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
-from trainctl.service.paths import JobPathPolicy
 from trainctl.service.scheduling.admission import Admission
 from trainctl.service.scheduling.following import Following
 from trainctl.service.scheduling.launching import Launcher
+from trainctl.service.scheduling.leadership import Leadership
 from trainctl.service.scheduling.recovery import Recovery
 from trainctl.service.scheduling.replacement import Replacement
 from trainctl.service.scheduling.state import Runtime, SchedulerState
+from trainctl.service.security.paths import JobPathPolicy
+from trainctl.service.security.tenancy import Quota
 from trainctl.service.store import Fence, JobRecord, JobStore, LeaseLost, StoreUnavailable
-from trainctl.service.tenancy import Quota
 from trainctl.workers.events import ACTIVE_STATES, JobState
 
 log = logging.getLogger(__name__)

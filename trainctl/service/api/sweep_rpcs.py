@@ -1,6 +1,6 @@
 """The sweep RPCs of the TrainingService (CreateSweep, GetSweep, ListSweeps, CancelSweep, WatchSweep).
 
-`trainctl.service.api.TrainingServicer` holds one `SweepRpcs` and hands these calls to it: the same
+`trainctl.service.api.servicer.TrainingServicer` holds one `SweepRpcs` and hands these calls to it: the same
 tenancy (another tenant's sweep is NOT_FOUND), the same job checks for the template (its fields named
 `spec.template.*`), and the sweep's own rules (trainctl.spec.sweep.sweep_violations) plus the tenant's
 quota against `parallel_trials`.
@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 from trainctl.planning.fit import fit_violations
 from trainctl.planning.pool import GpuPool
-from trainctl.service.async_bridge import wait_for_store_change
-from trainctl.service.auth import Authenticator
-from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
-from trainctl.service.owned_records import MAX_ID_LENGTH, owned_record
+from trainctl.service.api.async_bridge import wait_for_store_change
+from trainctl.service.api.owned_records import MAX_ID_LENGTH, owned_record
+from trainctl.service.scheduling.sweeps import SweepDriver
+from trainctl.service.security.auth import Authenticator
+from trainctl.service.security.hardening import MAX_REASON_LENGTH, check_text
+from trainctl.service.security.tenancy import Principal, Quota
 from trainctl.service.store import (
     JobRecord,
     JobStore,
@@ -31,8 +33,6 @@ from trainctl.service.store import (
     TrialRecord,
     TrialState,
 )
-from trainctl.service.sweeps import SweepDriver
-from trainctl.service.tenancy import Principal, Quota
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.sweep import Sweep, sweep_violations
 from trainctl.spec.validate import FieldViolation, SpecError

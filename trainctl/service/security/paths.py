@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainctl.parallelism.run_directory import RunDirectory
-from trainctl.service.tenancy import Principal
+from trainctl.service.security.tenancy import Principal
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.path_fields import JOB_REFERENCE_PREFIX, is_relative, path_fields

@@ -5,7 +5,7 @@ gRPC Python answers a request whose bytes do not decode as the method's message 
 ("Exception deserializing request!"). DESIGN.md decision 9 says nothing a client sends yields an
 internal error, so `MalformedRequestInterceptor` decodes requests itself and answers undecodable
 ones with INVALID_ARGUMENT naming the expected message type (the TrainingService's own handlers do
-the same, trainctl.service.rpc_calls).
+the same, trainctl.service.api.rpc_calls).
 
 `check_text` bounds a string of a request that the store keeps (a request id, a cancel reason): its
 length, and no NUL character, which PostgreSQL's text refuses (SQLite would keep it), so a request is
@@ -91,8 +91,8 @@ def undecodable_details(name: str, error: Exception) -> str:
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
     """Answers requests whose bytes do not decode with INVALID_ARGUMENT instead of UNKNOWN, for every
     asynchronous handler that decodes its requests through grpc (health, reflection; the TrainingService's
-    handlers decode their own, trainctl.service.rpc_calls). The server registers no synchronous handler
-    (trainctl.service.rpc_server); one would be passed through unchanged."""
+    handlers decode their own, trainctl.service.api.rpc_calls). The server registers no synchronous handler
+    (trainctl.service.api.rpc_server); one would be passed through unchanged."""
 
     async def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)

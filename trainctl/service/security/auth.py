@@ -1,5 +1,5 @@
 """Bearer-token authentication: the access file, token hashing, principals. Every TrainingService call
-is authenticated before its payload is decoded (trainctl.service.rpc_calls); health checks and reflection
+is authenticated before its payload is decoded (trainctl.service.api.rpc_calls); health checks and reflection
 are served without a token.
 
 Tokens are random 256-bit secrets (`generate_token`), so the access file stores only their SHA-256
@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trainctl.service.tenancy import ANONYMOUS, Principal, Quota
+from trainctl.service.security.tenancy import ANONYMOUS, Principal, Quota
 from trainctl.spec import strict_yaml
 from trainctl.spec.validate import violations_from_pydantic
 from trainctl.wire.tokens import TENANT_PATTERN, TokenEntry

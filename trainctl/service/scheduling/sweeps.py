@@ -26,7 +26,7 @@ from typing import Any
 
 import optuna
 
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.scheduling.scheduler import Scheduler
 from trainctl.service.store import (
     JobStore,
     StoreUnavailable,
@@ -154,7 +154,7 @@ class SweepDriver:
     # ---- one pass ------------------------------------------------------------------------------------
     def tick(self) -> None:
         """Advance every RUNNING sweep once; forget the searches of sweeps that ended. Only the leading
-        replica's driver works (trainctl.service.leadership); a standby's studies are dropped."""
+        replica's driver works (trainctl.service.scheduling.leadership); a standby's studies are dropped."""
         if not self.scheduler.leading:
             self._studies.clear()
             self._running.clear()

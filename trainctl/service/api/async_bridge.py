@@ -1,4 +1,4 @@
-"""Crossing between the service's threads and the RPC server's event loop (trainctl.service.rpc_server).
+"""Crossing between the service's threads and the RPC server's event loop (trainctl.service.api.rpc_server).
 
 `LoopSignal` is an asyncio event that any thread may set (a watch reader, a committing writer);
 `wait_for_store_change` waits on the loop for the store's next commit (`JobStore.on_commit`); `store_read` runs a store

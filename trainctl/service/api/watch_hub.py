@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Generic, Protocol, TypeVar
 
-from trainctl.service.async_bridge import (
+from trainctl.service.api.async_bridge import (
     CommitSource,
     LoopSignal,
     ReadSource,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from trainctl.service.tenancy import Principal
+from trainctl.service.security.tenancy import Principal
 from trainctl.wire.errors import bad_field, not_found
 
 MAX_ID_LENGTH = 128

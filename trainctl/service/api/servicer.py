@@ -1,6 +1,6 @@
 """The TrainingService servicer: request checks, tenancy, and the store/scheduler calls behind each RPC.
 
-Each method takes the request and the caller's Principal (authenticated by trainctl.service.rpc_calls,
+Each method takes the request and the caller's Principal (authenticated by trainctl.service.api.rpc_calls,
 which also runs the method: the methods in `BLOCKING` on a thread of the server's pool, the other unary
 ones on its event loop, the coroutines and streams on it too, handing their blocking parts to the pool). Handlers raise `ApiError`
 (trainctl.wire.errors), which becomes the call's status. A job of another tenant is NOT_FOUND to a
@@ -25,13 +25,17 @@ from trainctl.planning.fit import fit_violations
 from trainctl.planning.plan import plan_response
 from trainctl.planning.pool import GpuPool
 from trainctl.service import store as st
-from trainctl.service.async_bridge import store_read
-from trainctl.service.auth import Authenticator
-from trainctl.service.hardening import MAX_REASON_LENGTH, check_text
-from trainctl.service.job_messages import JobMessages, step_to_proto
-from trainctl.service.owned_records import MAX_ID_LENGTH, owned_record
-from trainctl.service.paths import JobPathPolicy, job_reference
-from trainctl.service.scheduler import Scheduler
+from trainctl.service.api.async_bridge import store_read
+from trainctl.service.api.job_messages import JobMessages, step_to_proto
+from trainctl.service.api.owned_records import MAX_ID_LENGTH, owned_record
+from trainctl.service.api.sweep_rpcs import SweepRpcs
+from trainctl.service.api.watch_hub import EventHub, WatchFailed, WatchStopped
+from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.scheduling.sweeps import SweepDriver
+from trainctl.service.security.auth import Authenticator
+from trainctl.service.security.hardening import MAX_REASON_LENGTH, check_text
+from trainctl.service.security.paths import JobPathPolicy, job_reference
+from trainctl.service.security.tenancy import Principal, admission_violation
 from trainctl.service.store import (
     AdmissionRefused,
     JobNotFound,
@@ -40,10 +44,6 @@ from trainctl.service.store import (
     RequestReused,
     StoreUnavailable,
 )
-from trainctl.service.sweep_api import SweepRpcs
-from trainctl.service.sweeps import SweepDriver
-from trainctl.service.tenancy import Principal, admission_violation
-from trainctl.service.watch_hub import EventHub, WatchFailed, WatchStopped
 from trainctl.spec.job import INT64_MAX, TrainingJob
 from trainctl.spec.validate import (
     FieldViolation,
@@ -83,7 +83,7 @@ is woken at once by new events and by the service stopping (`EventHub.wake_all`)
 
 class TrainingServicer:
     """Implements trainctl.v1.TrainingService over a JobStore, a Scheduler and a GpuPool (the sweep RPCs are
-    handed to a `trainctl.service.sweep_api.SweepRpcs`, the sweeps driven by a SweepDriver)."""
+    handed to a `trainctl.service.api.sweep_rpcs.SweepRpcs`, the sweeps driven by a SweepDriver)."""
 
     BLOCKING = frozenset({"CancelJob", "PlanJob", "GetCluster", "CreateSweep", "GetSweep", "ListSweeps", "CancelSweep"})
     """Unary methods that may block (a write's commit, a call to Ray, the sweep reads: a read-only
@@ -336,7 +336,7 @@ class TrainingServicer:
         tenant = self._tenant_of(job_id)
         return tenant is not None and principal.can_access(tenant)
 
-    # ---- sweeps (trainctl.service.sweep_api) ----------------------------------------------------------
+    # ---- sweeps (trainctl.service.api.sweep_rpcs) ----------------------------------------------------------
     def CreateSweep(self, request: pb.CreateSweepRequest, principal: Principal) -> pb.Sweep:  # noqa: N802
         return self.sweep_rpcs.CreateSweep(request, principal)
 

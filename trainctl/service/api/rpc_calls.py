@@ -1,4 +1,4 @@
-"""The TrainingService's calls on the asyncio server (trainctl.service.rpc_server), one handler per method.
+"""The TrainingService's calls on the asyncio server (trainctl.service.api.rpc_server), one handler per method.
 
 Each call goes through the same steps, in this order:
 
@@ -9,7 +9,7 @@ Each call goes through the same steps, in this order:
 3. for server streams, the per-tenant cap on open streams (RESOURCE_EXHAUSTED);
 4. decoding: bytes that are not the method's request message get INVALID_ARGUMENT naming it (gRPC
    would answer INTERNAL, and DESIGN.md decision 9 says no request yields an internal error);
-5. the servicer's method (trainctl.service.api): a plain method in `servicer.BLOCKING`, and every plain
+5. the servicer's method (trainctl.service.api.servicer): a plain method in `servicer.BLOCKING`, and every plain
    method while the store's reads wait for its writes, on the server's thread pool; the other plain
    methods on the event loop itself (they only read and compute); coroutines (CreateJob) and streams
    (async generators) on the loop, handing their blocking parts to the pool themselves. A method may
@@ -30,11 +30,11 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import Message
 
-from trainctl.service.api import TrainingServicer
-from trainctl.service.auth import AuthenticationError, Authenticator
-from trainctl.service.hardening import StreamLimiter, undecodable_details
+from trainctl.service.api.servicer import TrainingServicer
+from trainctl.service.security.auth import AuthenticationError, Authenticator
+from trainctl.service.security.hardening import StreamLimiter, undecodable_details
+from trainctl.service.security.tenancy import Principal
 from trainctl.service.store import StoreUnavailable
-from trainctl.service.tenancy import Principal
 from trainctl.v1 import training_pb2 as pb
 from trainctl.wire.errors import ApiError
 
