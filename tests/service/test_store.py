@@ -647,3 +647,39 @@ def test_a_reading_thread_takes_its_sqlite_connection_with_it(tmp_path: Path) ->
     gc.collect()  # sqlite3 connections are freed by the cycle collector
     assert open_files() - before < 100  # 2 files per connection, 400 if each thread kept its own
     store.close()
+
+
+def test_closing_a_sqlite_store_while_threads_read_it_waits_for_their_reads(tmp_path: Path) -> None:
+    """A watch hub's reader was mid-query when the store closed under it: SQLite connections closed while
+    another thread executes on them crashed the process (SIGSEGV, seen in make test). Run in a subprocess so
+    a crash is a failure with its exit status, not the end of the test run."""
+    code = f"""
+import sys, threading
+sys.path[:0] = {sys.path!r}
+from small_jobs import small_job
+from trainctl.service.store import JobStore
+for attempt in range(20):
+    store = JobStore({str(tmp_path)!r} + f"/data-{{attempt}}")
+    record, _ = store.create_job(small_job("reader"))
+    for _ in range(50):
+        store.append_event(record.id, "log", {{"message": "x" * 200}})
+    started = threading.Barrier(5)
+    def read() -> None:
+        started.wait()
+        try:
+            while True:
+                store.events(record.id)
+        except Exception:  # the store closed under it: an error, never a crash
+            return
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    for thread in readers:
+        thread.start()
+    started.wait()
+    store.close()
+    for thread in readers:
+        thread.join(10)
+        assert not thread.is_alive()
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])

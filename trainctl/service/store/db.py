@@ -221,16 +221,26 @@ class SqliteDatabase:
         self._readers: weakref.WeakSet[SqliteDatabase] = weakref.WeakSet()
         """Open read connections; a thread's goes (and closes) with the thread, `close` closes the rest."""
         self._readers_lock = threading.Lock()
+        self._in_use = threading.RLock()
+        """Held while this connection serves a read (a reader's) or while it is closed: closing a SQLite
+        connection another thread is executing on crashes the process (SIGSEGV)."""
+        self._closing = False
+        """Set before `close` waits for `_in_use`, so a thread reading in a loop cannot keep it away."""
 
     @contextmanager
     def reading(self) -> Iterator[SqliteDatabase]:
         """This thread's own read connection."""
         db = getattr(self._local, "reader", None)
         if db is None:
-            db = self._local.reader = SqliteDatabase(self._path, read_only=True)
             with self._readers_lock:
+                if self._closing:
+                    raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+                db = self._local.reader = SqliteDatabase(self._path, read_only=True)
                 self._readers.add(db)
-        yield db
+        if db._closing:
+            raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+        with db._in_use:  # `close` waits for the read to end; a read after it gets sqlite3's "closed database" error
+            yield db
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, [_sqlite_param(p) for p in params])
@@ -259,11 +269,13 @@ class SqliteDatabase:
 
     def close(self) -> None:
         with self._readers_lock:
+            self._closing = True
             readers = list(self._readers)
             self._readers.clear()
         for reader in readers:
             reader.close()
-        self._db.close()
+        with self._in_use:
+            self._db.close()
 
 
 class PostgresDatabase:
