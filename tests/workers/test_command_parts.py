@@ -111,7 +111,8 @@ def test_trainctl_report_reaches_its_rank_workers_channel(monkeypatch: pytest.Mo
 def test_output_is_rotated_and_forwarding_is_rate_limited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(output_module, "LOG_FILE_BYTES", 4096)
     forwarded: list[str] = []
-    out = RankOutput(tmp_path, 1, forwarded.append)
+    now = [0.0]  # the burst takes no time, whatever the machine's load (a slow loop refilled the bucket once)
+    out = RankOutput(tmp_path, 1, forwarded.append, clock=lambda: now[0])
     for i in range(2000):
         out.line(f"line {i:05d} " + "x" * 40, stderr=i % 2 == 1)
     out.close()
@@ -120,7 +121,7 @@ def test_output_is_rotated_and_forwarding_is_rate_limited(tmp_path: Path, monkey
     assert rank_log_path(tmp_path, 1).read_text().splitlines()[-1].startswith("stderr: line 01999")
     assert output_module.FORWARD_BURST <= len(forwarded) < 2000
     assert out.stderr_tail()[-1].startswith("line 01999") and len(out.stderr_tail()) == output_module.STDERR_TAIL_LINES
-    time.sleep(0.1)  # a few tokens come back
+    now[0] += 0.1  # a few tokens come back
     out.line("after the burst", stderr=False)
     assert forwarded[-1].startswith("after the burst [") and "not forwarded" in forwarded[-1]
 

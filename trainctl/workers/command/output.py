@@ -38,17 +38,22 @@ def rank_log_path(log_dir: str | Path, rank: int) -> Path:
 class RankOutput:
     """Takes a program's lines (`line`) from its stdout and stderr readers; thread-safe."""
 
-    def __init__(self, log_dir: str | Path, rank: int, forward: Callable[[str], None]) -> None:
+    def __init__(
+        self, log_dir: str | Path, rank: int, forward: Callable[[str], None], *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`clock` (seconds, monotonic) times the forwarding rate and `last_line_at`."""
         path = rank_log_path(log_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = RotatingFileHandler(path, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8")
         self._forward = forward
         self._lock = threading.Lock()
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._clock = clock
         self._tokens = FORWARD_BURST
-        self._refilled = time.monotonic()
+        self._refilled = clock()
         self._skipped = 0
-        self.last_line_at = time.monotonic()
+        self.last_line_at = clock()
         """Monotonic time of the newest line (or of the start)."""
 
     def line(self, text: str, *, stderr: bool) -> None:
@@ -56,7 +61,7 @@ class RankOutput:
         stored = STDERR_PREFIX + text if stderr else text
         self._file.emit(logging.makeLogRecord({"msg": stored}))
         with self._lock:
-            self.last_line_at = time.monotonic()
+            self.last_line_at = self._clock()
             if stderr:
                 self._stderr.append(storable(text))
             if not self._take_token():
@@ -76,7 +81,7 @@ class RankOutput:
         self._file.close()
 
     def _take_token(self) -> bool:
-        now = time.monotonic()
+        now = self._clock()
         self._tokens = min(FORWARD_BURST, self._tokens + (now - self._refilled) * FORWARD_LINES_PER_SECOND)
         self._refilled = now
         if self._tokens < 1.0:
