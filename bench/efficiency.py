@@ -52,6 +52,7 @@ from trainctl.parallelism.data.token_shards import prepare_shards
 from trainctl.parallelism.engine import efficiency
 from trainctl.parallelism.engine.distributed import init_distributed, teardown
 from trainctl.parallelism.engine.trainer import Trainer
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.estimator import estimate_memory
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import resolve_model
@@ -230,7 +231,7 @@ def measure(row: Row, job: JobSpecBody, device: torch.device, steps: int, rank: 
         state_bytes=state,
         peak_bytes=peak,
         activation_bytes=act,
-        estimate_bytes=estimate_memory(config, trainer.job, rank).total_bytes,
+        estimate_bytes=estimate_memory(ResolvedJob.resolve(trainer.job, model=config), rank).total_bytes,
         step_seconds=statistics.median(t for t, _ in times),
         data_seconds=statistics.median(b["data"] for _, b in times),
         optimizer_seconds=statistics.median(b["optimizer"] for _, b in times),

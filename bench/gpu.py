@@ -183,6 +183,7 @@ def worker(job_json: str, warmup: int, result_path: Path) -> None:
     from trainctl.parallelism.engine.distributed import init_distributed, teardown
     from trainctl.parallelism.engine.step_report import StepReport
     from trainctl.parallelism.engine.trainer import Trainer
+    from trainctl.parallelism.resolved_job import ResolvedJob
     from trainctl.parallelism.sizing.estimator import estimate_memory
     from trainctl.parallelism.sizing.flops import peak_flops
     from trainctl.parallelism.sizing.step_time import modelled_step_time
@@ -224,7 +225,7 @@ def worker(job_json: str, warmup: int, result_path: Path) -> None:
     config = resolve_model(body.model)
     measured_peak = max(max(p["forward_peak"], p["backward_peak"], p["optimizer_peak"]) for p in steady_phases)
     phase_bytes = {name: max(p[name] for p in steady_phases) for name in PHASES}
-    estimate = estimate_memory(config, trainer.job, rank)
+    estimate = estimate_memory(ResolvedJob.resolve(trainer.job, model=config), rank)
     step_seconds = statistics.median(r.step_time_seconds for r in steady)
     peak = peak_flops(torch.cuda.get_device_name(device) if cuda else None, body.training.dtype)
     modelled = modelled_step_time(config, trainer.job, peak, {}) if peak else None

@@ -49,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainctl.parallelism.engine.distributed import init_distributed, teardown
 from trainctl.parallelism.engine.trainer import Trainer
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.estimator import estimate_memory
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import resolve_model
@@ -214,7 +215,7 @@ def compare(body: JobSpecBody, measured: list[dict[str, int]]) -> dict[str, Any]
     config = resolve_model(body.model)
     rows = []
     for rank, m in enumerate(measured):
-        e = estimate_memory(config, body, rank)
+        e = estimate_memory(ResolvedJob.resolve(body, model=config), rank)
         rows.append({
             "rank": rank, "measured": m["peak"], "measured_outside_collectives": m["peak_outside_collectives"],
             "held_at_start": m["held"], "estimate": e.total_bytes,

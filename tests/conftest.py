@@ -37,9 +37,9 @@ SLOW_TESTS = (
     "reliability/",  # processes killed and restarted, real Ray clusters started
     "deploy/test_prometheus_live.py",  # a service, a Prometheus server and a 40-step job
     "deploy/test_existing_ray.py",  # `ray start` and `trainctl serve` processes
-    "service/test_readme_commands.py",  # a `trainctl serve` process training the README's 8-rank demo job
-    "service/test_store_outage.py::test_losing_the_database",  # a PostgreSQL server stopped for seconds under load
-    "service/test_leadership.py",  # leases lapsing and taken over, seconds each
+    "service/e2e/test_readme_commands.py",  # a `trainctl serve` process training the README's 8-rank demo job
+    "service/store/test_store_outage.py::test_losing_the_database",  # a PostgreSQL server stopped for seconds under load
+    "service/scheduling/test_leadership.py",  # leases lapsing and taken over, seconds each
     # Engine runs measured at 5 s or more (call time, 2-core machine); the quick layouts stay in the fast tier.
     "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[dp2-tp2-pp2]",
     "parallelism/test_equivalence_pp_ep.py::test_layout_matches_single_process[moe-",

@@ -215,7 +215,7 @@ def test_a_hostile_init_from_passes_submit_unread_and_fails_the_rank_as_a_config
     rule = confined(root, Path(corpus).parent)
 
     # CreateJob's check reads the markers, manifest and recorded job, never the pickle: the checkpoint looks intact.
-    assert init_from_problem(job.init_from, job, rule) is None
+    assert init_from_problem(job.init_from, resolve_model(job.model), rule) is None
     assert not marker.exists()
 
     # The rank refuses it before unpickling: a ConfigurationError, which fails the job without restarts.

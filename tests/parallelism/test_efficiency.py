@@ -13,9 +13,9 @@ from trainctl.parallelism.data.dataset import build_dataset
 from trainctl.parallelism.data.token_shards import PrefetchLoader
 from trainctl.parallelism.engine import efficiency
 from trainctl.parallelism.engine.trainer import StepReport, Trainer
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.micro_batch import micro_batch_candidates, with_micro_batch_size
 from trainctl.spec.job import DataSpec, TrainingJob
-from trainctl.spec.presets import resolve_model
 from trainctl.spec.validate import semantic_violations
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -23,17 +23,17 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def test_auto_takes_the_largest_micro_batch_whose_estimate_fits(corpus: str) -> None:
     job = tiny_job(corpus, training={"micro_batch_size": "auto"}, dp_replicate=2)
-    config = resolve_model(job.model)
+    resolved = ResolvedJob.resolve(job)
     assert micro_batch_candidates(job) == [4, 2, 1]
-    estimates = {m: efficiency.peak_estimate(config, with_micro_batch_size(job, m)) for m in (4, 2, 1)}
+    estimates = {m: efficiency.peak_estimate(resolved.with_spec(with_micro_batch_size(job, m))) for m in (4, 2, 1)}
     assert estimates[4] > estimates[2] > estimates[1]
-    assert efficiency.choose_micro_batch_size(config, job, estimates[4]) == 4
-    assert efficiency.choose_micro_batch_size(config, job, estimates[4] - 1) == 2
-    assert efficiency.choose_micro_batch_size(config, job, estimates[2] - 1) == 1
+    assert efficiency.choose_micro_batch_size(resolved, estimates[4]) == 4
+    assert efficiency.choose_micro_batch_size(resolved, estimates[4] - 1) == 2
+    assert efficiency.choose_micro_batch_size(resolved, estimates[2] - 1) == 1
     with pytest.raises(ValueError, match="spec.training.micro_batch_size: auto found no micro-batch"):
-        efficiency.choose_micro_batch_size(config, job, estimates[1] - 1)
-    fixed = tiny_job(corpus, training={"micro_batch_size": 2})
-    assert efficiency.resolve_micro_batch_size(config, fixed, torch.device("cpu")) is fixed
+        efficiency.choose_micro_batch_size(resolved, estimates[1] - 1)
+    fixed = ResolvedJob.resolve(tiny_job(corpus, training={"micro_batch_size": 2}))
+    assert efficiency.resolve_micro_batch_size(fixed, torch.device("cpu")) is fixed
 
 
 def test_auto_in_the_trainer_resolves_before_the_loader(corpus: str) -> None:

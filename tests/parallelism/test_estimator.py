@@ -14,6 +14,7 @@ import torch
 from harness import tiny_job
 from torch.distributed.tensor import DTensor
 
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.estimator import (
     estimate_all,
     estimate_memory,
@@ -89,7 +90,7 @@ def test_param_grad_optimizer_bytes_are_exact(pool, corpus, layout, model, train
     measured = pool.run(measure, body.parallelism.world_size, body.model_dump_json())
     config = resolve_model(body.model)
     for rank, got in enumerate(measured):
-        est = estimate_memory(config, body, rank)
+        est = estimate_memory(ResolvedJob.resolve(body, model=config), rank)
         assert (est.params_bytes, est.grads_bytes, est.optimizer_bytes) == (got["params"], got["grads"], got["optimizer"]), rank
 
 
@@ -101,7 +102,7 @@ def test_lora_state_is_exact(pool, corpus, layout):
     measured = pool.run(measure, body.parallelism.world_size, body.model_dump_json())
     config = resolve_model(body.model)
     for rank, got in enumerate(measured):
-        est = estimate_memory(config, body, rank)
+        est = estimate_memory(ResolvedJob.resolve(body, model=config), rank)
         assert (est.params_bytes, est.grads_bytes, est.optimizer_bytes) == (got["params"], got["grads"], got["optimizer"]), rank
     assert est.grads_bytes < est.params_bytes / 10
 
@@ -118,18 +119,17 @@ def test_estimated_peaks_match_the_peaks_measured_under_gloo(pool, corpus, case)
     measured = pool.run(measure_peak, case.world, body.model_dump_json())
     config = resolve_model(body.model)
     for rank, got in enumerate(measured):
-        estimate = estimate_memory(config, body, rank).total_bytes
+        estimate = estimate_memory(ResolvedJob.resolve(body, model=config), rank).total_bytes
         assert estimate == pytest.approx(got["peak"], rel=0.10), \
             f"rank {rank}: estimated {estimate / 2**20:.1f} MiB, measured {got['peak'] / 2**20:.1f} MiB"
 
 
 def test_sharding_divides_the_state_and_padding_is_counted(corpus):
-    config = resolve_model(tiny_job(corpus).model)
-    single = estimate_memory(config, tiny_job(corpus), 0)
-    fsdp = estimate_all(config, tiny_job(corpus, dp_shard=4))
+    single = estimate_memory(ResolvedJob.resolve(tiny_job(corpus)), 0)
+    fsdp = estimate_all(ResolvedJob.resolve(tiny_job(corpus, dp_shard=4)))
     assert all(e.params_bytes * 4 == single.params_bytes for e in fsdp)
     padded = tiny_job(corpus, dp_shard=4, model={"vocab_size": 258})
-    by_name = {p.name: p for p in local_params(resolve_model(padded.model), padded, 3)[0]}
+    by_name = {p.name: p for p in local_params(ResolvedJob.resolve(padded), 3)[0]}
     assert by_name["output.weight"].storage_shape == (65, 64) and by_name["output.weight"].shape == (63, 64)
 
 
@@ -141,8 +141,8 @@ def test_activation_checkpointing_and_context_parallel_shrink_activations(corpus
 
     def backward_start(body: JobSpecBody) -> int:
         config = resolve_model(body.model)
-        stage = stage_params([(p.name, p.storage_shape) for part in local_params(config, body, 0) for p in part])
-        phases = {phase.name: phase for phase in step_activations(config, body, 0, stage, 0, WorkingCopies()).phases}
+        stage = stage_params([(p.name, p.storage_shape) for part in local_params(ResolvedJob.resolve(body, model=config), 0) for p in part])
+        phases = {phase.name: phase for phase in step_activations(ResolvedJob.resolve(body, model=config), 0, stage, 0, WorkingCopies()).phases}
         return phases["backward start"].activations
 
     base = backward_start(tiny_job(corpus))
@@ -202,7 +202,7 @@ def test_estimates_of_imported_models_are_exact(pool, corpus, tmp_path, family, 
     measured = pool.run(measure, body.parallelism.world_size, body.model_dump_json())
     config = resolve_model(body.model)
     for rank, got in enumerate(measured):
-        est = estimate_memory(config, body, rank)
+        est = estimate_memory(ResolvedJob.resolve(body, model=config), rank)
         assert (est.params_bytes, est.grads_bytes, est.optimizer_bytes) == (got["params"], got["grads"], got["optimizer"]), rank
 
 
@@ -291,7 +291,7 @@ def test_estimates_match_the_peaks_measured_on_a_gpu(monkeypatch):
         if run is None:  # the torchtitan peer
             continue
         body = JobSpecBody.model_validate(bench.job_spec(run, False, row["ranks"], results["steps"], results["micro_batch"], results["seq_len"]))
-        estimate = estimate_memory(resolve_model(body.model), body, 0).total_bytes
+        estimate = estimate_memory(ResolvedJob.resolve(body), 0).total_bytes
         assert estimate == pytest.approx(row["peak_bytes"], rel=0.05), f"{row['run']}: {estimate / 2**30:.2f} GiB vs {row['peak_bytes'] / 2**30:.2f} measured"
         checked += 1
     assert checked == len(bench.RUNS)

@@ -2,7 +2,7 @@
 read with `load_job_file` (their relative paths resolved against examples/), name the tiny Qwen2 in
 examples/tiny-qwen2/ and the datasets in examples/data/; each trains its 10 steps under its own layout
 (2 ranks, FSDP) on CPU, the loss falls, and its checkpoints are written on schedule. The command job
-example runs in tests/service/test_command_jobs_e2e.py; validation and planning of every example are in
+example runs in tests/service/e2e/test_command_jobs_e2e.py; validation and planning of every example are in
 tests/spec/test_examples.py.
 
 The tiny model and datasets are what examples/tiny-qwen2/make_tiny_model.py writes (byte for byte), and

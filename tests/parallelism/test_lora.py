@@ -132,12 +132,13 @@ def test_init_from_problem_checks_markers_manifest_and_shape_without_the_weights
     step = save_checkpoint(checkpoints, 4, {"model": {"output.weight": torch.ones(8)}}, keep_last=1)
     write_run_spec(checkpoints, body)
     for path in (tmp_path / "run", checkpoints, step):
-        assert init_from_problem(str(path), body) is None
+        assert init_from_problem(str(path), resolve_model(body.model)) is None
     other = JobSpecBody.model_validate({"model": {"dim": resolve_model(body.model).dim * 2}})
-    assert "another shape: dim" in init_from_problem(str(step), other)
-    assert "no complete checkpoint" in init_from_problem(str(tmp_path), body)
+    assert "another shape: dim" in init_from_problem(str(step), resolve_model(other.model))
+    assert "no complete checkpoint" in init_from_problem(str(tmp_path), resolve_model(body.model))
     shard = next(p for p in step.iterdir() if p.suffix == ".distcp")
     shard.write_bytes(shard.read_bytes()[:-1])
-    assert "damaged" in init_from_problem(str(step), body) and shard.name in init_from_problem(str(step), body)
+    problem = init_from_problem(str(step), resolve_model(body.model))
+    assert problem is not None and "damaged" in problem and shard.name in problem
     with pytest.raises(CheckpointNotFoundError, match="damaged"):
         Trainer(JobSpecBody.model_validate({**body.model_dump(), "init_from": str(step)}), device="cpu")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.planning.pool import GpuPool, PlannedPlacement
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.placement import RankAssignment
@@ -34,7 +35,7 @@ def fragmented_pool() -> GpuPool:
 def test_declared_tp_groups_share_an_nvlink_domain(layout: dict[str, int]) -> None:
     pool = fragmented_pool()
     job = command_job(layout)
-    planned = pool.place(job)
+    planned = pool.place(ResolvedJob.resolve(job.spec))
     assert planned is not None
     domains = pool.domains()
     where = {a.rank: a for a in planned.assignments}
@@ -51,5 +52,6 @@ def test_a_command_job_is_placed_exactly_like_the_built_in_job_of_its_layout() -
         "metadata": {"name": "engine"},
         "spec": {"parallelism": layout, "resources": {"gpus": 8}, "training": {"global_batch_size": 8}},
     })
-    assert pool.place(command_job(layout)) == pool.place(built_in)
-    assert sorted({node for node, _ in pool.place(command_job(layout)).slots}) == ["node-1", "node-3"]
+    command = ResolvedJob.resolve(command_job(layout).spec)
+    assert pool.place(command) == pool.place(ResolvedJob.resolve(built_in.spec))
+    assert sorted({node for node, _ in pool.place(command).slots}) == ["node-1", "node-3"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainctl.cli.main import EXIT_INVALID, main
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
 from trainctl.parallelism.sizing.estimator import full_shapes
 from trainctl.planning.fit import estimable, estimate_ranks
@@ -142,7 +143,7 @@ def test_every_suggestion_is_valid_fits_and_is_what_plan_reports(recipe: Recipe)
 def _assert_memory_is_the_estimators(job: TrainingJob, layout: Layout) -> None:
     """The search's memory is the estimator's largest first-shard estimate over the pipeline stages."""
     grid = layout.grid
-    estimates, _ = estimate_ranks(resolve_model(job.spec.model), estimable(job), [grid.rank_of(pp=p) for p in range(grid.pp)])
+    estimates, _ = estimate_ranks(estimable(ResolvedJob.resolve(job.spec)), [grid.rank_of(pp=p) for p in range(grid.pp)])
     worst = max(estimates.values(), key=lambda m: m.total_bytes)
     assert layout.memory.total_bytes == worst.total_bytes
 
@@ -164,7 +165,7 @@ def test_zero2_holds_the_gathered_parameters_it_keeps_for_backward() -> None:
     body = job.spec.model_copy(update={"parallelism": job.spec.parallelism.model_copy(update={
         "pp": 8, "dp_shard": 2, "tp": 4, "zero_stage": 2, "sequence_parallel": True, "pp_schedule": "1f1b"})})
     config = resolve_model(body.model)
-    estimates, _ = estimate_ranks(config, body, [0])
+    estimates, _ = estimate_ranks(ResolvedJob.resolve(body, model=config), [0])
     block = sum(prod(shape) for name, shape in full_shapes(config).items() if name.startswith("layers.0."))
     assert estimates[0].working_bytes >= config.n_layers // 8 * block // 4 * 2
 

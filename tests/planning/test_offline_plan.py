@@ -1,5 +1,5 @@
 """Offline planning (issue 17): `trainctl plan FILE --cluster PRESET:N | --topology MAP` with no server
-plans every rank (the service's PlanJob answers the same plan on the same map: tests/service/test_api.py);
+plans every rank (the service's PlanJob answers the same plan on the same map: tests/service/api/test_api.py);
 its step time is compute at the preset GPU's peak, the pipeline bubble and the placement's communication;
 bad clusters and maps are refused naming the option, the field or the file."""
 
@@ -14,6 +14,7 @@ import yaml
 
 from trainctl.cli.main import EXIT_INVALID, main
 from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.estimator import flops_per_step
 from trainctl.parallelism.sizing.flops import peak_flops, training_flops_per_token
 from trainctl.parallelism.sizing.pipeline_bubble import bubble_seconds
@@ -69,7 +70,7 @@ def test_step_time_is_compute_at_the_preset_peak_plus_recompute_bubble_and_expos
     assert training.activation_checkpointing == "full"
     micro_batches = training.global_batch_size // (grid.dp * training.micro_batch_size)
     # data-parallel communication hides behind compute + recompute; tp and pp transfers are exposed
-    by_dim = GpuPool(cluster_topology(preset), preset).place(job, empty=True).seconds_by_dim
+    by_dim = GpuPool(cluster_topology(preset), preset).place(ResolvedJob.resolve(job.spec), empty=True).seconds_by_dim
     assert sum(by_dim.values()) == pytest.approx(plan.placement.cost_seconds)
     exposed = by_dim["tp"] + by_dim["pp"] + max(0.0, by_dim["dp"] - compute - blocks / 3)
     assert dict(plan.step_time_breakdown) == pytest.approx({

@@ -4,7 +4,7 @@ from its newest complete checkpoint, recorded as a restart that says why; the jo
 step's loss equal to an uninterrupted run's, and no process of any of the services is left.
 
 One job lives through both stops (each service start costs seconds of Ray start-up, so they share it).
-The decisions themselves are unit-tested in tests/service/test_relaunch.py."""
+The decisions themselves are unit-tested in tests/service/scheduling/test_relaunch.py."""
 
 from __future__ import annotations
 

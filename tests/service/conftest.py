@@ -1,7 +1,14 @@
 """Fixtures of the service tests: `store_location` runs a test on both backends, a data directory (SQLite)
 and a fresh database on the session's PostgreSQL server (`postgres`, tests/conftest.py); `api` is an API
 server over a scripted runtime (`runtime`), which CLI commands find through TRAINCTL_SERVER, and
-`api_client` a client of it (`client`, tests/conftest.py, is the Ray-backed service's)."""
+`api_client` a client of it (`client`, tests/conftest.py, is the Ray-backed service's).
+
+The tests sit in sub-folders by the service's rooms (api/, store/, scheduling/, security/), plus hostile/
+(hostile input), cli/ and e2e/ (whole jobs through a service on Ray); the hall's own tests stay here. The
+helper modules beside this file (control_plane_fakes, secure_service) import by name from every sub-folder:
+pytest's default `prepend` import mode puts this conftest's directory on sys.path, as it puts each test
+file's own directory (a sub-folder's own helpers). No folder has an `__init__.py`, so a test file's name
+must be unique under tests/."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 `ScriptedRuntime` keeps one real `trainctl.workers.events.EventLog` per started job, so polls go
 through the same cursor logic as the supervisor's; a test plays the supervisor by appending events.
-End-to-end tests (test_e2e.py) use the real RayRuntime instead.
+End-to-end tests (e2e/test_e2e.py) use the real RayRuntime instead.
 """
 
 from __future__ import annotations
@@ -221,3 +221,22 @@ def bad_spec_catalogue() -> list[Any]:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module.catalogue()
+
+
+SWEEP_DOCUMENT: dict[str, Any] = {
+    "metadata": {"name": "api-sweep"},
+    "spec": {
+        "template": {
+            "data": {"seq_len": 32, "max_files": 10},
+            "training": {"steps": 4, "global_batch_size": 4},
+            "resources": {"gpus": 1, "device": "cpu"},
+        },
+        "parameters": [
+            {"path": "spec.training.lr", "type": "float", "low": 1e-4, "high": 1e-1, "log": True},
+            {"path": "spec.training.micro_batch_size", "type": "choice", "values": [1, 2, 4]},
+            {"path": "spec.training.warmup_steps", "type": "int", "low": 0, "high": 3},
+        ],
+        "trials": 3, "parallel_trials": 2,
+    },
+}
+"""A small valid sweep (3 trials of the debug model on CPU, 2 at a time) the API and CLI tests submit."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 import yaml
 
 from trainctl.planning.pool import GpuPool
@@ -23,6 +24,7 @@ from trainctl.service.server import build_grpc_server
 from trainctl.service.store import JobStore
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
+from trainctl.wire.errors import field_violations
 from trainctl.wire.tls import TlsConfig, bind
 from trainctl.wire.tokens import generate_token, hash_token
 from trainctl.workers.topology import simulated_topology
@@ -128,3 +130,10 @@ def stub(channel: grpc.Channel) -> pb_grpc.TrainingServiceStub:
 def bearer(token: str | None) -> list[tuple[str, str]] | None:
     return [("authorization", f"Bearer {token}")] if token else None
 
+
+def refused(client: pb_grpc.TrainingServiceStub, request: pb.CreateJobRequest, token: str) -> list[str]:
+    """The fields a refused CreateJob names (INVALID_ARGUMENT)."""
+    with pytest.raises(grpc.RpcError) as info:
+        client.CreateJob(request, metadata=bearer(token), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    return [f"{v.field}: {v.description}" for v in field_violations(info.value)]

@@ -4,7 +4,7 @@ command job the scripts in examples/command/, all by paths relative to the spec 
 the demo pool.
 
 The examples that run: the fine-tuning ones in tests/parallelism/test_examples_finetune.py (engine, CPU),
-the command job in tests/service/test_command_jobs_e2e.py (a service on Ray)."""
+the command job in tests/service/e2e/test_command_jobs_e2e.py (a service on Ray)."""
 
 from __future__ import annotations
 

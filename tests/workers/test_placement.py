@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.presets import PRESETS
-from trainctl.workers.placement import PlacementError, capacity, place
+from trainctl.workers.placement import PlacementError, capacity, place, place_job
 from trainctl.workers.placement.fabric import FabricIndex
 from trainctl.workers.topology import simulated_topology
 from trainctl.workers.topology.builders import mixed_pcie_fleet, pcie_servers, rail_optimized_fleet
@@ -170,9 +171,9 @@ def test_job_spec_sets_the_workload() -> None:
         },
     }
     job = TrainingJob.model_validate(spec)
-    short = place(RankGrid.from_spec(job.spec.parallelism), topo, all_free(topo), job_spec=job)
+    short = place_job(ResolvedJob.resolve(job.spec), topo, all_free(topo))
     spec["spec"]["data"]["seq_len"] = 128
-    longer = place(RankGrid.from_spec(job.spec.parallelism), topo, all_free(topo), job_spec=TrainingJob.model_validate(spec))
+    longer = place_job(ResolvedJob.resolve(TrainingJob.model_validate(spec).spec), topo, all_free(topo))
     assert longer.comm_bytes_by_dim["tp"] == pytest.approx(2 * short.comm_bytes_by_dim["tp"])
     assert longer.comm_bytes_by_dim["dp"] == pytest.approx(short.comm_bytes_by_dim["dp"])
 

@@ -2,7 +2,7 @@
 daemon, which leaves the program's process group and session, is gone by PID once the program exits,
 once it is stopped, and once its rank worker is killed outright; a program that ignores SIGTERM is
 SIGKILLed after the grace; a program that cannot be started says why. On the embedded Ray: the daemon of
-a job that SUCCEEDED is gone (after a cancel through the service: tests/service/test_command_jobs_e2e.py)."""
+a job that SUCCEEDED is gone (after a cancel through the service: tests/service/e2e/test_command_jobs_e2e.py)."""
 
 from __future__ import annotations
 

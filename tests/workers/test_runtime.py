@@ -22,9 +22,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.state import list_actors, list_placement_groups
 from small_jobs import restartable_job
 
-from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.workers.events import EventKind, JobState, JobStatus
-from trainctl.workers.placement import Placement, RankAssignment, place
+from trainctl.workers.placement import Placement, RankAssignment, place_job
 from trainctl.workers.rank_group import owned_by
 from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, gpu_slot
 from trainctl.workers.runtime import JobAlreadyStarted, JobNotFound, PlacementError, RayRuntime, uses_cuda
@@ -133,8 +133,8 @@ def test_solver_plan_on_a_fragmented_pool_runs_where_planned_and_succeeds(runtim
     topology = simulated_topology(3, 4)
     free = {n.name: set(n.free_gpus) for n in runtime.cluster_nodes() if n.name}
     assert free["node-1"] == {2, 3} and free["node-2"] == {0, 1, 2}  # the pool is fragmented
-    grid = RankGrid.from_spec(job.spec.parallelism)
-    placement = place(grid, topology, free, job_spec=job.spec)
+    resolved = ResolvedJob.resolve(job.spec)
+    placement = place_job(resolved, topology, free)
     assert placement is not None and placement.split_groups == []
     assert all(a.gpu in free[a.node] for a in placement.assignments)
 
@@ -146,7 +146,7 @@ def test_solver_plan_on_a_fragmented_pool_runs_where_planned_and_succeeds(runtim
     [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
     actual = {p["rank"]: (p["node"], p["gpu"]) for p in where}
     assert actual == {a.rank: (a.node, a.gpu) for a in placement.assignments}
-    for tp_group in grid.groups("tp"):  # no TP group straddles two nodes, as observed by the ranks
+    for tp_group in resolved.grid.groups("tp"):  # no TP group straddles two nodes, as observed by the ranks
         assert len({actual[r][0] for r in tp_group}) == 1
     assert sorted(steps_of(events)) == [1, 2, 3, 4]
     assert [e.seq for e in events] == list(range(1, len(events) + 1))

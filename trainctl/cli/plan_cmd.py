@@ -132,13 +132,13 @@ def _offline_plan(args: argparse.Namespace, job: TrainingJob) -> tuple[pb.PlanJo
 
 
 def validate(args: argparse.Namespace) -> int:
-    from trainctl.spec.validate import pretrained_warnings, semantic_violations
+    from trainctl.spec.validate import pretrained_check, pretrained_warnings, semantic_violations
 
     job = load_job(args.file)
     violations = semantic_violations(job, pool_gpus=args.pool_gpus, check_data=True)
     if violations:
         raise CliError(f"{args.file} is not a valid job spec", EXIT_INVALID, violations)
     print(f"{args.file}: valid ({job.spec.parallelism.world_size} ranks)")
-    for warning in pretrained_warnings(job):
+    for warning in pretrained_warnings(job, pretrained_check(job)[0]):
         print(f"warning: {warning.field}: {warning.description}", file=sys.stderr)
     return EXIT_OK

@@ -14,12 +14,11 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
 from trainctl.parallelism.sizing.estimator import MemoryEstimate, estimate_memory, model_plan
 from trainctl.parallelism.sizing.micro_batch import with_micro_batch_size
 from trainctl.planning.pool import GpuPool
-from trainctl.spec.job import JobSpecBody, TrainingJob
-from trainctl.spec.presets import ModelConfig, resolve_model
 from trainctl.spec.validate import FieldViolation
 
 MAX_ESTIMATED_PARAMS = 200_000
@@ -34,17 +33,18 @@ def rank_class(grid: RankGrid, rank: int) -> tuple[int, int]:
     return coords["pp"], coords["dp_shard"] * grid.cp + coords["cp"]
 
 
-def estimable(job: TrainingJob) -> JobSpecBody:
-    """The job's spec as the estimator takes it: micro_batch_size `auto` as 1, the smallest the engine
-    may pick (so the estimate is a lower bound of what `auto` will use)."""
-    return with_micro_batch_size(job.spec, 1) if job.spec.training.micro_batch_size == "auto" else job.spec
+def estimable(job: ResolvedJob) -> ResolvedJob:
+    """The job as the estimator takes it: micro_batch_size `auto` as 1, the smallest the engine may pick
+    (so the estimate is a lower bound of what `auto` will use)."""
+    auto = job.spec.training.micro_batch_size == "auto"
+    return job.with_spec(with_micro_batch_size(job.spec, 1)) if auto else job
 
 
-def estimate_ranks(config: ModelConfig, body: JobSpecBody, ranks: Iterable[int]) -> tuple[dict[int, MemoryEstimate], bool]:
+def estimate_ranks(job: ResolvedJob, ranks: Iterable[int]) -> tuple[dict[int, MemoryEstimate], bool]:
     """The memory estimate of each of `ranks` (one computation per `rank_class`) within the
     `MAX_ESTIMATED_PARAMS` budget, and whether the budget dropped some (then only ranks of shard 0 are in)."""
-    grid = RankGrid.from_spec(body.parallelism)
-    plan = model_plan(config, body)
+    grid = job.grid
+    plan = model_plan(job.config, job.spec)
     classes: dict[tuple[int, int], list[int]] = {}
     for rank in ranks:
         classes.setdefault(rank_class(grid, rank), []).append(rank)
@@ -54,23 +54,21 @@ def estimate_ranks(config: ModelConfig, body: JobSpecBody, ranks: Iterable[int])
         classes = {key: members for key, members in classes.items() if key[1] == 0}
     out: dict[int, MemoryEstimate] = {}
     for members in classes.values():
-        first = estimate_memory(config, body, members[0], plan)
+        first = estimate_memory(job, members[0], plan)
         for rank in members:
             out[rank] = replace(first, rank=rank)
     return dict(sorted(out.items())), dropped
 
 
-def fit_violations(job: TrainingJob, pool: GpuPool) -> list[FieldViolation]:
+def fit_violations(job: ResolvedJob, pool: GpuPool) -> list[FieldViolation]:
     """The job's largest per-rank estimate against the largest GPU memory of the pool (known GPU models
     only): a job that cannot fit on its own layout is refused with both numbers. A command job's memory is
     its program's, unknown here: never refused."""
     capacity = max((gpu_memory_bytes(pool.gpu_model(node)) or 0 for node, _ in pool.nodes()), default=0)
-    if not capacity or job.spec.resources.device == "cpu" or job.spec.command is not None:
+    if not capacity or job.spec.resources.device == "cpu" or job.model is None:
         return []
-    config = resolve_model(job.spec.model)
-    grid = RankGrid.from_spec(job.spec.parallelism)
-    first_shards = [grid.rank_of(pp=p) for p in range(grid.pp)]
-    estimates, _ = estimate_ranks(config, estimable(job), first_shards)
+    first_shards = [job.grid.rank_of(pp=p) for p in range(job.grid.pp)]
+    estimates, _ = estimate_ranks(estimable(job), first_shards)
     worst = max(estimates.values(), key=lambda m: m.total_bytes)
     if worst.total_bytes <= capacity:
         return []

@@ -48,11 +48,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from trainctl.parallelism.layouts.dp_mode import effective_mode
-from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.layouts.grid import LayoutError, RankGrid
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
 from trainctl.parallelism.sizing.estimator import (
     LocalParam,
@@ -70,8 +71,9 @@ from trainctl.parallelism.sizing.working_copies import WorkingCopies
 from trainctl.planning.pool import OFFLINE_BUDGET_S, GpuPool, PlannedPlacement
 from trainctl.spec.hf_config import weights_problem
 from trainctl.spec.job import JobSpecBody, ParallelismSpec, TrainingJob
-from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
+from trainctl.spec.presets import PretrainedConfigError, UnknownPresetError
 from trainctl.spec.validate import model_violations, semantic_violations
+from trainctl.workers.placement.cost import Workload
 from trainctl.workers.placement.fabric import LEVELS
 from trainctl.workers.placement.solver import job_traffic
 from trainctl.workers.topology import TopologyMap
@@ -98,17 +100,14 @@ class Layout:
     """One suggested layout: the job with it, its largest rank's memory and its modelled step."""
 
     body: JobSpecBody
+    grid: RankGrid
+    """The layout's rank grid."""
     memory: MemoryEstimate
     """The rank with the largest estimate (first shard of some pipeline stage)."""
     step: StepTime
     tokens_per_second: float
     placement: PlannedPlacement | None = None
     """The solver's placement on the empty cluster (None when the solver found none)."""
-
-    @property
-    def grid(self) -> RankGrid:
-        return RankGrid.from_spec(self.body.parallelism)
-
 
 @dataclass(frozen=True)
 class SearchResult:
@@ -165,16 +164,18 @@ def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top
                                 "ranks by modelled step time on known GPUs")
     capacity, peak = min(c for c in capacities if c), min(p for p in peaks if p)
     try:
-        config = resolve_model(job.spec.model)
+        resolved = ResolvedJob.resolve(job.spec)
     except PretrainedConfigError as exc:
         raise LayoutSearchError(f"spec.model.from_pretrained: {exc}") from None
     except UnknownPresetError as exc:
         raise LayoutSearchError(f"spec.model.preset: {exc}") from None
+    except LayoutError as exc:
+        raise LayoutSearchError(f"spec.parallelism: {exc}") from None
     weights = None if job.spec.model.from_pretrained is None else weights_problem(job.spec.model.from_pretrained)
     if weights:
         raise LayoutSearchError(f"spec.model.from_pretrained: {weights}")
     budget = int(capacity * (1 - headroom))
-    search = _Search(job, config, pool, world, capacity, budget, peak)
+    search = _Search(job, resolved, pool, world, capacity, budget, peak)
     variants = sorted(search.variants(), key=lambda v: (v.estimate, v.traffic))
     solved = max(top, 1) + 2
     shortlist: dict[tuple[int, ...], _Variant] = {}  # model-parallel shape -> its best variant that is valid and fits
@@ -223,9 +224,10 @@ def _powers_of_two(limit: int) -> list[int]:
 class _Search:
     """The enumeration and the cached estimates of one search."""
 
-    def __init__(self, job: TrainingJob, config: ModelConfig, pool: GpuPool, world: int, capacity: int, budget: int,
+    def __init__(self, job: TrainingJob, resolved: ResolvedJob, pool: GpuPool, world: int, capacity: int, budget: int,
                  peak: float):
-        self.job, self.config, self.pool, self.world, self.peak = job, config, pool, world, peak
+        config = resolved.config
+        self.job, self.resolved, self.config, self.pool, self.world, self.peak = job, resolved, config, pool, world, peak
         self.capacity, self.budget = capacity, budget
         index = pool.index
         self.tp_limit = index.level_capacity.get("nvlink") or index.level_capacity.get("host", 1)
@@ -235,6 +237,7 @@ class _Search:
         self._above: dict[tuple, tuple[int, int]] = {}
         self._comm: dict[tuple, dict[str, float]] = {}
         self._memory: dict[tuple, MemoryEstimate] = {}
+        self._variants: dict[tuple, ResolvedJob] = {}
 
     # ---- enumeration ---------------------------------------------------------------------------------
     def variants(self) -> Iterator[_Variant]:
@@ -291,11 +294,11 @@ class _Search:
         key = (_grid_key(body), par.zero_stage, par.pp_schedule, par.pp_virtual_stages, training.micro_batch_size,
                training.activation_checkpointing)
         if key not in self._memory:
-            grid = RankGrid.from_spec(par)
+            variant = self.variant(body)
             plan = self._plan(body)
             estimates = []
             for stage in range(par.pp):
-                rank = grid.rank_of(pp=stage)
+                rank = variant.grid.rank_of(pp=stage)
                 parts, *static, working = self._static_bytes(body, rank, stage, plan)
                 activations, working_bytes = self._above_state(body, rank, stage, plan, parts, static[1], working)
                 estimates.append(MemoryEstimate(rank, *static, activations, working_bytes))
@@ -316,9 +319,10 @@ class _Search:
         par = body.parallelism
         key = (par.tp, par.pp, par.pp_virtual_stages, par.dp_shard, par.cp, par.ep, par.zero_stage, par.dp_replicate > 1, stage)
         if key not in self._static:
-            parts = local_params(self.config, body, rank, plan)
-            working = working_copies(self.config, body, rank, plan, parts)
-            self._static[key] = (parts, *state_bytes(body, rank, parts), working)
+            variant = self.variant(body)
+            parts = local_params(variant, rank, plan)
+            working = working_copies(variant, rank, plan, parts)
+            self._static[key] = (parts, *state_bytes(variant, rank, parts), working)
         return self._static[key]
 
     def _above_state(self, body: JobSpecBody, rank: int, stage: int, plan: ModelPlan, parts: list[list[LocalParam]],
@@ -331,7 +335,7 @@ class _Search:
                training.micro_batch_size, training.activation_checkpointing, stage, grads_bytes, working,
                effective_mode(par, dtensor_params=par.tp > 1))
         if key not in self._above:
-            peak = peak_above_state(self.config, body, rank, grads_bytes, working, plan, parts)
+            peak = peak_above_state(self.variant(body), rank, grads_bytes, working, plan, parts)
             self._above[key] = (peak.activations, peak.working)
         return self._above[key]
 
@@ -343,9 +347,10 @@ class _Search:
         key = (_grid_key(body), par.zero_stage)
         if key not in self._comm:
             index = self.pool.index
-            unit = body.model_copy(update={"training": body.training.model_copy(update={"micro_batch_size": 1})})
+            unit = self.variant(body).with_spec(
+                body.model_copy(update={"training": body.training.model_copy(update={"micro_batch_size": 1})}))
             seconds: dict[str, float] = {}
-            for entry in job_traffic(RankGrid.from_spec(par), self.config, unit):
+            for entry in job_traffic(unit.grid, self.config, Workload.from_job(unit)):
                 first = entry.groups[0]
                 extent = first[-1] - first[0] + 1  # a chain of pipeline pairs too: its slowest pair counts
                 level = next((lv for lv in LEVELS if index.level_capacity.get(lv, 0) >= extent), index.outermost)
@@ -356,11 +361,19 @@ class _Search:
     def solved(self, variant: _Variant) -> Layout:
         """The variant placed by the solver on the empty cluster, with its plan step time."""
         body = variant.body
-        placement = self.pool.place(self.job.model_copy(update={"spec": body}), empty=True)
+        resolved = self.variant(body)
+        placement = self.pool.place(resolved, empty=True)
         communication = placement.seconds_by_dim if placement is not None else {}
         step = modelled_step_time(self.config, body, self.peak, communication, flops_per_token=self.flops_per_token)
         tokens = body.training.global_batch_size * body.data.seq_len
-        return Layout(body, self.peak_memory(body), step, tokens / step.total, placement)
+        return Layout(body, resolved.grid, self.peak_memory(body), step, tokens / step.total, placement)
+
+    def variant(self, body: JobSpecBody) -> ResolvedJob:
+        """The resolved job of the layout `body` (its grid derived once per grid, the model reused)."""
+        key = _grid_key(body)
+        if key not in self._variants:
+            self._variants[key] = self.resolved.with_spec(body)
+        return replace(self._variants[key], spec=body)
 
     def why_none(self, variants: list[_Variant]) -> str:
         """Why no layout fits: the smallest estimated need over every valid variant, against the budget."""

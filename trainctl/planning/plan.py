@@ -22,19 +22,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from trainctl.parallelism.layouts.grid import DIMS, RankGrid
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.estimator import MemoryEstimate
 from trainctl.parallelism.sizing.flops import peak_flops
 from trainctl.parallelism.sizing.step_time import modelled_step_time
 from trainctl.planning.fit import estimable, estimate_ranks, fit_violations
 from trainctl.planning.pool import OFFLINE_BUDGET_S, GpuPool, PlannedPlacement
 from trainctl.spec.job import TrainingJob
-from trainctl.spec.presets import resolve_model
-from trainctl.spec.validate import (
-    FieldViolation,
-    pretrained_violations,
-    pretrained_warnings,
-    semantic_violations,
-)
+from trainctl.spec.validate import FieldViolation, pretrained_check, pretrained_warnings, semantic_violations
 from trainctl.workers.topology import TopologyMap
 
 MAX_MEMORY_RANKS = 64
@@ -82,7 +77,7 @@ class JobPlan:
         return replace(self, notes=(*self.notes, *(f"warning: {w.field}: {w.description}" for w in warnings)))
 
 
-def plan_response(job: TrainingJob | None, violations: list[FieldViolation], pool: GpuPool) -> JobPlan:
+def plan_response(job: ResolvedJob | None, violations: list[FieldViolation], pool: GpuPool) -> JobPlan:
     """PlanJob's answer: the refusal naming every violation, or (with none) the plan of `job` on `pool`."""
     if violations or job is None:
         return JobPlan(pool_gpus=pool.total, free_gpus=pool.free_count, violations=tuple(violations))
@@ -94,16 +89,19 @@ def plan_on_map(job: TrainingJob, topology: TopologyMap, source: str) -> JobPlan
     spec's rules against the map's GPU count, the `from_pretrained` directory, the fit on the map's
     largest GPU, then `plan_response` as the service answers."""
     pool = GpuPool(topology, source, solver_budget_s=OFFLINE_BUDGET_S)
-    violations = semantic_violations(job, pool_gpus=pool.total, check_data=False) + pretrained_violations(job)
+    model, problems = pretrained_check(job)
+    violations = semantic_violations(job, pool_gpus=pool.total, check_data=False) + problems
+    resolved = None
     if not violations:
-        violations = fit_violations(job, pool)
-    plan = plan_response(job, violations, pool)
-    return plan.with_warnings(pretrained_warnings(job)) if plan.valid else plan
+        resolved = ResolvedJob.resolve(job.spec, model=model)
+        violations = fit_violations(resolved, pool)
+    plan = plan_response(resolved, violations, pool)
+    return plan.with_warnings(pretrained_warnings(job, model)) if plan.valid else plan
 
 
-def plan_job(job: TrainingJob, pool: GpuPool) -> JobPlan:
+def plan_job(job: ResolvedJob, pool: GpuPool) -> JobPlan:
     """The plan of a semantically valid job."""
-    grid = RankGrid.from_spec(job.spec.parallelism)
+    grid = job.grid
     notes: list[str] = []
     placement = pool.place(job, empty=True)
     if placement is None:
@@ -117,15 +115,14 @@ def plan_job(job: TrainingJob, pool: GpuPool) -> JobPlan:
     return _estimated(job, plan, gpu_model, notes)
 
 
-def _estimated(job: TrainingJob, plan: JobPlan, gpu_model: str | None, notes: list[str]) -> JobPlan:
+def _estimated(job: ResolvedJob, plan: JobPlan, gpu_model: str | None, notes: list[str]) -> JobPlan:
     """`plan` with its memory per rank and modelled step time, `notes` completed."""
-    config = resolve_model(job.spec.model)
-    grid = RankGrid.from_spec(job.spec.parallelism)
+    grid = job.grid
     ranks = list(range(grid.world_size))
     if grid.world_size > MAX_MEMORY_RANKS:
         ranks = sorted({grid.rank_of(pp=p, dp_replicate=0, dp_shard=0, cp=0, tp=t) for p in range(grid.pp) for t in range(grid.tp)})
         notes.append(f"memory shown for the {len(ranks)} ranks of data-parallel replica 0 (the others match them)")
-    estimates, dropped = estimate_ranks(config, estimable(job), ranks)
+    estimates, dropped = estimate_ranks(estimable(job), ranks)
     if job.spec.training.micro_batch_size == "auto":
         notes.append("micro_batch_size auto: activations and the pipeline bubble shown for micro-batch 1 (the engine picks "
                      "the largest that fits)")
@@ -140,7 +137,7 @@ def _estimated(job: TrainingJob, plan: JobPlan, gpu_model: str | None, notes: li
     if peak is None:
         notes.append(f"compute time not modelled: no peak FLOP rate for device {device or 'cpu'!r}")
         return replace(plan, step_time_breakdown={"communication": communication}, notes=tuple(notes))
-    step = modelled_step_time(config, estimable(job), peak, placement.seconds_by_dim if placement else {})
+    step = modelled_step_time(job.config, estimable(job).spec, peak, placement.seconds_by_dim if placement else {})
     if step.overlapped:
         notes.append(f"{step.overlapped * 1e3:.2f} ms of data- and context-parallel communication overlaps compute "
                      "(not in the step time)")

@@ -2,8 +2,9 @@
 and placement.
 
 Capacity comes from the topology map (trainctl.workers.topology): a file given with `--topology`, or a
-simulated map of the embedded cluster. Placement (trainctl.workers.placement) turns a job's rank grid
-plus the free GPUs into rank -> (node, GPU); the pool reserves those GPUs until the job ends.
+simulated map of the embedded cluster. Placement (trainctl.workers.placement) turns a resolved job (its
+rank grid, model and workload) plus the free GPUs into rank -> (node, GPU); the pool reserves those GPUs
+until the job ends.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainctl.parallelism.layouts.grid import DIMS, RankGrid
-from trainctl.spec.job import TrainingJob
-from trainctl.spec.presets import resolve_model
-from trainctl.workers.placement import Placement, RankAssignment, place
+from trainctl.parallelism.resolved_job import ResolvedJob
+from trainctl.workers.placement import Placement, RankAssignment, place_job
 from trainctl.workers.placement.fabric import FabricIndex
 from trainctl.workers.topology.nccl import nccl_env
 
@@ -51,10 +51,9 @@ class PlannedPlacement:
         )
 
     @classmethod
-    def from_plan(cls, slots: list[dict[str, Any]], job: TrainingJob) -> PlannedPlacement:
-        """A plan as a supervisor records it (a PLAN event: `{rank, node, gpu}` per rank) for `job`, with
-        each rank's grid coordinates."""
-        grid = RankGrid.from_spec(job.spec.parallelism)
+    def from_plan(cls, slots: list[dict[str, Any]], grid: RankGrid) -> PlannedPlacement:
+        """A plan as a supervisor records it (a PLAN event: `{rank, node, gpu}` per rank) for a job of
+        `grid`, with each rank's grid coordinates."""
         assignments = tuple(sorted((RankAssignment(**slot) for slot in slots), key=lambda a: a.rank))
         return cls(assignments=assignments, coords={a.rank: _grid_coords(grid, a.rank) for a in assignments})
 
@@ -119,18 +118,16 @@ class GpuPool:
             return {slot: job_id for job_id, slots in self._held.items() for slot in slots}
 
     def place(
-        self, job: TrainingJob, *, empty: bool = False, holder: str | None = None, down: Collection[str] = ()
+        self, job: ResolvedJob, *, empty: bool = False, holder: str | None = None, down: Collection[str] = ()
     ) -> PlannedPlacement | None:
         """Where every rank of `job` would run on the free GPUs (or on the whole pool with `empty`) off
         the `down` nodes, counting `holder`'s GPUs as free (re-placing that job); None when they do not
         all fit (gang scheduling: all or nothing)."""
-        grid = RankGrid.from_spec(job.spec.parallelism)
         free: dict[str, set[int]] = {}
         for node, gpu in set(self._slots) if empty else self.free_slots(holder=holder, down=down):
             free.setdefault(node, set()).add(gpu)
-        solved = place(grid, self.topology, free, model=resolve_model(job.spec.model), job_spec=job.spec,
-                       time_budget_s=self.solver_budget_s, index=self._index)
-        return None if solved is None else PlannedPlacement.from_solver(solved, grid)
+        solved = place_job(job, self.topology, free, self.solver_budget_s, index=self._index)
+        return None if solved is None else PlannedPlacement.from_solver(solved, job.grid)
 
     @property
     def index(self) -> FabricIndex:

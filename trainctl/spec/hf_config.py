@@ -61,8 +61,10 @@ def read_hf_config(directory: str | Path, files: FileRule = FileRule()) -> Field
             f"{_config_path(directory)}: architectures {architectures!r} is not supported for model_type {model_type!r} "
             f"(expected [{expected!r}])"
         )
+    positions = config.get("max_position_embeddings")
+    known = isinstance(positions, int) and not isinstance(positions, bool) and positions >= 1
     try:
-        return {**parser(config), "hf_family": model_type}
+        return {**parser(config), "hf_family": model_type, "max_position_embeddings": positions if known else None}
     except PretrainedConfigError as exc:
         raise PretrainedConfigError(f"{_config_path(directory)}: {exc}") from None
 

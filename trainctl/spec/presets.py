@@ -49,7 +49,9 @@ class ModelConfig:
     `rope_scaling`. `hf_family` is the Hugging Face `model_type` an imported model came from (export
     writes that family back; None: a trainctl preset, exported as Llama) and `sliding_window` the
     window its config.json declares (the engine attends causally over the whole sequence, so a job's
-    seq_len must not exceed it).
+    seq_len must not exceed it). `max_position_embeddings` is the context an imported model trained on, as
+    its config.json states it (None: a preset, or a config naming no positive integer; a longer seq_len is
+    a warning, `spec.validate.pretrained_warnings`).
     """
 
     vocab_size: int
@@ -68,6 +70,7 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     hf_family: str | None = None
     sliding_window: int | None = None
+    max_position_embeddings: int | None = None
 
     @property
     def head_dim(self) -> int:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from trainctl.spec import data_sources
 from trainctl.spec.data_format import TOKEN_SHARD_INDEX
 from trainctl.spec.files import FileRule, FileRuleError
-from trainctl.spec.hf_config import load_config_json, weights_problem
+from trainctl.spec.hf_config import weights_problem
 from trainctl.spec.job import (
     STDLIB_CORPUS,
     TOKENIZER_AUTO,
@@ -98,10 +98,8 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
         if check_data:
             out.extend(pretrained_violations(job))
     else:
-        try:
-            model = resolve_model(spec.model)
-        except UnknownPresetError as exc:
-            bad("spec.model.preset", str(exc))
+        model, problems = _resolved(spec.model, FileRule())
+        out.extend(problems)
 
     if par.dp_shard > 1 and par.zero_stage == 0:
         bad("spec.parallelism.zero_stage", "zero_stage 0 (plain DDP) with dp_shard > 1: use dp_replicate for DDP")
@@ -221,33 +219,43 @@ def pretrained_violations(job: TrainingJob, files: FileRule = FileRule()) -> lis
     """`spec.model.from_pretrained`: the directory holds a config.json of a supported family and weights
     the engine loads (a safetensors file, or an index whose shards all exist), and the model it describes
     fits the layout and the data. Reads config.json and the index under `files`, never the weights."""
+    return pretrained_check(job, files)[1]
+
+
+def pretrained_check(job: TrainingJob, files: FileRule = FileRule()) -> tuple[ModelConfig | None, list[FieldViolation]]:
+    """`pretrained_violations`, with the model shape config.json describes (None when the job imports no
+    model or its config.json is unusable), so that a caller reads config.json once."""
     directory = job.spec.model.from_pretrained
     if directory is None:
-        return []
+        return None, []
     if not directory.strip():
-        return [FieldViolation("spec.model.from_pretrained", "must be a Hugging Face model directory, not empty")]
-    try:
-        model = resolve_model(job.spec.model, files)
-    except PretrainedConfigError as exc:
-        return [FieldViolation("spec.model.from_pretrained", str(exc))]
+        return None, [FieldViolation("spec.model.from_pretrained", "must be a Hugging Face model directory, not empty")]
+    model, problems = _resolved(job.spec.model, files)
+    if model is None:
+        return None, problems
     weights = weights_problem(directory, files)
-    return ([FieldViolation("spec.model.from_pretrained", weights)] if weights else []) + model_violations(model, job)
+    return model, ([FieldViolation("spec.model.from_pretrained", weights)] if weights else []) + model_violations(model, job)
 
 
-def pretrained_warnings(job: TrainingJob, files: FileRule = FileRule()) -> list[FieldViolation]:
-    """What is allowed but probably not meant for a `from_pretrained` model (`validate`, `plan` and
-    CreateJob show these without refusing the job): a `spec.data.seq_len` past its config.json's
-    `max_position_embeddings`, positions the model never trained on. config.json is read under `files`;
-    one that cannot be read gives no warning (`pretrained_violations` names that problem)."""
-    directory = job.spec.model.from_pretrained
-    if directory is None or not directory.strip():
-        return []
+def _resolved(spec: ModelSpec, files: FileRule) -> tuple[ModelConfig | None, list[FieldViolation]]:
+    """The model shape `spec` names (a preset, or config.json read under `files`), or the violation naming
+    the field that says why there is none."""
     try:
-        limit = load_config_json(directory, files).get("max_position_embeddings")
-    except PretrainedConfigError:
-        return []
+        return resolve_model(spec, files), []
+    except UnknownPresetError as exc:
+        return None, [FieldViolation("spec.model.preset", str(exc))]
+    except PretrainedConfigError as exc:
+        return None, [FieldViolation("spec.model.from_pretrained", str(exc))]
+
+
+def pretrained_warnings(job: TrainingJob, model: ModelConfig | None) -> list[FieldViolation]:
+    """What is allowed but probably not meant for a `from_pretrained` model (`validate`, `plan` and
+    CreateJob show these without refusing the job): a `spec.data.seq_len` past the `max_position_embeddings`
+    of its config.json (`model`, as resolved from it), positions the model never trained on. No model (a
+    config.json that cannot be used: `pretrained_violations` names that problem) gives no warning."""
+    limit = None if model is None or job.spec.model.from_pretrained is None else model.max_position_embeddings
     seq_len = job.spec.data.seq_len
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1 or seq_len <= limit:
+    if limit is None or seq_len <= limit:
         return []
     return [FieldViolation(
         "spec.data.seq_len",

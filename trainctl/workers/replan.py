@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from trainctl.parallelism.layouts.grid import RankGrid
-from trainctl.spec.job import TrainingJob
-from trainctl.spec.presets import resolve_model
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.workers.nodes import cluster_nodes
-from trainctl.workers.placement import place
+from trainctl.workers.placement import place_job
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.topology.model import TopologyMap
 
@@ -36,14 +34,13 @@ def free_slots(*, cuda: bool) -> dict[str, set[int]]:
 
 
 def replacement(
-    job: TrainingJob, topology: TopologyMap, free: Mapping[str, set[int]], lost: Collection[str]
+    job: ResolvedJob, topology: TopologyMap, free: Mapping[str, set[int]], lost: Collection[str]
 ) -> list[RankAssignment] | None:
     """A plan for every rank of ``job`` on the ``free`` GPUs of ``topology`` off the ``lost`` nodes
     (the solver's best), or None when they do not all fit now."""
     known = {node.name: set(node.gpus) for node in topology.nodes}
     usable = {node: gpus & known[node] for node, gpus in free.items() if node in known and node not in lost}
-    grid = RankGrid.from_spec(job.spec.parallelism)
-    solved = place(grid, topology, usable, model=resolve_model(job.spec.model), job_spec=job.spec)
+    solved = place_job(job, topology, usable)
     if solved is None:
         return None
     return sorted(solved.assignments, key=lambda a: a.rank)

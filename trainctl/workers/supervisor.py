@@ -40,6 +40,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 import ray
@@ -48,7 +49,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from trainctl.parallelism.errors import ConfigurationError
-from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.files import FileRule, FileRuleError
 from trainctl.spec.job import TrainingJob
@@ -318,6 +319,11 @@ class JobSupervisor:
         finally:
             self._shutdown_group()
 
+    @cached_property
+    def _resolved(self) -> ResolvedJob:
+        """The job's grid and model, resolved at first need (a command job's start, a re-placement)."""
+        return ResolvedJob.resolve(self._job.spec)
+
     def _start(self, group: RankGroup) -> list[ray.ObjectRef]:
         """Start the engine, or a command job's program, on every rank; one result ref per rank."""
         cfg, spec = self._cfg, self._job.spec
@@ -333,7 +339,7 @@ class JobSupervisor:
             command.working_dir or str(self._run.root),
             dict(command.env),
             node_env=cfg.node_env,
-            grid=RankGrid.from_spec(spec.parallelism),
+            grid=self._resolved.grid,
             checkpoint_dir=str(self._run.checkpoints),
             log_dir=str(self._run.logs),
             restart_count=self._log.status(0, 1).restarts,
@@ -392,7 +398,7 @@ class JobSupervisor:
             if self._cancel.is_set():
                 return "cancelled"
             if self._topology is not None:
-                slots = replacement(self._job, self._topology, free_slots(cuda=cfg.use_gpu), lost)
+                slots = replacement(self._resolved, self._topology, free_slots(cuda=cfg.use_gpu), lost)
                 if slots is not None:
                     self._adopt(slots)
                     continue

@@ -18,10 +18,12 @@ from pydantic import ValidationError
 from trainctl.parallelism.checkpoint import layout
 from trainctl.parallelism.checkpoint.layout import FIELD
 from trainctl.parallelism.errors import ConfigurationError
+from trainctl.parallelism.layouts.grid import LayoutError
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.files import MAX_JSON_BYTES, FileRule, FileRuleError
 from trainctl.spec.job import JobSpecBody
-from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError, resolve_model
+from trainctl.spec.presets import ModelConfig, PretrainedConfigError, UnknownPresetError
 
 
 class CheckpointNotFoundError(ConfigurationError, FileNotFoundError):
@@ -84,8 +86,8 @@ def open_checkpoint(path: str | Path, job: JobSpecBody | None = None, files: Fil
         except ValidationError as exc:
             raise CheckpointNotFoundError(f"{spec_file}: not a readable job record: {exc}") from exc
     try:
-        config = resolve_model(job.model, files)
-    except (UnknownPresetError, PretrainedConfigError) as exc:
+        config = ResolvedJob.resolve(job, files).config
+    except (UnknownPresetError, PretrainedConfigError, LayoutError) as exc:
         raise CheckpointNotFoundError(f"{step_dir}: the model it was written for is unknown: {exc}") from exc
     return Pretrained(path=step_dir, job=job, config=config)
 
@@ -101,9 +103,9 @@ def _weight_shape(config: ModelConfig) -> dict[str, object]:
     }
 
 
-def init_from_problem(path: str, job: JobSpecBody, files: FileRule = FileRule()) -> str | None:
-    """Why `path` cannot be `job`'s init_from, or None: it names no intact complete checkpoint, its run
-    recorded no job, its files break `files`, or its model's parameters differ from `job`'s. Reads
+def init_from_problem(path: str, model: ModelConfig, files: FileRule = FileRule()) -> str | None:
+    """Why `path` cannot be the init_from of a job training `model`, or None: it names no intact complete
+    checkpoint, its run recorded no job, its files break `files`, or its model's parameters differ. Reads
     markers, manifests and the recorded job only, never the weights (the submit-time check; loading
     catches the rest)."""
     try:
@@ -114,7 +116,7 @@ def init_from_problem(path: str, job: JobSpecBody, files: FileRule = FileRule())
         return exc.message
     except OSError as exc:  # a name too long, a directory without permission
         return f"{path}: {exc.strerror or exc}"
-    theirs, ours = _weight_shape(source.config), _weight_shape(resolve_model(job.model))
+    theirs, ours = _weight_shape(source.config), _weight_shape(model)
     differ = [f"{name} {theirs[name]} (this job: {ours[name]})" for name in ours if theirs[name] != ours[name]]
     if differ:
         return f"{source.path} holds a model of another shape: {', '.join(differ)}"

@@ -29,10 +29,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainctl.parallelism.layouts.parallelize import ParallelModel
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.estimator import estimate_all
 from trainctl.parallelism.sizing.micro_batch import micro_batch_candidates, with_micro_batch_size
 from trainctl.spec.job import JobSpecBody
-from trainctl.spec.presets import ModelConfig
 
 MEMORY_FRACTION = 0.85
 """Share of the device memory `auto` lets the estimate fill (the rest: allocator slack, workspace)."""
@@ -56,18 +56,18 @@ def memory_budget(device: torch.device) -> int:
     return int(total * MEMORY_FRACTION)
 
 
-def peak_estimate(config: ModelConfig, job: JobSpecBody) -> int:
+def peak_estimate(job: ResolvedJob) -> int:
     """The largest per-rank estimated memory of `job` (bytes)."""
-    return max(m.total_bytes for m in estimate_all(config, job))
+    return max(m.total_bytes for m in estimate_all(job))
 
 
-def choose_micro_batch_size(config: ModelConfig, job: JobSpecBody, budget: int) -> int:
+def choose_micro_batch_size(job: ResolvedJob, budget: int) -> int:
     """The largest candidate micro-batch whose estimate fits `budget`; ValueError when none does."""
-    candidates = micro_batch_candidates(job)
+    candidates = micro_batch_candidates(job.spec)
     for micro in candidates:
-        if peak_estimate(config, with_micro_batch_size(job, micro)) <= budget:
+        if peak_estimate(job.with_spec(with_micro_batch_size(job.spec, micro))) <= budget:
             return micro
-    need = peak_estimate(config, with_micro_batch_size(job, 1))
+    need = peak_estimate(job.with_spec(with_micro_batch_size(job.spec, 1)))
     raise ValueError(
         f"spec.training.micro_batch_size: auto found no micro-batch that fits: even 1 sequence needs an estimated "
         f"{need / 2**30:.2f} GiB per rank, the budget is {budget / 2**30:.2f} GiB; shard more (dp_shard, tp, pp) "
@@ -75,11 +75,11 @@ def choose_micro_batch_size(config: ModelConfig, job: JobSpecBody, budget: int) 
     )
 
 
-def resolve_micro_batch_size(config: ModelConfig, job: JobSpecBody, device: torch.device) -> JobSpecBody:
+def resolve_micro_batch_size(job: ResolvedJob, device: torch.device) -> ResolvedJob:
     """`job` with `micro_batch_size: auto` replaced by the estimator's choice (unchanged otherwise)."""
-    if job.training.micro_batch_size != "auto":
+    if job.spec.training.micro_batch_size != "auto":
         return job
-    return with_micro_batch_size(job, choose_micro_batch_size(config, job, memory_budget(device)))
+    return job.with_spec(with_micro_batch_size(job.spec, choose_micro_batch_size(job, memory_budget(device))))
 
 
 def probe_micro_batch(try_step: Callable[[int], None], candidates: list[int], start: int) -> int:

@@ -57,15 +57,15 @@ from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.layouts.context_parallel import shard_batch_for_cp
 from trainctl.parallelism.layouts.expert_parallel import reduce_expert_gradients
-from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.parallelism.layouts.mesh import ParallelMesh, build_mesh
 from trainctl.parallelism.layouts.pipeline import PipelineRunner
 from trainctl.parallelism.layouts.tensor_parallel import loss_context
 from trainctl.parallelism.model.moe import pop_aux_loss
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.flops import mfu, peak_flops, training_flops_per_token
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import JobSpecBody
-from trainctl.spec.presets import ModelConfig, PretrainedConfigError, resolve_model
+from trainctl.spec.presets import PretrainedConfigError
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +100,11 @@ def check_world(job: JobSpecBody, world_size: int) -> None:
         raise RuntimeError(f"world_size {world_size} needs an initialised process group of that size")
 
 
-def job_model(job: JobSpecBody, files: FileRule) -> ModelConfig:
-    """The model shape `job` trains; a `from_pretrained` config.json that cannot be used (or that `files`
-    refuses) is a ConfigurationError naming the field."""
+def resolved_job(job: JobSpecBody, files: FileRule) -> ResolvedJob:
+    """`job` with its grid and the model shape it trains; a `from_pretrained` config.json that cannot be
+    used (or that `files` refuses) is a ConfigurationError naming the field."""
     try:
-        return resolve_model(job.model, files)
+        return ResolvedJob.resolve(job, files)
     except PretrainedConfigError as exc:
         raise ConfigurationError(f"spec.model.from_pretrained: {exc}") from None
 
@@ -151,9 +151,8 @@ class Trainer:
         self.on_event = on_event
         self.on_step_time = on_step_time
         self.file_rule = file_rule
-        self.grid = RankGrid.from_spec(job.parallelism)
-        self.config = job_model(job, file_rule)
-        self.job = efficiency.resolve_micro_batch_size(self.config, job, self.device)
+        resolved = efficiency.resolve_micro_batch_size(resolved_job(job, file_rule), self.device)
+        self.grid, self.config, self.job = resolved.grid, resolved.config, resolved.spec
         self.autocast_dtype = torch.bfloat16 if job.training.dtype == "bfloat16" else None
         self.objectives = objectives(job.training.compile and self.grid.tp == 1)  # TP's vocab-sharded loss stays eager
         self.pmesh: ParallelMesh | None = build_mesh(self.grid, self.device.type) if world_size > 1 else None

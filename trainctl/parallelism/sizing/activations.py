@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from math import prod
 
 from trainctl.parallelism.layouts.dp_mode import effective_mode
-from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing.working_copies import WorkingCopies, gathers_parameters
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig
@@ -218,12 +218,12 @@ class StepActivations:
         return PeakSplit(activations=activations, working=max(0, peak.working - (short - peak.activations + activations)))
 
 
-def step_activations(config: ModelConfig, job: JobSpecBody, rank: int, stage: StageParams, grads_bytes: int,
+def step_activations(resolved: ResolvedJob, rank: int, stage: StageParams, grads_bytes: int,
                      working: WorkingCopies) -> StepActivations:
     """The activation memory of `rank` (holding `stage`, with `grads_bytes` of gradients and the
     data-parallel implementation's `working` copies) over one step."""
+    config, job, grid = resolved.config, resolved.spec, resolved.grid
     par, training = job.parallelism, job.training
-    grid = RankGrid.from_spec(par)
     pp_rank = grid.coords(rank)["pp"]
     p = precision(job)
     tokens = int(training.micro_batch_size) * job.data.seq_len // par.cp

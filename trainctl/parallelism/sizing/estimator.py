@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from math import ceil, prod
 
 from trainctl.parallelism.layouts.dp_mode import effective_mode, partition_sizes
-from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.parallelism.layouts.stage_split import balanced_split, local_stage_indices
 from trainctl.parallelism.model.lora_names import PARENTS, is_adapter
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.sizing import activations
 from trainctl.parallelism.sizing.flops import training_flops_per_token
 from trainctl.parallelism.sizing.working_copies import (
@@ -199,10 +199,10 @@ def _split(shape: tuple[int, ...], dim: int, ways: int) -> tuple[int, ...]:
     return (*shape[:dim], shape[dim] // ways, *shape[dim + 1 :])
 
 
-def local_params(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None) -> list[list[LocalParam]]:
+def local_params(resolved: ResolvedJob, rank: int, plan: ModelPlan | None = None) -> list[list[LocalParam]]:
     """Per model part on `rank`, every parameter's local shape under the job's layout."""
+    config, job, grid = resolved.config, resolved.spec, resolved.grid
     par = job.parallelism
-    grid = RankGrid.from_spec(par)
     coords = grid.coords(rank)
     plan = plan or model_plan(config, job)
     shapes = plan.shapes
@@ -275,12 +275,13 @@ def _units(part: list[LocalParam], n_shard: int) -> PartUnits:
     return PartUnits(blocks=tuple(unit(b) for b in blocks.values()), root=unit(root))
 
 
-def working_copies(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None,
+def working_copies(resolved: ResolvedJob, rank: int, plan: ModelPlan | None = None,
                    parts: list[list[LocalParam]] | None = None) -> WorkingCopies:
     """What the data-parallel implementation holds on `rank` beyond its sharded state, per phase of the
     step (sizing/working_copies.py); `parts`: `local_params` of the rank when already computed."""
-    plan = plan or model_plan(config, job)
-    parts = parts if parts is not None else local_params(config, job, rank, plan)
+    job = resolved.spec
+    plan = plan or model_plan(resolved.config, job)
+    parts = parts if parts is not None else local_params(resolved, rank, plan)
     par = job.parallelism
     n_shard = par.dp_shard * par.cp
     if gathers_parameters(job):
@@ -297,30 +298,31 @@ def working_copies(config: ModelConfig, job: JobSpecBody, rank: int, plan: Model
     return zero1_working_copies(owner_bytes)
 
 
-def peak_above_state(config: ModelConfig, job: JobSpecBody, rank: int, grads_bytes: int, working: WorkingCopies,
+def peak_above_state(resolved: ResolvedJob, rank: int, grads_bytes: int, working: WorkingCopies,
                      plan: ModelPlan | None = None, parts: list[list[LocalParam]] | None = None) -> activations.PeakSplit:
     """What the step holds on `rank` at its peak beyond parameters, its `grads_bytes` of gradients and
     optimizer state, as activations (sizing/activations.py: saved activations, autocast's weight copies,
     logits and the loss's temporaries) and `working` copies, less the gradients not yet allocated when
     the peak comes before them; `parts`: `local_params` of the rank when already computed."""
-    plan = plan or model_plan(config, job)
-    parts = parts if parts is not None else local_params(config, job, rank, plan)
-    return _peak_of(config, job, rank, parts, plan, grads_bytes, working)
+    plan = plan or model_plan(resolved.config, resolved.spec)
+    parts = parts if parts is not None else local_params(resolved, rank, plan)
+    return _peak_of(resolved, rank, parts, plan, grads_bytes, working)
 
 
-def _peak_of(config: ModelConfig, job: JobSpecBody, rank: int, parts: list[list[LocalParam]], plan: ModelPlan,
+def _peak_of(resolved: ResolvedJob, rank: int, parts: list[list[LocalParam]], plan: ModelPlan,
              grads_bytes: int, working: WorkingCopies) -> activations.PeakSplit:
     stage = activations.stage_params([(p.name, p.storage_shape) for part in parts for p in part], tied=plan.tied)
-    return activations.step_activations(config, job, rank, stage, grads_bytes, working).peak_above_state(grads_bytes)
+    return activations.step_activations(resolved, rank, stage, grads_bytes, working).peak_above_state(grads_bytes)
 
 
-def state_bytes(job: JobSpecBody, rank: int, parts: list[list[LocalParam]]) -> tuple[int, int, int]:
+def state_bytes(resolved: ResolvedJob, rank: int, parts: list[list[LocalParam]]) -> tuple[int, int, int]:
     """(parameters, gradients, optimizer state) bytes of `rank` holding `parts` (its `local_params`)."""
+    job = resolved.spec
     par = job.parallelism
     train = job.training
     mode = effective_mode(par, dtensor_params=par.tp > 1)
     n_shard = par.dp_shard * par.cp
-    shard_index = RankGrid.from_spec(par).group(("dp_shard", "cp"), rank).index(rank)
+    shard_index = resolved.grid.group(("dp_shard", "cp"), rank).index(rank)
     params = grads = optim = 0
     for part in parts:
         params += sum(prod(p.storage_shape) * FP32 for p in part)
@@ -335,13 +337,13 @@ def state_bytes(job: JobSpecBody, rank: int, parts: list[list[LocalParam]]) -> t
     return params, grads, optim
 
 
-def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int, plan: ModelPlan | None = None) -> MemoryEstimate:
+def estimate_memory(resolved: ResolvedJob, rank: int, plan: ModelPlan | None = None) -> MemoryEstimate:
     """Bytes of parameters, gradients, optimizer state, activations and working copies on `rank` at
     the step's peak (`plan` computed here when not given)."""
-    plan = plan or model_plan(config, job)
-    parts = local_params(config, job, rank, plan)
-    params, grads, optim = state_bytes(job, rank, parts)
-    peak = _peak_of(config, job, rank, parts, plan, grads, working_copies(config, job, rank, plan, parts))
+    plan = plan or model_plan(resolved.config, resolved.spec)
+    parts = local_params(resolved, rank, plan)
+    params, grads, optim = state_bytes(resolved, rank, parts)
+    peak = _peak_of(resolved, rank, parts, plan, grads, working_copies(resolved, rank, plan, parts))
     return MemoryEstimate(
         rank=rank,
         params_bytes=params,
@@ -352,11 +354,11 @@ def estimate_memory(config: ModelConfig, job: JobSpecBody, rank: int, plan: Mode
     )
 
 
-def estimate_all(config: ModelConfig, job: JobSpecBody, ranks: Iterable[int] | None = None) -> list[MemoryEstimate]:
+def estimate_all(resolved: ResolvedJob, ranks: Iterable[int] | None = None) -> list[MemoryEstimate]:
     """`estimate_memory` of `ranks` (default every rank), in that order, sharing one `ModelPlan`."""
-    plan = model_plan(config, job)
-    chosen = range(job.parallelism.world_size) if ranks is None else ranks
-    return [estimate_memory(config, job, r, plan) for r in chosen]
+    plan = model_plan(resolved.config, resolved.spec)
+    chosen = range(resolved.grid.world_size) if ranks is None else ranks
+    return [estimate_memory(resolved, r, plan) for r in chosen]
 
 
 def flops_per_step(config: ModelConfig, job: JobSpecBody) -> int:

@@ -21,6 +21,8 @@ from typing import TypeVar
 import grpc
 
 from trainctl.parallelism.checkpoint.source import init_from_problem
+from trainctl.parallelism.layouts.grid import LayoutError
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.planning.fit import fit_violations
 from trainctl.planning.plan import plan_response
 from trainctl.planning.pool import GpuPool
@@ -28,6 +30,7 @@ from trainctl.service import store as st
 from trainctl.service.api.async_bridge import store_read
 from trainctl.service.api.job_messages import JobMessages, step_to_proto
 from trainctl.service.api.owned_records import MAX_ID_LENGTH, owned_record
+from trainctl.service.api.paging import page_size
 from trainctl.service.api.sweep_rpcs import SweepRpcs
 from trainctl.service.api.watch_hub import EventHub, WatchFailed, WatchStopped
 from trainctl.service.scheduling.scheduler import Scheduler
@@ -45,11 +48,12 @@ from trainctl.service.store import (
     StoreUnavailable,
 )
 from trainctl.spec.job import INT64_MAX, TrainingJob
+from trainctl.spec.presets import ModelConfig, UnknownPresetError
 from trainctl.spec.validate import (
     FieldViolation,
     SpecError,
     data_violations,
-    pretrained_violations,
+    pretrained_check,
     pretrained_warnings,
     semantic_violations,
     working_dir_violations,
@@ -68,8 +72,6 @@ from trainctl.wire.plan_convert import plan_to_proto
 from trainctl.workers.events import ACTIVE_STATES, JobState
 
 T = TypeVar("T")
-DEFAULT_PAGE_SIZE = 50
-MAX_PAGE_SIZE = 1000
 MAX_LABEL_FILTERS = 32
 MAX_PAGE_TOKEN_LENGTH = 64
 """Longer than any ListJobs page token the server issues (44 characters at most)."""
@@ -128,31 +130,35 @@ class TrainingServicer:
     def _job(self, job_id: str, principal: Principal) -> JobRecord:
         return owned_record("job", job_id, principal, self.store.get_job, JobNotFound)
 
-    def _violations(self, message: pb.Job, principal: Principal) -> tuple[TrainingJob | None, list[FieldViolation]]:
-        """The request's job (its `init_from: job:<id>` resolved) and everything wrong with it: schema,
-        semantics, paths, data, and whether its ranks fit the pool's largest GPU (checked last: it is the
-        only estimate, and needs a sane job)."""
+    def _violations(
+        self, message: pb.Job, principal: Principal
+    ) -> tuple[TrainingJob | None, ResolvedJob | None, list[FieldViolation]]:
+        """The request's job (its `init_from: job:<id>` resolved), resolved once (None while it breaks a
+        rule), and everything wrong with it: schema, semantics, paths, data, and whether its ranks fit the
+        pool's largest GPU (checked last: it is the only estimate, and needs a sane job)."""
         try:
             job = job_from_proto(message)
         except SpecError as exc:
-            return None, exc.violations
-        job, violations = self._checked(job, principal)
-        if not violations:
-            violations = fit_violations(job, self.pool)
-        return job, violations
+            return None, None, exc.violations
+        job, resolved, violations = self._checked(job, principal)
+        if resolved is not None:
+            violations = fit_violations(resolved, self.pool)
+        return job, None if violations else resolved, violations
 
-    def _validated(self, message: pb.Job, principal: Principal) -> TrainingJob:
-        """The request's job, valid in every respect `_violations` checks, or INVALID_ARGUMENT naming each field."""
-        job, violations = self._violations(message, principal)
-        if violations or job is None:
+    def _validated(self, message: pb.Job, principal: Principal) -> tuple[TrainingJob, ResolvedJob]:
+        """The request's job and its resolved job, valid in every respect `_violations` checks, or
+        INVALID_ARGUMENT naming each field."""
+        job, resolved, violations = self._violations(message, principal)
+        if violations or job is None or resolved is None:
             raise invalid_argument(violations)
-        return job
+        return job, resolved
 
-    def _checked(self, job: TrainingJob, principal: Principal) -> tuple[TrainingJob, list[FieldViolation]]:
-        """`job` with its `init_from: job:<id>` resolved, and every rule it breaks: the spec's semantics,
-        the path rule (paths.JobPathPolicy) and then, only for paths it let through, the data and the
-        init_from checkpoint or from_pretrained directory they name (exist, are readable, hold one sample,
-        fit the model), every file opened inside them under the job's FileRule (trainctl.spec.files)."""
+    def _checked(self, job: TrainingJob, principal: Principal) -> tuple[TrainingJob, ResolvedJob | None, list[FieldViolation]]:
+        """`job` with its `init_from: job:<id>` resolved, the job resolved (its grid and model, config.json
+        read once; None when a rule is broken), and every rule it breaks: the spec's semantics, the path
+        rule (paths.JobPathPolicy) and then, only for paths it let through, the data and the init_from
+        checkpoint or from_pretrained directory they name (exist, are readable, hold one sample, fit the
+        model), every file opened inside them under the job's FileRule (trainctl.spec.files)."""
         violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=False)
         if job.spec.command is not None and not self.auth.may_run_commands(principal):
             violations.append(FieldViolation(
@@ -160,26 +166,23 @@ class TrainingServicer:
                 "the operator lists the tenants that may under command_tenants in the access file"))
         confinement = self.paths.violations(job.spec, principal, self._tenant_of)
         if confinement:
-            return job, violations + confinement
+            return job, None, violations + confinement
         reference = job_reference(job.spec.init_from)
         job = job.model_copy(update={"spec": self.paths.resolve(job.spec)})
         if job.spec.command is not None:
-            return job, violations + working_dir_violations(job.spec.command)
+            violations += working_dir_violations(job.spec.command)
+            return job, None if violations else _resolved(job, None, violations), violations
         files = self.paths.file_rule(job.spec, None, lambda job_id: self._owns(principal, job_id))
         violations += data_violations(job.spec.data, model_dir=job.spec.model.from_pretrained, files=files)
-        violations += pretrained_violations(job, files)
-        if job.spec.init_from is not None and job.spec.init_from.strip():
-            problem = init_from_problem(job.spec.init_from, job.spec, files)
+        model, problems = pretrained_check(job, files)
+        violations += problems
+        resolved = None if problems else _resolved(job, model, violations)
+        if job.spec.init_from is not None and job.spec.init_from.strip() and resolved is not None:
+            problem = init_from_problem(job.spec.init_from, resolved.config, files)
             if problem is not None:
                 named = f"job {reference!r}" if reference is not None else repr(job.spec.init_from)
                 violations.append(FieldViolation("spec.init_from", f"{named} names no usable checkpoint: {problem}"))
-        return job, violations
-
-    def _warnings(self, job: TrainingJob, principal: Principal) -> list[FieldViolation]:
-        """`pretrained_warnings` of a checked job (its paths resolved), config.json read under its FileRule."""
-        if job.spec.command is not None or job.spec.model.from_pretrained is None:
-            return []
-        return pretrained_warnings(job, self.paths.file_rule(job.spec, None, lambda job_id: self._owns(principal, job_id)))
+        return job, None if violations else resolved, violations
 
     def _tenant_of(self, job_id: str) -> str | None:
         if len(job_id) > MAX_ID_LENGTH:
@@ -208,9 +211,9 @@ class TrainingServicer:
             retried = self._retried(request.request_id, digest, principal)
             if retried is not None:
                 return retried
-            job = self._validated(request.job, principal)
+            job, resolved = self._validated(request.job, principal)
             record = self._create(job, request.request_id, digest, principal)
-            for warning in self._warnings(job, principal):  # accepted, and said in the job's log (`trainctl logs`)
+            for warning in pretrained_warnings(job, resolved.model):  # accepted, and said in the job's log (`trainctl logs`)
                 self.store.append_event(record.id, st.EVENT_LOG, {"level": "WARNING", "message": f"{warning.field}: {warning.description}"})
             return record
         except RequestReused as reused:
@@ -250,9 +253,7 @@ class TrainingServicer:
 
     def ListJobs(self, request: pb.ListJobsRequest, principal: Principal) -> bytes:  # noqa: N802
         """The page as a serialized ListJobsResponse: its jobs' answers are kept serialized (`JobMessages`)."""
-        if request.page_size < 0:
-            raise bad_field("page_size", "must not be negative")
-        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        size = page_size(request.page_size)
         states = set()
         for i, number in enumerate(request.states):
             if number not in pb.JobState.values() or number == pb.JOB_STATE_UNSPECIFIED:
@@ -308,10 +309,10 @@ class TrainingServicer:
     def PlanJob(self, request: pb.PlanJobRequest, principal: Principal) -> pb.PlanJobResponse:  # noqa: N802
         if not request.HasField("job"):
             raise bad_field("job", "the job to plan is required")
-        job, violations = self._violations(request.job, principal)
-        plan = plan_response(job, violations, self.pool)
-        if plan.valid and job is not None:
-            plan = plan.with_warnings(self._warnings(job, principal))
+        job, resolved, violations = self._violations(request.job, principal)
+        plan = plan_response(resolved, violations, self.pool)
+        if plan.valid and job is not None and resolved is not None:
+            plan = plan.with_warnings(pretrained_warnings(job, resolved.model))
         return plan_to_proto(plan)
 
     def GetCluster(self, request: pb.GetClusterRequest, principal: Principal) -> pb.Cluster:  # noqa: N802
@@ -354,6 +355,20 @@ class TrainingServicer:
 
 
 # ---- conversions ------------------------------------------------------------------------------------
+
+
+def _resolved(job: TrainingJob, model: ModelConfig | None, violations: list[FieldViolation]) -> ResolvedJob | None:
+    """`job` resolved (with `model` when the checks already resolved it), or None when it cannot be: an
+    unknown preset or an impossible layout, appended to `violations` unless a check named its field."""
+    try:
+        return ResolvedJob.resolve(job.spec, model=model)
+    except UnknownPresetError as exc:
+        field, problem = "spec.model.preset", str(exc)
+    except LayoutError as exc:
+        field, problem = "spec.parallelism", str(exc)
+    if not any(v.field.startswith(field) for v in violations):
+        violations.append(FieldViolation(field, problem))
+    return None
 
 
 def evenly_thinned(items: list[T], limit: int) -> list[T]:

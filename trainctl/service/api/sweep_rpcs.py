@@ -15,10 +15,12 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.planning.fit import fit_violations
 from trainctl.planning.pool import GpuPool
 from trainctl.service.api.async_bridge import wait_for_store_change
 from trainctl.service.api.owned_records import MAX_ID_LENGTH, owned_record
+from trainctl.service.api.paging import page_size
 from trainctl.service.scheduling.sweeps import SweepDriver
 from trainctl.service.security.auth import Authenticator
 from trainctl.service.security.hardening import MAX_REASON_LENGTH, check_text
@@ -48,8 +50,6 @@ from trainctl.wire.errors import (
 from trainctl.wire.sweep_convert import sweep_from_proto, sweep_to_proto, value_to_proto
 from trainctl.workers.events import JobState
 
-DEFAULT_PAGE_SIZE = 50
-MAX_PAGE_SIZE = 1000
 WATCH_POLL_SECONDS = 0.5
 
 
@@ -77,7 +77,7 @@ class SweepRpcs:
     store: JobStore
     pool: GpuPool
     auth: Authenticator
-    checked: Callable[[TrainingJob, Principal], tuple[TrainingJob, list[FieldViolation]]]
+    checked: Callable[[TrainingJob, Principal], tuple[TrainingJob, ResolvedJob | None, list[FieldViolation]]]
     """The servicer's checks of a job (`TrainingServicer._checked`), applied to the sweep's template."""
     cancel_job: Callable[[str, str], JobRecord]
     """Cancels a job with a reason (`Scheduler.request_cancel`)."""
@@ -107,8 +107,8 @@ class SweepRpcs:
             raise invalid_argument(exc.violations, "invalid sweep: " + str(exc)) from None
         violations = sweep_violations(sweep, pool_gpus=self.pool.total)
         if not violations:
-            job, problems = self.checked(TrainingJob(metadata=sweep.metadata, spec=sweep.spec.template), principal)
-            problems = problems or fit_violations(job, self.pool)
+            job, resolved, problems = self.checked(TrainingJob(metadata=sweep.metadata, spec=sweep.spec.template), principal)
+            problems = problems or ([] if resolved is None else fit_violations(resolved, self.pool))
             violations += [FieldViolation("spec.template" + v.field.removeprefix("spec"), v.description) for v in problems]
             sweep = sweep.model_copy(update={"spec": sweep.spec.model_copy(update={"template": job.spec})})
         violations += quota_violations(sweep, principal.tenant, self.auth.quota(principal.tenant))
@@ -139,9 +139,7 @@ class SweepRpcs:
         return self._sweep_message(self._sweep(request.id, principal))
 
     def ListSweeps(self, request: pb.ListSweepsRequest, principal: Principal) -> pb.ListSweepsResponse:  # noqa: N802
-        if request.page_size < 0:
-            raise bad_field("page_size", "must not be negative")
-        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        size = page_size(request.page_size)
         before = None
         if request.page_token:
             if not re.fullmatch(r"[0-9]{1,18}", request.page_token):  # ASCII digits: isdigit() takes '²'

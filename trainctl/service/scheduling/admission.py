@@ -42,6 +42,7 @@ class Admission:
         queue = self._queue()
         first = next(queue, None)
         if first is None:
+            self._forget_unqueued(set())
             return
         replacing = next((job_id for job_id, active in state.active.items() if active.replan_waiting), None)
         if replacing is not None:
@@ -51,40 +52,58 @@ class Admission:
         down = state.down_nodes()
         usage: dict[str, TenantUsage] = {}
         held: dict[str, str] = {}
-        for entry in itertools.chain([first], queue):
-            gpus = entry.job.spec.resources.gpus
-            quota_reason = self._quota_reason(entry, usage, held)
-            if quota_reason is not None:
-                self._wait(entry, quota_reason)
-                self._decision("quota")
-                continue  # a tenant held by its quota does not block other tenants
-            started = time.perf_counter()
-            placement = state.pool.place(entry.job, down=down)
-            solver_seconds = time.perf_counter() - started
-            if placement is None:
-                free = len(state.pool.free_slots(down=down))
-                self._wait(entry, f"waiting for {gpus} GPUs: {free} of {state.pool.total} free")
-                self._decision("no_capacity", solver_seconds)
-                behind = f"waiting behind {entry.id} (priority {entry.priority}), first in the queue"
-                state.store.set_queue_reason(behind, behind=entry)
-                return
-            state.pool.reserve(entry.id, placement)
-            nodes = sorted({a.node for a in placement.assignments})
-            updated = state.store.update_status(
-                entry.id, expect=[JobState.QUEUED], state=JobState.SCHEDULED,
-                reason=f"placed {len(placement.assignments)} ranks on {', '.join(nodes)}", schedule_time=time.time(),
-                placement=placement.records(), run_dir=str(RunDirectory.of_job(state.runs_dir, entry.id).root),
-            )
-            if updated is None:  # cancelled meanwhile
-                state.pool.release(entry.id)
-                continue
-            usage.pop(entry.tenant)  # it runs more now
-            self._decision("started", solver_seconds)
-            if state.metrics is not None:
-                state.metrics.set_job_state(updated.id, updated.tenant, updated.state)
-                state.metrics.set_job_placement(updated.id, updated.tenant, state.by_domain(placement))
-            state.active[entry.id] = ActiveJob()
-            self.launcher.launch(updated, placement)
+        visited: set[str] = set()
+        try:
+            for entry in itertools.chain([first], queue):
+                visited.add(entry.id)
+                if not self._admit(entry, down, usage, held):
+                    return
+        finally:
+            self._forget_unqueued(visited)
+
+    def _forget_unqueued(self, visited: set[str]) -> None:
+        """Drop the resolved jobs of jobs neither followed nor met by this pass: they left the queue."""
+        state = self.state
+        for job_id in set(state.resolved) - visited - set(state.active):
+            del state.resolved[job_id]
+
+    def _admit(self, entry: QueuedJob, down: set[str], usage: dict[str, TenantUsage], held: dict[str, str]) -> bool:
+        """Start `entry` if its quota and the free GPUs allow; False when it blocks the rest of the queue."""
+        state = self.state
+        gpus = entry.job.spec.resources.gpus
+        quota_reason = self._quota_reason(entry, usage, held)
+        if quota_reason is not None:
+            self._wait(entry, quota_reason)
+            self._decision("quota")
+            return True  # a tenant held by its quota does not block other tenants
+        started = time.perf_counter()
+        placement = state.pool.place(state.resolved_job(entry.id, entry.job), down=down)
+        solver_seconds = time.perf_counter() - started
+        if placement is None:
+            free = len(state.pool.free_slots(down=down))
+            self._wait(entry, f"waiting for {gpus} GPUs: {free} of {state.pool.total} free")
+            self._decision("no_capacity", solver_seconds)
+            behind = f"waiting behind {entry.id} (priority {entry.priority}), first in the queue"
+            state.store.set_queue_reason(behind, behind=entry)
+            return False
+        state.pool.reserve(entry.id, placement)
+        nodes = sorted({a.node for a in placement.assignments})
+        updated = state.store.update_status(
+            entry.id, expect=[JobState.QUEUED], state=JobState.SCHEDULED,
+            reason=f"placed {len(placement.assignments)} ranks on {', '.join(nodes)}", schedule_time=time.time(),
+            placement=placement.records(), run_dir=str(RunDirectory.of_job(state.runs_dir, entry.id).root),
+        )
+        if updated is None:  # cancelled meanwhile
+            state.pool.release(entry.id)
+            return True
+        usage.pop(entry.tenant)  # it runs more now
+        self._decision("started", solver_seconds)
+        if state.metrics is not None:
+            state.metrics.set_job_state(updated.id, updated.tenant, updated.state)
+            state.metrics.set_job_placement(updated.id, updated.tenant, state.by_domain(placement))
+        state.active[entry.id] = ActiveJob()
+        self.launcher.launch(updated, placement)
+        return True
 
     def _quota_reason(self, entry: QueuedJob, usage: dict[str, TenantUsage], held: dict[str, str]) -> str | None:
         """Why `entry` waits for its tenant's quota in this pass, or None: the first of a tenant's jobs

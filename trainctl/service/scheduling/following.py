@@ -170,7 +170,7 @@ class Following:
                 payload["rank"] = event.rank
             store.append_event(record.id, st.EVENT_LOG, payload, now=event.time)
             if event.kind is EventKind.PLAN and event.placement:
-                self.replacement.adopt_plan(record, PlannedPlacement.from_plan(event.placement, record.job))
+                self.replacement.adopt_plan(record, PlannedPlacement.from_plan(event.placement, self.state.resolved_job(record.id, record.job).grid))
         elif event.kind is EventKind.PLACEMENT and event.placement is not None:
             where = ", ".join(f"{p.get('rank')}->{p.get('node')}:{p.get('gpu')}" for p in event.placement)
             store.append_event(record.id, st.EVENT_LOG, {"level": "INFO", "message": f"ranks placed: {where}"}, now=event.time)

@@ -30,7 +30,7 @@ class Replacement:
         state = self.state
         active = state.active[record.id]
         down = set(lost) | state.down_nodes()
-        placement = state.pool.place(record.job, holder=record.id, down=down)
+        placement = state.pool.place(state.resolved_job(record.id, record.job), holder=record.id, down=down)
         running = [JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING]
         if placement is None:
             free = len(state.pool.free_slots(holder=record.id, down=down))

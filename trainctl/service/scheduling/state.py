@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.planning.pool import GpuPool, PlannedPlacement
 from trainctl.service.metrics import ServiceMetrics
@@ -92,6 +93,10 @@ class SchedulerState:
     """The jobs this scheduler follows, by id."""
     unlaunched: set[str] = field(default_factory=set)
     """Jobs admitted or recovered but not handed to the runtime yet (too little lease left)."""
+    resolved: dict[str, ResolvedJob] = field(default_factory=dict)
+    """The resolved job (grid and model) of each queued or followed job placed so far, by id: built at its
+    first placement (`resolved_job`), so an admission retry or re-placement reads no config.json again;
+    dropped when the job ends (`finish`) or leaves the queue unplaced (`Admission.admit`)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Held by a tick, a re-sync, and a standby's mirroring or standing down."""
 
@@ -116,11 +121,18 @@ class SchedulerState:
             self.metrics.set_job_state(updated.id, updated.tenant, updated.state)
         return updated
 
+    def resolved_job(self, job_id: str, job: TrainingJob) -> ResolvedJob:
+        """The resolved job of `job_id` (whose spec is `job`'s), built once and kept in `resolved`."""
+        if job_id not in self.resolved:
+            self.resolved[job_id] = ResolvedJob.resolve(job.spec)
+        return self.resolved[job_id]
+
     def finish(self, record: JobRecord) -> None:
         """Once the job ended: free its GPUs, stop following it, and run the next tick now."""
         if record.terminal:
             self.pool.release(record.id)
             self.active.pop(record.id, None)
+            self.resolved.pop(record.id, None)
             self.wake()
 
     def hold(self, job_id: str, placement: PlannedPlacement, **changes: Any) -> None:

@@ -27,6 +27,7 @@ from math import ceil
 from typing import Literal
 
 from trainctl.parallelism.layouts.grid import RankGrid
+from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.spec.presets import ModelConfig
 from trainctl.workers.placement.fabric import LEVELS, FabricIndex, SlotId
 from trainctl.workers.topology.model import TIERS
@@ -61,13 +62,12 @@ class Workload:
     """TP collectives as all-gather + reduce-scatter (same bytes as all-reduce, twice the messages)."""
 
     @classmethod
-    def from_job(cls, job: object, grid: RankGrid) -> Workload:
-        """From a `JobSpecBody` or `TrainingJob` (anything with .data/.training/.parallelism);
-        micro_batch_size `auto` counts as 1 (the engine picks it at start-up)."""
-        body = getattr(job, "spec", job)
-        training, data, par = body.training, body.data, body.parallelism  # type: ignore[attr-defined]
+    def from_job(cls, job: ResolvedJob) -> Workload:
+        """From a resolved job's spec and grid; micro_batch_size `auto` counts as 1 (the engine picks it
+        at start-up)."""
+        training, data, par = job.spec.training, job.spec.data, job.spec.parallelism
         micro = 1 if training.micro_batch_size == "auto" else training.micro_batch_size
-        per_step = training.global_batch_size // max(1, grid.dp * micro)
+        per_step = training.global_batch_size // max(1, job.grid.dp * micro)
         elem = 2 if training.dtype == "bfloat16" else 4
         return cls(
             seq_len=data.seq_len,

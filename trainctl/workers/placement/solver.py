@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from itertools import product
 
 from trainctl.parallelism.layouts.grid import RankGrid
-from trainctl.spec.presets import ModelConfig, resolve_model
+from trainctl.parallelism.resolved_job import ResolvedJob
+from trainctl.spec.job import DEFAULT_PRESET
+from trainctl.spec.presets import PRESETS, ModelConfig
 from trainctl.workers.placement.cost import (
     SPLIT_DIMS,
     CostBreakdown,
@@ -53,12 +55,24 @@ def capacity(topology: TopologyMap) -> int:
     return sum(len(node.usable_gpus) for node in topology.nodes)
 
 
+def place_job(
+    job: ResolvedJob,
+    topology: TopologyMap,
+    free: Mapping[str, set[int]],
+    time_budget_s: float = 0.5,
+    *,
+    index: FabricIndex | None = None,
+) -> Placement | None:
+    """`place` for a resolved job: its grid, its model and its per-step workload size the traffic."""
+    return place(job.grid, topology, free, job.model, Workload.from_job(job), time_budget_s, index=index)
+
+
 def place(
     grid: RankGrid,
     topology: TopologyMap,
     free: Mapping[str, set[int]],
     model: ModelConfig | None = None,
-    job_spec: object | None = None,
+    workload: Workload | None = None,
     time_budget_s: float = 0.5,
     *,
     index: FabricIndex | None = None,
@@ -66,7 +80,7 @@ def place(
     """Place every rank of `grid` on a free GPU, or None when the free GPUs cannot hold the job now.
 
     `free` maps node name -> free local GPU indices (GPUs of unhealthy nodes or failed GPUs are never
-    used). `model` / `job_spec` size the traffic; without them the job spec defaults are used.
+    used). `model` / `workload` size the traffic; without them the default preset and `Workload()`.
     `index` lets a caller that places many jobs on one map compile it once.
     """
     started = time.perf_counter()
@@ -74,24 +88,16 @@ def place(
     free_ids = _free_by_node(free, index)
     if sum(len(g) for g in free_ids.values()) < grid.world_size:
         return None
-    traffic = job_traffic(grid, model, job_spec)
+    traffic = job_traffic(grid, model, workload)
     solver = _Solver(grid, index, free_ids, traffic, started + time_budget_s)
     slots = solver.solve()
     return make_placement(grid, index, traffic, slots)
 
 
-def job_traffic(grid: RankGrid, model: ModelConfig | None, job_spec: object | None) -> list[DimTraffic]:
-    """The cost model's traffic for a job: model from `model`, else the job spec's, else the default."""
-    if model is None:
-        body = getattr(job_spec, "spec", job_spec)
-        model_spec = getattr(body, "model", None)
-        if model_spec is None:
-            from trainctl.spec.job import ModelSpec
-
-            model_spec = ModelSpec()
-        model = resolve_model(model_spec)
-    work = Workload.from_job(job_spec, grid) if job_spec is not None else Workload()
-    return build_traffic(grid, model, work)
+def job_traffic(grid: RankGrid, model: ModelConfig | None, workload: Workload | None) -> list[DimTraffic]:
+    """The cost model's traffic for a job of `model` (default: the default preset) and `workload`
+    (default: `Workload()`) on `grid`."""
+    return build_traffic(grid, model or PRESETS[DEFAULT_PRESET], workload or Workload())
 
 
 def make_placement(grid: RankGrid, index: FabricIndex, traffic: list[DimTraffic], slots: list[SlotId]) -> Placement:

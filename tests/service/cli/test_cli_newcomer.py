@@ -30,7 +30,7 @@ from trainctl.cli.parsing import COMMANDS
 from trainctl.cli.sweep_cmd import show_changes
 from trainctl.v1 import training_pb2 as pb
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HINT = "start one with `trainctl serve`, or give its address with --server HOST:PORT or $TRAINCTL_SERVER"
 
 

@@ -26,7 +26,7 @@ from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.job import ParallelismSpec
 from trainctl.v1 import training_pb2 as pb
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMMAND_TIMEOUT = 300.0
 CANCEL_TIMEOUT = 120.0
 DEFAULT_POOL_GPUS = 8

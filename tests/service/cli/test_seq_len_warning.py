@@ -13,6 +13,7 @@ from trainctl.cli.client import TrainctlClient
 from trainctl.cli.main import main
 from trainctl.planning.plan import plan_on_map
 from trainctl.spec.job import TrainingJob
+from trainctl.spec.presets import resolve_model
 from trainctl.spec.validate import pretrained_warnings
 from trainctl.workers.topology import simulated_topology
 
@@ -43,18 +44,23 @@ def job(directory: Path, seq_len: int) -> TrainingJob:
     return TrainingJob.model_validate(spec(directory, seq_len))
 
 
+def warnings_of(job: TrainingJob) -> list:
+    """`pretrained_warnings` of `job` with its model resolved as the callers do."""
+    return pretrained_warnings(job, resolve_model(job.spec.model))
+
+
 def said(warnings: list) -> list[str]:
     return [f"{w.field}: {w.description}" for w in warnings]
 
 
 def test_a_seq_len_past_max_position_embeddings_is_a_warning_naming_both(tmp_path: Path) -> None:
     directory = model_dir(tmp_path)
-    [warning] = said(pretrained_warnings(job(directory, 64)))
+    [warning] = said(warnings_of(job(directory, 64)))
     assert warning.startswith(WARNING) and "seq_len <= 32" in warning
-    assert pretrained_warnings(job(directory, 32)) == []  # at the limit: nothing to say
+    assert warnings_of(job(directory, 32)) == []  # at the limit: nothing to say
     (directory / "config.json").write_text(json.dumps({k: v for k, v in LLAMA.items() if k != "max_position_embeddings"}))
-    assert pretrained_warnings(job(directory, 64)) == []  # no limit stated
-    assert pretrained_warnings(TrainingJob.model_validate({"metadata": {"name": "p"}, "spec": {}})) == []  # a preset
+    assert warnings_of(job(directory, 64)) == []  # no limit stated
+    assert warnings_of(TrainingJob.model_validate({"metadata": {"name": "p"}, "spec": {}})) == []  # a preset
 
 
 def test_validate_and_the_offline_plan_say_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

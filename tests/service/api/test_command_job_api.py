@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from secure_service import SecureService, Tokens, bearer, start_service, stub, write_access_file
-from test_tenant_paths import refused
+from secure_service import SecureService, Tokens, bearer, refused, start_service, stub, write_access_file
 
 from trainctl.spec.job import MAX_ENV_BYTES, TrainingJob
 from trainctl.v1 import training_pb2 as pb

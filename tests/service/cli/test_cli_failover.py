@@ -14,10 +14,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from control_plane_fakes import ApiServer, ScriptedRuntime, eventually, free_port, start_api_server
+from control_plane_fakes import (
+    SWEEP_DOCUMENT,
+    ApiServer,
+    ScriptedRuntime,
+    eventually,
+    free_port,
+    start_api_server,
+)
 from postgres_server import PostgresServer
 from small_jobs import small_job
-from test_sweep_api import DOCUMENT
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.cli.main import EXIT_INVALID, main
@@ -130,7 +136,7 @@ def test_a_sweep_watch_moves_to_the_other_replica_and_sees_the_end(replicas: Rep
     first, second = replicas.first, replicas.second
     nobody = f"127.0.0.1:{free_port()}"
     with TrainctlClient(f"{nobody},{first.target},{second.target}") as client:
-        created = client.create_sweep(parse_sweep_object(DOCUMENT))
+        created = client.create_sweep(parse_sweep_object(SWEEP_DOCUMENT))
         stream = client.watch_sweep(created.id)
         opened = next(stream)  # answered by the first replica: the refusing address was skipped
         assert opened.id == created.id and client.target == first.target

@@ -23,7 +23,7 @@ from trainctl.spec.validate import load_job_file, semantic_violations
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.events import JobState
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CASES = bad_spec_catalogue()
 
 
@@ -212,7 +212,7 @@ def test_client_commands_import_neither_torch_nor_ray(
     done = subprocess.run(
         [sys.executable, "-c", CLIENT_IMPORTS, api.target, job_id],
         capture_output=True, text=True, timeout=120, env={**os.environ, "TRAINCTL_SERVER": api.target},
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[0, 0, 0, 0] []", done.stdout

@@ -1,6 +1,6 @@
 """A command job's program that trains nothing: it sleeps a known time per step and calls
 `trainctl.report` every ``--every`` steps with the step's tokens only (no lr, grad norm or memory), and
-prints what it measured itself between two reports, for tests/service/test_command_jobs_e2e.py:
+prints what it measured itself between two reports, for tests/service/e2e/test_command_jobs_e2e.py:
 
     measured step 10: 0.100213 s/step 2554.5 tokens/s
 """

@@ -282,14 +282,14 @@ def test_plan(api_client: TrainctlClient) -> None:
     by_rank = {p.rank: p for p in plan.placement}
     assert by_rank[0].node == by_rank[1].node  # tp peers (adjacent ranks) share a node
     assert plan.HasField("placement_cost_seconds")
-    bad = api_client.plan_job(load_job_file(Path(__file__).parents[1] / "spec" / "bad" / "heads-tp.yaml"))
+    bad = api_client.plan_job(load_job_file(Path(__file__).parents[2] / "spec" / "bad" / "heads-tp.yaml"))
     assert not bad.valid and "spec.model.n_heads" in [v.field for v in bad.violations]
 
 
 def test_the_service_plan_is_the_offline_plan_on_the_same_map(tmp_path: Path) -> None:
     """PlanJob and `trainctl plan --cluster` answer one plan (trainctl.planning), converted by the wire alike."""
     topology = cluster_topology("hgx-h100:2")
-    too_big = load_job_file(Path(__file__).parents[2] / "examples" / "hybrid-3d.yaml")  # 32 ranks on 16 GPUs
+    too_big = load_job_file(Path(__file__).parents[3] / "examples" / "hybrid-3d.yaml")  # 32 ranks on 16 GPUs
     document = too_big.model_dump(mode="json")
     document["spec"]["parallelism"]["dp_shard"] = 2
     document["spec"]["resources"]["gpus"] = 16

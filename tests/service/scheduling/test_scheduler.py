@@ -1,6 +1,6 @@
 """Scheduler unit tests over a scripted runtime: priority then age, gang admission, reasons, cancel,
-release, recovery, re-placement after a node loss. The same behaviour over real Ray is in test_e2e.py
-and tests/reliability/test_node_loss.py."""
+release, recovery, re-placement after a node loss. The same behaviour over real Ray is in
+tests/service/e2e/test_e2e.py and tests/reliability/test_node_loss.py."""
 
 from __future__ import annotations
 

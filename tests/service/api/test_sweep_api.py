@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from control_plane_fakes import ApiServer, ScriptedRuntime, start_api_server
+from control_plane_fakes import SWEEP_DOCUMENT, ApiServer, ScriptedRuntime, start_api_server
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.service.api.sweep_rpcs import quota_violations
@@ -25,27 +25,10 @@ from trainctl.wire.errors import field_violations
 from trainctl.wire.sweep_convert import sweep_from_proto, sweep_to_proto
 from trainctl.workers.events import JobState
 
-DOCUMENT: dict[str, Any] = {
-    "metadata": {"name": "api-sweep"},
-    "spec": {
-        "template": {
-            "data": {"seq_len": 32, "max_files": 10},
-            "training": {"steps": 4, "global_batch_size": 4},
-            "resources": {"gpus": 1, "device": "cpu"},
-        },
-        "parameters": [
-            {"path": "spec.training.lr", "type": "float", "low": 1e-4, "high": 1e-1, "log": True},
-            {"path": "spec.training.micro_batch_size", "type": "choice", "values": [1, 2, 4]},
-            {"path": "spec.training.warmup_steps", "type": "int", "low": 0, "high": 3},
-        ],
-        "trials": 3, "parallel_trials": 2,
-    },
-}
-
 
 def changed(path: str, value: Any) -> dict[str, Any]:
-    """DOCUMENT with the value at a dotted path (list indices as numbers) replaced."""
-    document = copy.deepcopy(DOCUMENT)
+    """SWEEP_DOCUMENT with the value at a dotted path (list indices as numbers) replaced."""
+    document = copy.deepcopy(SWEEP_DOCUMENT)
     *parents, last = path.split(".")
     node: Any = document
     for part in parents:
@@ -56,7 +39,7 @@ def changed(path: str, value: Any) -> dict[str, Any]:
 
 def sent(document: dict[str, Any]) -> pb.Sweep:
     """The document as a proto Sweep built without schema validation (as another client could send it)."""
-    valid = parse_sweep_object(DOCUMENT)
+    valid = parse_sweep_object(SWEEP_DOCUMENT)
     message = sweep_to_proto(valid)
     spec = document["spec"]
     del message.spec.parameters[:]
@@ -107,8 +90,8 @@ def test_bad_sweeps_are_invalid_argument_naming_the_field(
 def test_a_retried_create_sweep_is_answered_its_sweep_and_another_sweep_needs_another_id(
     api_client: TrainctlClient, api: ApiServer
 ) -> None:
-    first = api_client.create_sweep(parse_sweep_object(DOCUMENT), request_id="sweep-once")
-    assert api_client.create_sweep(parse_sweep_object(DOCUMENT), request_id="sweep-once").id == first.id
+    first = api_client.create_sweep(parse_sweep_object(SWEEP_DOCUMENT), request_id="sweep-once")
+    assert api_client.create_sweep(parse_sweep_object(SWEEP_DOCUMENT), request_id="sweep-once").id == first.id
     with pytest.raises(grpc.RpcError) as caught:  # the same id with another sweep: a client's mistake
         api_client.create_sweep(sent(changed("spec.trials", 4)), request_id="sweep-once")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -118,7 +101,7 @@ def test_a_retried_create_sweep_is_answered_its_sweep_and_another_sweep_needs_an
 
 
 def test_a_watch_of_a_running_sweep_ends_unavailable_when_the_service_stops(api_client: TrainctlClient, api: ApiServer) -> None:
-    created = api_client.create_sweep(parse_sweep_object(DOCUMENT))
+    created = api_client.create_sweep(parse_sweep_object(SWEEP_DOCUMENT))
     with grpc.insecure_channel(api.target) as channel:
         stream = pb_grpc.TrainingServiceStub(channel).WatchSweep(pb.WatchSweepRequest(id=created.id), timeout=30)
         assert next(stream).status.state == pb.SWEEP_STATE_RUNNING
@@ -146,7 +129,7 @@ def test_sweep_round_trips_the_wire_losslessly() -> None:
 
 
 def test_sweep_trials_are_labelled_jobs_and_cancel_stops_them(api_client: TrainctlClient, runtime: ScriptedRuntime) -> None:
-    created = api_client.create_sweep(parse_sweep_object(DOCUMENT))
+    created = api_client.create_sweep(parse_sweep_object(SWEEP_DOCUMENT))
     assert created.status.state == pb.SWEEP_STATE_RUNNING and created.id.startswith("api-sweep-")
     deadline = time.monotonic() + 10
     while len(api_client.get_sweep(created.id).status.trials) < 2:
@@ -183,8 +166,8 @@ def test_a_nul_character_in_a_sweep_request_is_refused_or_not_found_on_both_stor
     """As for jobs (test_api): PostgreSQL's text refuses NUL, so it is checked before the store."""
     api = start_api_server(tmp_path, runtime, store=store_location)
     stub = pb_grpc.TrainingServiceStub(grpc.insecure_channel(api.target))
-    sweep = sweep_to_proto(parse_sweep_object(DOCUMENT))
-    labelled = sweep_to_proto(parse_sweep_object(DOCUMENT))
+    sweep = sweep_to_proto(parse_sweep_object(SWEEP_DOCUMENT))
+    labelled = sweep_to_proto(parse_sweep_object(SWEEP_DOCUMENT))
     labelled.metadata.labels["team"] = "a\x00b"
     try:
         created = stub.CreateSweep(pb.CreateSweepRequest(sweep=sweep))
@@ -213,7 +196,7 @@ def test_cli_sweep_commands(api: ApiServer, runtime: ScriptedRuntime, tmp_path: 
     from trainctl.cli.main import main
 
     spec = tmp_path / "sweep.yaml"
-    spec.write_text(yaml.safe_dump({"apiVersion": "trainctl/v1", "kind": "Sweep", **DOCUMENT}))
+    spec.write_text(yaml.safe_dump({"apiVersion": "trainctl/v1", "kind": "Sweep", **SWEEP_DOCUMENT}))
     assert main(["--server", api.target, "sweep", "create", str(spec)]) == 0
     sweep_id = capsys.readouterr().out.split()[1]
     deadline = time.monotonic() + 10
@@ -250,7 +233,7 @@ def test_sweep_report(api: ApiServer, runtime: ScriptedRuntime, tmp_path: Path, 
     from trainctl.cli.sweep_report import PANELS, build_sweep_figure
 
     with TrainctlClient(api.target, token="") as client:
-        created = client.create_sweep(parse_sweep_object(DOCUMENT))
+        created = client.create_sweep(parse_sweep_object(SWEEP_DOCUMENT))
         assert main(["--server", api.target, "report", created.id]) == 1  # no objective yet
         assert "has no trial with an objective yet" in capsys.readouterr().err
         deadline = time.monotonic() + 10

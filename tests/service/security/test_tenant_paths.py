@@ -10,13 +10,21 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from secure_service import SecureService, Tokens, bearer, job_message, start_service, stub, write_access_file
+from secure_service import (
+    SecureService,
+    Tokens,
+    bearer,
+    job_message,
+    refused,
+    start_service,
+    stub,
+    write_access_file,
+)
 
 from trainctl.cli.export_cmd import resolve_source
 from trainctl.parallelism.checkpoint.dcp import save_checkpoint
 from trainctl.parallelism.checkpoint.pretrained import CheckpointNotFoundError, write_run_spec
 from trainctl.v1 import training_pb2 as pb
-from trainctl.wire.errors import field_violations
 
 UNKNOWN_ID = "job-000000000000"
 
@@ -51,14 +59,6 @@ def alices_job(service: SecureService, tokens: Tokens) -> pb.Job:
     write_run_spec(checkpoints, service.store.get_job(job.id).job.spec)
     service.store.update_status(job.id, run_dir=str(checkpoints.parent))  # as the scheduler records it
     return job
-
-
-def refused(client, request, token: str) -> list[str]:
-    """The fields a refused CreateJob names (INVALID_ARGUMENT)."""
-    with pytest.raises(grpc.RpcError) as info:
-        client.CreateJob(request, metadata=bearer(token), timeout=10)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
-    return [f"{v.field}: {v.description}" for v in field_violations(info.value)]
 
 
 def hostile_jobs(run_dir: Path, job_id: str) -> dict[str, pb.Job]:

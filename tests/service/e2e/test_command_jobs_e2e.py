@@ -25,7 +25,7 @@ from trainctl.v1 import training_pb2 as pb
 
 pytestmark = pytest.mark.timeout(300)
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "command"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "command"
 
 
 def command_job(name: str, *args: str) -> TrainingJob:
@@ -141,7 +141,7 @@ def test_a_cancelled_program_that_ignores_sigterm_is_stopped_with_its_daemon_and
 
 def test_a_program_writing_nul_to_stderr_fails_with_its_exit_code_and_stderr(client: TrainctlClient) -> None:
     """PostgreSQL's text refuses NUL: the reason and the log line are recorded escaped (both stores:
-    tests/service/test_text_safety.py), so the exit code and stderr are never lost."""
+    tests/service/hostile/test_text_safety.py), so the exit code and stderr are never lost."""
     program = "import sys; sys.stderr.write('boom\\x00nul\\n'); sys.exit(3)"
     spec = {"command": {"program": sys.executable, "args": ["-c", program]}, "resources": {"gpus": 1, "device": "cpu"},
             "scheduling": {"max_restarts": 0}}

@@ -22,7 +22,7 @@ from trainctl.workers.embedded import EmbeddedRay
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.cluster(nodes=2, gpus_per_node=4)]
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 STEPS = 6
 
 
