@@ -4,7 +4,8 @@ cluster fixture and those in SLOW_TESTS.
 
 Shapes: a module's `pytestmark = pytest.mark.cluster(nodes=2, gpus_per_node=4, fast_node_failure=True)`
 changes its cluster (default: 2 nodes x 1 simulated GPU, the dashboard on for `ray.util.state`), and
-`pytest.mark.service(warm_pool=True)` adds ServiceConfig fields to its service. The workers tests share one
+`pytest.mark.service(warm_pool=True)` adds ServiceConfig fields to its service. Consecutive modules of one
+shape share one cluster, each finding it empty (tests/shared_cluster.py). The workers tests share one
 connected 3-node cluster for their whole directory instead (`embedded_ray`, tests/workers/conftest.py).
 Job builders: small_jobs.py. `postgres` / `private_postgres`: a real PostgreSQL server the tests start
 (tests/postgres_server.py).
@@ -25,6 +26,7 @@ import pytest  # noqa: E402
 
 if TYPE_CHECKING:
     from postgres_server import PostgresServer
+    from shared_cluster import SharedCluster
 
     from trainctl.cli.client import TrainctlClient
     from trainctl.service.server import Service
@@ -35,7 +37,7 @@ RAY_FIXTURES = ("cluster", "embedded_ray")
 
 SLOW_TESTS = (
     "reliability/",  # processes killed and restarted, real Ray clusters started
-    "deploy/test_prometheus_live.py",  # a service, a Prometheus server and a 40-step job
+    "deploy/test_prometheus_live.py",  # a service, a Prometheus server and a 20-step job
     "deploy/test_existing_ray.py",  # `ray start` and `trainctl serve` processes
     "service/e2e/test_readme_commands.py",  # a `trainctl serve` process training the README's 8-rank demo job
     "service/store/test_store_outage.py::test_losing_the_database",  # a PostgreSQL server stopped for seconds under load
@@ -100,10 +102,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    from shared_cluster import grouped_by_shape
+
     for item in items:
         on_ray = any(name in getattr(item, "fixturenames", ()) for name in RAY_FIXTURES)
         if on_ray or item.nodeid.removeprefix("tests/").startswith(SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
+    items[:] = grouped_by_shape(items)
 
 
 def running_postgres() -> Iterator[PostgresServer]:
@@ -137,7 +142,7 @@ def private_postgres() -> Iterator[PostgresServer]:
 @pytest.fixture(scope="module")
 def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Cached token shards (data formats jsonl / parquet / arrow) under the module's temporary directory,
-    for this process and the processes it starts afterwards (a module's `cluster` and its ranks)."""
+    for this process and the processes it starts afterwards (`cluster` keeps a cache of its own)."""
     from trainctl.parallelism.data.dataset import CACHE_ENV
 
     root = tmp_path_factory.mktemp("data-cache")
@@ -146,20 +151,31 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield root
 
 
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest, data_cache: Path) -> Iterator[EmbeddedRay]:
-    """An embedded Ray on loopback for one test module, shaped by the module's `cluster` marker; its
-    ranks cache token shards in the module's `data_cache`."""
-    from trainctl.workers.embedded import FAST_NODE_FAILURE_DETECTION, start_embedded
+@pytest.fixture(scope="session")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedCluster]:
+    """The session's embedded Ray behind `cluster`, kept between modules of one shape (shared_cluster.py)."""
+    from shared_cluster import SharedCluster
 
-    marker = request.node.get_closest_marker("cluster")
-    shape = dict(marker.kwargs) if marker else {}
-    fast = shape.pop("fast_node_failure", False)
-    nodes, gpus = shape.pop("nodes", 2), shape.pop("gpus_per_node", 1)
-    assert not shape, f"unknown cluster marker arguments: {sorted(shape)}"
-    system_config = FAST_NODE_FAILURE_DETECTION if fast else None
-    with start_embedded(nodes, gpus, dashboard=True, system_config=system_config) as embedded:
-        yield embedded
+    keeper = SharedCluster(tmp_path_factory)
+    try:
+        yield keeper
+    finally:
+        keeper.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest, shared_cluster: SharedCluster) -> Iterator[EmbeddedRay]:
+    """An embedded Ray on loopback for one test module, shaped by the module's `cluster` marker (the
+    dashboard on, for `ray.util.state`), with no actor or placement group left by an earlier module; its
+    ranks cache token shards in a directory of the cluster's own. A cluster of the shape the next module
+    asks for is kept for it (tests/shared_cluster.py)."""
+    from shared_cluster import module_shape, next_module_shape
+
+    items = request.session.items
+    shape = module_shape(items, request.module)
+    assert shape is not None, f"{request.module.__name__} uses `cluster` in none of its selected tests"
+    yield shared_cluster.get(shape)
+    shared_cluster.after_module(next_module_shape(items, request.module))
 
 
 @pytest.fixture(scope="module")

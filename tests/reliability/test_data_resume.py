@@ -1,7 +1,8 @@
 """A rank killed mid-run on record data (each format: JSONL text, Parquet, a `datasets` Arrow directory,
 and chat JSONL with loss masks, all read through cached token shards) resumes from its checkpoint
 with no sample repeated or skipped, through the real service in this process on an embedded 2-node
-Ray (1 simulated GPU per node).
+Ray (4 simulated GPUs per node). The four formats' jobs run side by side (their ranks' start-up, seconds
+of imports each, overlaps), each followed and killed by a thread of its own; each test checks one.
 
 What the ranks trained is observed two ways: every checkpoint's data position (the global sample
 offset the engine saves) is `step x global_batch_size`, and every step's loss, before the kill and
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,12 +28,54 @@ from trainctl.cli.client import TrainctlClient
 from trainctl.parallelism.checkpoint.dcp import complete_checkpoints
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service.server import Service
+from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.embedded import EmbeddedRay
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.cluster(nodes=2, gpus_per_node=4)]
 
 STEPS = 8
+
+
+@dataclass(frozen=True)
+class KilledRun:
+    """One format's job, whose rank 1 was killed once mid-run: its spec, id and every event of its watch."""
+
+    spec: TrainingJob
+    job_id: str
+    seen: list[pb.JobEvent]
+
+
+def resume_job(data_kind: str, root: Path) -> TrainingJob:
+    """The 2-rank restartable job on `data_kind` records, keeping every checkpoint (to read its data position)."""
+    data = format_data(data_kind, root / "data", build_tokenizer(root / "tokenizer"))
+    spec = restartable_job(f"{data_kind}-resume", STEPS, labels={"suite": "data-resume"}).model_copy(deep=True)
+    spec.spec.data = spec.spec.data.model_validate({**spec.spec.data.model_dump(), **data, "seed": 7})
+    spec.spec.checkpoint.keep_last = STEPS
+    return spec
+
+
+def kill_once_and_follow(client: TrainctlClient, cluster: EmbeddedRay, spec: TrainingJob) -> KilledRun:
+    """Submit `spec`, SIGKILL its rank 1 once step 3 is reported (checkpoint 2 is complete), and read
+    its watch to the end."""
+    created = client.create_job(spec)
+    stream = client.watch(created.id)
+    seen: list[pb.JobEvent] = []
+    read_until(stream, seen, lambda e: kind(e) == "step" and e.step.step >= 3)
+    [victim] = [pid for name, pid in rank_pids(cluster, created.id).items() if name.endswith("-g0-1")]
+    os.kill(victim, signal.SIGKILL)
+    seen += list(stream)
+    return KilledRun(spec, created.id, seen)
+
+
+@pytest.fixture(scope="module")
+def killed_runs(client: TrainctlClient, cluster: EmbeddedRay,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[KilledRun]]]:
+    """Every format's killed run, all submitted at once (8 ranks on the 8 GPUs), by format."""
+    root = tmp_path_factory.mktemp("data-resume")
+    specs = {data_kind: resume_job(data_kind, root / data_kind) for data_kind in DATA_KINDS}
+    with ThreadPoolExecutor(len(specs)) as threads:
+        yield {data_kind: threads.submit(kill_once_and_follow, client, cluster, spec) for data_kind, spec in specs.items()}
 
 
 def data_offset(checkpoint: Path) -> int:
@@ -41,20 +87,12 @@ def data_offset(checkpoint: Path) -> int:
 
 @pytest.mark.parametrize("data_kind", DATA_KINDS)
 def test_killed_rank_resumes_record_data_without_repeating_or_skipping_a_sample(
-    client: TrainctlClient, service: Service, cluster: EmbeddedRay, tmp_path: Path, data_kind: str
+    client: TrainctlClient, service: Service, cluster: EmbeddedRay, killed_runs: dict[str, Future[KilledRun]],
+    data_kind: str,
 ) -> None:
-    data = format_data(data_kind, tmp_path / "data", build_tokenizer(tmp_path / "tokenizer"))
-    spec = restartable_job(f"{data_kind}-resume", STEPS, labels={"suite": "data-resume"}).model_copy(deep=True)
-    spec.spec.data = spec.spec.data.model_validate({**spec.spec.data.model_dump(), **data, "seed": 7})
-    spec.spec.checkpoint.keep_last = STEPS  # every checkpoint stays, to read its data position
+    run = killed_runs[data_kind].result()
+    spec, seen = run.spec, run.seen
     batch = spec.spec.training.global_batch_size
-    created = client.create_job(spec)
-    stream = client.watch(created.id)
-    seen: list[pb.JobEvent] = []
-    read_until(stream, seen, lambda e: kind(e) == "step" and e.step.step >= 3)  # checkpoint 2 is complete
-    [victim] = [pid for name, pid in rank_pids(cluster, created.id).items() if name.endswith("-g0-1")]
-    os.kill(victim, signal.SIGKILL)
-    seen += list(stream)
 
     assert states_of(seen) == [pb.QUEUED, pb.SCHEDULED, pb.RUNNING, pb.RESTARTING, pb.RUNNING, pb.SUCCEEDED]
     restart = next(i for i, e in enumerate(seen) if kind(e) == "state_change" and e.state_change.to_state == pb.RESTARTING)
@@ -70,9 +108,11 @@ def test_killed_rank_resumes_record_data_without_repeating_or_skipping_a_sample(
     for losses in (before, after):
         assert [losses[s] for s in sorted(losses)] == pytest.approx([reference[s - 1] for s in sorted(losses)], rel=1e-4)
 
-    checkpoints = complete_checkpoints(RunDirectory.of_job(service.config.data_dir / "runs", created.id).checkpoints)
+    checkpoints = complete_checkpoints(RunDirectory.of_job(service.config.data_dir / "runs", run.job_id).checkpoints)
     assert [step for step, _ in checkpoints] == list(range(2, STEPS + 1, 2))
     assert [data_offset(path) for _, path in checkpoints] == [step * batch for step, _ in checkpoints]
-    status = client.get_job(created.id).status
+    status = client.get_job(run.job_id).status
     assert status.state == pb.SUCCEEDED and status.restarts == 1, status.reason
+    for other in killed_runs.values():  # the cluster is empty once every format's job has ended
+        other.result()
     assert_nothing_left(cluster)

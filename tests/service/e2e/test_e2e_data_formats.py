@@ -1,11 +1,11 @@
 """Record data formats end to end through the service, over real gRPC on loopback, on an embedded 2-node
-Ray (2 simulated GPUs per node): a 2-rank job on a Parquet column trains to completion through the
-CLI's `submit --watch` with the losses one process computes on the same data (JSONL text, Arrow and
-chat JSONL train through the service, killed and resumed, in tests/reliability/test_data_resume.py);
-bad input only a rank can find (a JSONL line deep in a file, a chat role, a value in a later Parquet
-file, a truncated safetensors file, a wrongly shaped tensor of a Hugging Face model) fails its job at
-once with the file and line / record / tensor named, while the service keeps serving and a job beside
-it runs on undisturbed."""
+Ray (4 simulated GPUs per node: test_e2e_layouts.py's shape, so the two modules share one cluster): a
+2-rank job on a Parquet column trains to completion through the CLI's `submit --watch` with the losses
+one process computes on the same data (JSONL text, Arrow and chat JSONL train through the service,
+killed and resumed, in tests/reliability/test_data_resume.py); bad input only a rank can find (a JSONL
+line deep in a file, a chat role, a value in a later Parquet file, a truncated safetensors file, a
+wrongly shaped tensor of a Hugging Face model) fails its job at once with the file and line / record /
+tensor named, while the service keeps serving and a job beside it runs on undisturbed."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.embedded import EmbeddedRay
 
-pytestmark = [pytest.mark.timeout(480), pytest.mark.cluster(nodes=2, gpus_per_node=2)]
+pytestmark = [pytest.mark.timeout(480), pytest.mark.cluster(nodes=2, gpus_per_node=4)]
 
 STEPS = 6
 
@@ -135,14 +135,14 @@ def test_bad_records_fail_their_job_at_once_beside_a_running_job(
     client: TrainctlClient, cluster: EmbeddedRay, tokenizer: Path, tmp_path: Path
 ) -> None:
     neighbour = client.create_job(job("neighbour", format_data("jsonl", tmp_path / "good", tokenizer), gpus=1, steps=100_000))
+    cases = bad_inputs(tmp_path / "bad", tokenizer)  # written while the neighbour's rank starts
     stream = client.watch(neighbour.id)
     seen: list[pb.JobEvent] = []
     for event in stream:
         seen.append(event)
         if event.WhichOneof("payload") == "step":
             break
-    cases = bad_inputs(tmp_path / "bad", tokenizer)
-    # One rank each (what a rank finds fails any layout alike), so three run at once beside the neighbour.
+    # One rank each (what a rank finds fails any layout alike), so all six run at once beside the neighbour.
     # "chat-template" is the hostile tenant: its template is refused before it takes the node's memory.
     submitted = {name: client.create_job(job(name, {k: v for k, v in data.items() if k != "model"}, gpus=1,
                                              model=data.get("model")))
