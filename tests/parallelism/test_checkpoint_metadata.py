@@ -224,3 +224,15 @@ def test_a_hostile_init_from_passes_submit_unread_and_fails_the_rank_as_a_config
     assert str(err.value).startswith(f"spec.init_from: {step / METADATA}: the DCP metadata references the global {refused},")
     assert str(pickle.loads(pickle.dumps(err.value))) == str(err.value)  # as it reaches the supervisor
     assert not marker.exists()
+
+
+def test_a_checkpoint_recorded_as_a_command_jobs_is_refused_by_name(base_run: Path, tmp_path: Path) -> None:
+    """A command job's program keeps its own checkpoint format: naming its run as init_from is a clear
+    refusal (CreateJob's check and `trainctl export` alike), never an error about a missing model shape."""
+    run = tmp_path / "run"
+    shutil.copytree(base_run.parent, run)
+    command_job = JobSpecBody.model_validate({"command": {"program": "python", "args": ["train.py"]},
+                                              "resources": {"gpus": 1, "device": "cpu"}})
+    RunDirectory(run).run_spec.write_text(command_job.model_dump_json())
+    problem = init_from_problem(str(run), resolve_model(tiny_job("unused").model))
+    assert problem is not None and "written by a command job" in problem, problem

@@ -85,6 +85,10 @@ def open_checkpoint(path: str | Path, job: JobSpecBody | None = None, files: Fil
             job = JobSpecBody.model_validate_json(raw)
         except ValidationError as exc:
             raise CheckpointNotFoundError(f"{spec_file}: not a readable job record: {exc}") from exc
+    if job.command is not None:
+        raise CheckpointNotFoundError(
+            f"{step_dir}: written by a command job, whose program keeps checkpoints in its own format: no model to load"
+        )
     try:
         config = ResolvedJob.resolve(job, files).config
     except (UnknownPresetError, PretrainedConfigError, LayoutError) as exc:
