@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 REPORT_SOCKET_ENV = "TRAINCTL_REPORT_SOCKET"
 
@@ -26,7 +27,7 @@ def report(
     path = os.environ.get(REPORT_SOCKET_ENV)
     if not path:
         return
-    payload: dict[str, int | float] = {"step": int(step), "loss": float(loss)}
+    payload: dict[str, int | float] = {"step": int(step), "loss": float(loss), "sent": time.monotonic()}
     if tokens is not None:
         payload["tokens"] = int(tokens)
     if lr is not None:

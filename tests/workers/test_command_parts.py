@@ -4,7 +4,9 @@ the process tree killed as a whole, and a reporting module that imports neither 
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ from trainctl.workers.command.report_channel import (
     ReportChannel,
     ReportError,
     seconds_per_step,
+    sent_time,
     step_report_of,
 )
 from trainctl.workers.placement import RankAssignment
@@ -91,6 +94,27 @@ def test_a_channel_times_reports_every_n_steps(monkeypatch: pytest.MonkeyPatch) 
     assert reports[0].step_time_seconds is None and reports[0].tokens_per_second is None
     for r in reports[1:]:  # 4 steps in at least 0.2 s: at least 0.05 s a step, at most 10 / 0.05 tokens/s
         assert 0.05 <= r.step_time_seconds < elapsed / 4 and r.tokens_per_second == pytest.approx(10 / r.step_time_seconds)
+
+
+def test_reports_are_timed_when_the_program_sent_them_not_when_the_worker_read_them() -> None:
+    """A worker whose reading thread waited for a CPU still times the steps by when the program reported
+    them: two datagrams sent 0.5 s apart, 5 steps apart, read together give 0.1 s a step. A `sent` the
+    worker's clock contradicts (ahead of the receipt, before the previous report, not a number) is not
+    trusted: the receipt times that report."""
+    reports: list = []
+    with ReportChannel(reports.append, lambda problem: None) as channel:
+        sent = time.monotonic() - 1.0
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            for step, at in ((5, sent), (10, sent + 0.5)):
+                sock.sendto(json.dumps({"step": step, "loss": 1.0, "tokens": 10, "sent": at}).encode(), channel.path)
+        deadline = time.monotonic() + 5
+        while len(reports) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    assert reports[1].step_time_seconds == pytest.approx(0.1) and reports[1].tokens_per_second == pytest.approx(100.0)
+    assert sent_time({"sent": 99.0}, 90.0, 100.0) == 99.0
+    for payload in ({"sent": 101.0}, {"sent": 89.0}, {"sent": float("nan")}, {"sent": True}, {"sent": "99"}, {}, [1]):
+        assert sent_time(payload, 90.0, 100.0) == 100.0, payload
+    assert sent_time({"sent": 1.0}, None, 100.0) == 1.0
 
 
 def test_trainctl_report_reaches_its_rank_workers_channel(monkeypatch: pytest.MonkeyPatch) -> None:

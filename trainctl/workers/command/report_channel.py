@@ -2,10 +2,12 @@
 per step to, turned into the engine's `StepReport` so a command job's steps take the one metrics path
 of built-in jobs (supervisor STEP events -> store, `get -o json`, Prometheus, progress lines).
 
-A datagram is ``{"step": int, "loss": float, "tokens": int?, "lr": float?, "grad_norm": float?}``
-(`trainctl.reporting`; ``tokens`` are the reported step's). A program may report every step or every N
-steps: the step time is the wall time since this rank's previous report over the steps since it
-(`seconds_per_step`), and tokens per second is the step's tokens over that time. The first report of a
+A datagram is ``{"step": int, "loss": float, "sent": float?, "tokens": int?, "lr": float?, "grad_norm": float?}``
+(`trainctl.reporting`; ``tokens`` are the reported step's, ``sent`` the program's `time.monotonic()` at the
+call, a clock the worker on the same host shares). A program may report every step or every N steps: the
+step time is the wall time since this rank's previous report over the steps since it (`seconds_per_step`),
+timed when each report was sent (`sent_time`), so how long this worker's reading thread waited for a CPU
+does not count; and tokens per second is the step's tokens over that time. The first report of a
 program's run (each generation starts a new one) carries no step time and no tokens per second: its
 interval would hold the program's start-up (imports, rendezvous, loading a checkpoint) and, after a
 restart, steps it resumed past. Metrics the datagram leaves out stay None (absent, not 0). A datagram
@@ -41,6 +43,18 @@ def seconds_per_step(previous: tuple[int, float] | None, step: int, now: float) 
     if previous is None or step <= previous[0]:
         return None
     return (now - previous[1]) / (step - previous[0])
+
+
+def sent_time(payload: Any, previous: float | None, received: float) -> float:
+    """When a report was sent: its ``sent`` monotonic time where that lies between the previous accepted
+    report's time and its receipt (a program's clock cannot run backwards or ahead of this one), else
+    ``received``."""
+    sent = payload.get("sent") if isinstance(payload, dict) else None
+    if not isinstance(sent, int | float) or isinstance(sent, bool) or not math.isfinite(sent):
+        return received
+    if sent > received or (previous is not None and sent < previous):
+        return received
+    return float(sent)
 
 
 def step_report_of(payload: Any, step_time: float | None) -> StepReport:
@@ -99,9 +113,10 @@ class ReportChannel:
                 data = self._sock.recv(MAX_DATAGRAM)
             except OSError:  # closed
                 return
-            now = time.monotonic()
+            received = time.monotonic()
             try:
                 payload = json.loads(data)
+                now = sent_time(payload, self._previous[1] if self._previous else None, received)
                 step = payload.get("step") if isinstance(payload, dict) else None
                 step_time = seconds_per_step(self._previous, step, now) if isinstance(step, int) else None
                 report = step_report_of(payload, step_time)
