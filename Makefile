@@ -38,10 +38,11 @@ test: install promtool postgres
 	$(PY) tests/run_groups.py --durations=10
 
 # Everything not marked slow (tests/conftest.py marks the tests on Ray clusters, services and long engine
-# runs). pytest exits 5 when it collects nothing, so an empty tier fails.
+# runs), in two pytest processes at once (tests/run_groups.py --fast). pytest exits 5 when it collects
+# nothing, so an empty group fails.
 test-fast: install promtool postgres
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -p no:cacheprovider --durations=10 -m "not slow" tests
+	$(PY) tests/run_groups.py --fast --durations=10
 
 lint: install
 	$(VENV)/bin/ruff check .

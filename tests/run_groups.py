@@ -1,11 +1,15 @@
 """Run the whole suite as one pytest process per test directory, then print the combined count.
 
-`make test` uses it. Each directory (a layer of the code, plus reliability) gets a fresh process:
+`make test` uses it (`make test-fast` too, with `--fast`). Each directory (a layer of the code, plus reliability) gets a fresh process:
 the Ray tests connect the test process to one embedded cluster after another, and Ray's in-process
 GCS client has been seen to stop answering ("Deadline Exceeded", the node "timed out during startup")
 after a dozen such clusters in one process. Every group runs even when an earlier one fails; the exit
 status is non-zero when any group failed or collected no test (pytest's 5), so nothing is skipped
 silently. The last line is the combined `N passed, N failed, N skipped` of every group.
+
+`--fast` (`make test-fast`) runs only the tests not marked slow, as two groups at once: the engine's quick
+gloo layouts, whose worker processes keep one core or two busy, beside everything else, which runs in one
+pytest process on one core (in one process the whole tier left a core idle most of the time).
 
 Groups run one after another, except that `deploy`, `spec` and the service tests that start no Ray cluster
 (`service-unit`, the service directory's fast tier) run beside `parallelism`: deploy's tests mostly wait (for a
@@ -38,7 +42,13 @@ STAGES = (
     (("reliability", ["reliability"], None),),
 )
 """Groups (name, paths under tests/, marker expression or None for all) by stage; the groups of one stage run at once."""
-GROUPS = tuple(group for stage in STAGES for group in stage)
+FAST_STAGES = (
+    (
+        ("parallelism-fast", ["parallelism"], "not slow"),
+        ("others-fast", ["deploy", "spec", "planning", "test_layering.py", "service", "workers", "reliability"], "not slow"),
+    ),
+)
+"""`--fast`: the tests not marked slow, every directory in one of two groups run at once."""
 
 
 def counts(junit: Path) -> dict[str, int]:
@@ -50,7 +60,10 @@ def counts(junit: Path) -> dict[str, int]:
 
 
 def main(extra: list[str]) -> int:
-    covered = {entry for _, paths, _ in GROUPS for entry in paths}
+    fast = "--fast" in extra
+    extra = [arg for arg in extra if arg != "--fast"]
+    stages = FAST_STAGES if fast else STAGES
+    covered = {entry for stage in stages for _, paths, _ in stage for entry in paths}
     collectable = {
         p.name for p in TESTS.iterdir()
         if (p.is_file() and p.name.startswith("test_") and p.suffix == ".py") or (p.is_dir() and any(p.rglob("test_*.py")))
@@ -61,7 +74,7 @@ def main(extra: list[str]) -> int:
     total = {"passed": 0, "failed": 0, "skipped": 0}
     failed_groups = []
     with tempfile.TemporaryDirectory() as tmp:
-        for stage in STAGES:
+        for stage in stages:
             running = []
             for index, (name, paths, marks) in enumerate(stage):
                 junit = Path(tmp) / f"{name}.xml"

@@ -31,8 +31,11 @@ API (the `pool` fixture in conftest.py is a session-wide `WorkerPool`):
         complete checkpoint in `checkpoint_dir`); rank 0's result.
 
     tiny_job(tmp_corpus, **parallelism) -> JobSpecBody
-        A small model (the debug preset), seq_len 32, global batch 8, micro-batch 1, on `tmp_corpus`
-        (the `corpus` fixture: a few KB of deterministic text files).
+        A small model (the debug preset), seq_len 32, global batch 8, micro-batch 2, on `tmp_corpus`
+        (the `corpus` fixture: a few KB of deterministic text files). Micro-batch 2 leaves 4 micro-batches
+        to accumulate over 1 or 2 data-parallel ranks (2 a rank at dp2, enough to fill a 2-stage pipeline)
+        at half the forward and backward calls of micro-batch 1, whose Python dispatch is what a gloo
+        layout of this model spends most of its time on.
 
 Workers set torch to 1 thread and float32, so results are deterministic and cheap on 2 cores.
 """
@@ -222,7 +225,7 @@ def tiny_job(corpus: str, *, steps: int = 5, model: dict | None = None, training
             "data": {"paths": [corpus], "seq_len": 32, "seed": 7, **(data or {})},
             "parallelism": parallelism,
             "training": {
-                "steps": steps, "global_batch_size": 8, "micro_batch_size": 1, "warmup_steps": 2,
+                "steps": steps, "global_batch_size": 8, "micro_batch_size": 2, "warmup_steps": 2,
                 "lr": 3e-3, "seed": 11, **(training or {}),
             },
             "resources": {"gpus": world, "device": "cpu"},
