@@ -7,9 +7,9 @@ after a dozen such clusters in one process. Every group runs even when an earlie
 status is non-zero when any group failed or collected no test (pytest's 5), so nothing is skipped
 silently. The last line is the combined `N passed, N failed, N skipped` of every group.
 
-`--fast` (`make test-fast`) runs only the tests not marked slow, as two groups at once: the engine's quick
-gloo layouts, whose worker processes keep one core or two busy, beside everything else, which runs in one
-pytest process on one core (in one process the whole tier left a core idle most of the time).
+`--fast` (`make test-fast`) runs only the tests not marked slow, as three groups at once: the engine's quick
+gloo layouts, whose worker processes keep one core or two busy, beside the control plane's and the rest's,
+each a pytest process on one core (in one process the whole tier left a core idle most of the time).
 
 Groups run one after another, except that `deploy`, `spec` and the service tests that start no Ray cluster
 (`service-unit`, the service directory's fast tier) run beside `parallelism`: deploy's tests mostly wait (for a
@@ -45,10 +45,11 @@ STAGES = (
 FAST_STAGES = (
     (
         ("parallelism-fast", ["parallelism"], "not slow"),
-        ("others-fast", ["deploy", "spec", "planning", "test_layering.py", "service", "workers", "reliability"], "not slow"),
+        ("service-fast", ["service"], "not slow"),
+        ("others-fast", ["deploy", "spec", "planning", "test_layering.py", "workers", "reliability"], "not slow"),
     ),
 )
-"""`--fast`: the tests not marked slow, every directory in one of two groups run at once."""
+"""`--fast`: the tests not marked slow, every directory in one of three groups run at once."""
 
 
 def counts(junit: Path) -> dict[str, int]:

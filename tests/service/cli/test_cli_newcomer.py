@@ -43,12 +43,15 @@ def _trainctl(*argv: str, env: dict[str, str] | None = None) -> tuple[subprocess
 
 
 def test_a_client_command_without_a_server_ends_at_once_with_a_hint() -> None:
-    """It waited 12.8 s (five rounds of retries), then printed gRPC's UNAVAILABLE."""
+    """It waited 12.8 s (five rounds of retries), then printed gRPC's UNAVAILABLE. "At once" is judged
+    against a CLI start measured beside it (`--version`), so a loaded machine's slower start is not taken
+    for retries: twice that start plus 2 s, well under the retries' 10 s."""
+    _, start = _trainctl("--version")
     nobody = f"127.0.0.1:{free_port()}"
     done, seconds = _trainctl("list", env={"TRAINCTL_SERVER": nobody})
     assert done.returncode == EXIT_ERROR and done.stdout == ""
     assert done.stderr == f"error: no trainctl server at {nobody} (connection failed); {HINT}\n"
-    assert seconds < 2.0, f"took {seconds:.1f} s"
+    assert seconds < 2 * start + 2.0, f"took {seconds:.1f} s, a CLI start {start:.1f} s"
 
 
 def test_every_address_is_named_and_a_silent_one_is_given_up_after_the_deadline(capsys: pytest.CaptureFixture[str]) -> None:
