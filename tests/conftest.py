@@ -92,6 +92,10 @@ SLOW_TESTS = (
     "parallelism/test_optimizers.py::test_optimizer_trains_and_resumes_bit_for_bit[adamw-fused]",
     "parallelism/test_distributed_teardown.py::test_teardown_releases_every_process_group",
     "parallelism/test_grid.py::test_device_mesh_groups_match_the_grid",  # 8 ranks: 4 more pool workers to start
+    # Two 2-rank FSDP runs (sync, async) and a resume: 36-70 s beside other test runs.
+    "parallelism/test_checkpoint_async.py::test_async_saving_changes_no_loss_and_keeps_the_same_checkpoints",
+    "parallelism/test_checkpoint_async.py::test_one_save_in_flight_and_commits_after_their_step_is_reported",
+    "parallelism/test_checkpoint_async.py::test_resume_from_an_async_checkpoint_continues_bit_for_bit",
 )
 """Test ids (below tests/, prefixes) that are `slow` without using a Ray fixture."""
 

@@ -358,6 +358,11 @@ class CheckpointSpec(StrictModel):
     """Complete checkpoints to keep."""
     resume: bool = True
     """Resume from the newest complete checkpoint when the job (re)starts."""
+    async_save: bool = False
+    """Write checkpoints in the background: the step copies its state to host memory and training goes
+    on while the shards are written; at most one save is in flight (the next save and the end of the
+    run wait for it), and it becomes complete only once every rank has written it. The final
+    checkpoint is written synchronously. Costs host memory for one copy of each rank's state."""
 
 
 MIN_HOST_MEMORY_GIB = 0.5

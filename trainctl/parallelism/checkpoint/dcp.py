@@ -6,8 +6,9 @@ Layout under the job's checkpoint directory:
         COMPLETE              written last, by rank 0, after every rank finished writing
     .tmp_step_00000100/       a checkpoint being written (ignored, removed on the next save)
 
-Rank 0 creates the temporary directory, every rank writes its shards with `dcp.save`, rank 0 calls the
-caller's `before_commit` hook (the trainer reports the step there, so no complete checkpoint is ahead of
+Rank 0 creates the temporary directory (`begin_save`), every rank writes its shards with `dcp.save`
+(or in the background, `async_writer`), and once every rank has written, rank 0 commits it
+(`commit_checkpoint`): it calls the caller's `before_commit` hook (the trainer reports the step there, so no complete checkpoint is ahead of
 the steps its job has reported), writes `COMPLETE` and renames the directory to its final name, then deletes all but the newest `keep_last`
 complete checkpoints. A crash at any point leaves either the old set or the old set plus a complete new
 one. `COMPLETE` holds a manifest (every file's size), so a checkpoint damaged after it was written (a
@@ -46,7 +47,7 @@ RESUME_FIELD = "spec.checkpoint.resume"
 
 
 @contextlib.contextmanager
-def _quiet_single_process() -> Iterator[None]:
+def quiet_single_process() -> Iterator[None]:
     """DCP warns that it assumes a single process when there is no process group; that is intended."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -62,6 +63,49 @@ def _is_coordinator() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
+def begin_save(root: str | Path, step: int) -> Path:
+    """Collectively prepare checkpoint `step`'s temporary directory (rank 0 removes partial saves left
+    by crashes); returns its path."""
+    root = Path(root)
+    tmp = pending_dir(root, step)
+    if _is_coordinator():
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp_step_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+    _barrier()
+    return tmp
+
+
+def pending_dir(root: str | Path, step: int) -> Path:
+    """Where checkpoint `step` is written until it is committed."""
+    return Path(root) / f".tmp_{step_dir_name(step)}"
+
+
+def commit_checkpoint(
+    root: str | Path, step: int, keep_last: int, before_commit: Callable[[int], Any] | None = None
+) -> Path:
+    """Rank 0 only, once every rank has written checkpoint `step`'s shards: call ``before_commit(size)``
+    (``size`` is what `checkpoint_size` will report), write the `COMPLETE` manifest, rename the
+    directory to its final name and delete all but the newest `keep_last` complete checkpoints. If
+    ``before_commit`` raises, the checkpoint is never committed. Returns the final path."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+    root = Path(root)
+    tmp, final = pending_dir(root, step), root / step_dir_name(step)
+    files = _manifest(tmp)
+    marker = json.dumps({"step": step, "files": files}, sort_keys=True)
+    if before_commit is not None:
+        before_commit(sum(files.values()) + len(marker.encode()))
+    (tmp / COMPLETE).write_text(marker)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for _, old in complete_checkpoints(root)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -72,33 +116,16 @@ def save_checkpoint(
     """Collectively save `state` (a DCP state dict) as checkpoint `step`; returns its final path.
 
     ``before_commit(size)`` runs on rank 0 once every rank has written its shards and before the
-    checkpoint becomes complete; ``size`` is what `checkpoint_size` will report for it. If it raises,
-    the checkpoint is never committed."""
+    checkpoint becomes complete (see `commit_checkpoint`)."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, got {keep_last}")
-    root = Path(root)
-    final = root / step_dir_name(step)
-    tmp = root / f".tmp_{step_dir_name(step)}"
-    if _is_coordinator():
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp_step_*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
-    _barrier()
-    with _quiet_single_process():
+    tmp = begin_save(root, step)
+    with quiet_single_process():
         dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     _barrier()
+    final = Path(root) / step_dir_name(step)
     if _is_coordinator():
-        files = _manifest(tmp)
-        marker = json.dumps({"step": step, "files": files}, sort_keys=True)
-        if before_commit is not None:
-            before_commit(sum(files.values()) + len(marker.encode()))
-        (tmp / COMPLETE).write_text(marker)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        for _, old in complete_checkpoints(root)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        final = commit_checkpoint(root, step, keep_last, before_commit)
     _barrier()
     return final
 
@@ -118,5 +145,5 @@ def load_checkpoint(
     path = Path(path)
     if not (path / COMPLETE).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker)")
-    with _quiet_single_process():
+    with quiet_single_process():
         load_dcp(state, CheckpointReader(path, files, field), no_dist=not dist.is_initialized())

@@ -38,7 +38,8 @@ class StepReport:
     peak_memory_bytes: int | None = None
     """Peak CUDA memory allocated, or the process's peak RSS on CPU (None: not reported)."""
     checkpoint_bytes: int | None = None
-    """Size of the checkpoint this step saved (its files and marker), None when it saved none."""
+    """Size of the checkpoint committed at this step (its files and marker), None when none was: the one
+    this step saved, or under `checkpoint.async_save` the earlier step's save committed at this one."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (Ray calls, event log, JSON)."""

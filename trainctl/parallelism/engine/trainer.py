@@ -53,6 +53,7 @@ from trainctl.parallelism.engine.distributed import resolve_device
 from trainctl.parallelism.engine.loss import masked_loss_scale, objectives
 from trainctl.parallelism.engine.model_setup import build_parallel_model
 from trainctl.parallelism.engine.optim import build_optimizer, build_scheduler, clip_gradients
+from trainctl.parallelism.engine.step_checkpoints import StepCheckpoints
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.layouts.context_parallel import shard_batch_for_cp
@@ -126,7 +127,9 @@ class Trainer:
     ``on_step`` (rank 0) gets a StepReport for every ``log_interval``-th step, the last step and every
     step that saves a checkpoint; for the latter it runs before the checkpoint is committed, so a
     callback that returns once its report is recorded leaves no complete checkpoint ahead of the
-    reported steps. ``on_step_time`` (the other ranks) gets their wall time of the same steps.
+    reported steps. Under `checkpoint.async_save` a checkpoint is committed at a later step, the first
+    one after every rank has written it: that step is reported (with the checkpoint's size) before
+    the commit. ``on_step_time`` (the other ranks) gets their wall time of the same steps.
     """
 
     def __init__(
@@ -358,16 +361,11 @@ class Trainer:
         (``before_commit``: see `checkpoint.dcp.save_checkpoint`)."""
         if self.checkpoint_dir is None:
             raise RuntimeError("no checkpoint_dir was given to this Trainer")
-        path = ckpt.save_checkpoint(
-            self.checkpoint_dir,
-            self.step,
-            self._app_state(self._state_templates()),
-            self.job.checkpoint.keep_last,
-            before_commit,
-        )
-        if self.rank == 0:  # the rank that wrote the COMPLETE manifest
-            self._event(f"checkpoint saved at step {self.step}: {path} ({ckpt.checkpoint_size(path)} bytes)")
-        return path
+        return self._checkpoints(self.checkpoint_dir).save(self.step, before_commit)
+
+    def _checkpoints(self, root: Path, async_save: bool = False) -> StepCheckpoints:
+        return StepCheckpoints(root, self.job.checkpoint.keep_last, self.rank,
+                               lambda: self._app_state(self._state_templates()), self._event, async_save)
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Collectively load a checkpoint written under any layout into this one."""
@@ -453,24 +451,35 @@ class Trainer:
         tokens_per_step = train.global_batch_size * self.job.data.seq_len
         last_path: Path | None = None
         interval = self.job.checkpoint.interval_steps
-        while self.step < train.steps:
-            lr = self.optimizers[0].param_groups[0]["lr"]
-            t0 = time.perf_counter()
-            loss, norm, breakdown = self.train_step()
-            losses.append(loss)
-            allocator = efficiency.after_step(self.step, train.empty_cache_steps, self.device)
-            if allocator is not None:
-                breakdown.update(allocator.as_breakdown())
-            if self.checkpoint_dir is not None and (
-                (interval and self.step % interval == 0) or self.step == train.steps
-            ):
-                # Rank 0 reports the step before the checkpoint is committed; the other ranks time it after.
+        checkpoints = (
+            self._checkpoints(self.checkpoint_dir, self.job.checkpoint.async_save) if self.checkpoint_dir is not None else None
+        )
+        try:
+            while self.step < train.steps:
+                lr = self.optimizers[0].param_groups[0]["lr"]
+                t0 = time.perf_counter()
+                loss, norm, breakdown = self.train_step()
+                losses.append(loss)
+                allocator = efficiency.after_step(self.step, train.empty_cache_steps, self.device)
+                if allocator is not None:
+                    breakdown.update(allocator.as_breakdown())
+                last = self.step == train.steps
+                report_due = self.step % train.log_interval == 0 or last
+                plain = partial(self._report_step, t0, lr, loss, norm, breakdown, None, None)
+                if checkpoints is None:
+                    if report_due:
+                        plain()
+                    continue
+                # Rank 0 reports a step before a checkpoint is committed; the other ranks time it after.
                 report = partial(self._report_step, t0, lr, loss, norm, breakdown, time.perf_counter())
-                last_path = self.save_checkpoint(before_commit=report)
-                if self.rank != 0:
-                    report(None)
-            elif self.step % train.log_interval == 0 or self.step == train.steps:
-                self._report_step(t0, lr, loss, norm, breakdown, None, None)
+                save_due = bool(interval and self.step % interval == 0) or last
+                committed = checkpoints.after_step(
+                    self.step, save_due=save_due, last=last, report_due=report_due, report=report, plain=plain
+                )
+                last_path = committed or last_path
+        finally:
+            if checkpoints is not None:
+                checkpoints.close()
         return TrainResult(
             steps_completed=self.step,
             final_loss=losses[-1] if losses else None,
