@@ -365,6 +365,53 @@ class CheckpointSpec(StrictModel):
     checkpoint is written synchronously. Costs host memory for one copy of each rank's state."""
 
 
+MAX_EVAL_BATCHES = 1_000_000
+MAX_HOLDOUT_FRACTION = 0.5
+
+
+class EvaluationSpec(StrictModel):
+    """Held-out evaluation during training (docs/engine.md, Evaluation)."""
+
+    data: DataSpec | None = None
+    """A separate evaluation dataset (any format `spec.data` takes); its `seq_len` must equal the
+    training data's. Exactly one of `data` and `holdout_fraction` is set."""
+    holdout_fraction: float | None = Field(default=None, gt=0, le=MAX_HOLDOUT_FRACTION)
+    """Hold out this fraction of the training data's documents for evaluation, chosen deterministically
+    by document (never by sample), so no evaluated token is ever trained on (at most 0.5)."""
+    interval_steps: count(MAX_STEPS, 0) = 0
+    """Evaluate after every this many optimizer steps (0: only at the end, with `at_end`)."""
+    batches: count(MAX_EVAL_BATCHES) = 1
+    """Global batches (of `training.global_batch_size` sequences) each evaluation reads; every
+    evaluation reads the same batches."""
+    at_end: bool = True
+    """Evaluate after the last step as well."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvaluationSpec:
+        if (self.data is None) == (self.holdout_fraction is None):
+            raise ValueError("spec.evaluation: set exactly one of data and holdout_fraction")
+        return self
+
+
+MLFLOW_EXPERIMENT_MAX = 256
+
+
+class TrackingSpec(StrictModel):
+    """Where the service logs the job's run for experiment trackers (docs/observability.md, Tracking).
+    Ranks never see a tracker or its credentials: the service logs what the job reports."""
+
+    mlflow_tracking_uri: Annotated[str, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = None
+    """An MLflow tracking server for this job; it must be one the service allows (`trainctl serve
+    --mlflow-allow`). Unset: the service's default server (`--mlflow-tracking-uri`), if any."""
+    mlflow_experiment: Annotated[str, Field(min_length=1, max_length=MLFLOW_EXPERIMENT_MAX)] | None = None
+    """The MLflow experiment the run is logged under (unset: `trainctl/<tenant>`)."""
+    mlflow: bool = True
+    """Log to MLflow when the service has a server for the job (False: never)."""
+    tensorboard: bool = False
+    """Write TensorBoard event files into the run directory's `tensorboard/` (needs the `tensorboard`
+    package on the service)."""
+
+
 MIN_HOST_MEMORY_GIB = 0.5
 MAX_HOST_MEMORY_GIB = 65_536.0
 
@@ -487,6 +534,10 @@ class JobSpecBody(StrictModel):
     """Low-rank adapters: freeze the model and train only adapters on `target_modules` (usually with
     init_from or model.from_pretrained); checkpoints then hold only the adapters. None: train every
     parameter."""
+    evaluation: EvaluationSpec | None = None
+    """Evaluate on held-out data during training (None: no evaluation)."""
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    """Experiment tracking (MLflow, TensorBoard) of the job's run."""
     command: CommandSpec | None = None
     """Run this program on every rank instead of the built-in engine (a command job); `model`, `data`,
     `training`, `init_from` and `lora` must then be left unset. Without a `parallelism` section the

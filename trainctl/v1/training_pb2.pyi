@@ -399,6 +399,32 @@ class LoRASpec(_message.Message):
     target_modules: StringList
     def __init__(self, rank: _Optional[int] = ..., alpha: _Optional[float] = ..., dropout: _Optional[float] = ..., target_modules: _Optional[_Union[StringList, _Mapping]] = ...) -> None: ...
 
+class EvaluationSpec(_message.Message):
+    __slots__ = ("data", "holdout_fraction", "interval_steps", "batches", "at_end")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    HOLDOUT_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    AT_END_FIELD_NUMBER: _ClassVar[int]
+    data: DataSpec
+    holdout_fraction: float
+    interval_steps: int
+    batches: int
+    at_end: bool
+    def __init__(self, data: _Optional[_Union[DataSpec, _Mapping]] = ..., holdout_fraction: _Optional[float] = ..., interval_steps: _Optional[int] = ..., batches: _Optional[int] = ..., at_end: _Optional[bool] = ...) -> None: ...
+
+class TrackingSpec(_message.Message):
+    __slots__ = ("mlflow_tracking_uri", "mlflow_experiment", "mlflow", "tensorboard")
+    MLFLOW_TRACKING_URI_FIELD_NUMBER: _ClassVar[int]
+    MLFLOW_EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
+    MLFLOW_FIELD_NUMBER: _ClassVar[int]
+    TENSORBOARD_FIELD_NUMBER: _ClassVar[int]
+    mlflow_tracking_uri: str
+    mlflow_experiment: str
+    mlflow: bool
+    tensorboard: bool
+    def __init__(self, mlflow_tracking_uri: _Optional[str] = ..., mlflow_experiment: _Optional[str] = ..., mlflow: _Optional[bool] = ..., tensorboard: _Optional[bool] = ...) -> None: ...
+
 class CommandSpec(_message.Message):
     __slots__ = ("program", "args", "working_dir", "env", "no_progress_timeout_seconds")
     class EnvEntry(_message.Message):
@@ -421,7 +447,7 @@ class CommandSpec(_message.Message):
     def __init__(self, program: _Optional[str] = ..., args: _Optional[_Union[StringList, _Mapping]] = ..., working_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., no_progress_timeout_seconds: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("model", "data", "parallelism", "training", "checkpoint", "resources", "scheduling", "init_from", "lora", "command")
+    __slots__ = ("model", "data", "parallelism", "training", "checkpoint", "resources", "scheduling", "init_from", "lora", "command", "evaluation", "tracking")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     PARALLELISM_FIELD_NUMBER: _ClassVar[int]
@@ -432,6 +458,8 @@ class JobSpec(_message.Message):
     INIT_FROM_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    TRACKING_FIELD_NUMBER: _ClassVar[int]
     model: ModelSpec
     data: DataSpec
     parallelism: ParallelismSpec
@@ -442,7 +470,9 @@ class JobSpec(_message.Message):
     init_from: str
     lora: LoRASpec
     command: CommandSpec
-    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., parallelism: _Optional[_Union[ParallelismSpec, _Mapping]] = ..., training: _Optional[_Union[TrainingSpec, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointSpec, _Mapping]] = ..., resources: _Optional[_Union[ResourcesSpec, _Mapping]] = ..., scheduling: _Optional[_Union[SchedulingSpec, _Mapping]] = ..., init_from: _Optional[str] = ..., lora: _Optional[_Union[LoRASpec, _Mapping]] = ..., command: _Optional[_Union[CommandSpec, _Mapping]] = ...) -> None: ...
+    evaluation: EvaluationSpec
+    tracking: TrackingSpec
+    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., parallelism: _Optional[_Union[ParallelismSpec, _Mapping]] = ..., training: _Optional[_Union[TrainingSpec, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointSpec, _Mapping]] = ..., resources: _Optional[_Union[ResourcesSpec, _Mapping]] = ..., scheduling: _Optional[_Union[SchedulingSpec, _Mapping]] = ..., init_from: _Optional[str] = ..., lora: _Optional[_Union[LoRASpec, _Mapping]] = ..., command: _Optional[_Union[CommandSpec, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationSpec, _Mapping]] = ..., tracking: _Optional[_Union[TrackingSpec, _Mapping]] = ...) -> None: ...
 
 class RankPlacement(_message.Message):
     __slots__ = ("rank", "node", "gpu", "coords")
@@ -464,7 +494,7 @@ class RankPlacement(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., gpu: _Optional[int] = ..., coords: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "loss", "grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "breakdown", "peak_memory_bytes", "time")
+    __slots__ = ("step", "loss", "grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "breakdown", "peak_memory_bytes", "time", "eval_loss")
     class BreakdownEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -483,6 +513,7 @@ class StepMetrics(_message.Message):
     BREAKDOWN_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     step: int
     loss: float
     grad_norm: float
@@ -494,7 +525,8 @@ class StepMetrics(_message.Message):
     breakdown: _containers.ScalarMap[str, float]
     peak_memory_bytes: int
     time: _timestamp_pb2.Timestamp
-    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., lr: _Optional[float] = ..., tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., step_time_seconds: _Optional[float] = ..., breakdown: _Optional[_Mapping[str, float]] = ..., peak_memory_bytes: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    eval_loss: float
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., lr: _Optional[float] = ..., tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., step_time_seconds: _Optional[float] = ..., breakdown: _Optional[_Mapping[str, float]] = ..., peak_memory_bytes: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eval_loss: _Optional[float] = ...) -> None: ...
 
 class JobStatus(_message.Message):
     __slots__ = ("state", "reason", "create_time", "schedule_time", "start_time", "end_time", "update_time", "steps_done", "total_steps", "first_loss", "last_loss", "restarts", "tokens_per_second", "mfu", "placement", "run_dir")

@@ -40,6 +40,9 @@ class StepReport:
     checkpoint_bytes: int | None = None
     """Size of the checkpoint committed at this step (its files and marker), None when none was: the one
     this step saved, or under `checkpoint.async_save` the earlier step's save committed at this one."""
+    eval_loss: float | None = None
+    """Global mean loss on the evaluation data (`spec.evaluation`) after this step, None when the step
+    ran no evaluation."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (Ray calls, event log, JSON)."""
@@ -66,4 +69,5 @@ class StepReport:
             breakdown={str(k): float(v) for k, v in (data.get("breakdown") or {}).items()},
             peak_memory_bytes=number("peak_memory_bytes", int),
             checkpoint_bytes=number("checkpoint_bytes", int),
+            eval_loss=number("eval_loss", float),
         )
