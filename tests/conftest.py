@@ -40,6 +40,7 @@ SLOW_TESTS = (
     "deploy/test_prometheus_live.py",  # a service, a Prometheus server and a 20-step job
     "deploy/test_existing_ray.py",  # `ray start` and `trainctl serve` processes
     "service/e2e/test_readme_commands.py",  # a `trainctl serve` process training the README's 8-rank demo job
+    "service/tracking/test_tracking_e2e.py",  # `mlflow server` and `trainctl serve` processes, a sweep and a job
     "service/store/test_store_outage.py::test_losing_the_database",  # a PostgreSQL server stopped for seconds under load
     "service/scheduling/test_leadership.py",  # leases lapsing and taken over, seconds each
     # Engine runs measured at 5 s or more (call time, 2-core machine); the quick layouts stay in the fast tier.
@@ -96,6 +97,7 @@ SLOW_TESTS = (
     "parallelism/test_checkpoint_async.py::test_async_saving_changes_no_loss_and_keeps_the_same_checkpoints",
     "parallelism/test_checkpoint_async.py::test_one_save_in_flight_and_commits_after_their_step_is_reported",
     "parallelism/test_checkpoint_async.py::test_resume_from_an_async_checkpoint_continues_bit_for_bit",
+    "parallelism/test_evaluation.py::test_evaluation_changes_no_training_loss_under_a_pipeline",  # two 2-rank runs: ~10 s
 )
 """Test ids (below tests/, prefixes) that are `slow` without using a Ray fixture."""
 

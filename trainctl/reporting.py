@@ -17,10 +17,12 @@ REPORT_SOCKET_ENV = "TRAINCTL_REPORT_SOCKET"
 
 
 def report(
-    step: int, loss: float, *, tokens: int | None = None, lr: float | None = None, grad_norm: float | None = None
+    step: int, loss: float, *, tokens: int | None = None, lr: float | None = None, grad_norm: float | None = None,
+    eval_loss: float | None = None,
 ) -> None:
     """Report a finished optimizer step: its number, its loss and, optionally, the tokens that step
-    trained (over all ranks, like the built-in engine's), its learning rate and gradient norm. Report
+    trained (over all ranks, like the built-in engine's), its learning rate and gradient norm, and the
+    loss on the program's evaluation data when it evaluated after this step (pass it only then). Report
     every step or every N steps: step time and tokens per second come from the steps and the wall time
     between a rank's reports. A metric left out is absent from the job's metrics, not 0. Every rank may
     call it; the first report of each step is the job's, the others time the step on their rank."""
@@ -34,6 +36,8 @@ def report(
         payload["lr"] = float(lr)
     if grad_norm is not None:
         payload["grad_norm"] = float(grad_norm)
+    if eval_loss is not None:
+        payload["eval_loss"] = float(eval_loss)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         try:
             sock.sendto(json.dumps(payload).encode(), path)

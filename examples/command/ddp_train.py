@@ -1,9 +1,10 @@
 """Plain PyTorch DDP, written like the PyTorch "Getting Started with DDP" tutorial: a toy model, the
 `env://` rendezvous torchrun (or trainctl) sets up, SGD. It checkpoints to TRAINCTL_CHECKPOINT_DIR (the
 current directory outside trainctl) and resumes from there, and adds one line for trainctl's metrics:
-`trainctl.report(step=..., loss=..., tokens=...)`.
+`trainctl.report(step=..., loss=..., tokens=...)`, with `eval_loss=...` on the steps that evaluated on
+held-out data (every `--eval-interval` steps).
 
-    python ddp_train.py [--steps N] [--step-seconds S]
+    python ddp_train.py [--steps N] [--step-seconds S] [--eval-interval N]
 """
 
 from __future__ import annotations
@@ -35,10 +36,21 @@ class ToyModel(nn.Module):
         return self.net2(self.relu(self.net1(x)))
 
 
+def evaluate(model: nn.Module, loss_fn: nn.Module, rank: int, world: int) -> float:
+    """The mean loss over the ranks on a held-out batch (the same one every time, never trained on)."""
+    held_out = torch.Generator().manual_seed(-1 - rank)
+    inputs, labels = torch.randn(BATCH, 10, generator=held_out), torch.randn(BATCH, 5, generator=held_out)
+    with torch.no_grad():
+        loss = loss_fn(model(inputs), labels)
+    dist.all_reduce(loss)
+    return loss.item() / world
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (slow the run down)")
+    parser.add_argument("--eval-interval", type=int, default=0, help="evaluate every N steps (0: never)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment
@@ -74,7 +86,12 @@ def main() -> None:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, partial)
             os.replace(partial, checkpoint)
             print(f"step {step} loss {mean_loss.item():.4f}", flush=True)
-        trainctl.report(step=step, loss=mean_loss.item(), tokens=BATCH * world)
+        eval_loss = None
+        if args.eval_interval and step % args.eval_interval == 0:
+            eval_loss = evaluate(ddp_model, loss_fn, rank, world)
+            if rank == 0:
+                print(f"eval step {step} loss {eval_loss:.4f}", flush=True)
+        trainctl.report(step=step, loss=mean_loss.item(), tokens=BATCH * world, eval_loss=eval_loss)
         time.sleep(args.step_seconds)
     dist.barrier()
     dist.destroy_process_group()

@@ -34,6 +34,7 @@ JOB_SPEC = {
         "training": {"steps": 20, "global_batch_size": 4, "micro_batch_size": 1, "log_interval": 1,
                      "warmup_steps": 2},
         "checkpoint": {"interval_steps": 8},
+        "evaluation": {"holdout_fraction": 0.1, "interval_steps": 10},  # eval loss at steps 10 and 20
         "resources": {"gpus": 2, "device": "cpu"},
     },
 }
@@ -137,6 +138,10 @@ def test_job_series_in_prometheus_match_the_job(run) -> None:
     state = prom.api("query", query=f'trainctl_job_state{{job_id="{job.id}", state="SUCCEEDED"}}',
                      time=run["end"])["result"]
     assert float(state[0]["value"][1]) == 1
+    evaluated = [m.step for m in job.metrics if m.HasField("eval_loss")]
+    assert evaluated == [10, 20] and job.status.last_eval_loss == job.metrics[-1].eval_loss
+    eval_loss = prom.api("query", query=f"last_over_time(trainctl_job_eval_loss{sel}[5m])", time=run["end"])["result"]
+    assert float(eval_loss[0]["value"][1]) == pytest.approx(job.status.last_eval_loss)
     gpus = prom.api("query", query=f"sum(max_over_time(trainctl_job_gpus{sel}[5m]))", time=run["end"])["result"]
     assert float(gpus[0]["value"][1]) == 2
     assert re.fullmatch(r"[\w.-]+", job.id)

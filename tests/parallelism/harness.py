@@ -9,22 +9,26 @@ API (the `pool` fixture in conftest.py is a session-wide `WorkerPool`):
         or a test module in tests/parallelism); arguments and results must pickle. An exception on
         any rank fails the call with that rank's traceback. world_size 1 runs without a process group.
 
-    run_layout(pool, body, steps=3) -> LayoutRun
+    run_layout(pool, body, steps=3, eval_after=()) -> LayoutRun
         Train `body` (a JobSpecBody; its parallelism block picks the layout, world size = its
         product) for `steps` optimizer steps; `LayoutRun.losses` are the global losses per step and
         `LayoutRun.grads[step]` that step's gradients, after reduction and before clipping, gathered
         to full tensors and keyed by canonical parameter name (`layers.0.attention.wq.weight`).
+        With `eval_after` (optimizer steps, e.g. EVAL_AFTER), the Trainer's evaluation runs after each
+        of those steps and `LayoutRun.eval_losses[step]` is its global eval loss; a body without
+        `spec.evaluation` evaluates one batch of its own training data (`with_evaluation`).
         `context=` ("module:function") wraps each rank's run in a context manager; `edit_batch=` /
         `edit_grads=` inject an error, to test the harness itself.
 
-    run_reference(pool, body, steps=3) -> LayoutRun
+    run_reference(pool, body, steps=3, eval_after=()) -> LayoutRun
         The same job with every parallel degree set to 1, in one process: the single-process result
         every layout must reproduce. Cached per job, so a matrix of layouts pays for it once.
 
     assert_equivalent(run, reference, loss_rtol=1e-5, grad_rtol=5e-5)
         At every step: the loss within `loss_rtol` (relative) and every parameter's gradient within
         `grad_rtol` relative error per tensor (||g - g_ref|| / ||g_ref||), same parameter names on both
-        sides. A failure lists the mismatches in step order, naming step and parameter.
+        sides; the eval losses after the same steps, each within `loss_rtol`. A failure lists the
+        mismatches in step order, naming step and parameter.
 
     run_training(pool, body, checkpoint_dir=None) -> TrainResult
         `Trainer.run()` as the service runs it (checkpoints on schedule, resumes from the newest
@@ -50,7 +54,7 @@ import queue
 import socket
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -84,6 +88,8 @@ BF16_TP_LOSS_RTOL = 5e-5
 BF16_TP_TRAINING = {"dtype": "bfloat16", "lr": 1e-4, "micro_batch_size": 4}
 """lr 1e-4 so the per-step bf16 differences do not compound through the weights over the steps (at
 lr 3e-3 the worst gradient difference grows to 6 % by step 4, which would hide a 1 % error)."""
+EVAL_AFTER = (1, DEFAULT_STEPS)
+"""Steps an equivalence matrix evaluates after: the first and the last (the same batches both times)."""
 MAX_REPORTED = 20
 """Mismatches listed in an assert_equivalent failure (the rest are counted)."""
 MAX_WORKER_THREADS = 96
@@ -241,12 +247,23 @@ def single_process(body: JobSpecBody) -> JobSpecBody:
     return JobSpecBody.model_validate(data)
 
 
+def with_evaluation(body: JobSpecBody) -> JobSpecBody:
+    """`body` itself when it has `spec.evaluation`, else `body` evaluating one batch of its training data."""
+    if body.evaluation is not None:
+        return body
+    data = body.model_dump()
+    data["evaluation"] = {"data": data["data"], "batches": 1}
+    return JobSpecBody.model_validate(data)
+
+
 @dataclass
 class LayoutRun:
-    """Global loss and full gradients (by canonical parameter name) of every optimizer step."""
+    """Global loss and full gradients (by canonical parameter name) of every optimizer step, and the
+    global eval loss after each step that evaluated."""
 
     losses: list[float]
     grads: list[dict[str, torch.Tensor]]
+    eval_losses: dict[int, float] = field(default_factory=dict)
 
 
 def full_named_grads(trainer: Any) -> dict[str, torch.Tensor]:
@@ -280,14 +297,15 @@ def _resolve(path: str | None) -> Callable[..., Any] | None:
     return getattr(importlib.import_module(module), attr)
 
 
-def train_case(rank: int, world_size: int, body_json: str, steps: int, hooks: dict[str, str]) -> LayoutRun | None:
+def train_case(rank: int, world_size: int, body_json: str, steps: int, hooks: dict[str, str],
+               eval_after: tuple[int, ...] = ()) -> LayoutRun | None:
     """Worker body of run_layout: step the Trainer by hand so every step's gradients can be read."""
     from trainctl.parallelism.engine.trainer import Trainer
 
     body = JobSpecBody.model_validate_json(body_json)
     context = _resolve(hooks.get("context"))
     batch_editor, grads_editor = _resolve(hooks.get("edit_batch")), _resolve(hooks.get("edit_grads"))
-    losses, grads = [], []
+    losses, grads, eval_losses = [], [], {}
     with context() if context is not None else contextlib.nullcontext():
         trainer = Trainer(body, rank=rank, world_size=world_size, device="cpu")
         for step in range(steps):
@@ -300,11 +318,13 @@ def train_case(rank: int, world_size: int, body_json: str, steps: int, hooks: di
                 grads_editor(trainer, step)
             grads.append(full_named_grads(trainer))
             trainer.optimizer_step()
-    return LayoutRun(losses=losses, grads=grads) if rank == 0 else None
+            if trainer.step in eval_after:
+                eval_losses[trainer.step] = trainer.evaluator.evaluate()
+    return LayoutRun(losses=losses, grads=grads, eval_losses=eval_losses) if rank == 0 else None
 
 
-def run_layout(pool: WorkerPool, body: JobSpecBody, *, steps: int = DEFAULT_STEPS, context: str | None = None,
-               edit_batch: str | None = None, edit_grads: str | None = None) -> LayoutRun:
+def run_layout(pool: WorkerPool, body: JobSpecBody, *, steps: int = DEFAULT_STEPS, eval_after: tuple[int, ...] = (),
+               context: str | None = None, edit_batch: str | None = None, edit_grads: str | None = None) -> LayoutRun:
     """Train `body` under its layout; rank 0's losses and gathered gradients of every step.
 
     Hooks ("module:function", run on every rank): `context()` returns a context manager entered
@@ -313,16 +333,19 @@ def run_layout(pool: WorkerPool, body: JobSpecBody, *, steps: int = DEFAULT_STEP
     (both inject errors, to test the harness itself).
     """
     hooks = {k: v for k, v in {"context": context, "edit_batch": edit_batch, "edit_grads": edit_grads}.items() if v}
-    return pool.run(train_case, body.parallelism.world_size, body.model_dump_json(), steps, hooks)[0]
+    if eval_after:
+        body = with_evaluation(body)
+    return pool.run(train_case, body.parallelism.world_size, body.model_dump_json(), steps, hooks, tuple(eval_after))[0]
 
 
-def run_reference(pool: WorkerPool, body: JobSpecBody, *, steps: int = DEFAULT_STEPS) -> LayoutRun:
-    """The single-process run of `body` (cached on the pool per job)."""
-    ref = single_process(body)
-    key = (ref.model_dump_json(), steps)
+def run_reference(pool: WorkerPool, body: JobSpecBody, *, steps: int = DEFAULT_STEPS,
+                  eval_after: tuple[int, ...] = ()) -> LayoutRun:
+    """The single-process run of `body` (cached on the pool per job and evaluation steps)."""
+    ref = single_process(with_evaluation(body) if eval_after else body)
+    key = (ref.model_dump_json(), steps, tuple(eval_after))
     cache = pool.__dict__.setdefault("reference_cache", {})
     if key not in cache:
-        cache[key] = run_layout(pool, ref, steps=steps)
+        cache[key] = run_layout(pool, ref, steps=steps, eval_after=eval_after)
     return cache[key]
 
 
@@ -336,7 +359,8 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 def mismatches(run: LayoutRun, reference: LayoutRun, *, loss_rtol: float = FP32_LOSS_RTOL,
                grad_rtol: float = FP32_GRAD_RTOL) -> list[str]:
     """Every disagreement of `run` with `reference`, in step order: the step's loss, then each
-    parameter whose gradient's relative error exceeds `grad_rtol` (or that is missing / misshapen)."""
+    parameter whose gradient's relative error exceeds `grad_rtol` (or that is missing / misshapen);
+    then the eval losses (the same steps evaluated, each loss within `loss_rtol`)."""
     found: list[str] = []
     if len(run.losses) != len(reference.losses):
         return [f"{len(run.losses)} steps != reference {len(reference.losses)}"]
@@ -354,7 +378,17 @@ def mismatches(run: LayoutRun, reference: LayoutRun, *, loss_rtol: float = FP32_
             err = relative_error(g, w)
             if not err <= grad_rtol:
                 found.append(f"step {step}: {name}: gradient relative error {err:.2e} > {grad_rtol:.0e}")
-    return found
+    return found + _eval_mismatches(run.eval_losses, reference.eval_losses, loss_rtol)
+
+
+def _eval_mismatches(got: dict[int, float], want: dict[int, float], loss_rtol: float) -> list[str]:
+    if sorted(got) != sorted(want):
+        return [f"evaluated after steps {sorted(got)} != reference {sorted(want)}"]
+    return [
+        f"after step {step}: eval loss {got[step]!r} != reference {want[step]!r} (rel {abs(got[step] - want[step]) / abs(want[step]):.2e})"
+        for step in sorted(got)
+        if not abs(got[step] - want[step]) <= loss_rtol * abs(want[step])
+    ]
 
 
 def assert_equivalent(run: LayoutRun, reference: LayoutRun, *, loss_rtol: float = FP32_LOSS_RTOL,

@@ -10,7 +10,7 @@ the harness's fp32 tolerances.
 from __future__ import annotations
 
 import pytest
-from harness import assert_equivalent, run_layout, run_reference, tiny_job
+from harness import EVAL_AFTER, assert_equivalent, run_layout, run_reference, tiny_job
 
 # Micro-batch sizes that give every data-parallel rank 2 micro-batches of its share of the batch of 8,
 # enough to fill a 2-stage pipeline.
@@ -36,6 +36,6 @@ CASES = {
 def test_cp_pp_layout_matches_single_process(pool, corpus, case):
     parallelism, training = CASES[case]
     body = tiny_job(corpus, training=training, **parallelism)
-    reference = run_reference(pool, body)
-    run = run_layout(pool, body)
+    reference = run_reference(pool, body, eval_after=EVAL_AFTER)
+    run = run_layout(pool, body, eval_after=EVAL_AFTER)
     assert_equivalent(run, reference)

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from data_sources import build_tokenizer, conversations, write_jsonl
-from harness import assert_equivalent, run_layout, run_reference, tiny_job
+from harness import EVAL_AFTER, assert_equivalent, run_layout, run_reference, tiny_job
 
 from trainctl.parallelism.data.corpus import IGNORE_INDEX
 from trainctl.parallelism.engine.trainer import Trainer
@@ -61,4 +61,4 @@ def test_gradient_accumulation_does_not_change_the_masked_objective(pool, chat_d
 @pytest.mark.parametrize("case", list(CASES))
 def test_masked_layout_matches_single_process(pool, chat_data, case):
     body = tiny_job("", data=chat_data, **CASES[case])
-    assert_equivalent(run_layout(pool, body), run_reference(pool, body))
+    assert_equivalent(run_layout(pool, body, eval_after=EVAL_AFTER), run_reference(pool, body, eval_after=EVAL_AFTER))

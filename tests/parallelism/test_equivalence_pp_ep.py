@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from harness import assert_equivalent, run_layout, run_reference, run_training, tiny_job
+from harness import EVAL_AFTER, assert_equivalent, run_layout, run_reference, run_training, tiny_job
 
 from trainctl.parallelism.checkpoint import dcp as ckpt
 
@@ -50,8 +50,8 @@ LAYOUTS = {
 def test_layout_matches_single_process(pool, corpus, case):
     model, layout = case
     body = tiny_job(corpus, model=model, **layout)
-    reference = run_reference(pool, body)
-    run = run_layout(pool, body)
+    reference = run_reference(pool, body, eval_after=EVAL_AFTER)
+    run = run_layout(pool, body, eval_after=EVAL_AFTER)
     assert_equivalent(run, reference)
 
 

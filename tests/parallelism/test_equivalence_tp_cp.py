@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from harness import assert_equivalent, run_layout, run_reference, tiny_job
+from harness import EVAL_AFTER, assert_equivalent, run_layout, run_reference, tiny_job
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -61,8 +61,8 @@ CASES = {
 def test_layout_matches_single_process(pool, corpus, case):
     parallelism, model = CASES[case]
     body = tiny_job(corpus, model=model, training=MICRO4, **parallelism)
-    reference = run_reference(pool, body)
-    run = run_layout(pool, body)
+    reference = run_reference(pool, body, eval_after=EVAL_AFTER)
+    run = run_layout(pool, body, eval_after=EVAL_AFTER)
     assert_equivalent(run, reference)
 
 

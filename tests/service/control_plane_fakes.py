@@ -122,12 +122,12 @@ class ScriptedRuntime:
         self.state(job_id, JobState.RESTARTING, f"rank died on {node}")
         self.logs[job_id].append(EventKind.REPLAN, lost_nodes=[node], message=f"node(s) {node} left the Ray cluster")
 
-    def step(self, job_id: str, step: int, loss: float) -> None:
+    def step(self, job_id: str, step: int, loss: float, eval_loss: float | None = None) -> None:
         self.logs[job_id].append(
             EventKind.STEP,
             step={"step": step, "loss": loss, "grad_norm": 1.0, "lr": 1e-3, "tokens": 256,
                   "tokens_per_second": 1000.0 + step, "mfu": None, "step_time_seconds": 0.25,
-                  "breakdown": {"forward_backward": 0.2}, "peak_memory_bytes": 1 << 20},
+                  "breakdown": {"forward_backward": 0.2}, "peak_memory_bytes": 1 << 20, "eval_loss": eval_loss},
         )
 
     def run(self, job_id: str, losses: list[float], end: JobState = JobState.SUCCEEDED) -> None:

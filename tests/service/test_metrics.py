@@ -80,7 +80,8 @@ def populate(m: ServiceMetrics) -> None:
     m.set_gpu_inventory([NodeGpus("node-0", "nvl-0", 8, 8), NodeGpus("node-1", "nvl-0", 8, 0)])
     m.set_job_state("job-a", "team-a", "RUNNING")
     m.set_job_placement("job-a", "team-a", {("node-0", "nvl-0"): 8})
-    m.record_step("job-a", "team-a", step_report(step=10, breakdown={"forward_backward": 0.15, "checkpoint": 2.5}))
+    m.record_step("job-a", "team-a", step_report(step=10, breakdown={"forward_backward": 0.15, "checkpoint": 2.5},
+                                                 eval_loss=2.75))
     m.record_step("job-a", "team-a", step_report(step=11))
     m.record_checkpoint_size("job-a", "team-a", 123456)
     m.record_restart("job-a", "team-a")

@@ -85,6 +85,19 @@ def test_objective_and_limits() -> None:
     assert job.spec.command is not None and job.spec.command.env == {"LR": "0.001"}
 
 
+def test_eval_loss_is_an_objective_of_a_job_that_evaluates() -> None:
+    found = sweep_violations(parse_sweep_object(sweep(objective={"metric": "eval_loss"})))
+    assert [v.field for v in found] == ["spec.objective.metric"] and "spec.template.evaluation" in found[0].description
+    evaluating = sweep(objective={"metric": "eval_loss", "step": 10}, template={
+        "training": {"steps": 10, "global_batch_size": 4}, "resources": {"device": "cpu"},
+        "evaluation": {"holdout_fraction": 0.1, "interval_steps": 5}})
+    assert [v for v in sweep_violations(parse_sweep_object(evaluating)) if v.field.startswith("spec.objective")] == []
+    command = sweep(template={"command": {"program": "python"}, "resources": {"device": "cpu"}},
+                    parameters=[{"path": "spec.command.env.LR", "type": "float", "low": 1e-4, "high": 1e-2}],
+                    objective={"metric": "eval_loss"})
+    assert sweep_violations(parse_sweep_object(command)) == []  # a program passes it to trainctl.report
+
+
 def test_template_violations_are_named_under_spec_template() -> None:
     found = sweep_violations(parse_sweep_object(sweep(template={"training": {"global_batch_size": 3, "micro_batch_size": 2}})))
     assert found and all(v.field.startswith("spec.template.") for v in found)

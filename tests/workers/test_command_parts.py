@@ -51,9 +51,12 @@ def test_report_datagrams_become_step_reports_or_name_the_bad_field() -> None:
     assert (report.step, report.loss, report.tokens, report.lr, report.tokens_per_second) == (3, 2.5, 100, 0.1, 200.0)
     assert report.step_time_seconds == 0.5 and report.mfu is None
     for payload, field in (([1], "object"), ({"step": "3", "loss": 1.0}, "step"), ({"step": 1, "loss": float("nan")}, "loss"),
-                           ({"step": 1, "loss": 1.0, "tokens": -1}, "tokens"), ({"step": 1, "loss": 1.0, "lr": "x"}, "lr")):
+                           ({"step": 1, "loss": 1.0, "tokens": -1}, "tokens"), ({"step": 1, "loss": 1.0, "lr": "x"}, "lr"),
+                           ({"step": 1, "loss": 1.0, "eval_loss": float("inf")}, "eval_loss"),
+                           ({"step": 1, "loss": 1.0, "eval_loss": True}, "eval_loss")):
         with pytest.raises(ReportError, match=field):
             step_report_of(payload, 1.0)
+    assert step_report_of({"step": 4, "loss": 2.5, "eval_loss": 3}, None).eval_loss == 3.0
 
 
 def test_step_time_is_the_wall_time_between_reports_over_the_steps_between_them() -> None:
@@ -72,7 +75,8 @@ def test_step_time_is_the_wall_time_between_reports_over_the_steps_between_them(
 
 def test_metrics_a_report_leaves_out_are_absent_not_zero() -> None:
     report = step_report_of({"step": 1, "loss": 2.0}, 0.5)
-    assert (report.grad_norm, report.lr, report.tokens, report.tokens_per_second, report.mfu) == (None,) * 5
+    assert (report.grad_norm, report.lr, report.tokens, report.tokens_per_second, report.mfu, report.eval_loss) == (
+        (None,) * 6)
     assert report.peak_memory_bytes is None and report.step_time_seconds == 0.5
     assert report.to_dict()["grad_norm"] is None  # the supervisor's event log and the store keep it absent
 
@@ -124,11 +128,15 @@ def test_trainctl_report_reaches_its_rank_workers_channel(monkeypatch: pytest.Mo
         monkeypatch.setenv(REPORT_SOCKET_ENV, channel.path)
         trainctl.report(step=1, loss=3.0, tokens=64, grad_norm=0.5)
         trainctl.report(step=2, loss=float("inf"))
+        trainctl.report(step=3, loss=2.0, eval_loss=float("nan"))
+        trainctl.report(step=4, loss=1.5, eval_loss=1.75)
         deadline = time.monotonic() + 5
-        while len(reports) + len(problems) < 2 and time.monotonic() < deadline:
+        while len(reports) + len(problems) < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert [(r.step, r.loss, r.tokens, r.grad_norm) for r in reports] == [(1, 3.0, 64, 0.5)]
-    assert problems and "loss must be a finite number" in problems[0]
+    assert [(r.step, r.loss, r.tokens, r.grad_norm, r.eval_loss) for r in reports] == [
+        (1, 3.0, 64, 0.5, None), (4, 1.5, None, None, 1.75)]
+    assert [p.split(": ", 1)[1].split(" must")[0] for p in problems] == ["loss", "eval_loss"], problems
+    assert all("must be a finite number" in p for p in problems)
     assert not Path(channel.path).exists()
 
 

@@ -21,14 +21,16 @@ from trainctl.cli.plan_cmd import load_job
 from trainctl.cli.progress import follow, json_text, state_name, table
 from trainctl.v1 import training_pb2 as pb
 
-LIST_HEADER = ["ID", "STATE", "PRIORITY", "GPUS", "STEP", "LOSS", "AGE", "REASON"]
+LIST_HEADER = ["ID", "STATE", "PRIORITY", "GPUS", "STEP", "LOSS", "EVAL", "AGE", "REASON"]
 
 
 def _time(ts: Any) -> str | None:
     return ts.ToDatetime().isoformat() + "Z" if ts.seconds or ts.nanos else None
 
 
-STEP_METRICS = ("grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "peak_memory_bytes")
+STEP_METRICS = (
+    "grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "peak_memory_bytes", "eval_loss",
+)
 """StepMetrics' optional fields, in output order: a metric the job did not report is left out of its step."""
 
 
@@ -49,6 +51,7 @@ def job_document(job: pb.Job) -> dict[str, Any]:
         "steps_done": s.steps_done, "total_steps": s.total_steps,
         "first_loss": s.first_loss if s.HasField("first_loss") else None,
         "last_loss": s.last_loss if s.HasField("last_loss") else None,
+        "last_eval_loss": s.last_eval_loss if s.HasField("last_eval_loss") else None,
         "restarts": s.restarts, "tokens_per_second": s.tokens_per_second,
         "mfu": s.mfu if s.HasField("mfu") else None, "run_dir": s.run_dir,
         "placement": [{"rank": p.rank, "node": p.node, "gpu": p.gpu, "coords": dict(p.coords)} for p in s.placement],
@@ -68,9 +71,11 @@ def _age(ts: Any) -> str:
 def _row(job: pb.Job) -> list[str]:
     s = job.status
     loss = f"{s.last_loss:.4f}" if s.HasField("last_loss") else "-"
+    eval_loss = f"{s.last_eval_loss:.4f}" if s.HasField("last_eval_loss") else "-"
     return [
         job.id, state_name(s.state), str(job.spec.scheduling.priority), str(job.spec.resources.gpus),
-        f"{s.steps_done}/{s.total_steps}" if s.total_steps else str(s.steps_done), loss, _age(s.create_time), s.reason[:60],
+        f"{s.steps_done}/{s.total_steps}" if s.total_steps else str(s.steps_done), loss, eval_loss, _age(s.create_time),
+        s.reason[:60],
     ]
 
 
@@ -90,7 +95,8 @@ def _follow(client: TrainctlClient, job_id: str, total: int, after: int, rank: i
     if s.reason:
         summary += f": {s.reason}"
     if s.HasField("first_loss") and s.HasField("last_loss"):
-        summary += f" (loss {s.first_loss:.4f} -> {s.last_loss:.4f} over {s.steps_done} steps)"
+        summary += f" (loss {s.first_loss:.4f} -> {s.last_loss:.4f} over {s.steps_done} steps"
+        summary += f", eval loss {s.last_eval_loss:.4f})" if s.HasField("last_eval_loss") else ")"
     print(summary, flush=True)
     return EXIT_OK if s.state == pb.SUCCEEDED else EXIT_ERROR
 

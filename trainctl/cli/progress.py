@@ -1,4 +1,5 @@
-"""Live progress of a job from its event stream: step / total, loss, tokens/s, MFU, ETA, state changes.
+"""Live progress of a job from its event stream: step / total, loss, eval loss and perplexity, tokens/s, MFU,
+ETA, state changes.
 
 On a terminal a rich progress bar redraws in place and state changes and log lines scroll above it;
 when stdout is not a terminal (CI logs, pipes) every event is one plain line. rich loads only for the bar.
@@ -32,6 +33,8 @@ class Tracker:
     first_loss: float | None = None
     tokens_per_second: float | None = None
     mfu: float | None = None
+    eval_loss: float | None = None
+    """The eval loss of the newest step that evaluated (None before the first)."""
     state: int = pb.JOB_STATE_UNSPECIFIED
     _step_times: list[tuple[float, int]] = field(default_factory=list)
 
@@ -43,6 +46,8 @@ class Tracker:
         if metrics.HasField("tokens_per_second"):  # a command job's first report of a run has none
             self.tokens_per_second = metrics.tokens_per_second
         self.mfu = metrics.mfu if metrics.HasField("mfu") else None
+        if metrics.HasField("eval_loss"):
+            self.eval_loss = metrics.eval_loss
         self._step_times = [*self._step_times[-19:], (now, metrics.step)]
 
     def eta_seconds(self) -> float | None:
@@ -59,12 +64,25 @@ class Tracker:
         parts = [f"step {self.step}/{self.total_steps}" if self.total_steps else f"step {self.step}"]
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4f}")
+        if self.eval_loss is not None:
+            parts.append(f"eval {self.eval_loss:.4f} ppl {perplexity(self.eval_loss)}")
         if self.tokens_per_second is not None:
             parts.append(f"{self.tokens_per_second:,.0f} tok/s")
         parts.append(f"MFU {self.mfu:.1%}" if self.mfu is not None else "MFU n/a")
         eta = self.eta_seconds()
         parts.append(f"ETA {format_seconds(eta)}" if eta is not None else "ETA -")
         return "  ".join(parts)
+
+
+MAX_EXP = 700.0
+"""Above this a loss's exp overflows a float (exp(709.8) does): its perplexity reads "inf"."""
+
+
+def perplexity(loss: float) -> str:
+    """exp(loss), the perplexity of a mean cross-entropy loss, to 4 significant digits."""
+    if math.isnan(loss):
+        return "nan"
+    return f"{math.exp(loss):.4g}" if loss <= MAX_EXP else "inf"
 
 
 def format_seconds(seconds: float) -> str:

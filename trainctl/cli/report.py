@@ -1,7 +1,8 @@
 """`trainctl report JOB`: a PNG (and a self-contained HTML page) of one run from its recorded metrics.
 
-Panels: loss (and gradient norm), throughput, MFU, step-time breakdown by phase, step time and peak
-memory, and the placement (which rank runs on which GPU of which node). Input is the job as
+Panels: loss (with the eval loss of the steps that evaluated, and gradient norm), throughput, MFU,
+step-time breakdown by phase, step time and peak memory, and the placement (which rank runs on which
+GPU of which node); the HTML page also lists the eval losses. Input is the job as
 `GetJob(view=JOB_VIEW_FULL)` returns it. Rendering uses matplotlib's object API on an Agg canvas (no
 pyplot, no global figure state), so it runs in any thread and without a display.
 """
@@ -24,6 +25,7 @@ from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import Bbox
 
+from trainctl.cli.progress import perplexity
 from trainctl.v1 import training_pb2 as pb
 
 PANELS = ("Loss", "Throughput", "MFU", "Step-time breakdown", "Step time and memory", "Placement")
@@ -56,6 +58,8 @@ def build_figure(job: pb.Job) -> Figure:
 
     ax = axes["Loss"]
     ax.plot([m.step for m in steps], [m.loss for m in steps], color="C0", label="loss")
+    if _reported(steps, "eval_loss"):
+        ax.plot(*_series(steps, "eval_loss"), color="C6", marker="o", markersize=3, label="eval loss")
     _step_axis(ax)
     ax.set_ylabel("loss")
     lines = ax.get_lines()
@@ -283,11 +287,14 @@ def _html(job: pb.Job, png_bytes: bytes) -> str:
     last = steps[-1]
     mfu = [m.mfu for m in steps if m.HasField("mfu")]
     tps = [m.tokens_per_second for m in steps if m.HasField("tokens_per_second")]
+    evaluated = [m for m in steps if m.HasField("eval_loss")]
     rows = [
         ("Job", f"{job.metadata.name} ({job.id})"),
         ("State", f"{pb.JobState.Name(job.status.state)} {job.status.reason}".strip()),
         ("Steps", f"{last.step} of {job.status.total_steps}" if job.status.total_steps else str(last.step)),
         ("Loss", f"{steps[0].loss:.4g} → {last.loss:.4g}"),
+        ("Eval loss", f"{evaluated[0].eval_loss:.4g} → {evaluated[-1].eval_loss:.4g} (perplexity "
+                      f"{perplexity(evaluated[-1].eval_loss)})" if evaluated else "not evaluated"),
         ("Tokens/s (mean)", f"{sum(tps) / len(tps):,.0f}" if tps else "not reported"),
         ("MFU (mean)", f"{100 * sum(mfu) / len(mfu):.1f}%" if mfu else "unknown on this device"),
         ("Restarts", str(job.status.restarts)),
@@ -298,6 +305,11 @@ def _html(job: pb.Job, png_bytes: bytes) -> str:
         f"<td>{html.escape(' '.join(f'{k}={v}' for k, v in sorted(p.coords.items())))}</td></tr>"
         for p in sorted(job.status.placement, key=lambda p: p.rank)
     )
+    evaluations = "".join(
+        f"<tr><td>{m.step}</td><td>{m.eval_loss:.6g}</td><td>{perplexity(m.eval_loss)}</td></tr>\n" for m in evaluated
+    )
+    evaluation = (f"<h2>Evaluation</h2><table><tr><th>step</th><th>eval loss</th><th>perplexity</th></tr>\n"
+                  f"{evaluations}</table>\n" if evaluated else "")
     image = base64.b64encode(png_bytes).decode()
     title = html.escape(f"trainctl report: {job.metadata.name or job.id}")
     return f"""<!doctype html>
@@ -307,7 +319,7 @@ th,td{{border:1px solid #ccc;padding:.3em .6em;text-align:left}}img{{max-width:1
 <body><h1>{title}</h1>
 <table>{table}</table>
 <h2>Curves</h2><img alt="loss, throughput, MFU, step-time breakdown, step time, placement" src="data:image/png;base64,{image}">
-<h2>Placement</h2><table><tr><th>rank</th><th>node</th><th>GPU</th><th>grid coordinates</th></tr>
+{evaluation}<h2>Placement</h2><table><tr><th>rank</th><th>node</th><th>GPU</th><th>grid coordinates</th></tr>
 {placement}</table>
 </body></html>
 """

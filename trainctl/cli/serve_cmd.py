@@ -60,6 +60,12 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
                        help="confine every path a job names to this directory (repeatable; required with --tokens-file)")
     serve.add_argument("--allow-any-data-path", action="store_true",
                        help="with --tokens-file, serve without --data-root: every tenant's jobs may read any file the service can")
+    serve.add_argument("--mlflow-tracking-uri", metavar="URI",
+                       help="log every job's run to this MLflow server unless the job names another allowed one "
+                            "(needs the tracking extra; credentials from this process's environment, e.g. "
+                            "MLFLOW_TRACKING_TOKEN, never handed to jobs)")
+    serve.add_argument("--mlflow-allow", metavar="URI", action="append",
+                       help="a further MLflow server jobs may name in spec.tracking.mlflow_tracking_uri (repeatable)")
     serve.add_argument("--warm-pool", action="store_true",
                        help="keep an engine-loaded rank process on every free GPU slot, so jobs start without the "
                             "imports (about 300 MB of host memory per slot)")
@@ -70,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from trainctl.service.server import Service, ServiceConfig, settle_heap_for_serving
     from trainctl.service.shutdown import install_stop_signals
     from trainctl.service.store import StoreError
+    from trainctl.service.tracking.policy import TrackingUnavailable
     from trainctl.wire.tls import TlsConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -81,11 +88,14 @@ def run(args: argparse.Namespace) -> int:
         store=args.store, ray_address=args.ray_address, **embedded,
         topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
         allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool, health_address=args.health_address,
+        mlflow_tracking_uri=args.mlflow_tracking_uri, mlflow_allow=args.mlflow_allow or [],
     )
     try:
         service = Service(config).start()
     except StoreError as exc:  # an unreachable or newer database: nothing was started
         raise CliError(f"the job store: {exc}") from exc
+    except TrackingUnavailable as exc:  # nothing was started
+        raise CliError(str(exc)) from exc
     print(f"trainctl serving on {service.target}; data in {config.data_dir}; store {service.store.location}"
           + (f"; metrics on http://{config.metrics_host}:{service.metrics_port}/metrics" if service.metrics_port else ""),
           flush=True)

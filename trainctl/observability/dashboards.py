@@ -99,7 +99,10 @@ def job() -> Dashboard:
             Panel("stat", "Restarts", (Query(f"max(trainctl_job_restarts_total{{{JOB}}})", "restarts"),), width=4,
                   height=4, decimals=0),
             Row("Training"),
-            Panel("timeseries", "Loss", (Query(f"trainctl_job_loss{{{JOB}}}", "loss"),), width=8),
+            Panel("timeseries", "Loss",
+                  (Query(f"trainctl_job_loss{{{JOB}}}", "loss"), Query(f"trainctl_job_eval_loss{{{JOB}}}", "eval loss")),
+                  width=8, description="Training loss at each reported step; eval loss at the last step that "
+                                       "evaluated (spec.evaluation)."),
             Panel("timeseries", "Gradient norm", (Query(f"trainctl_job_grad_norm{{{JOB}}}", "grad norm"),), width=8),
             Panel("timeseries", "Learning rate", (Query(f"trainctl_job_learning_rate{{{JOB}}}", "lr"),), width=8),
             Panel("timeseries", "Throughput",

@@ -12,6 +12,7 @@ parts. Readers take its parts from here and never compose them. The layout::
             job.json        the job the checkpoints were written for (checkpoint.source.write_run_spec)
             step_<N>/       one checkpoint
         logs/               a command job's rank output, rank-<R>.log (trainctl.workers.command.output)
+        tensorboard/        TensorBoard event files the service writes (trainctl.service.tracking)
 
 A checkpoint root outside a run directory (``Trainer(checkpoint_dir=...)``,
 ``python -m trainctl.parallelism.launch --checkpoint-dir``) records its job the same way:
@@ -30,6 +31,7 @@ _RAY_SESSION = "ray_session"
 _CHECKPOINTS = "checkpoints"
 _RUN_SPEC = "job.json"
 _LOGS = "logs"
+_TENSORBOARD = "tensorboard"
 
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 """A job id: one path component under the runs directory (and part of its supervisor's Ray actor name)."""
@@ -107,3 +109,8 @@ class RunDirectory:
     def logs(self) -> Path:
         """A command job's per-rank output files."""
         return self.root / _LOGS
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files of the job's steps, written by the service (`spec.tracking.tensorboard`)."""
+        return self.root / _TENSORBOARD

@@ -167,6 +167,8 @@ class ServiceMetrics:
             "Unix time of the job's last step report, or of its entering RUNNING if later.", _JOB, registry=r)
         self.job_step = Gauge("trainctl_job_step", "Last optimizer step reported.", _JOB, registry=r)
         self.job_loss = Gauge("trainctl_job_loss", "Training loss at the last reported step.", _JOB, registry=r)
+        self.job_eval_loss = Gauge(
+            "trainctl_job_eval_loss", "Loss on the evaluation data at the last step that evaluated.", _JOB, registry=r)
         self.job_grad_norm = Gauge(
             "trainctl_job_grad_norm", "Gradient norm (before clipping) at the last reported step.", _JOB, registry=r)
         self.job_lr = Gauge("trainctl_job_learning_rate", "Learning rate at the last reported step.", _JOB, registry=r)
@@ -200,7 +202,8 @@ class ServiceMetrics:
             "trainctl_job_gpus", "GPUs the job's ranks occupy, by node and NVLink domain.",
             [*_JOB, "node", "nvlink_domain"], registry=r)
         self._job_metrics = (
-            self.job_state, self.job_last_progress, self.job_step, self.job_loss, self.job_grad_norm, self.job_lr,
+            self.job_state, self.job_last_progress, self.job_step, self.job_loss, self.job_eval_loss,
+            self.job_grad_norm, self.job_lr,
             self.job_tokens, self.job_tps, self.job_mfu, self.job_step_duration, self.job_phase,
             self.job_peak_memory, self.job_checkpoint_duration, self.job_checkpoint_size, self.job_restarts,
             self.job_straggler, self.job_gpus,
@@ -333,9 +336,11 @@ class ServiceMetrics:
             self.job_step.labels(*labels).set(report.step)
             self.job_loss.labels(*labels).set(report.loss)
             # A metric the job does not report (a command job's program may pass only step and loss)
-            # exports no sample at all, rather than a 0 that reads as measured.
-            for gauge, value in ((self.job_grad_norm, report.grad_norm), (self.job_lr, report.lr),
-                                 (self.job_tps, report.tokens_per_second), (self.job_peak_memory, report.peak_memory_bytes)):
+            # exports no sample at all, rather than a 0 that reads as measured; the eval loss keeps the
+            # value of the newest step that evaluated.
+            for gauge, value in ((self.job_eval_loss, report.eval_loss), (self.job_grad_norm, report.grad_norm),
+                                 (self.job_lr, report.lr), (self.job_tps, report.tokens_per_second),
+                                 (self.job_peak_memory, report.peak_memory_bytes)):
                 if value is not None:
                     gauge.labels(*labels).set(value)
             if report.tokens is not None:

@@ -37,6 +37,8 @@ from trainctl.service.security.auth import Authenticator, check_exposure
 from trainctl.service.security.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
 from trainctl.service.security.paths import JobPathPolicy, check_confinement
 from trainctl.service.store import JobStore
+from trainctl.service.tracking.policy import TrackingPolicy
+from trainctl.service.tracking.tracker import JobTracker
 from trainctl.v1 import training_pb2 as pb
 from trainctl.wire.tls import TlsConfig, bind
 
@@ -94,6 +96,11 @@ class ServiceConfig:
     health_address: str | None = None
     """HOST:PORT of a plaintext port serving only gRPC health (readiness.start_health_server), for
     probes that speak no TLS; None: health only on `address`."""
+    mlflow_tracking_uri: str | None = None
+    """The MLflow server jobs' runs are logged to unless a job names another allowed one (None: none;
+    trainctl.service.tracking). Its credentials come from this process's environment (MLFLOW_TRACKING_TOKEN...)."""
+    mlflow_allow: list[str] = field(default_factory=list)
+    """Further MLflow servers a job may name in `spec.tracking.mlflow_tracking_uri`."""
     warm_pool: bool = False
     """Keep an engine-loaded rank process on every free GPU slot, so jobs start without the imports
     (about 300 MB of host memory per slot)."""
@@ -185,6 +192,7 @@ class Service:
         authenticator = Authenticator.from_file(config.tokens_file)
         check_exposure(config.address, authenticator)
         check_confinement(authenticator.enabled, config.data_roots, config.allow_any_data_path)
+        tracking = TrackingPolicy.of_service(config.mlflow_tracking_uri, config.mlflow_allow)
         runs_dir = Path(config.data_dir).resolve() / "runs"
         paths = JobPathPolicy(config.data_roots, runs_dir)
         registry = CollectorRegistry()
@@ -205,14 +213,16 @@ class Service:
         if self.store.backend == "postgresql":  # replicas may share it: the scheduler runs where the lease is
             self.leadership = Leadership(self.store)
             self.leadership.start()
+        self._tracker = JobTracker(tracking, self.store).start()
         self.scheduler = Scheduler(
             self.store, self.pool, self._runtime, runs_dir,
             metrics=self.metrics, quota_of=authenticator.quota, leadership=self.leadership, paths=paths,
+            tracker=self._tracker,
         )
         self.sweeps = SweepDriver(self.store, self.scheduler)
         servicer = self._servicer = TrainingServicer(
             self.store, self.scheduler, self.pool, authenticator, paths=paths, stopping=self._stopping,
-            ray_nodes=self._ray_nodes, sweeps=self.sweeps,
+            ray_nodes=self._ray_nodes, sweeps=self.sweeps, tracking=tracking,
         )
 
         server, self._health = build_grpc_server(
@@ -271,6 +281,7 @@ class Service:
         self._server = None
         self.sweeps.stop()
         self.scheduler.stop()
+        self._tracker.close()  # after the loop: nothing hands it more
         if self.leadership is not None:
             self.leadership.stop()  # a standby takes over on its next try
         if self._metrics_server is not None:

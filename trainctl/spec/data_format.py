@@ -7,6 +7,10 @@ from typing import Literal
 
 DataFormat = Literal["text", "tokens", "jsonl", "parquet", "arrow"]
 
+HOLDOUT_FORMATS: tuple[DataFormat, ...] = ("text", "jsonl", "parquet", "arrow")
+"""Formats whose documents `spec.evaluation.holdout_fraction` can hold out: every one but `tokens`,
+whose prepared shards keep no document boundaries."""
+
 TOKEN_SHARD_INDEX = "index.json"
 """The index file of a token-shard directory (`format: tokens`): written by
 trainctl.parallelism.data.token_shards, checked by spec validation."""

@@ -373,8 +373,8 @@ class EvaluationSpec(StrictModel):
     """Held-out evaluation during training (docs/engine.md, Evaluation)."""
 
     data: DataSpec | None = None
-    """A separate evaluation dataset (any format `spec.data` takes); its `seq_len` must equal the
-    training data's. Exactly one of `data` and `holdout_fraction` is set."""
+    """A separate evaluation dataset (any format `spec.data` takes); its `seq_len` is the training
+    data's (unset: taken from it). Exactly one of `data` and `holdout_fraction` is set."""
     holdout_fraction: float | None = Field(default=None, gt=0, le=MAX_HOLDOUT_FRACTION)
     """Hold out this fraction of the training data's documents for evaluation, chosen deterministically
     by document (never by sample), so no evaluated token is ever trained on (at most 0.5)."""
@@ -390,6 +390,8 @@ class EvaluationSpec(StrictModel):
     def _one_source(self) -> EvaluationSpec:
         if (self.data is None) == (self.holdout_fraction is None):
             raise ValueError("spec.evaluation: set exactly one of data and holdout_fraction")
+        if self.interval_steps == 0 and not self.at_end:
+            raise ValueError("spec.evaluation: interval_steps 0 and at_end false never evaluate; set one of them")
         return self
 
 
@@ -554,6 +556,16 @@ class JobSpecBody(StrictModel):
         if isinstance(gpus, int) and not isinstance(gpus, bool) and 1 <= gpus <= MAX_DEGREE:
             return {**data, "parallelism": {"dp_replicate": gpus}}
         return data
+
+    @model_validator(mode="after")
+    def _evaluation_seq_len(self) -> JobSpecBody:
+        """Evaluation data that names no seq_len takes the training data's."""
+        evaluation = self.evaluation
+        if evaluation is not None and evaluation.data is not None and "seq_len" not in evaluation.data.model_fields_set:
+            data = evaluation.data.model_copy(update={"seq_len": self.data.seq_len})
+            data.model_fields_set.add("seq_len")
+            self.evaluation = evaluation.model_copy(update={"data": data})
+        return self
 
     @model_validator(mode="after")
     def _one_weight_source(self) -> JobSpecBody:

@@ -3,7 +3,8 @@
 `path_fields(spec)` lists every value of a `JobSpecBody` that names a place in the file system, as a
 `PathField` (the dotted field, the value, whether it is a glob): `spec.model.from_pretrained`,
 `spec.data.paths[i]` (globs for text, JSONL and Parquet; directories for token shards and Arrow;
-`@stdlib` is not a path), `spec.data.tokenizer` (unless `byte` or `auto`), `spec.init_from` (unless
+`@stdlib` is not a path), `spec.data.tokenizer` (unless `byte` or `auto`), the same two of
+`spec.evaluation.data`, `spec.init_from` (unless
 `job:<id>`, a reference to an earlier job) and `spec.command.working_dir`; of the last three a blank
 value is left to the spec's own rules (an empty data path or tokenizer is listed: it names no file). This is the one list: the service's path policy (trainctl.service.security.paths) walks it,
 and `with_paths_under` rewrites it.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from trainctl.spec.job import MAX_PATH_LENGTH, STDLIB_CORPUS, TOKENIZER_AUTO, JobSpecBody
+from trainctl.spec.job import MAX_PATH_LENGTH, STDLIB_CORPUS, TOKENIZER_AUTO, DataSpec, JobSpecBody
 from trainctl.spec.violations import FieldViolation, SpecError
 
 JOB_REFERENCE_PREFIX = "job:"
@@ -62,17 +63,23 @@ def _map_paths(spec: JobSpecBody, change: Callable[[PathField], str]) -> JobSpec
         update = {name: value for name, value in values.items() if value != getattr(block, name)}
         return block.model_copy(update=update) if update else block
 
-    data, command = spec.data, spec.command
-    globs = data.format in GLOB_FORMATS
-    paths = [mapped(f"spec.data.paths[{i}]", p, is_glob=globs, skip=p == STDLIB_CORPUS) for i, p in enumerate(data.paths)]
-    tokenizer = mapped("spec.data.tokenizer", data.tokenizer, skip=data.tokenizer in TOKENIZER_NAMES)
+    def data_paths(data: DataSpec, field: str) -> BaseModel:
+        globs = data.format in GLOB_FORMATS
+        paths = [mapped(f"{field}.paths[{i}]", p, is_glob=globs, skip=p == STDLIB_CORPUS) for i, p in enumerate(data.paths)]
+        tokenizer = mapped(f"{field}.tokenizer", data.tokenizer, skip=data.tokenizer in TOKENIZER_NAMES)
+        return changed(data, paths=paths, tokenizer=tokenizer)
+
+    command, evaluation = spec.command, spec.evaluation
+    data = data_paths(spec.data, "spec.data")
     init_from = optional("spec.init_from", spec.init_from,
                          skip=spec.init_from is not None and spec.init_from.startswith(JOB_REFERENCE_PREFIX))
     pretrained = optional("spec.model.from_pretrained", spec.model.from_pretrained)
     working_dir = optional("spec.command.working_dir", command.working_dir) if command is not None else None
+    eval_data = data_paths(evaluation.data, "spec.evaluation.data") if evaluation is not None and evaluation.data else None
     return changed(
         spec,
-        data=changed(data, paths=paths, tokenizer=tokenizer),
+        data=data,
+        evaluation=changed(evaluation, data=eval_data) if eval_data is not None else evaluation,
         model=changed(spec.model, from_pretrained=pretrained),
         init_from=init_from,
         command=changed(command, working_dir=working_dir) if command is not None else None,

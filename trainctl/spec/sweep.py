@@ -37,11 +37,14 @@ SWEEP_LABEL = "trainctl.sweep"
 TRIAL_LABEL = "trainctl.trial"
 """Label every trial job carries: its trial number within the sweep."""
 
-BUILTIN_METRICS = ("loss", "grad_norm", "lr", "tokens_per_second", "step_time_seconds", "peak_memory_bytes", "mfu")
-"""Step metrics a built-in job reports (trainctl.service.store's step_metrics columns)."""
-COMMAND_METRICS = ("loss", "grad_norm", "lr", "tokens_per_second", "step_time_seconds")
-"""Step metrics a command job reports through `trainctl.report` (loss; lr and grad_norm when the program
-passes them; the step's throughput and time, measured by its rank worker)."""
+BUILTIN_METRICS = (
+    "loss", "eval_loss", "grad_norm", "lr", "tokens_per_second", "step_time_seconds", "peak_memory_bytes", "mfu",
+)
+"""Step metrics a built-in job reports (trainctl.service.store's step_metrics columns; eval_loss on the
+steps that evaluated, with `spec.evaluation`)."""
+COMMAND_METRICS = ("loss", "eval_loss", "grad_norm", "lr", "tokens_per_second", "step_time_seconds")
+"""Step metrics a command job reports through `trainctl.report` (loss; eval_loss, lr and grad_norm when the
+program passes them; the step's throughput and time, measured by its rank worker)."""
 
 UNSEARCHABLE = ("spec.command.program", "spec.command.working_dir", "spec.data.paths", "spec.data.tokenizer",
                 "spec.model.from_pretrained", "spec.init_from", "spec.resources")
@@ -69,13 +72,14 @@ class SweepParameter(StrictModel):
 
 class SweepObjective(StrictModel):
     metric: str = Field(default="loss", max_length=64)
-    """The reported step metric to optimise: loss (any job), grad_norm, lr, tokens_per_second,
-    step_time_seconds; built-in jobs also peak_memory_bytes and mfu."""
+    """The reported step metric to optimise: loss (any job), eval_loss (the loss on held-out data, on the
+    steps that evaluated), grad_norm, lr, tokens_per_second, step_time_seconds; built-in jobs also
+    peak_memory_bytes and mfu."""
     direction: Literal["minimize", "maximize"] = "minimize"
     """Whether smaller or larger values are better."""
     step: count(MAX_STEPS) | None = None
-    """The objective is the metric at this step (the last report at or before it); None: at the trial's
-    last reported step."""
+    """The objective is the metric at this step: the newest report at or before it that carries the metric
+    (eval_loss is only on the steps that evaluated); None: the trial's newest report that carries it."""
 
 
 class EarlyStopping(StrictModel):
@@ -333,6 +337,9 @@ def _objective_violations(sweep: Sweep) -> list[FieldViolation]:
     if objective.metric not in reported:
         kind = "a command job (trainctl.report)" if command else "a built-in job"
         out.append(FieldViolation("spec.objective.metric", f"{objective.metric!r} is not reported by {kind}; one of {', '.join(reported)}"))
+    elif objective.metric == "eval_loss" and not command and template.evaluation is None:
+        out.append(FieldViolation("spec.objective.metric", "eval_loss is reported only by a job that evaluates: "
+                                  "set spec.template.evaluation"))
     if objective.step is not None and not command:
         steps = [template.training.steps]
         for parameter in sweep.spec.parameters:

@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from trainctl.spec import data_sources
-from trainctl.spec.data_format import TOKEN_SHARD_INDEX
+from trainctl.spec.data_format import HOLDOUT_FORMATS, TOKEN_SHARD_INDEX
 from trainctl.spec.files import FileRule, FileRuleError
 from trainctl.spec.hf_config import weights_problem
 from trainctl.spec.job import (
@@ -149,10 +149,41 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
     if model is not None:
         out.extend(model_violations(model, job))
 
+    out.extend(_evaluation_violations(spec))
     if check_data:
         out.extend(data_violations(spec.data, model_dir=spec.model.from_pretrained))
+        out.extend(evaluation_data_violations(spec))
     out.extend(_efficiency_violations(job))
     return out
+
+
+def _evaluation_violations(spec: JobSpecBody) -> list[FieldViolation]:
+    """`spec.evaluation` against the training data: the same seq_len, a format documents can be held out of."""
+    evaluation = spec.evaluation
+    if evaluation is None:
+        return []
+    if evaluation.data is not None and evaluation.data.seq_len != spec.data.seq_len:
+        return [FieldViolation(
+            "spec.evaluation.data.seq_len", f"{evaluation.data.seq_len} must equal spec.data.seq_len = {spec.data.seq_len}"
+        )]
+    if evaluation.holdout_fraction is not None and spec.data.format not in HOLDOUT_FORMATS:
+        return [FieldViolation(
+            "spec.evaluation.holdout_fraction",
+            f"spec.data.format {spec.data.format} (prepared token shards) keeps no document boundaries to hold "
+            "documents out by; set spec.evaluation.data to separate evaluation data instead",
+        )]
+    return []
+
+
+def evaluation_data_violations(spec: JobSpecBody, files: FileRule = FileRule()) -> list[FieldViolation]:
+    """`data_violations` of `spec.evaluation.data` (none without it), its files under `files`, each
+    naming its field under `spec.evaluation.data`."""
+    if spec.evaluation is None or spec.evaluation.data is None:
+        return []
+    return [
+        FieldViolation(v.field.replace("spec.data.", "spec.evaluation.data.", 1), v.description)
+        for v in data_violations(spec.evaluation.data, model_dir=spec.model.from_pretrained, files=files)
+    ]
 
 
 def _resource_violations(spec: JobSpecBody, pool_gpus: int | None) -> list[FieldViolation]:
@@ -196,6 +227,10 @@ def _command_job_violations(spec: JobSpecBody, *, pool_gpus: int | None, check_p
             out.append(FieldViolation(
                 f"spec.{name}", "is a built-in engine setting; a job with spec.command runs its own program and cannot set it"
             ))
+    if spec.evaluation is not None:
+        out.append(FieldViolation(
+            "spec.evaluation", "a command job evaluates in its own program and reports eval_loss through trainctl.report"
+        ))
     if check_paths and spec.command is not None:
         out.extend(working_dir_violations(spec.command))
     return out

@@ -529,7 +529,7 @@ class StepMetrics(_message.Message):
     def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., lr: _Optional[float] = ..., tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., step_time_seconds: _Optional[float] = ..., breakdown: _Optional[_Mapping[str, float]] = ..., peak_memory_bytes: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eval_loss: _Optional[float] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("state", "reason", "create_time", "schedule_time", "start_time", "end_time", "update_time", "steps_done", "total_steps", "first_loss", "last_loss", "restarts", "tokens_per_second", "mfu", "placement", "run_dir")
+    __slots__ = ("state", "reason", "create_time", "schedule_time", "start_time", "end_time", "update_time", "steps_done", "total_steps", "first_loss", "last_loss", "restarts", "tokens_per_second", "mfu", "placement", "run_dir", "last_eval_loss")
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -546,6 +546,7 @@ class JobStatus(_message.Message):
     MFU_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     state: JobState
     reason: str
     create_time: _timestamp_pb2.Timestamp
@@ -562,7 +563,8 @@ class JobStatus(_message.Message):
     mfu: float
     placement: _containers.RepeatedCompositeFieldContainer[RankPlacement]
     run_dir: str
-    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps_done: _Optional[int] = ..., total_steps: _Optional[int] = ..., first_loss: _Optional[float] = ..., last_loss: _Optional[float] = ..., restarts: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., run_dir: _Optional[str] = ...) -> None: ...
+    last_eval_loss: float
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps_done: _Optional[int] = ..., total_steps: _Optional[int] = ..., first_loss: _Optional[float] = ..., last_loss: _Optional[float] = ..., restarts: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., run_dir: _Optional[str] = ..., last_eval_loss: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "api_version", "kind", "metadata", "spec", "status", "metrics")

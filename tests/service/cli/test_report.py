@@ -103,6 +103,26 @@ def test_unreported_metrics_are_left_out_of_their_panels(tmp_path) -> None:
     assert "<th>Tokens/s (mean)</th><td>not reported</td>" in page
 
 
+def test_the_eval_loss_is_drawn_beside_the_loss_and_listed(tmp_path) -> None:
+    """Issue 37: the eval curve has a point per step that evaluated (every 4th here) on the loss axes,
+    and the page lists each eval loss with its perplexity."""
+    job = sample_job()
+    for m in job.metrics:
+        if m.step % 4 == 0:
+            m.eval_loss = 6.0 / m.step
+    axes = titled(build_figure(job))
+    lines = {line.get_label(): line for line in axes["Loss"].get_lines()}
+    assert list(lines) == ["loss", "eval loss"]
+    assert list(lines["eval loss"].get_xdata()) == [4, 8, 12]
+    assert list(lines["eval loss"].get_ydata()) == [1.5, 0.75, 0.5]
+    assert [t.get_text() for t in axes["Loss"].get_legend().get_texts()] == ["loss", "eval loss", "grad norm"]
+    page = write_report(job, tmp_path / "eval.png").html.read_text()
+    assert "<th>Eval loss</th><td>1.5 → 0.5 (perplexity 1.649)</td>" in page
+    assert "<tr><td>8</td><td>0.75</td><td>2.117</td></tr>" in page
+    plain = write_report(sample_job(), tmp_path / "plain.png").html.read_text()
+    assert "<th>Eval loss</th><td>not evaluated</td>" in plain and "<h2>Evaluation</h2>" not in plain
+
+
 def test_step_axes_have_whole_step_ticks_only() -> None:
     """Issue 34, point 7: three steps no longer get ticks at 1.25, 1.5, ..."""
     fig = build_figure(sample_job(steps=3))

@@ -3,7 +3,7 @@ programs nobody here wrote (a PyTorch-tutorial DDP script, also as examples/comm
 a `transformers.Trainer` script) run to
 SUCCEEDED with the world size and rank order placement chose; their output streams while they run and
 `trainctl logs --rank` shows one rank's lines; their `trainctl.report` calls reach the step path
-(`get -o json`) and the Prometheus gauges. A cancelled program that ignores SIGTERM and left a `setsid`
+(`get -o json`, eval losses included) and the Prometheus gauges. A cancelled program that ignores SIGTERM and left a `setsid`
 daemon is stopped with it, and the cancel logs no error."""
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def exported(service: Service, gauge: str, job_id: str) -> float:
 def test_pytorch_ddp_script_streams_its_logs_and_reports_its_loss(
     client: TrainctlClient, service: Service, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    created = client.create_job(command_job("ddp-tutorial", "ddp_train.py", "--steps", "8", "--step-seconds", "0.5"))
+    created = client.create_job(command_job("ddp-tutorial", "ddp_train.py", "--steps", "8", "--step-seconds", "0.5",
+                                            "--eval-interval", "4"))
     events, state_at_first_line = [], None
     for event in client.watch(created.id):
         events.append(event)
@@ -65,6 +66,10 @@ def test_pytorch_ddp_script_streams_its_logs_and_reports_its_loss(
     assert final.status.steps_done == 8 and final.status.total_steps == 0
     assert exported(service, "job_loss", created.id) == pytest.approx(final.metrics[-1].loss)
     assert exported(service, "job_step", created.id) == 8
+    evals = {int(log.message.split()[2]): float(log.message.split()[4]) for log in logs if log.message.startswith("eval ")}
+    assert [(m.step, round(m.eval_loss, 4)) for m in final.metrics if m.HasField("eval_loss")] == [
+        (4, evals[4]), (8, evals[8])]  # issue 37: trainctl.report(eval_loss=...) on the steps that evaluated
+    assert exported(service, "job_eval_loss", created.id) == pytest.approx(final.metrics[-1].eval_loss)
     assert sorted(p.node for p in final.status.placement) == ["node-0", "node-1"]
 
     capsys.readouterr()
@@ -75,6 +80,8 @@ def test_pytorch_ddp_script_streams_its_logs_and_reports_its_loss(
     assert main(["--server", service.target, "get", created.id, "-o", "json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["status"]["steps_done"] == 8
+    assert document["status"]["last_eval_loss"] == final.metrics[-1].eval_loss
+    assert [m["step"] for m in document["metrics"] if "eval_loss" in m] == [4, 8]
 
 
 def test_the_command_job_example_runs_as_shipped_from_another_directory(

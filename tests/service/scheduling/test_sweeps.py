@@ -18,7 +18,7 @@ from control_plane_fakes import ScriptedRuntime, make_scheduler
 from trainctl.service.api.servicer import TrainingServicer
 from trainctl.service.api.sweep_rpcs import best_trial
 from trainctl.service.scheduling.scheduler import Scheduler
-from trainctl.service.scheduling.sweeps import SweepDriver
+from trainctl.service.scheduling.sweeps import SweepDriver, objective_value
 from trainctl.service.security.auth import Authenticator
 from trainctl.service.security.tenancy import Principal, Role
 from trainctl.service.store import StoreUnavailable, SweepRecord, SweepState, TrialState
@@ -56,10 +56,12 @@ def loss(lr: float, step: int) -> float:
 
 
 class Player:
-    """Plays the supervisor of every trial job: one step per round, then SUCCEEDED."""
+    """Plays the supervisor of every trial job: one step per round, then SUCCEEDED; with `eval_every`,
+    every that many steps also an eval loss (the step's loss + 0.5)."""
 
-    def __init__(self, runtime: ScriptedRuntime):
+    def __init__(self, runtime: ScriptedRuntime, eval_every: int = 0):
         self.runtime = runtime
+        self.eval_every = eval_every
         self.steps: dict[str, int] = {}
 
     def round(self, scheduler: Scheduler) -> None:
@@ -71,8 +73,10 @@ class Player:
             if done == 0:
                 self.runtime.state(job_id, JobState.RUNNING, "ranks up")
             if done < STEPS:
-                self.steps[job_id] = done + 1
-                self.runtime.step(job_id, done + 1, loss(record.job.spec.training.lr, done + 1))
+                step = self.steps[job_id] = done + 1
+                value = loss(record.job.spec.training.lr, step)
+                evaluated = self.eval_every and step % self.eval_every == 0
+                self.runtime.step(job_id, step, value, eval_loss=value + 0.5 if evaluated else None)
             else:
                 self.runtime.state(job_id, JobState.SUCCEEDED, "done")
 
@@ -345,6 +349,70 @@ def test_a_cancel_sweep_cut_short_by_a_store_error_is_completed_by_the_driver(
     assert scheduler.store.get_job(jobs[1]).reason == "enough"
     settle_cancels(scheduler)
     assert all(scheduler.store.get_job(j).state == JobState.CANCELLED for j in jobs)
+
+
+def eval_sweep(**spec: Any) -> Sweep:
+    """`sweep_spec` with eval_loss as the objective and a template that evaluates every 2 steps."""
+    sweep = sweep_spec(**spec)
+    document = sweep.model_dump(mode="json", exclude_unset=True)
+    document["spec"]["template"]["evaluation"] = {"holdout_fraction": 0.1, "interval_steps": 2, "at_end": False}
+    document["spec"]["objective"] = {**document["spec"].get("objective", {}), "metric": "eval_loss"}
+    return parse_sweep_object(document)
+
+
+def test_an_eval_loss_objective_is_the_newest_step_that_carries_it_and_can_pick_another_best(tmp_path: Path) -> None:
+    """Issue 37: eval_loss is only on the steps that evaluated. A trial's objective is its newest such
+    step (not its last step), the trial that trains best is not the one that evaluates best (it
+    overfits), and a trial that never reports eval_loss fails with a reason instead of breaking the sweep."""
+    runtime = ScriptedRuntime()
+    scheduler = make_scheduler(tmp_path, runtime)
+    driver = SweepDriver(scheduler.store, scheduler)
+    record, _ = scheduler.store.create_sweep(eval_sweep(trials=3, parallel=3, rule="none"))
+    driver.tick()
+    scheduler.tick()
+    overfits, generalises, silent = (t.job_id for t in scheduler.store.get_sweep(record.id).trials)
+    for job_id, losses, evals in ((overfits, [3.0, 2.0, 1.5, 1.0], {2: 2.5, 3: 2.8}),
+                                  (generalises, [3.0, 2.5, 2.0, 1.8], {2: 2.6, 3: 2.4}),
+                                  (silent, [3.0, 2.0, 1.0, 0.5], {})):
+        runtime.state(job_id, JobState.RUNNING, "ranks up")
+        for step, value in enumerate(losses, start=1):
+            runtime.step(job_id, step, value, eval_loss=evals.get(step))
+        runtime.state(job_id, JobState.SUCCEEDED, "done")
+    for _ in range(20):
+        scheduler.tick()
+        driver.tick()
+    record = scheduler.store.get_sweep(record.id)
+    assert record.state == SweepState.SUCCEEDED
+    assert [(t.state, t.objective_step, t.objective) for t in record.trials] == [
+        (TrialState.COMPLETE, 3, 2.8), (TrialState.COMPLETE, 3, 2.4), (TrialState.FAILED, None, None)]
+    assert record.trials[2].reason == "the job reported no eval_loss at any step"
+    assert best_trial(record) == record.trials[1]
+    by_loss = min(record.trials, key=lambda t: scheduler.store.get_job(t.job_id).last_loss)
+    assert by_loss.job_id == silent and scheduler.store.get_job(overfits).last_loss < scheduler.store.get_job(generalises).last_loss
+    rows = scheduler.store.step_metrics(overfits)
+    assert objective_value(rows, "eval_loss", 2) == (2, 2.5) and objective_value(rows, "eval_loss", 1) is None
+    assert objective_value(rows, "eval_loss", None) == (3, 2.8) and objective_value(rows, "loss", None) == (4, 1.0)
+
+
+def test_pruning_on_eval_loss_sees_only_the_steps_that_evaluated(tmp_path: Path) -> None:
+    runtime = ScriptedRuntime()
+    scheduler = make_scheduler(tmp_path, runtime)
+    record, _ = scheduler.store.create_sweep(eval_sweep())
+    driver = SweepDriver(scheduler.store, scheduler)
+    drive(scheduler, driver, Player(runtime, eval_every=2), record.id)
+    settle_cancels(scheduler)
+    record = scheduler.store.get_sweep(record.id)
+    pruned = [t for t in record.trials if t.state == TrialState.PRUNED]
+    complete = [t for t in record.trials if t.state == TrialState.COMPLETE]
+    assert record.state == SweepState.SUCCEEDED and pruned and complete
+    for trial in pruned:  # stopped at a step that carried eval_loss, judged by it
+        rows = {r["step"]: r for r in scheduler.store.step_metrics(trial.job_id)}
+        assert trial.objective_step % 2 == 0 and trial.objective == rows[trial.objective_step]["eval_loss"]
+        assert trial.reason.startswith(f"pruned at step {trial.objective_step}: eval_loss ")
+    for trial in complete:
+        assert (trial.objective_step, trial.objective) == (STEPS, scheduler.store.step_metrics(trial.job_id)[-1]["eval_loss"])
+    rebuilt = driver._rebuild(record).study.trials
+    assert {step for t in rebuilt for step in t.intermediate_values} <= set(range(2, STEPS + 1, 2))
 
 
 def test_a_nan_objective_fails_its_trial_and_is_never_the_best(tmp_path: Path, store_location: str) -> None:

@@ -20,7 +20,7 @@ from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 
 ENGINE_STEP = {"step": 3, "loss": 2.0, "grad_norm": 0.5, "lr": 1e-3, "tokens": 4096, "tokens_per_second": 900.0,
-               "mfu": 0.3, "step_time_seconds": 4.5, "peak_memory_bytes": 1 << 30}
+               "mfu": 0.3, "step_time_seconds": 4.5, "peak_memory_bytes": 1 << 30, "eval_loss": 2.25}
 
 
 def job() -> TrainingJob:
@@ -49,6 +49,7 @@ def test_a_store_from_before_absent_metrics_is_migrated_with_its_rows(store_loca
     db = open_database(store_location)
     db.begin_write()
     db.execute("DROP TABLE step_metrics")
+    db.execute("ALTER TABLE jobs DROP COLUMN last_eval_loss")  # schema 10's
     run_script(db, next(s for s in MIGRATIONS[0].split(";") if "CREATE TABLE step_metrics" in s))
     db.execute("INSERT INTO step_metrics (job_id, step, time, loss, grad_norm, lr, tokens, tokens_per_second,"
                " step_time_seconds, peak_memory_bytes) VALUES (?, 1, 10.0, 2.0, 0.5, 0.001, 64, 8.0, 8.0, 1024)",
@@ -60,7 +61,8 @@ def test_a_store_from_before_absent_metrics_is_migrated_with_its_rows(store_loca
     store.record_step(record.id, {"step": 2, "loss": 1.0})
     old, new = store.step_metrics(record.id)
     assert {k: old[k] for k in STEP_METRICS} == {"grad_norm": 0.5, "lr": 0.001, "tokens": 64, "tokens_per_second": 8.0,
-                                                 "mfu": None, "step_time_seconds": 8.0, "peak_memory_bytes": 1024}
+                                                 "mfu": None, "step_time_seconds": 8.0, "peak_memory_bytes": 1024,
+                                                 "eval_loss": None}
     assert {k: new[k] for k in STEP_METRICS} == dict.fromkeys(STEP_METRICS)
 
 

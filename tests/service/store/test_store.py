@@ -307,9 +307,12 @@ def set_schema_version(location: str, version: int) -> None:
 
 
 def set_back_to_schema_7(location: str) -> None:
-    """A current store as version 7 had it: without the columns schema 8 adds."""
+    """A current store as version 7 had it: without the columns schemas 8 and 10 add (9 only makes
+    step_metrics' columns nullable)."""
     db = open_database(location)
     db.begin_write()
+    db.execute("ALTER TABLE step_metrics DROP COLUMN eval_loss")
+    db.execute("ALTER TABLE jobs DROP COLUMN last_eval_loss")
     for table in ("jobs", "sweeps"):
         db.execute(f"ALTER TABLE {table} DROP COLUMN request_digest")
     db.set_schema_version(7)

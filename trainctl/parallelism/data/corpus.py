@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainctl.parallelism.data.holdout import HOLDOUT_FIELD, Holdout
 from trainctl.parallelism.data.tokenizer import Tokenizer, document_tokens, load_tokenizer
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.spec.files import FileRule
@@ -92,13 +93,15 @@ class SampleOrder:
 
 
 class PackedDataset:
-    """Token stream of the spec's files (one document each), packed into samples of `seq_len + 1` tokens."""
+    """Token stream of the spec's files (one document each), packed into samples of `seq_len + 1` tokens;
+    with `holdout`, only the files on its side (data.holdout)."""
 
     masked = False
     """Every target counts (text has no loss mask)."""
 
     def __init__(
-        self, spec: DataSpec, vocab_size: int, tokenizer: Tokenizer | None = None, files: FileRule = FileRule()
+        self, spec: DataSpec, vocab_size: int, tokenizer: Tokenizer | None = None, files: FileRule = FileRule(),
+        holdout: Holdout | None = None,
     ):
         tokenizer = tokenizer or load_tokenizer(resolve_tokenizer(spec, None), files)
         if tokenizer.vocab_size > vocab_size:
@@ -106,6 +109,14 @@ class PackedDataset:
                 f"spec.model.vocab_size: {vocab_size} is smaller than the tokenizer's vocabulary ({tokenizer.vocab_size})"
             )
         paths = data_files(spec, files)
+        if holdout is not None:  # each file is one document
+            kept = [path for i, path in enumerate(paths) if holdout.keeps(i)]
+            if not kept:
+                raise DataError(
+                    f"{HOLDOUT_FIELD}: none of the {len(paths)} documents (files) of spec.data.paths falls on the "
+                    f"{holdout.side} side of a {holdout.fraction} holdout; use more documents or another fraction"
+                )
+            paths = kept
         chunks = []
         for path in paths:
             try:

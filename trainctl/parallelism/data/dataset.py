@@ -9,6 +9,10 @@
   `trainctl data prepare`, so reading a format directly and preparing it give one token stream by
   construction) into a cache directory, then memory-mapped like `tokens`.
 
+A `Holdout` (data.holdout, `spec.evaluation.holdout_fraction`) keeps one side of a split by document:
+`text` drops the other side's files before tokenizing, the record formats drop the other side's
+records from the stream they cache (each side its own cache entry); `tokens` cannot be split.
+
 The cache. Directory `<cache root>/<key>`, where the root is `$TRAINCTL_DATA_CACHE` (default
 `~/.cache/trainctl/data`) and the key a SHA-256 of what determines the stream: format, fields,
 tokenizer (name and the bytes of its files, weights excluded), the source files (path, size,
@@ -31,12 +35,13 @@ import os
 import shutil
 from pathlib import Path
 
-from trainctl.parallelism.data.corpus import PackedDataset
+from trainctl.parallelism.data.corpus import DataError, PackedDataset
 from trainctl.parallelism.data.documents import source_files
+from trainctl.parallelism.data.holdout import HOLDOUT_FIELD, Holdout
 from trainctl.parallelism.data.token_shards import FORMAT_VERSION, TokenShardDataset, prepare_shards
 from trainctl.parallelism.data.tokenizer import FIELD as TOKENIZER_FIELD
 from trainctl.parallelism.data.tokenizer import load_tokenizer
-from trainctl.spec.data_format import TOKEN_SHARD_INDEX
+from trainctl.spec.data_format import HOLDOUT_FORMATS, TOKEN_SHARD_INDEX
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import DataSpec, resolve_tokenizer
 
@@ -47,16 +52,23 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgp
 
 
 def build_dataset(
-    spec: DataSpec, vocab_size: int, model_dir: str | None = None, files: FileRule = FileRule()
+    spec: DataSpec, vocab_size: int, model_dir: str | None = None, files: FileRule = FileRule(),
+    holdout: Holdout | None = None,
 ) -> PackedDataset | TokenShardDataset:
     """The dataset `spec.format` names, its files opened under `files`. `model_dir` is the job's
-    `from_pretrained` directory, what `tokenizer: auto` means."""
+    `from_pretrained` directory, what `tokenizer: auto` means. With `holdout`, only the documents on
+    its side (data.holdout; every format but `tokens`, which keeps no document boundaries)."""
     tokenizer = resolve_tokenizer(spec, model_dir)
+    if holdout is not None and spec.format not in HOLDOUT_FORMATS:
+        raise DataError(
+            f"{HOLDOUT_FIELD}: data.format {spec.format} keeps no document boundaries to hold documents out by; "
+            "set spec.evaluation.data instead"
+        )
     if spec.format == "tokens":
         return TokenShardDataset(spec, vocab_size, files=files)
     if spec.format == "text":
-        return PackedDataset(spec, vocab_size, load_tokenizer(tokenizer, files), files)
-    root = cached_shards(spec, tokenizer, files)
+        return PackedDataset(spec, vocab_size, load_tokenizer(tokenizer, files), files, holdout)
+    root = cached_shards(spec, tokenizer, files, holdout)
     return TokenShardDataset(spec, vocab_size, roots=[("spec.data.paths", root)])
 
 
@@ -65,14 +77,17 @@ def cache_root() -> Path:
     return Path(os.path.expanduser(os.environ.get(CACHE_ENV) or DEFAULT_CACHE))
 
 
-def cache_key(spec: DataSpec, tokenizer: str, files: FileRule = FileRule()) -> str:
-    """What determines the token stream of `spec` under `tokenizer`, hashed (its files read under `files`)."""
+def cache_key(spec: DataSpec, tokenizer: str, files: FileRule = FileRule(), holdout: Holdout | None = None) -> str:
+    """What determines the token stream of `spec` under `tokenizer` (and `holdout`'s side of it), hashed
+    (its files read under `files`)."""
     paths = source_files(spec, files)
     digest = hashlib.sha256()
     head = {
         "version": FORMAT_VERSION, "format": spec.format, "text_field": spec.text_field,
         "messages_field": spec.messages_field, "tokenizer": tokenizer,
     }
+    if holdout is not None:
+        head["holdout"] = [holdout.fraction, holdout.seed, holdout.evaluation]
     digest.update(json.dumps(head, sort_keys=True).encode())
     for path in paths:
         stat = path.stat()
@@ -93,12 +108,12 @@ def _hash_tokenizer(digest: hashlib._Hash, tokenizer: str, files: FileRule) -> N
                 digest.update(item.name.encode() + b"\0" + files.check(item, TOKENIZER_FIELD).read_bytes())
 
 
-def cached_shards(spec: DataSpec, tokenizer: str, files: FileRule = FileRule()) -> Path:
-    """The cache directory holding `spec`'s token stream, built here if no process built it yet (the
-    job's files read under `files`)."""
+def cached_shards(spec: DataSpec, tokenizer: str, files: FileRule = FileRule(), holdout: Holdout | None = None) -> Path:
+    """The cache directory holding `spec`'s token stream (`holdout`'s side of it), built here if no
+    process built it yet (the job's files read under `files`)."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    key = cache_key(spec, tokenizer, files)
+    key = cache_key(spec, tokenizer, files, holdout)
     target = root / key
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -108,7 +123,7 @@ def cached_shards(spec: DataSpec, tokenizer: str, files: FileRule = FileRule()) 
             try:
                 prepare_shards(
                     spec.paths, building, tokenizer=tokenizer, max_files=spec.max_files, format=spec.format,
-                    text_field=spec.text_field, messages_field=spec.messages_field, files=files,
+                    text_field=spec.text_field, messages_field=spec.messages_field, files=files, holdout=holdout,
                 )
                 shutil.rmtree(target, ignore_errors=True)  # a directory left without an index
                 building.rename(target)

@@ -50,6 +50,7 @@ from trainctl.parallelism.data.corpus import (
     token_dtype,
 )
 from trainctl.parallelism.data.documents import source_files, token_stream
+from trainctl.parallelism.data.holdout import HOLDOUT_FIELD, Holdout
 from trainctl.parallelism.data.tokenizer import document_tokens, load_tokenizer
 from trainctl.spec.data_format import TOKEN_SHARD_INDEX
 from trainctl.spec.files import FileRule, FileRuleError
@@ -146,11 +147,13 @@ def prepare_shards(
     text_field: str = "text",
     messages_field: str | None = None,
     files: FileRule = FileRule(),
+    holdout: Holdout | None = None,
 ) -> PrepareResult:
     """Tokenize the documents of `patterns` under `format` (text: the files, sorted, at most
     `max_files`, tokenized by `workers` processes; jsonl / parquet / arrow: their records, streamed in
     this process) into shards under `out_dir`; chat records (`messages_field`) also write masks. Every
-    source and tokenizer file is opened under `files`."""
+    source and tokenizer file is opened under `files`. With `holdout`, only the documents on its side
+    are written (data.holdout)."""
     if shard_tokens < 1:
         raise ValueError(f"--shard-tokens must be at least 1, got {shard_tokens}")
     if workers < 1:
@@ -171,9 +174,17 @@ def prepare_shards(
     masked = messages_field is not None
     writer = ShardWriter(out, dtype, shard_tokens, masked)
     stream = _encoded_text(paths, tokenizer, workers, files) if format == "text" else token_stream(spec, tok, paths, files)
-    for tokens, mask in stream:
-        writer.add(tokens, mask)
+    documents = 0
+    for document, (tokens, mask) in enumerate(stream):
+        documents += 1
+        if holdout is None or holdout.keeps(document):
+            writer.add(tokens, mask)
     shards = writer.finish()
+    if not shards and holdout is not None and documents:
+        raise DataError(
+            f"{HOLDOUT_FIELD}: none of the {documents} documents of spec.data.paths falls on the {holdout.side} side "
+            f"of a {holdout.fraction} holdout; use more documents or another fraction"
+        )
     if not shards:
         raise DataError(f"spec.data.paths: {patterns} hold no documents ({len(paths)} files read)")
     index = {

@@ -50,6 +50,7 @@ from trainctl.parallelism.data.dataset import build_dataset
 from trainctl.parallelism.data.token_shards import PrefetchLoader, build_loader
 from trainctl.parallelism.engine import efficiency
 from trainctl.parallelism.engine.distributed import resolve_device
+from trainctl.parallelism.engine.evaluation import Evaluator, evaluation_dataset, training_holdout
 from trainctl.parallelism.engine.loss import masked_loss_scale, objectives
 from trainctl.parallelism.engine.model_setup import build_parallel_model
 from trainctl.parallelism.engine.optim import build_optimizer, build_scheduler, clip_gradients
@@ -124,8 +125,8 @@ class Trainer:
     the run spec, build the data loader, build the pipeline runner. Resuming happens in `run`.
 
     ``file_rule``: where the job's files may lie and how much of each is read (module docstring).
-    ``on_step`` (rank 0) gets a StepReport for every ``log_interval``-th step, the last step and every
-    step that saves a checkpoint; for the latter it runs before the checkpoint is committed, so a
+    ``on_step`` (rank 0) gets a StepReport for every ``log_interval``-th step, the last step, every
+    step that evaluates (`spec.evaluation`, engine/evaluation.py) and every step that saves a checkpoint; for the latter it runs before the checkpoint is committed, so a
     callback that returns once its report is recorded leaves no complete checkpoint ahead of the
     reported steps. Under `checkpoint.async_save` a checkpoint is committed at a later step, the first
     one after every rank has written it: that step is reported (with the checkpoint's size) before
@@ -169,6 +170,10 @@ class Trainer:
         self.loader = self._build_loader()
         self._loss_scale: float | None = None  # this step's masked-loss factor (None: unmasked data)
         self.pipeline = self._build_pipeline()
+        self.evaluator = (
+            Evaluator(self, self.job.evaluation, evaluation_dataset(self.job, self.config.vocab_size, file_rule))
+            if self.job.evaluation is not None else None
+        )
         self.step = 0
         self.flops_per_token = training_flops_per_token(self.config, self.job.data.seq_len)
         self.peak_flops = peak_flops(
@@ -191,7 +196,7 @@ class Trainer:
     def _build_loader(self) -> ShardedLoader | PrefetchLoader:
         """This data-parallel rank's loader (CP, TP and PP peers read the same samples)."""
         job = self.job
-        dataset = build_dataset(job.data, self.config.vocab_size, job.model.from_pretrained, self.file_rule)
+        dataset = build_dataset(job.data, self.config.vocab_size, job.model.from_pretrained, self.file_rule, training_holdout(job))
         dp_group = self.grid.group(("dp_replicate", "dp_shard"), self.rank)
         return build_loader(
             dataset,
@@ -218,9 +223,13 @@ class Trainer:
 
     def _pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The last stage's micro-batch loss; masked, times n_micro because the schedule divides by it."""
+        return self._micro_loss(logits, targets, self.loader.n_micro)
+
+    def _micro_loss(self, logits: torch.Tensor, targets: torch.Tensor, n_micro: int) -> torch.Tensor:
+        """One of `n_micro` micro-batches' objective: its mean, or masked its share of the global one."""
         if self._loss_scale is None:
             return self.objectives.mean(logits, targets)
-        return self.objectives.summed(logits, targets) * (self._loss_scale * self.loader.n_micro)
+        return self.objectives.summed(logits, targets) * (self._loss_scale * n_micro)
 
     # ---- one step, in pieces (tests call these directly) -------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -287,10 +296,7 @@ class Trainer:
             with self._grad_sync(part, last=i == n - 1), self._loss_context():
                 with self.autocast():
                     logits = part(inputs, positions)
-                if self._loss_scale is not None:  # masked: this micro-batch's share of the global objective
-                    loss = self.objectives.summed(logits, targets) * (self._loss_scale * n)
-                else:
-                    loss = self.objectives.mean(logits, targets)
+                loss = self._micro_loss(logits, targets, n)
                 aux = pop_aux_loss(part)
                 if aux is not None:
                     loss = loss + aux
@@ -412,13 +418,15 @@ class Trainer:
         breakdown: dict[str, float],
         checkpoint_started: float | None,
         checkpoint_bytes: int | None,
+        eval_loss: float | None = None,
     ) -> None:
         """Report the step that started at ``t0``: its time from every rank, its StepReport from rank 0
-        (with the checkpoint's time and size when the step saved one)."""
+        (with the checkpoint's time and size when the step saved one, and its eval loss; the time of
+        an evaluation, `breakdown["evaluation"]`, is left out of the step's time)."""
         now = time.perf_counter()
         if checkpoint_started is not None:
             breakdown["checkpoint"] = now - checkpoint_started
-        elapsed = now - t0
+        elapsed = now - t0 - breakdown.get("evaluation", 0.0)
         if self.on_step_time is not None:
             self.on_step_time(self.step, elapsed)
         if self.on_step is None or self.rank != 0:
@@ -438,8 +446,18 @@ class Trainer:
                 breakdown=breakdown,
                 peak_memory_bytes=_peak_memory(self.device),
                 checkpoint_bytes=checkpoint_bytes,
+                eval_loss=eval_loss,
             )
         )
+
+    def _evaluate_if_due(self, last: bool, breakdown: dict[str, float]) -> float | None:
+        """The eval loss after this step when an evaluation is due (its time in `breakdown`), else None."""
+        if self.evaluator is None or not self.evaluator.due(self.step, last):
+            return None
+        started = time.perf_counter()
+        eval_loss = self.evaluator.evaluate()
+        breakdown["evaluation"] = time.perf_counter() - started
+        return eval_loss
 
     def run(self) -> TrainResult:
         """Resume if possible, train to `training.steps`, checkpoint on schedule and at the end."""
@@ -464,14 +482,15 @@ class Trainer:
                 if allocator is not None:
                     breakdown.update(allocator.as_breakdown())
                 last = self.step == train.steps
-                report_due = self.step % train.log_interval == 0 or last
-                plain = partial(self._report_step, t0, lr, loss, norm, breakdown, None, None)
+                eval_loss = self._evaluate_if_due(last, breakdown)
+                report_due = self.step % train.log_interval == 0 or last or eval_loss is not None
+                plain = partial(self._report_step, t0, lr, loss, norm, breakdown, None, None, eval_loss)
                 if checkpoints is None:
                     if report_due:
                         plain()
                     continue
                 # Rank 0 reports a step before a checkpoint is committed; the other ranks time it after.
-                report = partial(self._report_step, t0, lr, loss, norm, breakdown, time.perf_counter())
+                report = partial(self._report_step, t0, lr, loss, norm, breakdown, time.perf_counter(), eval_loss=eval_loss)
                 save_due = bool(interval and self.step % interval == 0) or last
                 committed = checkpoints.after_step(
                     self.step, save_due=save_due, last=last, report_due=report_due, report=report, plain=plain

@@ -21,6 +21,9 @@ aux-loss states (`moe.AuxLoss`: their scaled losses, or for the `transformers` c
 per-expert router statistics, which the loss needs over all layers together) of the micro-batch so
 far; the last stage adds `AuxLoss.value` of it to the language-model loss, and its gradient flows
 back through the pipeline to every stage's routers.
+
+Evaluation (`PipelineRunner.evaluate`) runs the same schedule forward only (its `eval`, which every
+schedule above supports) and leaves the aux loss out of the returned loss.
 """
 
 from __future__ import annotations
@@ -183,11 +186,12 @@ class PipelineRunner:
         self._last_rank = dist.get_global_rank(group, stage_rank(chunks[0].num_stages - 1, pp))
         self._device = device
         aux = next((found for c in chunks if (found := aux_loss_of(c.module)) is not None), None)
+        self._with_aux = True  # False while `evaluate` runs: an eval loss leaves the MoE aux loss out
 
         def stage_loss(output: Tensor | tuple[Tensor, Tensor], labels: Tensor) -> Tensor:
             if aux is not None:
                 logits, state = output
-                return loss_fn(logits, labels) + aux.value(state)
+                return loss_fn(logits, labels) + aux.value(state) if self._with_aux else loss_fn(logits, labels)
             return loss_fn(output, labels)
 
         self._carriers = [AuxCarrier(c.module, aux) for c in chunks] if aux is not None else []
@@ -207,6 +211,18 @@ class PipelineRunner:
 
     def step(self, tokens: Tensor, labels: Tensor) -> Tensor:
         """Forward + backward of one batch; returns the detached mean loss on every pipeline rank."""
+        return self._run(self.schedule.step, tokens, labels)
+
+    def evaluate(self, tokens: Tensor, labels: Tensor) -> Tensor:
+        """Forward only (the schedule's `eval`, every schedule here supports it) of one batch; returns
+        the mean language-model loss (MoE aux losses left out) on every pipeline rank."""
+        self._with_aux = False
+        try:
+            return self._run(self.schedule.eval, tokens, labels)
+        finally:
+            self._with_aux = True
+
+    def _run(self, run: Callable[..., object], tokens: Tensor, labels: Tensor) -> Tensor:
         if tokens.shape[0] % self.n_microbatches:
             raise PipelineLayoutError(
                 f"batch of {tokens.shape[0]} sequences is not divisible into {self.n_microbatches} micro-batches"
@@ -214,7 +230,7 @@ class PipelineRunner:
         losses: list[Tensor] = []
         args = (tokens.to(self._device),) if self.is_first else ()
         target = labels.to(self._device) if self.is_last else None
-        self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        run(*args, target=target, losses=losses, return_outputs=False)
         if self.is_last:
             loss = torch.stack([x.detach().float() for x in losses]).mean()
         else:

@@ -82,6 +82,8 @@ def fill_status(status: pb.JobStatus, record: JobRecord) -> None:
         status.last_loss = record.last_loss
     if record.mfu is not None:
         status.mfu = record.mfu
+    if record.last_eval_loss is not None:
+        status.last_eval_loss = record.last_eval_loss
     status.restarts = record.restarts
     status.tokens_per_second = record.tokens_per_second
     status.run_dir = record.run_dir
@@ -93,7 +95,7 @@ def step_to_proto(row: dict[str, Any], out: pb.StepMetrics) -> pb.StepMetrics:
     """One step's metrics (a store row or a step event payload) as StepMetrics."""
     out.step = int(row["step"])
     out.loss = float(row["loss"])
-    for name in ("grad_norm", "lr", "tokens_per_second", "step_time_seconds"):
+    for name in ("grad_norm", "lr", "tokens_per_second", "step_time_seconds", "eval_loss"):
         if row.get(name) is not None:
             setattr(out, name, float(row[name]))
     for name in ("tokens", "peak_memory_bytes"):

@@ -47,12 +47,14 @@ from trainctl.service.store import (
     RequestReused,
     StoreUnavailable,
 )
+from trainctl.service.tracking.policy import TrackingPolicy
 from trainctl.spec.job import INT64_MAX, TrainingJob
 from trainctl.spec.presets import ModelConfig, UnknownPresetError
 from trainctl.spec.validate import (
     FieldViolation,
     SpecError,
     data_violations,
+    evaluation_data_violations,
     pretrained_check,
     pretrained_warnings,
     semantic_violations,
@@ -104,6 +106,7 @@ class TrainingServicer:
         stopping: threading.Event | None = None,
         ray_nodes: Callable[[], dict[str, bool]] | None = None,
         sweeps: SweepDriver | None = None,
+        tracking: TrackingPolicy | None = None,
     ):
         self.store = store
         self.scheduler = scheduler
@@ -111,6 +114,8 @@ class TrainingServicer:
         self.auth = authenticator
         self.paths = paths or JobPathPolicy((), scheduler.runs_dir)
         """The confinement rule for every path a job names (no data roots unless the service has some)."""
+        self.tracking = tracking or TrackingPolicy.of_service(None, [])
+        """The MLflow servers jobs may name, and whether TensorBoard files can be written."""
         self.stopping = stopping or threading.Event()
         self.ray_nodes = ray_nodes
         self.watch_hub: EventHub[pb.JobEvent] = EventHub(
@@ -160,6 +165,7 @@ class TrainingServicer:
         checkpoint or from_pretrained directory they name (exist, are readable, hold one sample, fit the
         model), every file opened inside them under the job's FileRule (trainctl.spec.files)."""
         violations = semantic_violations(job, pool_gpus=self.pool.total, check_data=False)
+        violations += self.tracking.violations(job.spec.tracking)
         if job.spec.command is not None and not self.auth.may_run_commands(principal):
             violations.append(FieldViolation(
                 "spec.command", f"tenant {principal.tenant!r} may not run programs of its own (command jobs): "
@@ -174,6 +180,7 @@ class TrainingServicer:
             return job, None if violations else _resolved(job, None, violations), violations
         files = self.paths.file_rule(job.spec, None, lambda job_id: self._owns(principal, job_id))
         violations += data_violations(job.spec.data, model_dir=job.spec.model.from_pretrained, files=files)
+        violations += evaluation_data_violations(job.spec, files)
         model, problems = pretrained_check(job, files)
         violations += problems
         resolved = None if problems else _resolved(job, model, violations)

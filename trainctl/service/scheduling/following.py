@@ -154,6 +154,8 @@ class Following:
         store, metrics = self.state.store, self.state.metrics
         if event.kind is EventKind.STEP and event.step is not None:
             store.record_step(record.id, {**event.step, "time": event.time}, now=event.time)
+            if self.state.tracker is not None:
+                self.state.tracker.step(record, event.step, event.time)
             if metrics is not None:
                 report = event.step_report()
                 metrics.record_step(record.id, record.tenant, report)
@@ -181,6 +183,8 @@ class Following:
                 return record  # a job being cancelled does not go back to running
             extra = {"start_time": event.time} if event.state is JobState.RUNNING and record.start_time is None else {}
             record = self.state.set_state(record, event.state, event.reason, **extra)
+            if event.state is JobState.RUNNING and self.state.tracker is not None:
+                self.state.tracker.running(record)
             if event.state is JobState.RESTARTING and metrics is not None:
                 metrics.record_restart(record.id, record.tenant)
         return record

@@ -47,6 +47,7 @@ from trainctl.service.scheduling.state import Runtime, SchedulerState
 from trainctl.service.security.paths import JobPathPolicy
 from trainctl.service.security.tenancy import Quota
 from trainctl.service.store import Fence, JobRecord, JobStore, LeaseLost, StoreUnavailable
+from trainctl.service.tracking.tracker import JobTracker
 from trainctl.workers.events import ACTIVE_STATES, JobState
 
 log = logging.getLogger(__name__)
@@ -95,10 +96,10 @@ class Scheduler:
         self, store: JobStore, pool: GpuPool, runtime: Runtime, runs_dir: Path,
         metrics: ServiceMetrics | None = None, quota_of: Callable[[str], Quota] | None = None,
         interval: float = 0.2, min_tick_gap: float = 0.1, leadership: Leadership | None = None,
-        admission_refresh: float = 5.0, paths: JobPathPolicy | None = None,
+        admission_refresh: float = 5.0, paths: JobPathPolicy | None = None, tracker: JobTracker | None = None,
     ) -> None:
         self.state = SchedulerState(store, pool, runtime, runs_dir, wake=self.wake, metrics=metrics,
-                                    leadership=leadership, paths=paths)
+                                    leadership=leadership, paths=paths, tracker=tracker)
         if quota_of is not None:
             self.state.quota_of = quota_of
         self.interval = interval

@@ -17,6 +17,7 @@ from trainctl.service.scheduling.leadership import Leadership
 from trainctl.service.security.paths import JobPathPolicy
 from trainctl.service.security.tenancy import Quota
 from trainctl.service.store import JobRecord, JobStore
+from trainctl.service.tracking.tracker import JobTracker
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import JobState
@@ -89,6 +90,8 @@ class SchedulerState:
     """The service's path rule: each launched job's ranks open its files under `paths.file_rule` (its
     data roots, and the run directories of its tenant's jobs its spec names). None: the default
     `FileRule`, which confines nothing (a scheduler without a served API, in tests and benchmarks)."""
+    tracker: JobTracker | None = None
+    """Experiment tracking of the followed jobs' runs (trainctl.service.tracking); None: none."""
     active: dict[str, ActiveJob] = field(default_factory=dict)
     """The jobs this scheduler follows, by id."""
     unlaunched: set[str] = field(default_factory=set)
@@ -128,8 +131,11 @@ class SchedulerState:
         return self.resolved[job_id]
 
     def finish(self, record: JobRecord) -> None:
-        """Once the job ended: free its GPUs, stop following it, and run the next tick now."""
+        """Once the job ended: end its tracked run, free its GPUs, stop following it, and run the next
+        tick now."""
         if record.terminal:
+            if self.tracker is not None:
+                self.tracker.ended(record)
             self.pool.release(record.id)
             self.active.pop(record.id, None)
             self.resolved.pop(record.id, None)

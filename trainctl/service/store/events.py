@@ -1,6 +1,7 @@
 """A job's append-only event log (table `events`; its global `sequence` is the cursor WatchJob resumes
 from) and its step metrics (table `step_metrics`, one row per job and step: a step re-run after a restart
-replaces its row; a metric other than the loss may be absent, NULL)."""
+replaces its row; a metric other than the loss may be absent, NULL: the eval loss is only on the steps
+that evaluated)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from trainctl.service.store.records import EVENT_STEP, Event
 
 METRIC_COLUMNS = (
     "loss", "grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "peak_memory_bytes",
+    "eval_loss",
 )
 
 
@@ -50,12 +52,14 @@ class EventLog:
                 (job_id, step, metrics.get("time", now), json_text(metrics.get("breakdown") or {}), *values),
             )
             first = current.first_loss if current.first_loss is not None else metrics["loss"]
-            # The job's tokens/s is the newest step's that has one (a command job's first report has none).
+            # The job's tokens/s and eval loss are the newest step's that has one (a command job's first
+            # report has no rate; only the steps that evaluated have an eval loss).
             db.execute(
                 "UPDATE jobs SET steps_done = CASE WHEN steps_done > ? THEN steps_done ELSE ? END, first_loss = ?,"
-                " last_loss = ?, tokens_per_second = COALESCE(?, tokens_per_second), mfu = ?, update_time = ?,"
-                " version = version + 1 WHERE id = ?",
-                (step, step, first, metrics["loss"], metrics.get("tokens_per_second"), metrics.get("mfu"), now, job_id),
+                " last_loss = ?, tokens_per_second = COALESCE(?, tokens_per_second), mfu = ?,"
+                " last_eval_loss = COALESCE(?, last_eval_loss), update_time = ?, version = version + 1 WHERE id = ?",
+                (step, step, first, metrics["loss"], metrics.get("tokens_per_second"), metrics.get("mfu"),
+                 metrics.get("eval_loss"), now, job_id),
             )
             return self.append(db, job_id, EVENT_STEP, {**metrics, "time": metrics.get("time", now)}, now)
 

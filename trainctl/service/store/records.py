@@ -143,6 +143,8 @@ class JobRecord:
     restarts: int = 0
     tokens_per_second: float = 0.0
     mfu: float | None = None
+    last_eval_loss: float | None = None
+    """The eval loss of the newest step that evaluated; None before the first."""
     placement: list[dict[str, Any]] = field(default_factory=list)
     run_dir: str = ""
     runtime_cursor: str = ""

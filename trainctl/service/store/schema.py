@@ -170,6 +170,12 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE step_metrics;
     ALTER TABLE step_metrics_nullable RENAME TO step_metrics;
     """,
+    # 9 -> 10: evaluation (spec.evaluation, `trainctl.report(eval_loss=...)`): a step's loss on the
+    # evaluation data, NULL on a step that ran no evaluation, and the job's newest one.
+    """
+    ALTER TABLE step_metrics ADD COLUMN eval_loss $real;
+    ALTER TABLE jobs ADD COLUMN last_eval_loss $real;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

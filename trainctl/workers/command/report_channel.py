@@ -2,7 +2,8 @@
 per step to, turned into the engine's `StepReport` so a command job's steps take the one metrics path
 of built-in jobs (supervisor STEP events -> store, `get -o json`, Prometheus, progress lines).
 
-A datagram is ``{"step": int, "loss": float, "sent": float?, "tokens": int?, "lr": float?, "grad_norm": float?}``
+A datagram is ``{"step": int, "loss": float, "sent": float?, "tokens": int?, "lr": float?, "grad_norm": float?,
+"eval_loss": float?}``
 (`trainctl.reporting`; ``tokens`` are the reported step's, ``sent`` the program's `time.monotonic()` at the
 call, a clock the worker on the same host shares). A program may report every step or every N steps: the
 step time is the wall time since this rank's previous report over the steps since it (`seconds_per_step`),
@@ -65,7 +66,8 @@ def step_report_of(payload: Any, step_time: float | None) -> StepReport:
     step, loss = payload.get("step"), payload.get("loss")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ReportError(f"step must be an integer >= 0, got {step!r}")
-    numbers = {"loss": loss, **{k: payload.get(k) for k in ("lr", "grad_norm") if payload.get(k) is not None}}
+    optional = ("lr", "grad_norm", "eval_loss")
+    numbers = {"loss": loss, **{k: payload.get(k) for k in optional if payload.get(k) is not None}}
     for name, value in numbers.items():
         if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
             raise ReportError(f"{name} must be a finite number, got {value!r}")
@@ -82,6 +84,7 @@ def step_report_of(payload: Any, step_time: float | None) -> StepReport:
         tokens_per_second=rate,
         mfu=None,
         step_time_seconds=step_time,
+        eval_loss=None if "eval_loss" not in numbers else float(numbers["eval_loss"]),
     )
 
 
