@@ -4,7 +4,10 @@ Every `import` / `from ... import` in trainctl/ (module level or inside a functi
 engine, tokenizers and data formats count) that is neither the standard library nor trainctl is mapped
 to the installed distribution that provides it, which must be named in requirements.txt and in
 pyproject's dependencies (the same distributions: exact pins for `make` and the image, ranges for pip);
-test-only packages stay in requirements-dev.txt, and the Dockerfile installs requirements.txt alone.
+test-only packages stay in requirements-dev.txt, and the Dockerfile installs requirements.txt alone. An
+optional feature's packages (pyproject's extras other than `dev`: experiment tracking's MLflow and TensorBoard)
+are imported only by that feature, lazily, and named in its extra and in requirements-dev.txt (so the tests
+run the feature), never in requirements.txt.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ def requirements_file(name: str) -> set[str]:
 
 def pyproject_dependencies() -> set[str]:
     return requirement_names(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def optional_dependencies() -> set[str]:
+    """The distributions of pyproject's feature extras (every extra but `dev`)."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return set().union(*(requirement_names(names) for extra, names in extras.items() if extra != "dev"))
 
 
 def third_party_imports() -> dict[str, list[str]]:
@@ -93,14 +102,14 @@ def test_the_walk_sees_lazy_imports() -> None:
 
 
 def test_every_imported_module_comes_from_a_runtime_requirement() -> None:
-    runtime = requirements_file("requirements.txt")
+    runtime = requirements_file("requirements.txt") | optional_dependencies()
     missing = []
     for module, where in sorted(third_party_imports().items()):
         distribution = distribution_of(module)
         if distribution is None:
             missing.append(f"{module} (imported at {where[0]}): no installed distribution provides it")
         elif distribution not in runtime:
-            missing.append(f"{module} (imported at {where[0]}): {distribution} is not in requirements.txt")
+            missing.append(f"{module} (imported at {where[0]}): {distribution} is not in requirements.txt or an extra")
     assert not missing, "\n".join(missing)
 
 
@@ -113,7 +122,15 @@ def test_development_requirements_are_only_for_development() -> None:
     development = requirements_file("requirements-dev.txt")
     assert not development & requirements_file("requirements.txt"), "a runtime requirement listed again for development"
     imported = {distribution_of(module) for module in third_party_imports()}
-    assert not development & imported, f"trainctl imports development-only packages: {sorted(development & imported)}"
+    development_only = development - optional_dependencies()
+    assert not development_only & imported, f"trainctl imports development-only packages: {sorted(development_only & imported)}"
+
+
+def test_optional_features_are_installed_for_the_tests_and_not_at_runtime() -> None:
+    optional = optional_dependencies()
+    assert optional, "pyproject declares the tracking extra"
+    assert optional <= requirements_file("requirements-dev.txt"), f"extras the tests do not install: {sorted(optional - requirements_file('requirements-dev.txt'))}"
+    assert not optional & requirements_file("requirements.txt"), "an optional package is a runtime requirement"
 
 
 def test_the_image_installs_exactly_the_runtime_requirements() -> None:
