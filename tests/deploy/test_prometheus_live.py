@@ -150,7 +150,8 @@ def test_job_series_in_prometheus_match_the_job(run) -> None:
 def test_report_of_the_finished_job(run, tmp_path) -> None:
     import matplotlib.image
 
-    from trainctl.cli.report import PANELS, build_figure, write_report
+    from trainctl.cli.report import write_report
+    from trainctl.observability.run_report import PANELS, build_figure
 
     job = run["job"]
     files = write_report(job, tmp_path / "report.png")

@@ -63,6 +63,8 @@ def test_finetune_examples_train_the_tiny_model_in_the_repository() -> None:
         assert spec.resources.device == "cpu"
         assert spec.data.seq_len <= json.loads((model / "config.json").read_text())["max_position_embeddings"]
     assert lora.lora is not None and lora.data.messages_field == "messages"
+    evaluation = lora.evaluation  # held-out conversations, evaluated on schedule and at the end (issue 37)
+    assert evaluation is not None and evaluation.holdout_fraction and evaluation.interval_steps and evaluation.at_end
     assert lora.data.paths == [str(EXAMPLES_DIR / "data" / "tiny-chat.jsonl")]
     assert full.lora is None and full.data.messages_field is None and full.data.text_field == "text"
     assert full.data.paths == [str(EXAMPLES_DIR / "data" / "tiny-text.jsonl")]

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from trainctl.observability.perplexity import perplexity
 from trainctl.v1 import training_pb2 as pb
 
 TERMINAL = frozenset({pb.SUCCEEDED, pb.FAILED, pb.CANCELLED})
@@ -72,17 +73,6 @@ class Tracker:
         eta = self.eta_seconds()
         parts.append(f"ETA {format_seconds(eta)}" if eta is not None else "ETA -")
         return "  ".join(parts)
-
-
-MAX_EXP = 700.0
-"""Above this a loss's exp overflows a float (exp(709.8) does): its perplexity reads "inf"."""
-
-
-def perplexity(loss: float) -> str:
-    """exp(loss), the perplexity of a mean cross-entropy loss, to 4 significant digits."""
-    if math.isnan(loss):
-        return "nan"
-    return f"{math.exp(loss):.4g}" if loss <= MAX_EXP else "inf"
 
 
 def format_seconds(seconds: float) -> str:

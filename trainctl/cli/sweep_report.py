@@ -3,8 +3,11 @@
 Panels: the objective of every trial (by state, the best marked), the parameters of every trial in
 parallel coordinates (one axis per parameter, log axes for log ranges, each line coloured by its
 objective), and every trial's curve of the objective metric with the best trial's drawn bold (pruned
-trials' curves end where they were stopped). Input: the sweep as GetSweep returns it and each trial
-job's step metrics (GetJob, JOB_VIEW_FULL). matplotlib's object API on an Agg canvas, as the job report.
+trials' curves end where they were stopped) and each trial's objective marked at the step it was read
+(a metric reported on some steps only, as eval_loss on the steps that evaluated, is drawn with a point
+per report, so a trial that reported it once is seen). Input: the sweep as GetSweep returns it and each
+trial job's step metrics (GetJob, JOB_VIEW_FULL). matplotlib's object API on an Agg canvas, as the job
+report.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from trainctl.cli.report import ReportError, ReportFiles, save_figure
+from trainctl.cli.report import ReportFiles, save_figure
+from trainctl.observability.run_report import ReportError
 from trainctl.v1 import training_pb2 as pb
 from trainctl.wire.sweep_convert import value_from_proto
 
@@ -56,26 +60,30 @@ def build_sweep_figure(sweep: pb.Sweep, curves: dict[str, list[pb.StepMetrics]])
         ax.scatter([best], [sweep.status.best_objective], s=200, facecolors="none", edgecolors="k", label="best")
     ax.set_xlabel("trial")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(f"{metric} (pruned: at the step it was stopped)")
+    ax.set_ylabel(f"{metric} (at each trial's objective step)")
     ax.legend(loc="best", fontsize="small")
 
     _parallel_coordinates(axes["Parameters"], sweep, trials)
 
     ax = axes["Curves"]
+    sparse = pb.StepMetrics.DESCRIPTOR.fields_by_name[metric].has_presence  # optional metrics: only steps that have it
     for trial in sweep.status.trials:
         steps = curves.get(trial.job_id, [])
-        if not steps:
+        values = [(m.step, getattr(m, metric)) for m in steps if not sparse or m.HasField(metric)]
+        if not values:
             continue
-        reported = steps[0].DESCRIPTOR.fields_by_name[metric].has_presence  # optional metrics: only steps that have it
-        values = [(m.step, getattr(m, metric)) for m in steps if not reported or m.HasField(metric)]
         is_best = trial.number == best
         ax.plot([s for s, _ in values], [v for _, v in values], color="k" if is_best else STATE_COLOURS.get(_state(trial), "C7"),
-                linewidth=2.5 if is_best else 1.0, alpha=1.0 if is_best else 0.6,
+                linewidth=2.5 if is_best else 1.0, alpha=1.0 if is_best else 0.6, marker="o" if sparse else None, markersize=3,
                 label=f"best: trial {trial.number}" if is_best else None)
+    read = [t for t in trials if t.HasField("objective_step")]
+    if read:
+        ax.plot([t.objective_step for t in read], [t.objective for t in read], linestyle="none", marker="x", color="k",
+                label="objective")
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(metric)
-    if best is not None:
+    if best is not None or read:
         ax.legend(loc="upper right", fontsize="small")
     state = pb.SweepState.Name(sweep.status.state).removeprefix("SWEEP_STATE_")
     fig.suptitle(f"{sweep.metadata.name} ({sweep.id}): {state}, {len(sweep.status.trials)} of {sweep.spec.trials} trials")
@@ -133,12 +141,14 @@ def write_sweep_report(sweep: pb.Sweep, curves: dict[str, list[pb.StepMetrics]],
 
 def _html(sweep: pb.Sweep, png_bytes: bytes) -> str:
     paths = [p.path for p in sweep.spec.parameters]
-    header = "".join(f"<th>{html.escape(h)}</th>" for h in ["trial", "job", "state", *paths, "objective", "reason"])
+    metric = sweep.spec.objective.metric
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in ["trial", "job", "state", *paths, metric, "at step", "reason"])
     rows = []
     for t in sweep.status.trials:
         best = " style=\"font-weight:bold\"" if sweep.status.HasField("best_trial") and t.number == sweep.status.best_trial else ""
         cells = [str(t.number), t.job_id or "-", _state(t), *[_short(value_from_proto(t.params[p])) for p in paths],
-                 f"{t.objective:.6g}" if t.HasField("objective") else "-", t.reason]
+                 f"{t.objective:.6g}" if t.HasField("objective") else "-",
+                 str(t.objective_step) if t.HasField("objective_step") else "-", t.reason]
         rows.append(f"<tr{best}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     image = base64.b64encode(png_bytes).decode()
     title = html.escape(f"trainctl sweep report: {sweep.metadata.name} ({sweep.id})")

@@ -20,7 +20,7 @@ from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.planning.plan import plan_on_map
-from trainctl.service.api import servicer as service_api
+from trainctl.service.api import job_messages
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import load_job_file, parse_object
 from trainctl.v1 import training_pb2 as pb
@@ -321,13 +321,22 @@ def test_a_data_glob_repeating_the_recursive_wildcard_is_refused_without_walking
 def test_a_full_view_of_a_long_run_answers_its_steps_evenly_thinned(
     api_client: TrainctlClient, api: ApiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service_api, "FULL_VIEW_STEPS", 5)  # stands for 10,000 of a run of millions
+    monkeypatch.setattr(job_messages, "FULL_VIEW_STEPS", 5)  # stands for 10,000 of a run of millions
     job = api_client.create_job(small_job("long-run"))
     for step in range(1, 14):
         api.scheduler.store.record_step(job.id, {"step": step, "loss": 10.0 / step})
     full = api_client.get_job(job.id, full=True)
     assert [m.step for m in full.metrics] == [1, 4, 7, 10, 13]  # the first, the last, evenly between
     assert full.metrics[-1].loss == pytest.approx(10.0 / 13)
+
+
+def test_thinning_a_long_run_keeps_its_eval_steps_beside_the_training_curve() -> None:
+    rows = [{"step": step, "loss": 1.0, **({"eval_loss": 2.0} if step % 100 == 0 else {})} for step in range(1, 1001)]
+    kept = job_messages.thinned_steps(rows, 20)
+    assert len(kept) <= 20 and [r["step"] for r in kept] == sorted(r["step"] for r in kept)
+    evals = [r["step"] for r in kept if "eval_loss" in r]
+    assert evals == [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000]  # evenly thinned alone, 1 in 100 survives
+    assert kept[0]["step"] == 1
 
 
 def test_cluster_health_and_reflection(api_client: TrainctlClient, api: ApiServer) -> None:

@@ -22,7 +22,7 @@ from trainctl.spec.sweep import SWEEP_LABEL, parse_sweep_object
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.wire.errors import field_violations
-from trainctl.wire.sweep_convert import sweep_from_proto, sweep_to_proto
+from trainctl.wire.sweep_convert import sweep_from_proto, sweep_to_proto, value_to_proto
 from trainctl.workers.events import JobState
 
 
@@ -252,11 +252,59 @@ def test_sweep_report(api: ApiServer, runtime: ScriptedRuntime, tmp_path: Path, 
     fig = build_sweep_figure(sweep, curves)
     axes = {ax.get_title(): ax for ax in fig.axes}
     assert set(PANELS) <= set(axes)
-    lines = {tuple(line.get_ydata()): line.get_linewidth() for line in axes["Curves"].get_lines()}
+    lines = {tuple(line.get_ydata()): line.get_linewidth() for line in axes["Curves"].get_lines() if line.get_label() != "objective"}
     assert lines == {(3.0, 2.0, 1.5, 1.0): 2.5, (3.0, 2.5): 1.0}  # the best trial (first) drawn bold
+    (marks,) = [line for line in axes["Curves"].get_lines() if line.get_label() == "objective"]
+    assert list(marks.get_xdata()) == [4, 2] and list(marks.get_ydata()) == [1.0, 2.5]  # each read at its last step
     assert len(axes["Parameters"].get_lines()) == 2 + 3  # one line per trial, one axis line per parameter
     out = tmp_path / "sweep.png"
     assert main(["--server", api.target, "report", created.id, "--out", str(out)]) == 0
     assert out.read_bytes().startswith(b"\x89PNG") and first.job_id in out.with_suffix(".html").read_text()
     assert main(["--server", api.target, "sweep", "report", created.id, "--out", str(tmp_path / "b.png"), "--no-html"]) == 0
     assert (tmp_path / "b.png").exists() and not (tmp_path / "b.html").exists()
+
+
+def eval_loss_sweep() -> tuple[pb.Sweep, dict[str, list[pb.StepMetrics]]]:
+    """A sweep on eval_loss whose trials evaluate every 2nd step: trial 0 and 2 ran 4 steps, trial 1 was
+    pruned at step 3 with one evaluation; trial 2 trains to the lowest loss but evaluates worse than trial 0."""
+    document = copy.deepcopy(SWEEP_DOCUMENT)
+    document["spec"]["template"]["evaluation"] = {"holdout_fraction": 0.2, "interval_steps": 2}
+    document["spec"]["objective"] = {"metric": "eval_loss"}
+    sweep = sweep_to_proto(parse_sweep_object(document))
+    sweep.id, sweep.status.state = "sweep-1", pb.SWEEP_STATE_SUCCEEDED
+    runs = [  # (state, losses of steps 1.., eval losses by step, objective step)
+        (pb.TRIAL_STATE_COMPLETE, [3.0, 2.5, 2.0, 1.5], {2: 1.8, 4: 1.6}, 4),
+        (pb.TRIAL_STATE_PRUNED, [3.0, 2.9, 2.8], {2: 2.4}, 2),
+        (pb.TRIAL_STATE_COMPLETE, [2.0, 1.5, 1.0, 0.5], {2: 1.9, 4: 1.7}, 4),
+    ]
+    curves = {}
+    for number, (state, losses, evals, at) in enumerate(runs):
+        trial = sweep.status.trials.add(number=number, job_id=f"job-{number}", state=state, objective=evals[at], objective_step=at)
+        for path, value in (("spec.training.lr", 1e-3), ("spec.training.micro_batch_size", 2), ("spec.training.warmup_steps", 1)):
+            value_to_proto(value, trial.params[path])
+        curves[trial.job_id] = [pb.StepMetrics(step=step, loss=loss, **({"eval_loss": evals[step]} if step in evals else {}))
+                                for step, loss in enumerate(losses, start=1)]
+    sweep.status.best_trial, sweep.status.best_objective = 0, 1.6
+    return sweep, curves
+
+
+def test_a_sweep_on_eval_loss_shows_its_eval_curves_and_where_each_objective_was_read(tmp_path: Path) -> None:
+    """Issue 37: the curves are the eval losses of the steps that evaluated (a pruned trial's single
+    evaluation visible as a point), each trial's objective is marked at its objective step, the best
+    (by eval loss, not by training loss) is drawn bold, and the table names the metric and the step."""
+    from trainctl.cli.sweep_report import build_sweep_figure, write_sweep_report
+
+    sweep, curves = eval_loss_sweep()
+    axes = {ax.get_title(): ax for ax in build_sweep_figure(sweep, curves).axes}
+    drawn = [line for line in axes["Curves"].get_lines() if line.get_label() != "objective"]
+    assert [(list(line.get_xdata()), list(line.get_ydata())) for line in drawn] == [
+        ([2, 4], [1.8, 1.6]), ([2], [2.4]), ([2, 4], [1.9, 1.7])]
+    assert [line.get_linewidth() for line in drawn] == [2.5, 1.0, 1.0]  # trial 0: the best eval loss
+    assert all(line.get_marker() not in (None, "None", "") for line in drawn)  # one evaluation is still seen
+    (marks,) = [line for line in axes["Curves"].get_lines() if line.get_label() == "objective"]
+    assert list(marks.get_xdata()) == [4, 2, 4] and list(marks.get_ydata()) == [1.6, 2.4, 1.7]
+    assert axes["Curves"].get_ylabel() == "eval_loss"
+    assert axes["Objective per trial"].get_ylabel() == "eval_loss (at each trial's objective step)"
+    page = write_sweep_report(sweep, curves, tmp_path / "s.png").html.read_text()
+    assert "<th>eval_loss</th><th>at step</th>" in page
+    assert "<td>PRUNED</td><td>0.001</td><td>2</td><td>1</td><td>2.4</td><td>2</td>" in page

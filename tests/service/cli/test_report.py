@@ -9,7 +9,8 @@ import re
 import matplotlib.image
 import pytest
 
-from trainctl.cli.report import PANELS, ReportError, build_figure, label_extent, node_labels, write_report
+from trainctl.cli.report import write_report
+from trainctl.observability.run_report import PANELS, ReportError, build_figure, label_extent, node_labels
 from trainctl.v1 import training_pb2 as pb
 
 

@@ -1,7 +1,7 @@
 """Experiment tracking through a real `trainctl serve` and a real MLflow tracking server (issue 37): a
 4-trial sweep logs a parent run with its trials as child runs; a job run while the MLflow server is
 down still SUCCEEDS, says the server is unreachable, and its run (parameters, tags, every step's train
-and eval metrics, the report artifact, FINISHED) arrives once the server is back on the same port; its
+and eval metrics, the run report as report.png and report.html and the steps as report.json, FINISHED) arrives once the server is back on the same port; its
 TensorBoard event files in the run directory hold every metric of every step."""
 
 from __future__ import annotations
@@ -109,7 +109,12 @@ def test_runs_sweeps_outage_and_tensorboard(tmp_path: Path) -> None:
         assert losses == pytest.approx({step: m.loss for step, m in recorded.items()})
         evals = {m.step: m.value for m in tracking.get_metric_history(run.info.run_id, "eval_loss")}
         assert sorted(evals) == [2, 4]
-        artifact = Path(tracking.download_artifacts(run.info.run_id, "trainctl/report.json", str(tmp_path)))
+        assert sorted(a.path for a in tracking.list_artifacts(run.info.run_id)) == ["report.html", "report.json", "report.png"]
+        png = Path(tracking.download_artifacts(run.info.run_id, "report.png", str(tmp_path)))
+        assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")  # the run report, as `trainctl report` draws it
+        page = Path(tracking.download_artifacts(run.info.run_id, "report.html", str(tmp_path))).read_text()
+        assert f"tracked ({job_id})" in page and "<h2>Evaluation</h2>" in page and "data:image/png;base64," in page
+        artifact = Path(tracking.download_artifacts(run.info.run_id, "report.json", str(tmp_path)))
         assert f'"job_id": "{job_id}"' in artifact.read_text() and artifact.read_text().count('"step"') == STEPS
 
         # TensorBoard's reader finds every metric of every step in the run directory

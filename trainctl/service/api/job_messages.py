@@ -11,16 +11,21 @@ adds one to its version (`JobRecord.version`).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from trainctl.service.newest_kept import NewestKept
 from trainctl.service.store import JobRecord
 from trainctl.v1 import training_pb2 as pb
 from trainctl.wire.convert import job_to_proto, timestamp
 
+T = TypeVar("T")
+
 DEFAULT_CAPACITY = 20_000
 """Jobs kept (a small job's spec part and answer together are about 0.7 KiB): a ListJobs walk over the
 newest jobs of every tenant stays converted."""
+FULL_VIEW_STEPS = 10_000
+"""Steps a JOB_VIEW_FULL answer holds at most: a longer run's are thinned evenly, its first and last
+kept (a million steps would pass the 16 MiB answer limit); WatchJob streams every step."""
 
 
 class _Kept(NamedTuple):
@@ -66,6 +71,33 @@ class JobMessages:
         for row in metrics or ():
             step_to_proto(row, message.metrics.add())
         return message
+
+
+def full_view(messages: JobMessages, record: JobRecord, steps: list[dict[str, Any]]) -> pb.Job:
+    """The job as GetJob(JOB_VIEW_FULL) answers it (and the service's run report draws it): its message with
+    its step rows `steps`, at most FULL_VIEW_STEPS of them (`thinned_steps`)."""
+    return messages.message(record, thinned_steps(steps, FULL_VIEW_STEPS))
+
+
+def thinned_steps(steps: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """At most `limit` of the step rows `steps` in step order: the steps that evaluated (an eval curve has
+    far fewer points than the training curve) evenly thinned to half of `limit` at most, the others evenly
+    thinned to the rest."""
+    if len(steps) <= limit:
+        return steps
+    evaluated = evenly_thinned([row for row in steps if row.get("eval_loss") is not None], max(2, limit // 2))
+    kept = {id(row) for row in evaluated}
+    others = evenly_thinned([row for row in steps if id(row) not in kept and row.get("eval_loss") is None],
+                            max(2, limit - len(evaluated)))
+    return sorted(evaluated + others, key=lambda row: row["step"])
+
+
+def evenly_thinned(items: list[T], limit: int) -> list[T]:
+    """At most `limit` (at least 2) of `items`, evenly spaced, the first and the last among them."""
+    if len(items) <= limit:
+        return items
+    last = len(items) - 1
+    return [items[i] for i in sorted({round(k * last / (limit - 1)) for k in range(limit)})]
 
 
 def fill_status(status: pb.JobStatus, record: JobRecord) -> None:

@@ -16,7 +16,6 @@ import json
 import threading
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import TypeVar
 
 import grpc
 
@@ -28,7 +27,7 @@ from trainctl.planning.plan import plan_response
 from trainctl.planning.pool import GpuPool
 from trainctl.service import store as st
 from trainctl.service.api.async_bridge import store_read
-from trainctl.service.api.job_messages import JobMessages, step_to_proto
+from trainctl.service.api.job_messages import JobMessages, full_view, step_to_proto
 from trainctl.service.api.owned_records import MAX_ID_LENGTH, owned_record
 from trainctl.service.api.paging import page_size
 from trainctl.service.api.sweep_rpcs import SweepRpcs
@@ -73,13 +72,9 @@ from trainctl.wire.errors import (
 from trainctl.wire.plan_convert import plan_to_proto
 from trainctl.workers.events import ACTIVE_STATES, JobState
 
-T = TypeVar("T")
 MAX_LABEL_FILTERS = 32
 MAX_PAGE_TOKEN_LENGTH = 64
 """Longer than any ListJobs page token the server issues (44 characters at most)."""
-FULL_VIEW_STEPS = 10_000
-"""Steps a JOB_VIEW_FULL GetJob answers at most: a longer run's are thinned evenly, its first and last
-kept (a million steps would pass the 16 MiB answer limit); WatchJob streams every step."""
 WATCH_IDLE_CHECK_SECONDS = 5.0
 """A following WatchJob with nothing to send re-checks that the service is not stopping this often; it
 is woken at once by new events and by the service stopping (`EventHub.wake_all`)."""
@@ -246,7 +241,7 @@ class TrainingServicer:
         return record
 
     async def GetJob(self, request: pb.GetJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
-        """The job; with JOB_VIEW_FULL also its step metrics (at most FULL_VIEW_STEPS), read and built
+        """The job; with JOB_VIEW_FULL also its step metrics (`job_messages.full_view`), read and built
         on the thread pool: a long run has many rows, which must not hold up the event loop."""
         if request.view not in pb.JobView.values():
             raise bad_field("view", f"unknown JobView value {request.view}")
@@ -256,7 +251,7 @@ class TrainingServicer:
 
     def _full_view(self, job_id: str, principal: Principal) -> pb.Job:
         record = self._job(job_id, principal)
-        return self.jobs.message(record, evenly_thinned(self.store.step_metrics(record.id), FULL_VIEW_STEPS))
+        return full_view(self.jobs, record, self.store.step_metrics(record.id))
 
     def ListJobs(self, request: pb.ListJobsRequest, principal: Principal) -> bytes:  # noqa: N802
         """The page as a serialized ListJobsResponse: its jobs' answers are kept serialized (`JobMessages`)."""
@@ -376,14 +371,6 @@ def _resolved(job: TrainingJob, model: ModelConfig | None, violations: list[Fiel
     if not any(v.field.startswith(field) for v in violations):
         violations.append(FieldViolation(field, problem))
     return None
-
-
-def evenly_thinned(items: list[T], limit: int) -> list[T]:
-    """At most `limit` (at least 2) of `items`, evenly spaced, the first and the last among them."""
-    if len(items) <= limit:
-        return items
-    last = len(items) - 1
-    return [items[i] for i in sorted({round(k * last / (limit - 1)) for k in range(limit)})]
 
 
 def _encode_page_token(seq: int) -> str:

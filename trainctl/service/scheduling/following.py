@@ -155,7 +155,7 @@ class Following:
         if event.kind is EventKind.STEP and event.step is not None:
             store.record_step(record.id, {**event.step, "time": event.time}, now=event.time)
             if self.state.tracker is not None:
-                self.state.tracker.step(record, event.step, event.time)
+                self.state.tracker.step(record, self.state.grid_of(record), event.step, event.time)
             if metrics is not None:
                 report = event.step_report()
                 metrics.record_step(record.id, record.tenant, report)
@@ -184,7 +184,7 @@ class Following:
             extra = {"start_time": event.time} if event.state is JobState.RUNNING and record.start_time is None else {}
             record = self.state.set_state(record, event.state, event.reason, **extra)
             if event.state is JobState.RUNNING and self.state.tracker is not None:
-                self.state.tracker.running(record)
+                self.state.tracker.running(record, self.state.grid_of(record))
             if event.state is JobState.RESTARTING and metrics is not None:
                 metrics.record_restart(record.id, record.tenant)
         return record

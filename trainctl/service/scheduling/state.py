@@ -17,7 +17,7 @@ from trainctl.service.scheduling.leadership import Leadership
 from trainctl.service.security.paths import JobPathPolicy
 from trainctl.service.security.tenancy import Quota
 from trainctl.service.store import JobRecord, JobStore
-from trainctl.service.tracking.tracker import JobTracker
+from trainctl.service.tracking.tracker import GridOf, JobTracker
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import JobState
@@ -130,12 +130,16 @@ class SchedulerState:
             self.resolved[job_id] = ResolvedJob.resolve(job.spec)
         return self.resolved[job_id]
 
+    def grid_of(self, record: JobRecord) -> GridOf:
+        """The job's rank grid for the tracker, from its resolved job (resolved only when the tracker asks)."""
+        return lambda: self.resolved_job(record.id, record.job).grid
+
     def finish(self, record: JobRecord) -> None:
         """Once the job ended: end its tracked run, free its GPUs, stop following it, and run the next
         tick now."""
         if record.terminal:
             if self.tracker is not None:
-                self.tracker.ended(record)
+                self.tracker.ended(record, self.grid_of(record))
             self.pool.release(record.id)
             self.active.pop(record.id, None)
             self.resolved.pop(record.id, None)

@@ -4,7 +4,9 @@ only: the package is optional). `MlflowApi` is what the sink needs; tests hand i
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol
+import tempfile
+from pathlib import Path
+from typing import Protocol
 
 from trainctl.service.tracking.flatten import batches
 from trainctl.service.tracking.run import StepPoint
@@ -14,7 +16,6 @@ METRICS_PER_BATCH = 1000
 REQUEST_TIMEOUT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 """The MLflow client's own retries (7, with backoff: minutes) and timeout (120 s) made short unless the
 service's environment sets them: the sink retries with its own backoff and must notice an outage soon."""
-REPORT_ARTIFACT = "trainctl/report.json"
 
 
 class MlflowApi(Protocol):
@@ -30,7 +31,7 @@ class MlflowApi(Protocol):
 
     def log_steps(self, run_id: str, points: list[StepPoint]) -> None: ...
 
-    def end_run(self, run_id: str, status: str, tags: dict[str, str], report: dict[str, Any] | None) -> None: ...
+    def end_run(self, run_id: str, status: str, tags: dict[str, str], artifacts: dict[str, bytes]) -> None: ...
 
 
 class MlflowClientApi:
@@ -70,11 +71,16 @@ class MlflowClientApi:
         for start in range(0, len(metrics), METRICS_PER_BATCH):
             self._client.log_batch(run_id, metrics=metrics[start : start + METRICS_PER_BATCH])
 
-    def end_run(self, run_id: str, status: str, tags: dict[str, str], report: dict[str, Any] | None) -> None:
+    def end_run(self, run_id: str, status: str, tags: dict[str, str], artifacts: dict[str, bytes]) -> None:
+        """Log the final tags and the artifacts (file name -> content, at the run's artifact root), then
+        the status."""
         from mlflow.entities import RunTag
 
         if tags:
             self._client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
-        if report is not None:
-            self._client.log_dict(run_id, report, REPORT_ARTIFACT)
+        if artifacts:
+            with tempfile.TemporaryDirectory(prefix="trainctl-artifacts-") as folder:
+                for name, content in artifacts.items():
+                    (Path(folder) / name).write_bytes(content)
+                self._client.log_artifacts(run_id, folder)
         self._client.set_terminated(run_id, status=status)

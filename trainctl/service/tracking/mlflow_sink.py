@@ -5,7 +5,8 @@ The follower hands the sink a job's run (`open`), its steps (`step`) and its end
 queues (trainctl.service.tracking.outbox). The thread finds the run (tag `trainctl.job_id`, so a
 restarted service continues the run it logged before) or creates it with the job's tags and parameters
 (a sweep's trial as a child of the sweep's run), sends the steps in batches and, once a job's steps are
-all sent, its final status, reason and report. A server that fails a call is retried with backoff
+all sent, its final status, reason and artifacts (the run report, built here once; one that cannot
+be built is said in an event and the run ends without it). A server that fails a call is retried with backoff
 (BACKOFF_FIRST doubling to BACKOFF_MOST seconds) while its jobs' steps wait in their bounded outboxes;
 each job is told (`notify`) when its server becomes unreachable and when it is back. A sweep's run ends
 when the sweep does (`sweep_state`).
@@ -188,7 +189,10 @@ class MlflowSink:
                 done = box.done
             if done and box.end is not None:
                 end = box.end
-                server.api.end_run(box.run_id, STATUS.get(end.state, "FAILED"), {"trainctl.reason": end.reason[:REASON_MAX]}, end.report())
+                if box.artifacts is None:
+                    box.artifacts = self._artifacts(box.run.job_id, end)
+                server.api.end_run(box.run_id, STATUS.get(end.state, "FAILED"), {"trainctl.reason": end.reason[:REASON_MAX]},
+                                   box.artifacts)
         except Exception as exc:
             with self._cond:
                 box.give_back(points)
@@ -199,6 +203,16 @@ class MlflowSink:
         if done:
             with self._cond:
                 self._boxes.pop(box.run.job_id, None)
+
+    def _artifacts(self, job_id: str, end: RunEnd) -> dict[str, bytes]:
+        """The run's artifacts; none when they cannot be built (retrying the server would not change that)."""
+        try:
+            return end.artifacts()
+        except Exception as exc:
+            log.exception("job %s: the run's artifacts could not be built", job_id)
+            self._notify(job_id, "WARNING", f"the run report could not be drawn ({type(exc).__name__}: {exc}); "
+                         "the MLflow run ends without it", {})
+            return {}
 
     def _run_of(self, server: _Server, run: TrackedRun) -> str:
         """The run already logged for the job (a restarted service), or a new one with its parameters."""
@@ -254,7 +268,7 @@ class MlflowSink:
                 try:
                     state = self._sweep_state(sweep_id)
                     if state is not None:
-                        server.api.end_run(run_id, STATUS.get(state, "FAILED"), {}, None)
+                        server.api.end_run(run_id, STATUS.get(state, "FAILED"), {}, {})
                         del server.parents[sweep_id]
                 except Exception as exc:
                     log.debug("sweep %s: ending its MLflow run failed (%r); retrying", sweep_id, exc)

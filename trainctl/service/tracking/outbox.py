@@ -26,6 +26,8 @@ class Outbox:
     """The tracker's id of the run, once opened or found."""
     unreachable: bool = False
     """Whether the job was told its tracker is unreachable (and not yet that it is back)."""
+    artifacts: dict[str, bytes] | None = None
+    """The run's artifacts once built (`end.artifacts()`, once: kept while the tracker is retried)."""
 
     def add(self, point: StepPoint) -> None:
         """Queue a step, dropping the oldest when full."""

@@ -1,5 +1,5 @@
 """The records the tracker hands its sinks: a job's run as the trackers name it, one step's metrics, and
-the run's end."""
+the run's end with its artifacts."""
 
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ class StepPoint:
 
 @dataclass(frozen=True)
 class RunEnd:
-    """How the job ended: its terminal state, the reason, and its report (the run's artifact), read when
-    the sink logs it (on the sink's thread, not the scheduler's)."""
+    """How the job ended: its terminal state, the reason, and the run's artifacts (file name -> content:
+    the run report), built when the sink logs them (on the sink's thread, never the scheduler's)."""
 
     state: str
     reason: str
-    report: Callable[[], dict[str, Any]]
+    artifacts: Callable[[], dict[str, bytes]]
