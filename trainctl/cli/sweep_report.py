@@ -12,7 +12,6 @@ report.
 
 from __future__ import annotations
 
-import base64
 import html
 import math
 from pathlib import Path
@@ -25,7 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from trainctl.cli.report import ReportFiles, save_figure
-from trainctl.observability.run_report import ReportError
+from trainctl.observability.run_report import ReportError, html_page, png_image
 from trainctl.v1 import training_pb2 as pb
 from trainctl.wire.sweep_convert import value_from_proto
 
@@ -150,15 +149,8 @@ def _html(sweep: pb.Sweep, png_bytes: bytes) -> str:
                  f"{t.objective:.6g}" if t.HasField("objective") else "-",
                  str(t.objective_step) if t.HasField("objective_step") else "-", t.reason]
         rows.append(f"<tr{best}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    image = base64.b64encode(png_bytes).decode()
-    title = html.escape(f"trainctl sweep report: {sweep.metadata.name} ({sweep.id})")
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
-th,td{{border:1px solid #ccc;padding:.3em .6em;text-align:left}}img{{max-width:100%}}</style></head>
-<body><h1>{title}</h1>
-<img alt="objective per trial, parameters in parallel coordinates, curves" src="data:image/png;base64,{image}">
+    image = png_image(png_bytes, "objective per trial, parameters in parallel coordinates, curves")
+    return html_page(f"trainctl sweep report: {sweep.metadata.name} ({sweep.id})", f"""{image}
 <h2>Trials</h2><table><tr>{header}</tr>
 {chr(10).join(rows)}</table>
-</body></html>
-"""
+""")

@@ -306,16 +306,26 @@ def report_page(job: pb.Job, png_bytes: bytes) -> str:
     )
     evaluation = (f"<h2>Evaluation</h2><table><tr><th>step</th><th>eval loss</th><th>perplexity</th></tr>\n"
                   f"{evaluations}</table>\n" if evaluated else "")
-    image = base64.b64encode(png_bytes).decode()
-    title = html.escape(f"trainctl report: {job.metadata.name or job.id}")
+    image = png_image(png_bytes, "loss, throughput, MFU, step-time breakdown, step time, placement")
+    return html_page(f"trainctl report: {job.metadata.name or job.id}", f"""<table>{table}</table>
+<h2>Curves</h2>{image}
+{evaluation}<h2>Placement</h2><table><tr><th>rank</th><th>node</th><th>GPU</th><th>grid coordinates</th></tr>
+{placement}</table>
+""")
+
+
+def png_image(png_bytes: bytes, alt: str) -> str:
+    """An <img> holding `png_bytes` inline (the page stays one self-contained file)."""
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png_bytes).decode()}">'
+
+
+def html_page(title: str, body: str) -> str:
+    """A self-contained HTML page: `title` (escaped here) as its title and heading, then `body` (HTML)."""
+    title = html.escape(title)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
 th,td{{border:1px solid #ccc;padding:.3em .6em;text-align:left}}img{{max-width:100%}}</style></head>
 <body><h1>{title}</h1>
-<table>{table}</table>
-<h2>Curves</h2><img alt="loss, throughput, MFU, step-time breakdown, step time, placement" src="data:image/png;base64,{image}">
-{evaluation}<h2>Placement</h2><table><tr><th>rank</th><th>node</th><th>GPU</th><th>grid coordinates</th></tr>
-{placement}</table>
-</body></html>
+{body}</body></html>
 """

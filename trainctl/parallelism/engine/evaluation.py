@@ -28,7 +28,6 @@ from trainctl.parallelism.data.corpus import DataError, MicroBatch, PackedDatase
 from trainctl.parallelism.data.dataset import build_dataset
 from trainctl.parallelism.data.holdout import HOLDOUT_FIELD, Holdout
 from trainctl.parallelism.data.token_shards import TokenShardDataset
-from trainctl.parallelism.engine.loss import masked_loss_scale
 from trainctl.parallelism.model.moe import pop_aux_loss
 from trainctl.spec.files import FileRule, FileRuleError
 from trainctl.spec.job import EvaluationSpec, JobSpecBody
@@ -134,13 +133,9 @@ class Evaluator:
     def _batch_loss(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         """This rank's loss of one batch, as training computes its objective (without MoE aux losses)."""
         trainer = self.trainer
-        loss_tokens = micro_batches[0].loss_tokens
-        grid = trainer.grid
-        trainer._loss_scale = None if loss_tokens is None else masked_loss_scale(loss_tokens, grid.dp * grid.cp)
+        trainer._begin_batch(micro_batches)
         if trainer.pipeline is not None:
-            local = [trainer._local_inputs(m) for m in micro_batches]
-            inputs = torch.cat([x for x, _, _ in local])
-            targets = torch.cat([y for _, y, _ in local])
+            inputs, targets = trainer._pipeline_batch(micro_batches)
             with trainer._loss_context(), trainer.autocast():
                 return trainer.pipeline.evaluate(inputs, targets)
         (part,) = trainer.model.parts

@@ -277,15 +277,22 @@ class Trainer:
             if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
                 p.grad = g.redistribute(p.device_mesh, p.placements)
 
-    def _forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+    def _begin_batch(self, micro_batches: list[MicroBatch]) -> None:
+        """Set the batch's masked-loss factor (None: unmasked data)."""
         loss_tokens = micro_batches[0].loss_tokens
         self._loss_scale = None if loss_tokens is None else masked_loss_scale(loss_tokens, self.grid.dp * self.grid.cp)
+
+    def _pipeline_batch(self, micro_batches: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, targets) of the batch as the pipeline schedule takes them. Under CP the stages exchange
+        [batch, seq / cp, dim] shards; each stage takes its shard's positions from the pre-hook
+        context_parallel installs, so only tokens and labels go in."""
+        local = [self._local_inputs(m) for m in micro_batches]
+        return torch.cat([x for x, _, _ in local]), torch.cat([y for _, y, _ in local])
+
+    def _forward_backward(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        self._begin_batch(micro_batches)
         if self.pipeline is not None:
-            # Under CP the stages exchange [batch, seq / cp, dim] shards; each stage takes its shard's
-            # positions from the pre-hook context_parallel installs, so only tokens and labels go in.
-            local = [self._local_inputs(m) for m in micro_batches]
-            inputs = torch.cat([x for x, _, _ in local])
-            targets = torch.cat([y for _, y, _ in local])
+            inputs, targets = self._pipeline_batch(micro_batches)
             with self._loss_context(), self.autocast():
                 return self.pipeline.step(inputs, targets)
         (part,) = self.model.parts
