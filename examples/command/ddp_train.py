@@ -10,6 +10,7 @@ held-out data (every `--eval-interval` steps).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from pathlib import Path
@@ -94,6 +95,11 @@ def main() -> None:
         trainctl.report(step=step, loss=mean_loss.item(), tokens=BATCH * world, eval_loss=eval_loss)
         time.sleep(args.step_seconds)
     dist.barrier()
+    # Free the DDP model before the group: its gradient reducer holds the group, and a gloo group whose last
+    # reference goes with the reducer (at exit) is destroyed holding the GIL while gloo's worker thread needs
+    # it to free its last work, a deadlock (pytorch/pytorch#56297); destroy_process_group releases the GIL.
+    del ddp_model, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -9,6 +9,7 @@ TRAINCTL_CHECKPOINT_DIR and a restarted run resumes from the newest.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
 import torch
@@ -62,6 +63,11 @@ def main() -> None:
     trainer.train(resume_from_checkpoint=last)
     if torch.distributed.is_initialized():  # here, not in the interpreter's teardown, where gloo's threads may abort it
         torch.distributed.barrier()  # every rank past its last collective first: destroying early hung the other
+        # Free the DDP model before the group: its gradient reducer holds the group, and a gloo group whose last
+        # reference goes with the reducer (at exit) is destroyed holding the GIL while gloo's worker thread needs
+        # it to free its last work, a deadlock (pytorch/pytorch#56297); destroy_process_group releases the GIL.
+        del trainer, model
+        gc.collect()
         torch.distributed.destroy_process_group()
 
 
