@@ -10,7 +10,14 @@ import matplotlib.image
 import pytest
 
 from trainctl.cli.report import write_report
-from trainctl.observability.run_report import PANELS, ReportError, build_figure, label_extent, node_labels
+from trainctl.observability.run_report import (
+    PANELS,
+    ReportError,
+    build_figure,
+    label_extent,
+    node_labels,
+    report_page,
+)
 from trainctl.v1 import training_pb2 as pb
 
 
@@ -104,7 +111,7 @@ def test_unreported_metrics_are_left_out_of_their_panels(tmp_path) -> None:
     assert "<th>Tokens/s (mean)</th><td>not reported</td>" in page
 
 
-def test_the_eval_loss_is_drawn_beside_the_loss_and_listed(tmp_path) -> None:
+def test_the_eval_loss_is_drawn_beside_the_loss_and_listed() -> None:
     """Issue 37: the eval curve has a point per step that evaluated (every 4th here) on the loss axes,
     and the page lists each eval loss with its perplexity."""
     job = sample_job()
@@ -117,10 +124,10 @@ def test_the_eval_loss_is_drawn_beside_the_loss_and_listed(tmp_path) -> None:
     assert list(lines["eval loss"].get_xdata()) == [4, 8, 12]
     assert list(lines["eval loss"].get_ydata()) == [1.5, 0.75, 0.5]
     assert [t.get_text() for t in axes["Loss"].get_legend().get_texts()] == ["loss", "eval loss", "grad norm"]
-    page = write_report(job, tmp_path / "eval.png").html.read_text()
+    page = report_page(job, b"")  # the page around the image (test_png_and_html_are_written_and_read_back draws one)
     assert "<th>Eval loss</th><td>1.5 → 0.5 (perplexity 1.649)</td>" in page
     assert "<tr><td>8</td><td>0.75</td><td>2.117</td></tr>" in page
-    plain = write_report(sample_job(), tmp_path / "plain.png").html.read_text()
+    plain = report_page(sample_job(), b"")
     assert "<th>Eval loss</th><td>not evaluated</td>" in plain and "<h2>Evaluation</h2>" not in plain
 
 

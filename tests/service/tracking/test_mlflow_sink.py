@@ -6,6 +6,7 @@ tracker over a real store: the layout tag from the grid the scheduler hands it, 
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -33,9 +34,11 @@ class FakeMlflow:
         self.down = threading.Event()
         self.runs: dict[str, dict[str, Any]] = {}
         self.calls = 0
+        self.call_times: list[float] = []
 
     def _call(self) -> None:
         self.calls += 1
+        self.call_times.append(time.monotonic())
         if self.down.is_set():
             raise ConnectionError("connection refused")
 
@@ -151,15 +154,19 @@ def test_steps_wait_while_the_server_is_down_and_the_oldest_are_dropped(server: 
     assert events[-1][1] == "INFO" and "is back; 2 older steps were dropped" in events[-1][2]
 
 
-def test_retries_back_off(server: FakeMlflow) -> None:
+def test_retries_back_off(server: FakeMlflow, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("trainctl.service.tracking.mlflow_sink.BACKOFF_FIRST", 0.05)
+    monkeypatch.setattr("trainctl.service.tracking.mlflow_sink.BACKOFF_MOST", 0.2)
     server.down.set()
     sink = sink_of(server, [])
     try:
         sink.open(tracked())
-        time.sleep(3.5)  # tries at 0, 1 and 3 s (backoff 1, 2, 4 s)
+        wait_for(lambda: server.calls >= 6)
     finally:
         sink.close()
-    assert 2 <= server.calls <= 4
+    gaps = [later - earlier for earlier, later in itertools.pairwise(server.call_times)][:5]
+    assert [round(g, 2) >= wait for g, wait in zip(gaps, (0.05, 0.1, 0.2, 0.2, 0.2), strict=True)] == [True] * 5, gaps
+    assert max(gaps[3:]) < 2.0, f"the delay stops doubling at BACKOFF_MOST: {gaps}"
 
 
 def test_trials_are_children_of_their_sweep_run_which_ends_with_the_sweep(server: FakeMlflow, monkeypatch: pytest.MonkeyPatch) -> None:
