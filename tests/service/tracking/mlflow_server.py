@@ -3,6 +3,7 @@ artifacts, started and stopped (by its PID's process group) by the test; `restar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -34,25 +35,37 @@ class MlflowServer:
              "--port", str(self.port), "--workers", "1"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root,
         )
+        try:
+            self._wait_until_up()
+        except BaseException:
+            self.stop()  # a server that did not come up leaves nothing running either
+            raise
+        return self
+
+    def _wait_until_up(self) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             assert self.proc.poll() is None, (self.root / f"mlflow-{self.starts}.log").read_text()[-3000:]
             try:
                 with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
                     if answer.status == 200:
-                        return self
+                        return
             except OSError:
                 pass
             assert time.monotonic() < deadline, f"mlflow server not up after {START_TIMEOUT:g} s"
             time.sleep(0.5)
 
     def stop(self) -> None:
-        """SIGTERM its process group (the server and its workers), SIGKILL after 20 s."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM its process group (the server, its uvicorn worker, its job runner and that runner's huey
+        consumers), then SIGKILL whatever of the group is left once the server has exited or 20 s have
+        passed: the consumers outlive a server that exits first (seen: two groups left running)."""
+        if self.proc is None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        self.proc.wait()
