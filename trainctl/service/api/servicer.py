@@ -319,15 +319,17 @@ class TrainingServicer:
 
     def GetCluster(self, request: pb.GetClusterRequest, principal: Principal) -> pb.Cluster:  # noqa: N802
         holders = self.pool.holders()
+        shown = {  # each holding job's owner is read once, not once per GPU it holds
+            job_id: job_id if principal.is_admin or self._owns(principal, job_id) else "(another tenant)"
+            for job_id in set(holders.values())
+        }
         alive = self.ray_nodes() if self.ray_nodes is not None else {}
         cluster = pb.Cluster(topology_source=self.pool.source, total_gpus=self.pool.total)
         for name, gpus in self.pool.nodes():
             node = cluster.nodes.add(name=name, alive=alive.get(name, False))
             for gpu in gpus:
-                holder = holders.get((name, gpu), "")
-                if holder and not principal.is_admin:
-                    holder = holder if self._owns(principal, holder) else "(another tenant)"
-                node.gpus.add(index=gpu, job_id=holder)
+                holder = holders.get((name, gpu))
+                node.gpus.add(index=gpu, job_id=shown[holder] if holder else "")
         cluster.used_gpus = len(holders)
         cluster.free_gpus = cluster.total_gpus - cluster.used_gpus
         counts = self.store.count_by_state(principal.tenant_filter())

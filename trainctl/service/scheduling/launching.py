@@ -31,7 +31,7 @@ class Launcher:
             return
         try:
             state.runtime.start_job(
-                record.id, record.job, placement, RunDirectory.at(record.run_dir), node_env=state.pool.nccl_env(),
+                record.id, record.job, placement, RunDirectory.at(record.run_dir), node_env=state.node_env(),
                 file_rule=self.file_rule(record), relaunch=relaunch,
             )
         except Exception as exc:

@@ -277,7 +277,7 @@ class Scheduler:
         used: dict[str, int] = {}
         for node, _gpu in self.pool.holders():
             used[node] = used.get(node, 0) + 1
-        domains = self.pool.domains()
+        domains = self.state.domains()
         self.metrics.set_gpu_inventory(
             NodeGpus(node=name, nvlink_domain=domains.get(name, name), total=len(gpus), used=used.get(name, 0))
             for name, gpus in self.pool.nodes()

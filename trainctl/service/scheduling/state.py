@@ -102,6 +102,23 @@ class SchedulerState:
     dropped when the job ends (`finish`) or leaves the queue unplaced (`Admission.admit`)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Held by a tick, a re-sync, and a standby's mirroring or standing down."""
+    of_map: dict[str, tuple[GpuPool, Any]] = field(default_factory=dict, repr=False)
+    """What `domains` and `node_env` read from the pool's map (each a walk over every node), kept with
+    the pool it was read from: a pool's map never changes, a replaced pool is read again."""
+
+    def domains(self) -> dict[str, str]:
+        """Each node's NVLink domain (`GpuPool.domains`), read once per pool."""
+        return self._read_map("domains", self.pool.domains)
+
+    def node_env(self) -> dict[str, dict[str, str]]:
+        """Each node's NCCL settings (`GpuPool.nccl_env`), read once per pool."""
+        return self._read_map("node_env", self.pool.nccl_env)
+
+    def _read_map(self, what: str, read: Callable[[], Any]) -> Any:
+        kept = self.of_map.get(what)
+        if kept is None or kept[0] is not self.pool:
+            kept = self.of_map[what] = (self.pool, read())
+        return kept[1]
 
     def may_launch(self) -> bool:
         """Whether enough lease is left to hand the runtime a job or a plan (always, without a leadership)."""
@@ -154,7 +171,7 @@ class SchedulerState:
 
     def by_domain(self, placement: PlannedPlacement) -> dict[tuple[str, str], int]:
         """Ranks of `placement` per (node, NVLink domain), as the placement gauge counts them."""
-        domains = self.pool.domains()
+        domains = self.domains()
         out: dict[tuple[str, str], int] = {}
         for a in placement.assignments:
             key = (a.node, domains.get(a.node, a.node))

@@ -127,9 +127,10 @@ def _free_by_node(free: Mapping[str, set[int]], index: FabricIndex) -> dict[int,
             raise PlacementError(f"free GPUs given for node {name!r}, which is not in the topology map")
         nid = index.node_id[name]
         usable = set(index.node_gpus[nid])
-        unknown = sorted(set(gpus) - set(index.topology.node(name).gpus))
-        if unknown:
-            raise PlacementError(f"node {name!r}: free GPUs {unknown} do not exist on it")
+        if not usable.issuperset(gpus):  # only then read the node (a walk over the map's nodes)
+            unknown = sorted(set(gpus) - set(index.topology.node(name).gpus))
+            if unknown:
+                raise PlacementError(f"node {name!r}: free GPUs {unknown} do not exist on it")
         chosen = sorted(g for g in gpus if g in usable)
         if chosen:
             out[nid] = chosen
