@@ -77,7 +77,7 @@ SLOW_TESTS = (
     "parallelism/test_checkpoint_resume.py::test_resume_under_another_layout_continues_the_run",  # a 4-rank FSDP run first
     "parallelism/test_data_formats.py::test_trainer_resumed_under_another_dp_size_trains_every_sample_once",
     "parallelism/test_dp_equivalence.py::test_bf16_mixed_precision_tracks_fp32[fsdp-bf16]",
-    "parallelism/test_hf_import.py::test_imported_models_train_alike_under_tp_dp_and_pp",  # 10 cases, 2-4 ranks: 13-23 s each
+    "parallelism/test_hf_import.py::test_imported_models_train_alike_under_tp_dp_and_pp",  # 8 cases, 2-4 ranks: 13-23 s each
     "parallelism/test_hf_import.py::test_tied_pp_checkpoints_resume_in_one_process_and_export",
     "parallelism/test_hf_finetune.py::test_fine_tuning_matches_transformers[qwen2-full]",
     "parallelism/test_hf_finetune.py::test_fine_tuning_matches_transformers[llama-lora]",

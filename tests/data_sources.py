@@ -111,13 +111,10 @@ def write_format(fmt: str, root: Path, records: list[dict[str, Any]]) -> str:
     raise ValueError(fmt)
 
 
-DATA_KINDS = ("jsonl", "parquet", "arrow", "chat-jsonl")
-"""What `format_data` writes: text records in each record format, and chat records in JSONL."""
-
-
 def format_data(kind: str, root: Path, tokenizer: Path, n: int = 80, seed: int = 0) -> dict[str, Any]:
-    """Write `n` records of `kind` (one of DATA_KINDS) under `root`; the `spec.data` section that
-    trains on them with `tokenizer` (a `build_tokenizer` directory)."""
+    """Write `n` records of `kind` under `root`: text records in a record format (`jsonl`, `parquet`,
+    `arrow`), or chat records in JSONL (`chat-jsonl`); the `spec.data` section that trains on them with
+    `tokenizer` (a `build_tokenizer` directory)."""
     if kind == "chat-jsonl":
         path = write_format("jsonl", root, [{"messages": c, "id": i} for i, c in enumerate(conversations(n, seed))])
         return {"paths": [path], "format": "jsonl", "messages_field": "messages", "tokenizer": str(tokenizer)}

@@ -212,15 +212,20 @@ def test_worker_gpu_slots_match_gpus_and_topology(built, overlay) -> None:
     assert replicas <= len(topology.spec.nodes), "more worker pods than nodes in the topology map"
 
 
+@pytest.fixture(scope="module")
+def serve_help() -> str:
+    """`trainctl serve --help` as the CLI prints it (once for every overlay)."""
+    return subprocess.run([sys.executable, "-m", "trainctl.cli.main", "serve", "--help"], capture_output=True,
+                          text=True, check=True, timeout=60).stdout
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_control_plane_args_are_real_serve_flags(built, overlay) -> None:
+def test_control_plane_args_are_real_serve_flags(built, serve_help, overlay) -> None:
     sidecar = control_plane(built[overlay])
     assert sidecar["command"] == ["trainctl"] and sidecar["args"][0] == "serve"
-    help_text = subprocess.run([sys.executable, "-m", "trainctl.cli.main", "serve", "--help"], capture_output=True,
-                               text=True, check=True, timeout=60).stdout
     for arg in sidecar["args"][1:]:
         flag = arg.split("=", 1)[0]
-        assert re.search(rf"(^|\s){re.escape(flag)}[\s=,]", help_text), f"`trainctl serve` has no flag {flag}"
+        assert re.search(rf"(^|\s){re.escape(flag)}[\s=,]", serve_help), f"`trainctl serve` has no flag {flag}"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

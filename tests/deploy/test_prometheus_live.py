@@ -48,7 +48,8 @@ def run(tmp_path_factory):
     prometheus_bin = require_tool("prometheus", "`make promtool` installs Debian's prometheus package")
     base = tmp_path_factory.mktemp("live")
     metrics_port = free_port()
-    service = Service(ServiceConfig(address="127.0.0.1:0", data_dir=base / "data", metrics_port=metrics_port))
+    service = Service(ServiceConfig(address="127.0.0.1:0", data_dir=base / "data", metrics_port=metrics_port,
+                                    embedded_nodes=1, embedded_gpus_per_node=2))  # the job's 2 ranks: one raylet
     service.start()
     prom = None
     try:

@@ -56,8 +56,10 @@ def optional_dependencies() -> set[str]:
     return set().union(*(requirement_names(names) for extra, names in extras.items() if extra != "dev"))
 
 
+@cache
 def third_party_imports() -> dict[str, list[str]]:
-    """Every module trainctl imports that is not the standard library or trainctl: name -> `file:line`s."""
+    """Every module trainctl imports that is not the standard library or trainctl: name -> `file:line`s
+    (walked once for the module's tests, which only read it)."""
     found: dict[str, list[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):

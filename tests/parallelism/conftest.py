@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import WorkerPool, tiny_job
+from harness import WorkerPool, run_training, tiny_job
 
 from trainctl.parallelism.data.dataset import CACHE_ENV
-from trainctl.parallelism.engine.trainer import Trainer
+from trainctl.parallelism.engine.trainer import Trainer, TrainResult
 
 WORDS = ["the", "model", "trains", "on", "text", "and", "every", "rank", "must", "agree", "on", "the", "loss", "while", "gradients", "flow", "through", "shards", "stages", "and", "rings", "of", "attention", "so", "that", "one", "process", "and", "many", "compute", "the", "same", "numbers"]
 
@@ -63,3 +63,21 @@ def base_run(corpus: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("base") / "checkpoints"
     Trainer(tiny_job(corpus, steps=3, training={"micro_batch_size": 4}), device="cpu", checkpoint_dir=root).run()
     return root
+
+
+DP4_STEPS = 4
+DP4_INTERVAL = 2
+
+
+@pytest.fixture(scope="session")
+def dense_dp4_run(pool: WorkerPool, corpus: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TrainResult]:
+    """The debug model trained uninterrupted under FSDP dp4 (`tiny_job`, 4 steps, checkpoints at steps 2 and 4):
+    its checkpoint root and rank 0's result. The resume-under-another-layout tests copy its step-2 checkpoint:
+    the 2 steps after the resume point check the resharded parameters (the first loss) and the optimizer and
+    schedule state (the second). One run for every such test, as each would train this same job."""
+    root = tmp_path_factory.mktemp("dense-dp4") / "ckpt"
+    body = tiny_job(corpus, steps=DP4_STEPS, dp_shard=4, zero_stage=3)
+    body.checkpoint.interval_steps = DP4_INTERVAL
+    result = run_training(pool, body, str(root))
+    assert result.resumed_from_step is None and len(result.losses) == DP4_STEPS
+    return root, result

@@ -1,6 +1,7 @@
 """Asynchronous checkpoint saves (`checkpoint.async_save`): the background writer copies the state before
 training goes on, keeps at most one save in flight, commits a checkpoint only after a step at or past it
-is reported, and changes nothing the run computes: losses and resumes equal synchronous saving's."""
+is reported, and changes nothing the run computes: its losses are those of the same run without saves and
+its checkpoints the schedule's, and a resume continues it bit for bit."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from trainctl.parallelism.checkpoint import dcp as ckpt
 from trainctl.parallelism.checkpoint.async_writer import AsyncCheckpointWriter, CheckpointWriteError
 from trainctl.spec.job import JobSpecBody
 
-STEPS = 6
-INTERVAL = 2
+STEPS = 3
+INTERVAL = 1
+"""Saves at steps 1 and 2 in the background and the final one (3) synchronously: two background saves, the
+fewest that show one waiting for the other, in half the steps of interval 2."""
 
 
 def fsdp_job(corpus: str, async_save: bool) -> JobSpecBody:
@@ -28,7 +31,7 @@ def fsdp_job(corpus: str, async_save: bool) -> JobSpecBody:
     return body
 
 
-def train_logged(rank: int, world_size: int, body_json: str, checkpoint_dir: str) -> Any:
+def train_logged(rank: int, world_size: int, body_json: str, checkpoint_dir: str | None) -> Any:
     """Worker body: `Trainer.run()`; on rank 0 its result and, in order, its events and step reports
     (``(step, checkpoint_bytes)``)."""
     from trainctl.parallelism.engine.trainer import Trainer
@@ -43,22 +46,22 @@ def train_logged(rank: int, world_size: int, body_json: str, checkpoint_dir: str
 
 
 @pytest.fixture(scope="module")
-def fsdp_runs(pool, corpus, tmp_path_factory) -> dict[bool, tuple[Any, list[Any], Path]]:
-    """The same 2-rank FSDP run with synchronous and with asynchronous saves: result, rank 0's log, checkpoints."""
-    runs = {}
-    for async_save in (False, True):
-        root = tmp_path_factory.mktemp(f"async-{async_save}") / "ckpt"
-        result, log = pool.run(train_logged, 2, fsdp_job(corpus, async_save).model_dump_json(), str(root))[0]
-        runs[async_save] = (result, log, root)
-    return runs
+def fsdp_runs(pool, corpus, tmp_path_factory) -> dict[bool, tuple[Any, list[Any], Path | None]]:
+    """The same 2-rank FSDP run without checkpoints (False) and with asynchronous saves (True): result, rank 0's
+    log, checkpoint root."""
+    unsaved, _ = pool.run(train_logged, 2, fsdp_job(corpus, async_save=False).model_dump_json(), None)[0]
+    root = tmp_path_factory.mktemp("async") / "ckpt"
+    result, log = pool.run(train_logged, 2, fsdp_job(corpus, async_save=True).model_dump_json(), str(root))[0]
+    return {False: (unsaved, [], None), True: (result, log, root)}
 
 
 def test_async_saving_changes_no_loss_and_keeps_the_same_checkpoints(fsdp_runs):
-    (sync, _, sync_root), (asynchronous, _, async_root) = fsdp_runs[False], fsdp_runs[True]
+    """The losses of the run that saves in the background are those of the run that never saves, and its
+    checkpoints are the schedule's (every INTERVAL steps and the last)."""
+    (unsaved, _, _), (asynchronous, _, async_root) = fsdp_runs[False], fsdp_runs[True]
     assert len(asynchronous.losses) == STEPS
-    assert asynchronous.losses == sync.losses  # bit for bit: same steps, same data positions
-    assert [s for s, _ in ckpt.complete_checkpoints(async_root)] == [2, 4, 6]
-    assert [s for s, _ in ckpt.complete_checkpoints(sync_root)] == [2, 4, 6]
+    assert asynchronous.losses == unsaved.losses  # bit for bit: same steps, same data positions
+    assert [s for s, _ in ckpt.complete_checkpoints(async_root)] == [1, 2, 3]
     assert not list(async_root.glob(".tmp_step_*"))
     assert all(ckpt.checkpoint_problem(path) is None for _, path in ckpt.complete_checkpoints(async_root))
 
@@ -67,7 +70,7 @@ def test_one_save_in_flight_and_commits_after_their_step_is_reported(fsdp_runs):
     _, log, root = fsdp_runs[True]
     events = [entry for entry in log if isinstance(entry, str)]
     started = [int(e.split()[2]) for e in events if e.endswith("writing in the background")]
-    assert started == [2, 4], "the final checkpoint (step 6) is written synchronously"
+    assert started == [1, 2], "the final checkpoint (step 3) is written synchronously"
     in_flight = None
     for event in events:  # every save is written by every rank before the next one starts
         if event.endswith("writing in the background"):
@@ -78,7 +81,7 @@ def test_one_save_in_flight_and_commits_after_their_step_is_reported(fsdp_runs):
             in_flight = None
     assert in_flight is None, "the run ends with no save in flight"
     commits = [i for i, entry in enumerate(log) if isinstance(entry, str) and entry.startswith("checkpoint saved at step ")]
-    assert [int(log[i].split()[4].rstrip(":")) for i in commits] == [2, 4, 6]
+    assert [int(log[i].split()[4].rstrip(":")) for i in commits] == [1, 2, 3]
     for i in commits:  # no complete checkpoint ahead of the reported steps
         committed = int(log[i].split()[4].rstrip(":"))
         reported = [entry for entry in log[:i] if isinstance(entry, tuple)]
@@ -92,12 +95,12 @@ def test_one_save_in_flight_and_commits_after_their_step_is_reported(fsdp_runs):
 def test_resume_from_an_async_checkpoint_continues_bit_for_bit(pool, corpus, fsdp_runs, tmp_path):
     uninterrupted, _, root = fsdp_runs[True]
     resume_dir = tmp_path / "ckpt"
-    shutil.copytree(root / "step_00000002", resume_dir / "step_00000002")
+    shutil.copytree(root / "step_00000001", resume_dir / "step_00000001")
     resumed, log = pool.run(train_logged, 2, fsdp_job(corpus, async_save=True).model_dump_json(), str(resume_dir))[0]
-    assert resumed.resumed_from_step == 2
-    assert resumed.losses == uninterrupted.losses[2:]
-    assert "checkpoint step 4 writing in the background" in log  # the resumed run saves in the background too
-    assert [s for s, _ in ckpt.complete_checkpoints(resume_dir)] == [2, 4, 6]
+    assert resumed.resumed_from_step == 1
+    assert resumed.losses == uninterrupted.losses[1:]
+    assert "checkpoint step 2 writing in the background" in log  # the resumed run saves in the background too
+    assert [s for s, _ in ckpt.complete_checkpoints(resume_dir)] == [1, 2, 3]
 
 
 def test_the_staged_copy_is_what_is_written_and_one_save_is_in_flight(tmp_path: Path):

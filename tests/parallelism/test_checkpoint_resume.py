@@ -35,21 +35,10 @@ RESUME_LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def dp4_run(pool, corpus, tmp_path_factory):
-    """An uninterrupted FSDP dp4 run of 4 steps that checkpoints at step 2 (and 4): the 2 steps after the
-    resume point show the parameters (the first loss) and the optimizer and schedule state (the second)."""
-    root = tmp_path_factory.mktemp("dp4")
-    body = tiny_job(corpus, steps=4, dp_shard=4, zero_stage=3)
-    body.checkpoint.interval_steps = 2
-    result = run_training(pool, body, str(root / "ckpt"))
-    assert result.resumed_from_step is None and len(result.losses) == 4
-    return root / "ckpt", result
-
-
 @pytest.mark.parametrize("layout", RESUME_LAYOUTS.values(), ids=RESUME_LAYOUTS.keys())
-def test_resume_under_another_layout_continues_the_run(pool, corpus, tmp_path, dp4_run, layout):
-    saved, uninterrupted = dp4_run
+def test_resume_under_another_layout_continues_the_run(pool, corpus, tmp_path, dense_dp4_run, layout):
+    """The FSDP dp4 run's step-2 checkpoint (conftest `dense_dp4_run`) resumed under 2 ranks continues its losses."""
+    saved, uninterrupted = dense_dp4_run
     assert [s for s, _ in ckpt.complete_checkpoints(saved)] == [2, 4]
     resume_dir = tmp_path / "ckpt"
     shutil.copytree(saved / "step_00000002", resume_dir / "step_00000002")

@@ -12,11 +12,21 @@ with a large coefficient so a wrong aux loss shows in the loss and the router gr
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
-from harness import EVAL_AFTER, assert_equivalent, run_layout, run_reference, run_training, tiny_job
+from harness import (
+    EVAL_AFTER,
+    WorkerPool,
+    assert_equivalent,
+    run_layout,
+    run_reference,
+    run_training,
+    tiny_job,
+)
 
 from trainctl.parallelism.checkpoint import dcp as ckpt
+from trainctl.parallelism.engine.trainer import TrainResult
 
 MOE = {"preset": "debug-moe"}
 MOE8 = {"preset": "debug-moe", "moe": {"num_experts": 8, "top_k": 2}}
@@ -65,13 +75,21 @@ RESUMES = {
 }
 
 
-@pytest.mark.parametrize("case", RESUMES.values(), ids=RESUMES.keys())
-def test_resume_under_another_layout_continues_the_run(pool, corpus, tmp_path, case):
-    model, saved_layout, resumed_layout = case
-    saved = tmp_path / "saved"
+def saved_run(request: pytest.FixtureRequest, pool: WorkerPool, corpus: str, tmp_path: Path, model: dict,
+              saved_layout: dict) -> tuple[Path, TrainResult]:
+    """An uninterrupted 4-step run of the saved layout that checkpoints at steps 2 and 4: its checkpoint root and
+    result. The dense FSDP dp4 one is the session's (conftest `dense_dp4_run`: the same job)."""
+    if not model and saved_layout == {"dp_shard": 4}:
+        return request.getfixturevalue("dense_dp4_run")
     first = tiny_job(corpus, steps=4, model=model, **saved_layout)
     first.checkpoint.interval_steps = 2
-    uninterrupted = run_training(pool, first, str(saved))
+    return tmp_path / "saved", run_training(pool, first, str(tmp_path / "saved"))
+
+
+@pytest.mark.parametrize("case", RESUMES.values(), ids=RESUMES.keys())
+def test_resume_under_another_layout_continues_the_run(request, pool, corpus, tmp_path, case):
+    model, saved_layout, resumed_layout = case
+    saved, uninterrupted = saved_run(request, pool, corpus, tmp_path, model, saved_layout)
     assert [s for s, _ in ckpt.complete_checkpoints(saved)] == [2, 4]
 
     resume_dir = tmp_path / "resume"

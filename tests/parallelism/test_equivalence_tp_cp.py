@@ -9,16 +9,17 @@ blocks under TP.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from harness import EVAL_AFTER, assert_equivalent, run_layout, run_reference, tiny_job
+from harness import EVAL_AFTER, assert_equivalent, run_layout, run_reference, run_training, tiny_job
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from trainctl.parallelism.engine.trainer import Trainer
 from trainctl.parallelism.layouts.context_parallel import (
     apply_context_parallel,
     make_layout,
@@ -32,7 +33,6 @@ from trainctl.parallelism.layouts.tensor_parallel import (
     loss_context,
 )
 from trainctl.parallelism.model.transformer import build_model
-from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import PRESETS, ModelConfig
 
 # tp4 needs the kv heads divisible by 4 (the debug preset has 2): the reference uses the same model.
@@ -66,28 +66,19 @@ def test_layout_matches_single_process(pool, corpus, case):
     assert_equivalent(run, reference)
 
 
-def _train_segment(rank: int, world_size: int, body_json: str, checkpoint_dir: str, steps: int) -> list[float]:
-    """Resume from the newest checkpoint in `checkpoint_dir` (if any), train `steps`, save."""
-    body = JobSpecBody.model_validate_json(body_json)
-    trainer = Trainer(body, rank=rank, world_size=world_size, device="cpu", checkpoint_dir=checkpoint_dir)
-    trainer.maybe_resume()
-    losses = [trainer.train_step()[0] for _ in range(steps)]
-    trainer.save_checkpoint()
-    return losses
+def test_resume_dp4_checkpoint_under_tp2(pool, corpus, tmp_path, dense_dp4_run):
+    """The FSDP dp4 run's step-2 checkpoint (conftest `dense_dp4_run`) resumed under tp2 + SP: its 2 steps and the
+    resumed 2 (parameters, then optimizer and schedule state) are the single-process run's 4 losses."""
+    saved, uninterrupted = dense_dp4_run
+    shutil.copytree(saved / "step_00000002", tmp_path / "ckpt" / "step_00000002")
+    resume_body = tiny_job(corpus, steps=4, tp=2, sequence_parallel=True)
+    resume_body.checkpoint.interval_steps = 2
+    resumed = run_training(pool, resume_body, str(tmp_path / "ckpt"))
+    assert resumed.resumed_from_step == 2
+    reference = run_reference(pool, tiny_job(corpus, steps=4, dp_shard=4), steps=4)
 
-
-def test_resume_dp4_checkpoint_under_tp2(pool, corpus, tmp_path):
-    total, first = 4, 2  # 2 steps after the resume: parameters, then optimizer and schedule state
-    save_body = tiny_job(corpus, steps=total, dp_shard=4)
-    resume_body = tiny_job(corpus, steps=total, tp=2, sequence_parallel=True)
-    reference = run_reference(pool, save_body, steps=total)
-
-    ckpt = str(tmp_path / "ckpt")
-    before = pool.run(_train_segment, 4, save_body.model_dump_json(), ckpt, first)[0]
-    after = pool.run(_train_segment, 2, resume_body.model_dump_json(), ckpt, total - first)[0]
-
-    for step, (got, want) in enumerate(zip(before + after, reference.losses, strict=True)):
-        assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: loss {got!r} != uninterrupted {want!r}"
+    for step, (got, want) in enumerate(zip(uninterrupted.losses[:2] + resumed.losses, reference.losses, strict=True)):
+        assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: loss {got!r} != single-process {want!r}"
 
 
 def _cp_logits(rank: int, world_size: int, load_balance: bool) -> list[float]:

@@ -21,7 +21,7 @@ from trainctl.parallelism.checkpoint.pretrained import (
     write_run_spec,
 )
 from trainctl.parallelism.data.corpus import PackedDataset
-from trainctl.parallelism.engine.trainer import Trainer
+from trainctl.parallelism.engine.trainer import Trainer, TrainResult
 from trainctl.parallelism.model.lora import LoRALinear
 from trainctl.parallelism.model.lora_names import is_adapter
 from trainctl.parallelism.model.transformer import build_model
@@ -106,9 +106,16 @@ def test_lora_trains_only_adapters_and_merges(base_run: Path, new_corpus: str, t
     assert isinstance(adapted.layers["0"].attention.wq, LoRALinear)
 
 
+@pytest.fixture(scope="module")
+def one_process_lora(base_run: Path, new_corpus: str, pool) -> TrainResult:
+    """The 3-step LoRA run in one process: what every data-parallel layout must compute."""
+    return run_training(pool, _lora_job(new_corpus, base_run, steps=3), None)
+
+
 @pytest.mark.parametrize("layout", [{"dp_replicate": 2}, {"dp_shard": 2, "zero_stage": 3}], ids=["ddp", "fsdp"])
-def test_lora_under_data_parallel_matches_one_process(layout: dict, base_run: Path, new_corpus: str, pool, tmp_path: Path) -> None:
-    reference = run_training(pool, _lora_job(new_corpus, base_run, steps=3), None)
+def test_lora_under_data_parallel_matches_one_process(layout: dict, base_run: Path, new_corpus: str, pool, tmp_path: Path,
+                                                      one_process_lora: TrainResult) -> None:
+    reference = one_process_lora
     got = run_training(pool, _lora_job(new_corpus, base_run, steps=3, **layout), str(tmp_path))
     torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(reference.losses), rtol=1e-5, atol=0)
     keys = [k for k in dcp.FileSystemReader(got.last_checkpoint).read_metadata().state_dict_metadata if k.startswith("model.")]

@@ -1,8 +1,12 @@
-"""A rank killed mid-run on record data (each format: JSONL text, Parquet, a `datasets` Arrow directory,
-and chat JSONL with loss masks, all read through cached token shards) resumes from its checkpoint
-with no sample repeated or skipped, through the real service in this process on an embedded 2-node
-Ray (4 simulated GPUs per node). The four formats' jobs run side by side (their ranks' start-up, seconds
-of imports each, overlaps), each followed and killed by a thread of its own; each test checks one.
+"""A rank killed mid-run on chat records (JSONL read through cached token shards, with loss masks and a
+tokenizer directory) resumes from its checkpoint with no sample repeated or skipped, through the real
+service in this process on the shared embedded 2-node Ray (1 simulated GPU per node).
+
+One format is killed here: what differs between formats is only the record reader, and every format's
+exact resume (each sample trained once across a checkpoint) is proven in the engine by
+tests/parallelism/test_data_formats.py (`test_trainer_resumed_under_another_dp_size_trains_every_sample_once`
+for JSONL, Parquet and Arrow chat records, `test_resume_under_another_dp_size_reads_every_sample_once`
+for text records).
 
 What the ranks trained is observed two ways: every checkpoint's data position (the global sample
 offset the engine saves) is `step x global_batch_size`, and every step's loss, before the kill and
@@ -13,14 +17,13 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch.distributed.checkpoint as dcp
-from data_sources import DATA_KINDS, build_tokenizer, format_data
+from data_sources import build_tokenizer, format_data
 from fault_support import assert_nothing_left, kind, rank_pids, read_until, states_of
 from small_jobs import restartable_job, single_process_losses
 
@@ -32,24 +35,26 @@ from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 from trainctl.workers.embedded import EmbeddedRay
 
-pytestmark = [pytest.mark.timeout(420), pytest.mark.cluster(nodes=2, gpus_per_node=4)]
+pytestmark = pytest.mark.timeout(420)
 
 STEPS = 8
+DATA_KIND = "chat-jsonl"
+"""The record format the killed job reads (tests/data_sources.py's `format_data`)."""
 
 
 @dataclass(frozen=True)
 class KilledRun:
-    """One format's job, whose rank 1 was killed once mid-run: its spec, id and every event of its watch."""
+    """The job whose rank 1 was killed once mid-run: its spec, id and every event of its watch."""
 
     spec: TrainingJob
     job_id: str
     seen: list[pb.JobEvent]
 
 
-def resume_job(data_kind: str, root: Path) -> TrainingJob:
-    """The 2-rank restartable job on `data_kind` records, keeping every checkpoint (to read its data position)."""
-    data = format_data(data_kind, root / "data", build_tokenizer(root / "tokenizer"))
-    spec = restartable_job(f"{data_kind}-resume", STEPS, labels={"suite": "data-resume"}).model_copy(deep=True)
+def resume_job(root: Path) -> TrainingJob:
+    """The 2-rank restartable job on chat records, keeping every checkpoint (to read its data position)."""
+    data = format_data(DATA_KIND, root / "data", build_tokenizer(root / "tokenizer"))
+    spec = restartable_job(f"{DATA_KIND}-resume", STEPS, labels={"suite": "data-resume"}).model_copy(deep=True)
     spec.spec.data = spec.spec.data.model_validate({**spec.spec.data.model_dump(), **data, "seed": 7})
     spec.spec.checkpoint.keep_last = STEPS
     return spec
@@ -68,16 +73,6 @@ def kill_once_and_follow(client: TrainctlClient, cluster: EmbeddedRay, spec: Tra
     return KilledRun(spec, created.id, seen)
 
 
-@pytest.fixture(scope="module")
-def killed_runs(client: TrainctlClient, cluster: EmbeddedRay,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[KilledRun]]]:
-    """Every format's killed run, all submitted at once (8 ranks on the 8 GPUs), by format."""
-    root = tmp_path_factory.mktemp("data-resume")
-    specs = {data_kind: resume_job(data_kind, root / data_kind) for data_kind in DATA_KINDS}
-    with ThreadPoolExecutor(len(specs)) as threads:
-        yield {data_kind: threads.submit(kill_once_and_follow, client, cluster, spec) for data_kind, spec in specs.items()}
-
-
 def data_offset(checkpoint: Path) -> int:
     """The global sample offset a checkpoint resumes the loader at."""
     state = {"train": {"data_offset": -1}}
@@ -85,13 +80,15 @@ def data_offset(checkpoint: Path) -> int:
     return int(state["train"]["data_offset"])
 
 
-@pytest.mark.parametrize("data_kind", DATA_KINDS)
 def test_killed_rank_resumes_record_data_without_repeating_or_skipping_a_sample(
-    client: TrainctlClient, service: Service, cluster: EmbeddedRay, killed_runs: dict[str, Future[KilledRun]],
-    data_kind: str,
+    client: TrainctlClient, service: Service, cluster: EmbeddedRay, tmp_path: Path,
 ) -> None:
-    run = killed_runs[data_kind].result()
-    spec, seen = run.spec, run.seen
+    spec = resume_job(tmp_path)
+    with ThreadPoolExecutor(1) as background:  # the reference trains here while the ranks start
+        run = background.submit(kill_once_and_follow, client, cluster, spec)
+        reference = single_process_losses(spec)
+        seen = run.result().seen
+        job_id = run.result().job_id
     batch = spec.spec.training.global_batch_size
 
     assert states_of(seen) == [pb.QUEUED, pb.SCHEDULED, pb.RUNNING, pb.RESTARTING, pb.RUNNING, pb.SUCCEEDED]
@@ -104,15 +101,12 @@ def test_killed_rank_resumes_record_data_without_repeating_or_skipping_a_sample(
                for e in seen[restart:] if kind(e) == "log")
     assert sorted(after) == list(range(resumed + 1, STEPS + 1))
 
-    reference = single_process_losses(spec)
     for losses in (before, after):
         assert [losses[s] for s in sorted(losses)] == pytest.approx([reference[s - 1] for s in sorted(losses)], rel=1e-4)
 
-    checkpoints = complete_checkpoints(RunDirectory.of_job(service.config.data_dir / "runs", run.job_id).checkpoints)
+    checkpoints = complete_checkpoints(RunDirectory.of_job(service.config.data_dir / "runs", job_id).checkpoints)
     assert [step for step, _ in checkpoints] == list(range(2, STEPS + 1, 2))
     assert [data_offset(path) for _, path in checkpoints] == [step * batch for step, _ in checkpoints]
-    status = client.get_job(run.job_id).status
+    status = client.get_job(job_id).status
     assert status.state == pb.SUCCEEDED and status.restarts == 1, status.reason
-    for other in killed_runs.values():  # the cluster is empty once every format's job has ended
-        other.result()
     assert_nothing_left(cluster)

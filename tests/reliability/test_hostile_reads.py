@@ -3,6 +3,7 @@ against a real process with a data root, over gRPC on loopback: a 1 GiB JSONL fi
 NUL bytes), a model directory whose config.json is nested 50,000 deep, and a JSONL file whose first record
 is. Ten CreateJobs of each at once: every one is INVALID_ARGUMENT naming the field within 5 s, and the
 server's peak resident memory (VmHWM, reset once it is warm) stays within 100 MB of its idle size.
+The service joins the shared embedded Ray (`cluster`): no job gets as far as the cluster.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from serve_process import ServeProcess
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
 from trainctl.wire.errors import field_violations
-from trainctl.workers.embedded import EmbeddedRay, start_embedded
+from trainctl.workers.embedded import EmbeddedRay
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,12 +31,6 @@ RSS_GROWTH_BYTES = 100 * 2**20
 EACH = 10
 DEEP = "[" * 50_000 + "]" * 50_000
 HUGE_JSONL_BYTES = 1 << 30
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedRay]:
-    with start_embedded(1, 1) as embedded:
-        yield embedded
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
 """Runaway-sized jobs against a real `trainctl serve` process over gRPC on loopback (issue 20).
 
-The service's pool is one simulated node of 4 GPUs that the topology map calls H100s (80 GiB each), so
-the submit-time fit check has a GPU memory to compare with. Every request below once made the service
-build the model layer by layer in its RPC thread (or overflow a byte count); now each must be refused
-quickly with the field it is about, the server's memory must stay near its idle size, and SIGTERM
-afterwards must end the process within 10 s.
+The service's pool is the shared embedded Ray (`cluster`: 2 nodes x 1 simulated GPU), whose GPUs the
+topology map calls H100s (80 GiB each), so the submit-time fit check has a GPU memory to compare with.
+Every request below once made the service build the model layer by layer in its RPC thread (or
+overflow a byte count); now each must be refused quickly with the field it is about, the server's
+memory must stay near its idle size, and SIGTERM afterwards must end the process within 10 s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from serve_process import ServeProcess
 
 from trainctl.v1 import training_pb2 as pb
 from trainctl.v1 import training_pb2_grpc as pb_grpc
-from trainctl.workers.embedded import EmbeddedRay, start_embedded
+from trainctl.workers.embedded import EmbeddedRay
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,12 +53,6 @@ HOSTILE: list[tuple[str, pb.JobSpec, str]] = [
         "spec.resources.gpus",
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[EmbeddedRay]:
-    with start_embedded(1, 4) as embedded:
-        yield embedded
 
 
 @pytest.fixture(scope="module")

@@ -3,20 +3,26 @@
 The hostile-tenant review's template (`{{ m.content * 100000000 }}`) grew a rank past 5.8 GB in a minute.
 Here two jobs are pinned to the same node, as two tenants' jobs can be: the template's job FAILS on its
 first attempt with a reason naming the rendering limit, no restart spent, and the neighbour keeps
-reporting steps, never restarted."""
+reporting steps, never restarted. The neighbour is a command job reporting a step every 0.2 s (a
+training job would keep a core busy for the whole test: what is asserted is that it lives on)."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
 from data_sources import build_tokenizer, conversations, write_jsonl
 from small_jobs import small_job
+from test_command_jobs import command_job
 from test_file_rule_job import finished
 
 from trainctl.workers.events import EventKind, JobState
 from trainctl.workers.placement import Placement, RankAssignment
 from trainctl.workers.runtime import RayRuntime
+
+REPORTER = "import time, trainctl\nfor step in range(1, 100_000):\n    trainctl.report(step=step, loss=1.0)\n    time.sleep(0.2)\n"
+"""The neighbour's program: a step reported every 0.2 s until it is cancelled."""
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +40,13 @@ def test_an_exploding_chat_template_fails_its_job_at_once_and_its_neighbour_trai
     tokenizer = build_tokenizer(tmp_path / "tokenizer")
     (tokenizer / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content * 100000000 }}{% endfor %}")
     write_jsonl(tmp_path / "chat.jsonl", [{"messages": c} for c in conversations(30)])
-    neighbour = small_job("neighbour", gpus=1, steps=10_000, scheduling={"max_restarts": 2})
+    neighbour = command_job("neighbour", sys.executable, "-c", REPORTER, gpus=1, scheduling={"max_restarts": 2})
     exploding = small_job(
         "exploding", gpus=1, steps=4, scheduling={"max_restarts": 2},
         data={"paths": [str(tmp_path / "chat.jsonl")], "format": "jsonl", "messages_field": "messages",
               "tokenizer": str(tokenizer)},
     )
-    runtime.start_job("neighbour-1", neighbour, Placement(grid="dp_shard1", assignments=[RankAssignment(rank=0, node="node-1", gpu=0)]),
+    runtime.start_job("neighbour-1", neighbour, Placement(grid="dp_replicate1", assignments=[RankAssignment(rank=0, node="node-1", gpu=0)]),
                       tmp_path / "runs" / "neighbour-1")
     try:
         deadline = time.monotonic() + 120

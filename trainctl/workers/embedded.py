@@ -175,6 +175,10 @@ def _add_nodes(
                 "num_cpus": head_cpus,
                 "include_dashboard": dashboard,
                 "resources": {**slot_resources(gpus_per_node), CONTROL_RESOURCE: CONTROL_CAPACITY},
+                # Ray's log monitor only forwards worker output to drivers that ask for it, and
+                # trainctl's never do (log_to_driver=False); it rescans every worker's log file each
+                # second, a few percent of a core on a busy cluster.
+                "include_log_monitor": False,
             }
             if system_config:
                 extra["_system_config"] = dict(system_config)

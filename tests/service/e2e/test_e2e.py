@@ -1,6 +1,7 @@
 """End to end over real gRPC on loopback, with the real RayRuntime on an embedded 2-node Ray
-(1 simulated GPU per node, so 2-rank jobs span both nodes) and the real engine: lifecycle, cancel
-without leaks, gang queueing and priority. Small models, few ranks and few steps keep it to about
+(1 simulated GPU per node, so 2-rank jobs span both nodes) and the real engine: lifecycle, gang
+queueing and priority (one test: the job whose lifecycle is checked holds the pool the others queue
+for), cancel without leaks. Small models, few ranks and few steps keep it to about
 a minute and a half on a 2-core machine."""
 
 from __future__ import annotations
@@ -45,13 +46,34 @@ def leftovers(cluster: EmbeddedRay, job_id: str) -> tuple[list[str], list[str]]:
     return actors, groups
 
 
-def test_job_lifecycle(client: TrainctlClient, capsys: pytest.CaptureFixture[str]) -> None:
-    created = client.create_job(job("lifecycle", gpus=2, steps=10))
-    events = list(client.watch(created.id))
+def test_job_lifecycle_gang_queueing_and_priority(client: TrainctlClient, capsys: pytest.CaptureFixture[str]) -> None:
+    """One job that holds the whole pool, then two queued behind it. Lifecycle: the first job goes
+    QUEUED, SCHEDULED, RUNNING, SUCCEEDED, reports every step (its loss falls), is placed on both nodes
+    and `get -o json` shows its steps. Gang queueing and priority: the later jobs wait while it runs
+    (the 1-GPU one for free GPUs, the 2-GPU one behind it), nothing runs beside it, and the
+    higher-priority job, submitted later, runs first."""
+    first = client.create_job(job("whole-pool", gpus=2, steps=10))
+    deadline = time.monotonic() + 60
+    while client.get_job(first.id).status.state == pb.QUEUED:  # it holds the pool before the others queue
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    low = client.create_job(job("low", gpus=2, steps=2, priority=0))
+    high = client.create_job(job("high", gpus=1, steps=2, priority=5))  # submitted later, runs earlier
+    while client.get_job(first.id).status.state not in (pb.RUNNING, pb.SUCCEEDED):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    waiting_low, waiting_high = client.get_job(low.id).status, client.get_job(high.id).status
+    if client.get_job(first.id).status.state == pb.RUNNING:
+        assert waiting_low.state == pb.QUEUED and waiting_high.state == pb.QUEUED
+        assert waiting_high.reason == "waiting for 1 GPUs: 0 of 2 free"
+        assert waiting_low.reason.startswith(f"waiting behind {high.id}")
+
+    # the first job's lifecycle
+    events = list(client.watch(first.id))
     assert states_of(events) == [pb.QUEUED, pb.SCHEDULED, pb.RUNNING, pb.SUCCEEDED]
     steps = [e.step for e in events if e.WhichOneof("payload") == "step"]
     assert [s.step for s in steps] == list(range(1, 11))
-    final = client.get_job(created.id, full=True)
+    final = client.get_job(first.id, full=True)
     s = final.status
     assert s.state == pb.SUCCEEDED and s.steps_done == 10 and s.total_steps == 10
     assert s.last_loss < 0.9 * s.first_loss, (s.first_loss, s.last_loss)
@@ -60,10 +82,21 @@ def test_job_lifecycle(client: TrainctlClient, capsys: pytest.CaptureFixture[str
     assert sorted((p.node, p.gpu) for p in s.placement) == [("node-0", 0), ("node-1", 0)]
     assert s.start_time.seconds and s.end_time.ToNanoseconds() >= s.start_time.ToNanoseconds()
 
-    assert main(["--server", client.target, "get", created.id, "-o", "json"]) == 0
+    assert main(["--server", client.target, "get", first.id, "-o", "json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert [m["loss"] for m in document["metrics"]] == [m.loss for m in final.metrics]
     assert all(m["tokens_per_second"] > 0 for m in document["metrics"])
+
+    # gang queueing and priority
+    for j in (high, low):
+        for _ in client.watch(j.id):
+            pass
+    done = {j.id: client.get_job(j.id).status for j in (first, low, high)}
+    assert all(s.state == pb.SUCCEEDED for s in done.values()), {k: s.reason for k, s in done.items()}
+    end_first = done[first.id].end_time.ToNanoseconds()
+    assert done[high.id].schedule_time.ToNanoseconds() >= end_first  # gang: nothing ran beside the first
+    assert done[low.id].schedule_time.ToNanoseconds() >= done[high.id].schedule_time.ToNanoseconds()
+    assert done[low.id].schedule_time.ToNanoseconds() >= done[high.id].end_time.ToNanoseconds()
 
 
 def test_cancel_while_running_leaves_nothing_behind(client: TrainctlClient, cluster: EmbeddedRay) -> None:
@@ -80,30 +113,3 @@ def test_cancel_while_running_leaves_nothing_behind(client: TrainctlClient, clus
     assert took < 30, f"cancel took {took:.1f} s"
     assert leftovers(cluster, created.id) == ([], [])
     assert client.get_cluster().used_gpus == 0
-
-
-def test_gang_queueing_and_priority(client: TrainctlClient) -> None:
-    first = client.create_job(job("whole-pool", gpus=2, steps=4))
-    deadline = time.monotonic() + 60
-    while client.get_job(first.id).status.state == pb.QUEUED:  # it holds the pool before the others queue
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    low = client.create_job(job("low", gpus=2, steps=2, priority=0))
-    high = client.create_job(job("high", gpus=1, steps=2, priority=5))  # submitted later, runs earlier
-    while client.get_job(first.id).status.state not in (pb.RUNNING, pb.SUCCEEDED):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    waiting_low, waiting_high = client.get_job(low.id).status, client.get_job(high.id).status
-    if client.get_job(first.id).status.state == pb.RUNNING:
-        assert waiting_low.state == pb.QUEUED and waiting_high.state == pb.QUEUED
-        assert waiting_high.reason == "waiting for 1 GPUs: 0 of 2 free"
-        assert waiting_low.reason.startswith(f"waiting behind {high.id}")
-    for j in (first, high, low):
-        for _ in client.watch(j.id):
-            pass
-    done = {j.id: client.get_job(j.id).status for j in (first, low, high)}
-    assert all(s.state == pb.SUCCEEDED for s in done.values()), {k: s.reason for k, s in done.items()}
-    end_first = done[first.id].end_time.ToNanoseconds()
-    assert done[high.id].schedule_time.ToNanoseconds() >= end_first  # gang: nothing ran beside the first
-    assert done[low.id].schedule_time.ToNanoseconds() >= done[high.id].schedule_time.ToNanoseconds()
-    assert done[low.id].schedule_time.ToNanoseconds() >= done[high.id].end_time.ToNanoseconds()

@@ -5,7 +5,8 @@ port); later `serve` lines are alternative ways to start it and are not run. Eve
 a subprocess in a directory that links the repository's `.venv` and `examples`, so relative paths
 resolve as from the repository root while `report` writes its files under tmp_path. JOB is the job the
 first `submit` created, JOB2 the second's. Then every file in examples/ is planned on the same server as
-shipped (its relative paths resolve against examples/, through the `examples` link).
+shipped (its relative paths resolve against examples/, through the `examples` link), by the CLI in
+this process.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from reliability.serve_process import ServeProcess
 
 from trainctl.cli.client import TrainctlClient
+from trainctl.cli.main import main
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.spec.job import ParallelismSpec
 from trainctl.v1 import training_pb2 as pb
@@ -79,17 +82,20 @@ def wait_cancelled(target: str, job_id: str) -> None:
             time.sleep(0.5)
 
 
-def plan_every_example(work: Path, env: dict[str, str]) -> None:
-    """`trainctl plan` of each example: a plan where the default pool can hold it, else the clear refusal."""
+def plan_every_example(target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`trainctl plan` of each example from the current directory: a plan where the default pool can
+    hold it, else the clear refusal. The CLI runs in this process (the README's own lines ran as
+    subprocesses): ten more processes importing the CLI would prove no more."""
     for spec in sorted((REPO / "examples").glob("*.yaml")):
         gpus = yaml.safe_load(spec.read_text())["spec"]["resources"]["gpus"]
-        argv = [str(work / ".venv/bin/trainctl"), "plan", f"examples/{spec.name}"]
-        done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+        capsys.readouterr()
+        code = main(["--server", target, "plan", f"examples/{spec.name}"])
+        out, err = capsys.readouterr()
         if gpus <= DEFAULT_POOL_GPUS:
-            assert done.returncode == 0 and "fits now" in done.stdout, (spec.name, done.stdout, done.stderr)
+            assert code == 0 and "fits now" in out, (spec.name, out, err)
         else:
             refusal = f"{gpus} GPUs requested but the pool can never hold more than {DEFAULT_POOL_GPUS}"
-            assert done.returncode == 2 and refusal in done.stderr, (spec.name, done.stdout, done.stderr)
+            assert code == 2 and refusal in err, (spec.name, out, err)
 
 
 def assert_the_demo_trained_as_placed(document: dict) -> None:
@@ -105,7 +111,9 @@ def assert_the_demo_trained_as_placed(document: dict) -> None:
         assert len({where[r] for r in group}) == 1, f"TP group {group} straddles nodes: {where}"
 
 
-def test_the_readme_commands_succeed_in_order_and_every_example_that_fits_plans(tmp_path: Path) -> None:
+def test_the_readme_commands_succeed_in_order_and_every_example_that_fits_plans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
     commands = readme_commands()
     assert commands and all(c[0] == ".venv/bin/trainctl" for c in commands), commands
     serve_lines = [c for c in commands if c[1] == "serve"]
@@ -145,7 +153,8 @@ def test_the_readme_commands_succeed_in_order_and_every_example_that_fits_plans(
         assert_the_demo_trained_as_placed(document)
         assert (work / f"{jobs['JOB']}-report.png").stat().st_size > 0
         assert not (REPO / f"{jobs['JOB']}-report.png").exists()
-        plan_every_example(work, env)
+        monkeypatch.chdir(work)  # relative paths resolve as from the repository root
+        plan_every_example(serve.target, capsys)
         tree |= descendants(serve.proc.pid)
         assert serve.stop() == 0
     left = sorted(pid for pid in tree if alive(pid))

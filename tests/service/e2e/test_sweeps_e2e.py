@@ -20,6 +20,9 @@ from trainctl.v1 import training_pb2 as pb
 pytestmark = pytest.mark.timeout(300)
 
 STEPS = 40
+TRIALS = 4
+"""Seed 1 samples learning rates 7e-5, 1.7e-3, 1e-6, 2e-5: two that train and, after them, two hopeless ones
+the median rule stops."""
 
 
 def test_sweep_of_debug_model_trials_on_the_embedded_cluster(client: TrainctlClient) -> None:
@@ -35,7 +38,7 @@ def test_sweep_of_debug_model_trials_on_the_embedded_cluster(client: TrainctlCli
                 "scheduling": {"max_restarts": 0},
             },
             "parameters": [{"path": "spec.training.lr", "type": "float", "low": 1e-6, "high": 3e-2, "log": True}],
-            "trials": 6, "parallel_trials": 2, "algorithm": "random", "seed": 1,
+            "trials": TRIALS, "parallel_trials": 2, "algorithm": "random", "seed": 1,
             "early_stopping": {"rule": "median", "min_steps": 4, "startup_trials": 1},
         },
     })
@@ -44,7 +47,7 @@ def test_sweep_of_debug_model_trials_on_the_embedded_cluster(client: TrainctlCli
     final = client.get_sweep(created.id)
     assert updates[-1].status.state == final.status.state == pb.SWEEP_STATE_SUCCEEDED, final.status.reason
     trials = final.status.trials
-    assert [t.number for t in trials] == list(range(6))
+    assert [t.number for t in trials] == list(range(TRIALS))
     jobs = {j.id: j for j in client.list_jobs(labels={SWEEP_LABEL: created.id})}
     assert sorted(jobs) == sorted(t.job_id for t in trials)
     complete = []

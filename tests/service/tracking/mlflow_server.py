@@ -1,5 +1,6 @@
 """A real MLflow tracking server for tests: `mlflow server` on loopback with a SQLite backend and local
-artifacts, started and stopped (by its PID's process group) by the test; `restart` reuses the port."""
+artifacts (no job runner), started and stopped (by its PID's process group) by the test; `restart`
+reuses the port."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ BIN = Path(sys.executable).parent
 START_TIMEOUT = 240.0
 """`mlflow server` (gunicorn/uvicorn, its database migrated) took 123 s to answer on the 2-core machine
 under other test runs (load 15)."""
+SERVER_ENV = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+"""MLflow's job runner (huey consumer processes, each importing mlflow: a start took 34 CPU-s with it and
+21 without, 10 processes against 2) runs MLflow's own server-side jobs, which trainctl never asks for."""
 
 
 class MlflowServer:
@@ -33,7 +37,7 @@ class MlflowServer:
             [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
              "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
              "--port", str(self.port), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root, env=SERVER_ENV,
         )
         try:
             self._wait_until_up()

@@ -1,8 +1,10 @@
-"""Experiment tracking through a real `trainctl serve` and a real MLflow tracking server (issue 37): a
-4-trial sweep logs a parent run with its trials as child runs; a job run while the MLflow server is
-down still SUCCEEDS, says the server is unreachable, and its run (parameters, tags, every step's train
-and eval metrics, the run report as report.png and report.html and the steps as report.json, FINISHED) arrives once the server is back on the same port; its
-TensorBoard event files in the run directory hold every metric of every step."""
+"""Experiment tracking through a real `trainctl serve` (on the module's embedded Ray) and a real MLflow
+tracking server (issue 37): a job run while the MLflow server is down (not yet up on its port) still
+SUCCEEDS, says the server is unreachable, and its run (parameters, tags, every step's train and eval
+metrics, the run report as report.png and report.html and the steps as report.json, FINISHED) arrives
+once the server is up on that port; its TensorBoard event files in the run directory hold every metric
+of every step; a 2-trial sweep then logs a parent run with its trials as child runs. The server starts
+once: the outage comes first."""
 
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ from trainctl.cli.client import TrainctlClient
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.sweep import parse_sweep_object
 from trainctl.v1 import training_pb2 as pb
+from trainctl.workers.embedded import EmbeddedRay
 
 pytestmark = pytest.mark.timeout(900)
 
 STEPS = 4
-TRIALS = 4
+TRIALS = 2
 WAIT = 240.0
 
 
@@ -44,9 +47,11 @@ def run_of(tracking: MlflowClient, experiment: str, tag: str, value: str):  # no
     return runs[0] if runs else None
 
 
-def test_runs_sweeps_outage_and_tensorboard(tmp_path: Path) -> None:
-    mlflow = MlflowServer(tmp_path, free_port()).start()
-    serve = ServeProcess(None, None, tmp_path / "data", "--gpus-per-node=2", f"--mlflow-tracking-uri={mlflow.uri}")
+def test_runs_outage_tensorboard_and_sweeps(tmp_path: Path, cluster: EmbeddedRay) -> None:
+    mlflow = MlflowServer(tmp_path, free_port())  # started once the job has run without it
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(cluster.topology.to_yaml())
+    serve = ServeProcess(cluster.address, topology, tmp_path / "data", f"--mlflow-tracking-uri={mlflow.uri}")
     tracking = MlflowClient(tracking_uri=mlflow.uri)
     try:
         serve.start()
@@ -56,29 +61,7 @@ def test_runs_sweeps_outage_and_tensorboard(tmp_path: Path) -> None:
         with pytest.raises(Exception, match="spec.tracking.mlflow_tracking_uri"):
             client.create_job(small_job("elsewhere", gpus=1, steps=STEPS, tracking={"mlflow_tracking_uri": "http://127.0.0.1:1"}))
 
-        # a sweep: one parent run, its trials child runs
-        sweep = client.create_sweep(parse_sweep_object({
-            "metadata": {"name": "tracked-sweep"},
-            "spec": {
-                "template": small_job("t", gpus=1, steps=2).spec.model_dump(exclude_unset=True),
-                "parameters": [{"path": "spec.training.lr", "type": "float", "low": 1e-4, "high": 1e-2, "log": True}],
-                "trials": TRIALS, "parallel_trials": 2, "algorithm": "random", "seed": 1,
-            },
-        }))
-        for _ in client.watch_sweep(sweep.id):
-            pass
-        assert client.get_sweep(sweep.id).status.state == pb.SWEEP_STATE_SUCCEEDED
-        parent = wait_until("the sweep's run to end", lambda: (
-            (r := run_of(tracking, "trainctl/default", "trainctl.sweep_id", sweep.id)) and r.info.status == "FINISHED" and r))
-        trials = wait_until("every trial's run to end", lambda: (
-            len(rs := tracking.search_runs([parent.info.experiment_id],
-                                            filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")) == TRIALS
-            and all(r.info.status == "FINISHED" for r in rs) and rs))
-        assert sorted(r.data.tags["trainctl.trial"] for r in trials) == [str(n) for n in range(TRIALS)]
-        assert all(len(tracking.get_metric_history(r.info.run_id, "loss")) == 2 for r in trials)
-
-        # the tracker goes away; the job still succeeds, and says so
-        mlflow.stop()
+        # the tracker is down; the job still succeeds, and says so
         job = small_job("tracked", gpus=1, steps=STEPS, evaluation={"holdout_fraction": 0.2, "interval_steps": 2},
                         tracking={"tensorboard": True, "mlflow_experiment": "issue-37"})
         job_id = client.create_job(job).id
@@ -89,7 +72,7 @@ def test_runs_sweeps_outage_and_tensorboard(tmp_path: Path) -> None:
         logs = [e.log.message for e in client.watch(job_id, follow=False) if e.HasField("log")]
         assert any("is unreachable" in m for m in logs), logs
 
-        # back on the same port: the run arrives
+        # up on its port: the run arrives
         mlflow.start()
         run = wait_until("the job's run to end", lambda: (
             (r := run_of(tracking, "issue-37", "trainctl.job_id", job_id)) and r.info.status == "FINISHED" and r))
@@ -123,6 +106,27 @@ def test_runs_sweeps_outage_and_tensorboard(tmp_path: Path) -> None:
         for name in ("loss", "grad_norm", "lr", "tokens_per_second", "step_time_seconds"):
             assert [e.step for e in reader.Scalars(name)] == list(range(1, STEPS + 1)), name
         assert [e.step for e in reader.Scalars("eval_loss")] == [2, 4]
+
+        # a sweep: one parent run, its trials child runs
+        sweep = client.create_sweep(parse_sweep_object({
+            "metadata": {"name": "tracked-sweep"},
+            "spec": {
+                "template": small_job("t", gpus=1, steps=2).spec.model_dump(exclude_unset=True),
+                "parameters": [{"path": "spec.training.lr", "type": "float", "low": 1e-4, "high": 1e-2, "log": True}],
+                "trials": TRIALS, "parallel_trials": 2, "algorithm": "random", "seed": 1,
+            },
+        }))
+        for _ in client.watch_sweep(sweep.id):
+            pass
+        assert client.get_sweep(sweep.id).status.state == pb.SWEEP_STATE_SUCCEEDED
+        parent = wait_until("the sweep's run to end", lambda: (
+            (r := run_of(tracking, "trainctl/default", "trainctl.sweep_id", sweep.id)) and r.info.status == "FINISHED" and r))
+        trials = wait_until("every trial's run to end", lambda: (
+            len(rs := tracking.search_runs([parent.info.experiment_id],
+                                            filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")) == TRIALS
+            and all(r.info.status == "FINISHED" for r in rs) and rs))
+        assert sorted(r.data.tags["trainctl.trial"] for r in trials) == [str(n) for n in range(TRIALS)]
+        assert all(len(tracking.get_metric_history(r.info.run_id, "loss")) == 2 for r in trials)
         client.close()
     finally:
         serve.stop()
