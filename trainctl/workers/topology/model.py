@@ -20,6 +20,7 @@ classes (a cap on that GPU's inter-node bandwidth and a latency added to the net
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -315,12 +316,17 @@ class TopologyMap(_Strict):
     def nodes(self) -> list[Node]:
         return list(self.spec.nodes)
 
+    @cached_property
+    def nodes_by_name(self) -> dict[str, Node]:
+        """Every node by name (built on first use: a map is frozen, and a fleet's has thousands of nodes)."""
+        return {node.name: node for node in self.spec.nodes}
+
     def node(self, name: str) -> Node:
         """The node called `name` (KeyError naming it when absent)."""
-        for node in self.spec.nodes:
-            if node.name == name:
-                return node
-        raise KeyError(f"node {name!r} is not in topology map {self.metadata.name!r}")
+        try:
+            return self.nodes_by_name[name]
+        except KeyError:
+            raise KeyError(f"node {name!r} is not in topology map {self.metadata.name!r}") from None
 
     def switch(self, name: str) -> Switch:
         for switch in self.spec.switches:
@@ -328,15 +334,23 @@ class TopologyMap(_Strict):
                 return switch
         raise KeyError(f"switch {name!r} is not in topology map {self.metadata.name!r}")
 
+    @cached_property
+    def nvlink_groups(self) -> dict[str, str]:
+        """Each node's NVLink reach (`nvlink_group_of`), for the nodes in an NVLink domain."""
+        groups: dict[str, str] = {}
+        for domain in self.spec.nvlink_domains:
+            partition_of: dict[str, str] = {}
+            for part in domain.partitions:
+                for node in part.nodes:
+                    partition_of.setdefault(node, part.name)
+            for node in domain.nodes:
+                if node not in groups:  # the first domain naming a node, as a scan in map order finds
+                    groups[node] = f"{domain.name}/{partition_of[node]}" if node in partition_of else domain.name
+        return groups
+
     def nvlink_group_of(self, node: str) -> str | None:
         """The NVLink reach of a node: its partition if the domain is partitioned, else its domain."""
-        for domain in self.spec.nvlink_domains:
-            if node in domain.nodes:
-                for part in domain.partitions:
-                    if node in part.nodes:
-                        return f"{domain.name}/{part.name}"
-                return domain.name
-        return None
+        return self.nvlink_groups.get(node)
 
     def to_yaml(self) -> str:
         body = self.model_dump(mode="json", exclude_defaults=True)
