@@ -13,7 +13,7 @@ from trainctl.parallelism.data.corpus import DataError
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.spec.files import FileRuleError
 from trainctl.workers.events import EventKind, EventLog, JobState, StragglerStats, read_events, status_of
-from trainctl.workers.step_stats import StepStats
+from trainctl.workers.step_stats import STEP_HISTORY, StepStats
 from trainctl.workers.supervisor import _failure_class, _Outcome
 
 
@@ -108,9 +108,33 @@ def test_straggler_stats_use_the_newest_step_every_rank_timed():
     assert result.step == 1
     assert result.slowest_rank == 2 and result.fastest_rank == 0
     assert result.ratio == pytest.approx(3.0)
+    assert (result.ranks, result.slowest_seconds, result.fastest_seconds, result.median_seconds) == (3, 3.0, 1.0, 1.5)
     assert StragglerStats.from_dict(result.to_dict()) == result
-    assert result.to_dict()["rank_step_times"] == {"0": 1.0, "1": 1.5, "2": 3.0}
     assert stats.latest_complete(before=1) is None
+
+
+def test_straggler_stats_stay_one_summary_however_many_ranks_and_steps():
+    """A STEP event carries the extremes and the median, not a time per rank, and the supervisor keeps
+    the times of STEP_HISTORY steps: neither grows with the ranks' count or the run's length."""
+    stats = StepStats()
+    ranks = 4096
+    for step in range(1, 41):
+        for rank in range(ranks):
+            stats.add(rank, step, 1.0 + (rank == 17) * 0.5 + rank * 1e-6)
+    result = stats.latest_complete(before=41)
+    assert result is not None and result.step == 40 and result.ranks == ranks
+    assert (result.slowest_rank, result.fastest_rank) == (17, 0)
+    assert len(json.dumps(result.to_dict())) < 300
+    assert sorted(stats.times) == list(range(41 - STEP_HISTORY, 41))
+    stats.add(5, 3, 9.0)  # a late time for a step out of the history is dropped
+    assert sorted(stats.times) == list(range(41 - STEP_HISTORY, 41))
+
+
+def test_straggler_stats_of_an_event_log_written_with_per_rank_times_read_as_the_summary():
+    old = {"step": 3, "rank_step_times": {"0": 1.0, "1": 2.0, "2": 1.5}, "slowest_rank": 1, "fastest_rank": 0, "ratio": 2.0}
+    assert StragglerStats.from_dict(old) == StragglerStats(
+        step=3, ranks=3, slowest_rank=1, slowest_seconds=2.0, fastest_rank=0, fastest_seconds=1.0,
+        median_seconds=1.5, ratio=2.0)
 
 
 def test_step_times_from_every_rank_give_the_ratio_and_name_the_slowest_rank_once():
@@ -171,7 +195,7 @@ def test_a_file_the_rule_refused_on_a_rank_is_a_configuration_error():
 def test_a_step_event_reads_back_its_report_and_straggler_stats(tmp_path):
     report = StepReport(step=4, loss=2.0, grad_norm=0.5, lr=1e-3, tokens=64, tokens_per_second=32.0, mfu=None,
                         step_time_seconds=2.0, breakdown={"checkpoint": 0.5}, peak_memory_bytes=10, checkpoint_bytes=99)
-    stats = StragglerStats(step=3, rank_step_times={0: 1.0, 1: 2.0}, slowest_rank=1, fastest_rank=0, ratio=2.0)
+    stats = StragglerStats.of(3, {0: 1.0, 1: 2.0})
     log = EventLog.open(tmp_path / "events.jsonl")
     log.append(EventKind.STEP, rank=0, step={**report.to_dict(), "straggler": stats.to_dict()})
     log.append(EventKind.STEP, rank=0, step={**report.to_dict(), "straggler": None})

@@ -11,8 +11,10 @@ continues the numbering, and the runtime reads it once the supervisor is gone.
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -67,28 +69,54 @@ class EventKind(StrEnum):
 
 @dataclass(frozen=True)
 class StragglerStats:
-    """Per-rank wall times of the newest step every reporting rank has timed (sent with a later STEP event)."""
+    """The spread of per-rank wall times of the newest step every reporting rank has timed (sent with a
+    later STEP event): its extremes and median, so an event's size does not grow with the ranks."""
 
     step: int
-    rank_step_times: dict[int, float]
-    """Rank -> wall seconds of the step."""
+    ranks: int
+    """How many ranks timed the step."""
     slowest_rank: int
+    slowest_seconds: float
     fastest_rank: int
+    fastest_seconds: float
+    median_seconds: float
     ratio: float | None
     """Slowest over fastest time (None when the fastest took no time)."""
 
+    @classmethod
+    def of(cls, step: int, times: Mapping[int, float]) -> StragglerStats:
+        """The stats of one step from its per-rank wall seconds (at least one rank)."""
+        slowest = max(times, key=times.__getitem__)
+        fastest = min(times, key=times.__getitem__)
+        return cls(
+            step=step,
+            ranks=len(times),
+            slowest_rank=slowest,
+            slowest_seconds=times[slowest],
+            fastest_rank=fastest,
+            fastest_seconds=times[fastest],
+            median_seconds=statistics.median(times.values()),
+            ratio=times[slowest] / times[fastest] if times[fastest] > 0 else None,
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form, ranks as string keys (JSON)."""
-        return {**asdict(self), "rank_step_times": {str(r): t for r, t in sorted(self.rank_step_times.items())}}
+        """Plain-dict form (JSON)."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StragglerStats:
-        """Inverse of `to_dict`."""
+        """Inverse of `to_dict`; also reads the per-rank times that event logs written before the summary
+        held (``rank_step_times``)."""
+        if "rank_step_times" in data:
+            return cls.of(int(data["step"]), {int(r): float(t) for r, t in data["rank_step_times"].items()})
         return cls(
             step=int(data["step"]),
-            rank_step_times={int(r): float(t) for r, t in data["rank_step_times"].items()},
+            ranks=int(data["ranks"]),
             slowest_rank=int(data["slowest_rank"]),
+            slowest_seconds=float(data["slowest_seconds"]),
             fastest_rank=int(data["fastest_rank"]),
+            fastest_seconds=float(data["fastest_seconds"]),
+            median_seconds=float(data["median_seconds"]),
             ratio=None if data.get("ratio") is None else float(data["ratio"]),
         )
 

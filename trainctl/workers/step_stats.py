@@ -26,25 +26,21 @@ class StepStats:
 
     def add(self, rank: int, step: int, seconds: float | None) -> None:
         self.reporters.add(rank)
-        if seconds is not None:
-            self.times.setdefault(step, {})[rank] = float(seconds)
-        for old in sorted(self.times)[:-STEP_HISTORY]:
-            del self.times[old]
+        if seconds is None:
+            return
+        if step not in self.times:  # a new step: the oldest beyond the history go
+            self.times[step] = {}
+            for old in sorted(self.times)[:-STEP_HISTORY]:
+                del self.times[old]
+        if step in self.times:
+            self.times[step][rank] = float(seconds)
 
     def latest_complete(self, before: int) -> StragglerStats | None:
         """Straggler stats of the newest step before ``before`` that every reporting rank has timed."""
         for step in sorted(self.times, reverse=True):
             per_rank = self.times[step]
-            if step < before and len(per_rank) >= 2 and self.reporters <= set(per_rank):
-                slowest = max(per_rank, key=per_rank.__getitem__)
-                fastest = min(per_rank, key=per_rank.__getitem__)
-                return StragglerStats(
-                    step=step,
-                    rank_step_times=dict(sorted(per_rank.items())),
-                    slowest_rank=slowest,
-                    fastest_rank=fastest,
-                    ratio=per_rank[slowest] / per_rank[fastest] if per_rank[fastest] > 0 else None,
-                )
+            if step < before and len(per_rank) >= 2 and self.reporters <= per_rank.keys():
+                return StragglerStats.of(step, per_rank)
         return None
 
     def straggler_line(self, stats: StragglerStats | None) -> str | None:
@@ -54,12 +50,10 @@ class StepStats:
         if stats.ratio < STRAGGLER_LOG_RATIO:
             self.named = None
             return None
-        slowest, fastest = stats.slowest_rank, stats.fastest_rank
-        if slowest == self.named:
+        if stats.slowest_rank == self.named:
             return None
-        self.named = slowest
-        times = stats.rank_step_times
+        self.named = stats.slowest_rank
         return (
-            f"straggler at step {stats.step}: rank {slowest} took {times[slowest]:.3f}s, "
-            f"{stats.ratio:.2f}x rank {fastest} ({times[fastest]:.3f}s)"
+            f"straggler at step {stats.step}: rank {stats.slowest_rank} took {stats.slowest_seconds:.3f}s, "
+            f"{stats.ratio:.2f}x rank {stats.fastest_rank} ({stats.fastest_seconds:.3f}s)"
         )
