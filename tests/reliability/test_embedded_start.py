@@ -1,8 +1,11 @@
 """The embedded cluster's start survives Ray's rare "node timed out during startup": the failed
-attempt is shut down and the whole cluster is started again, once."""
+attempt is shut down, the processes its timed-out node had started are killed, and the whole cluster is
+started again, once."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -13,14 +16,19 @@ from trainctl.workers import embedded
 TIMED_OUT = "The current node timed out during startup."
 
 
-def flaky_add_nodes(failures: int, started: list[Cluster], *, start_nodes: bool = True) -> Any:
-    """`_add_nodes` that starts the nodes (unless ``start_nodes`` is false), then times out on its first
-    ``failures`` calls."""
+def flaky_add_nodes(failures: int, started: list[Cluster], *, orphans: list[subprocess.Popen] | None = None) -> Any:
+    """`_add_nodes` that times out on its first ``failures`` calls: after starting the nodes, or, with
+    ``orphans``, after starting only a process that runs from Ray's package and that the cluster does not
+    know (as a node whose start timed out leaves its GCS and dashboard)."""
     real = embedded._add_nodes
 
     def add_nodes(cluster: Cluster, *args: Any) -> dict[str, Any]:
         started.append(cluster)
-        nodes = real(cluster, *args) if start_nodes else {}
+        if orphans is None:
+            nodes = real(cluster, *args)
+        else:
+            orphans.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", embedded.RAY_PACKAGE]))
+            nodes = {}
         if len(started) <= failures:
             raise Exception(TIMED_OUT)  # what ray._private.node.Node raises
         return nodes
@@ -38,10 +46,20 @@ def test_a_start_that_times_out_is_retried_once(monkeypatch: pytest.MonkeyPatch)
         assert cluster.node_names == ["node-0"]
 
 
-def test_a_second_time_out_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both attempts time out before a node is up (that a started attempt is shut down is proven above)."""
+def test_a_second_time_out_is_raised_and_leaves_no_process_of_either_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both attempts time out before a node is up (that a started attempt is shut down is proven above);
+    what each had started is killed, and a process from Ray's package that was running before stays."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", embedded.RAY_PACKAGE])
     started: list[Cluster] = []
-    monkeypatch.setattr(embedded, "_add_nodes", flaky_add_nodes(2, started, start_nodes=False))
-    with pytest.raises(Exception, match=TIMED_OUT):
-        embedded.start_embedded(1, 1)
-    assert len(started) == embedded.START_ATTEMPTS
+    orphans: list[subprocess.Popen] = []
+    monkeypatch.setattr(embedded, "_add_nodes", flaky_add_nodes(2, started, orphans=orphans))
+    try:
+        with pytest.raises(Exception, match=TIMED_OUT):
+            embedded.start_embedded(1, 1)
+        assert len(started) == len(orphans) == embedded.START_ATTEMPTS
+        assert [orphan.wait(timeout=10) for orphan in orphans] == [-9] * embedded.START_ATTEMPTS
+        assert bystander.poll() is None
+    finally:
+        for process in (bystander, *orphans):
+            process.kill()
+            process.wait()

@@ -10,10 +10,14 @@ with no --ray-address starts one (``--nodes`` x ``--gpus-per-node``, 1 x 8 by de
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -21,6 +25,7 @@ import ray
 from ray._private import ray_constants
 from ray.cluster_utils import Cluster
 
+from trainctl.workers.command.launcher import live, tree
 from trainctl.workers.rank_worker import free_port
 from trainctl.workers.resources import CONTROL_CAPACITY, CONTROL_RESOURCE, NODE_LABEL, slot_resources
 from trainctl.workers.topology.model import TopologyMap, simulated_topology
@@ -30,6 +35,8 @@ LABEL_PREFIX = "trainctl.io/"
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
 START_ATTEMPTS = 2
 """Times `start_embedded` starts the cluster before giving up (a node rarely fails to register in time)."""
+RAY_PACKAGE = str(Path(ray.__file__).parent)
+"""Where Ray's daemons, dashboard and worker scripts run from (in each such process's command line)."""
 
 
 def node_name(index: int) -> str:
@@ -138,11 +145,17 @@ def start_embedded(
     labels = {node_name(i): topology_labels(topology, node_name(i)) for i in range(nodes)}
     for attempt in range(1, START_ATTEMPTS + 1):
         cluster = Cluster(shutdown_at_exit=True)
+        running = ray_processes()
         try:
             nodes_by_name = _add_nodes(cluster, labels, gpus_per_node, head_cpus, dashboard, system_config)
             break
         except BaseException as exc:
             cluster.shutdown()
+            # A node whose start timed out is not the cluster's, so `shutdown` leaves the processes it
+            # started (GCS, dashboard, monitor): they would run on beside the next attempt.
+            for pid in ray_processes() - running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             # Ray's "node timed out during startup" (a raylet that never registered) is seen rarely on a
             # loaded machine: start the whole cluster again once.
             if attempt == START_ATTEMPTS or not isinstance(exc, Exception):
@@ -156,6 +169,19 @@ def start_embedded(
         _cluster=cluster,
         _nodes=nodes_by_name,
     )
+
+
+def ray_processes() -> set[int]:
+    """The live processes below this one that run from Ray's package (its daemons, dashboard, workers)."""
+    found = set()
+    for pid in live(tree(os.getpid())):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if RAY_PACKAGE.encode() in cmdline.read():
+                    found.add(pid)
+        except OSError:
+            continue  # gone meanwhile
+    return found
 
 
 def _add_nodes(
