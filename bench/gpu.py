@@ -1,28 +1,37 @@
-"""GPU benchmarks in one call: MFU of a ~1B Llama against torchtitan, the NCCL path, the memory
-estimator's and the step-time model's error (docs/benchmarks.md, "GPU").
+"""GPU benchmarks in one call: MFU of Llama shapes against torchtitan in bf16 and float8, the NCCL
+path, the memory estimator's and the step-time model's error (docs/benchmarks.md, "GPU" and "GPU:
+float8").
 
-    python3 bench/gpu.py --out bench/results-gpu.json --efficiency-json bench/efficiency-results-gpu.json
+    python3 bench/gpu.py --converge-steps 200 --out results.json       # every case, every row
+    python3 bench/gpu.py --cases llama-3b:2048 --only compile fp8       # a subset
+    .venv/bin/python bench/gpu.py --merge a.json b.json --out bench/results-gpu-fp8.json
     .venv/bin/python bench/gpu.py --smoke        # the same code paths on CPU, tiny models
 
-Five runs of the engine's own `Trainer` and one of torchtitan, each in a fresh process (its own CUDA
-context and peak counters), on the same job: preset `llama-1b` (16 layers, dim 2048, GQA 32/8,
-vocab 128,256; 1.5 B parameters), bfloat16 autocast over fp32 master weights, gradients and AdamW
-state (fused), seq 2048, one micro-batch of 4 sequences, byte-level data from the standard library:
+Each case (`--cases PRESET:SEQ_LEN`, default llama-1b:2048, llama-3b:2048, llama-1b:8192) runs its
+rows in `ORDER`, each in a fresh process (its own CUDA context and peak counters), on the same job:
+bfloat16 autocast over fp32 master weights, gradients and AdamW state (fused), one micro-batch of 4
+sequences, byte-level data from the standard library:
 
-1. ``eager``: one GPU, one process, no process group.
-2. ``compile``: the same with ``training.compile`` (each decoder block and the loss compiled).
-3. ``nccl``: the compiled job under ``torchrun`` with an NCCL process group (an all-reduce checked at
+1. ``compile``: one GPU, one process, ``training.compile`` (each decoder block and the loss).
+2. ``fp8``: the same with ``training.fp8: tensorwise``.
+3. ``torchtitan`` / ``torchtitan-fp8``: bench/torchtitan_peer.py, torchtitan's own Trainer on the
+   same shape, batch and sequence length (its wheels on the path), without and with its Float8
+   linears; ours over theirs per precision is the ratio reported.
+4. ``eager``: no compile.
+5. ``nccl``: the compiled job under ``torchrun`` with an NCCL process group (an all-reduce checked at
    start): 2 ranks with FSDP (``dp_shard: 2``) when the machine has 2 GPUs, else 1 rank (NCCL refuses
    two ranks on one GPU).
-4. ``torchtitan``: bench/torchtitan_peer.py, torchtitan's own Trainer on the same shape, batch and
-   sequence length (its wheels on the path); our ``compile`` over it is the ratio reported.
-5. ``checkpointed``: eager with ``activation_checkpointing: full``.
-6. ``lora``: eager with LoRA rank 16 on every projection.
+6. ``checkpointed``: eager with ``activation_checkpointing: full``.
+7. ``lora``: eager with LoRA rank 16 on every projection.
+
+``--converge-steps N`` runs the first case's ``compile`` and ``fp8`` rows for N steps: float8's losses
+against bf16's (`convergence`); they are timed over the same steps as every other row.
+``--merge`` joins the files of several calls into one.
 
 Per run, ``--warmup`` steps are left out (compilation, allocator growth); over the ``--steps`` that
 follow: the median step time and tokens/s, MFU as the Trainer reports it (`flops.mfu`), the step time
-`trainctl plan` models for the job on this GPU (`step_time.modelled_step_time` at `flops.peak_flops`,
-no communication on one GPU) and measured / modelled, and peak memory against
+`trainctl plan` models for the job on this GPU (`step_time.modelled_step_time` at `flops.peak_flops`
+and the GPU's memory bandwidth, no communication on one GPU) and measured / modelled, and peak memory against
 `estimator.estimate_memory(...).total_bytes` (error = estimate / measured - 1; target within 10 %).
 Memory phases: the allocated bytes at a step's start, at the end of forward, at the peaks of forward,
 backward and the optimizer step, and after each (`PHASES`; the largest over the measured steps), so a
@@ -34,7 +43,8 @@ written to ``--out`` as soon as it is measured.
 
 ``--smoke`` runs the same steps on CPU with the ``debug`` preset, seq 64, gloo with 2 torchrun ranks
 instead of NCCL and torchtitan's tiny smoke model (its row says "not run" where torchtitan is not
-installed, as in the project's virtualenv): it checks the script, not the hardware. It reports no
+installed, as in the project's virtualenv; the ``fp8`` row shows the spec's refusal on CPU): it checks
+the script, not the hardware. It reports no
 MFU (CPU peaks are unknown), and its memory is the process's RSS, which is not comparable with the
 estimate.
 """
@@ -75,23 +85,48 @@ class Run:
     torchrun: bool = False
     activation_checkpointing: str = "none"
     lora: bool = False
+    fp8: str = "none"
 
 
 RUNS = (
     Run("eager"),
     Run("compile", compile=True),
+    Run("fp8", compile=True, fp8="tensorwise"),
     Run("nccl", compile=True, torchrun=True),
     Run("checkpointed", activation_checkpointing="full"),
     Run("lora", lora=True),
 )
+PEERS = {"torchtitan": "none", "torchtitan-fp8": "tensorwise"}
+"""torchtitan's rows: bench/torchtitan_peer.py with its Float8 linears off or tensorwise."""
+ORDER = ("compile", "fp8", "torchtitan", "torchtitan-fp8", "eager", "nccl", "checkpointed", "lora")
+"""Rows of each case, in the order they run (the ones the issue asks for first)."""
+CONVERGED = ("compile", "fp8")
+"""Rows that run `--converge-steps` steps in the first case: float8's losses against bf16's."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model shape and sequence length every row of a case trains."""
+
+    preset: str
+    seq_len: int
+
+    @classmethod
+    def parse(cls, text: str) -> Case:
+        preset, _, seq = text.partition(":")
+        return cls(preset, int(seq or 2048))
+
+    @property
+    def label(self) -> str:
+        return f"{self.preset} s{self.seq_len}"
 LORA = {"rank": 16, "alpha": 32.0, "target_modules": ["wq", "wk", "wv", "wo", "w1", "w2", "w3"]}
 """The LoRA run's adapters: rank 16 on every projection of every block."""
 
 
-def job_spec(run_: Run, smoke: bool, ranks: int, steps: int, micro: int, seq_len: int) -> dict[str, Any]:
+def job_spec(run_: Run, smoke: bool, ranks: int, steps: int, micro: int, seq_len: int, preset: str = "llama-1b") -> dict[str, Any]:
     """The benchmark job (JobSpecBody fields) for one run."""
     job: dict[str, Any] = {
-        "model": {"preset": "debug" if smoke else "llama-1b"},
+        "model": {"preset": "debug" if smoke else preset},
         "data": {"seq_len": seq_len, "max_files": 50 if smoke else 200, "prefetch": 2},
         "parallelism": {"dp_shard": ranks},
         "training": {
@@ -103,6 +138,7 @@ def job_spec(run_: Run, smoke: bool, ranks: int, steps: int, micro: int, seq_len
             "compile": run_.compile,
             "activation_checkpointing": run_.activation_checkpointing,
             "optimizer_impl": "auto",  # fused on CUDA, foreach on CPU
+            "fp8": run_.fp8,
         },
         "checkpoint": {"interval_steps": 0, "resume": False},
         "resources": {"gpus": ranks, "device": "cpu" if smoke else "cuda"},
@@ -184,6 +220,7 @@ def worker(job_json: str, warmup: int, result_path: Path) -> None:
     from trainctl.parallelism.engine.step_report import StepReport
     from trainctl.parallelism.engine.trainer import Trainer
     from trainctl.parallelism.resolved_job import ResolvedJob
+    from trainctl.parallelism.sizing.device_memory import gpu_memory_bandwidth
     from trainctl.parallelism.sizing.estimator import estimate_memory
     from trainctl.parallelism.sizing.flops import peak_flops
     from trainctl.parallelism.sizing.step_time import modelled_step_time
@@ -228,10 +265,15 @@ def worker(job_json: str, warmup: int, result_path: Path) -> None:
     estimate = estimate_memory(ResolvedJob.resolve(trainer.job, model=config), rank)
     step_seconds = statistics.median(r.step_time_seconds for r in steady)
     peak = peak_flops(torch.cuda.get_device_name(device) if cuda else None, body.training.dtype)
-    modelled = modelled_step_time(config, trainer.job, peak, {}) if peak else None
+    bandwidth = gpu_memory_bandwidth(torch.cuda.get_device_name(device)) if cuda else None
+    modelled = modelled_step_time(config, trainer.job, peak, {}, memory_bandwidth=bandwidth) if peak else None
     from torch._dynamo.utils import counters
 
     out = {
+        "preset": body.model.preset,
+        "seq_len": body.data.seq_len,
+        "fp8": body.training.fp8,
+        "float8_linears": len(trainer.model.float8),
         "device": torch.cuda.get_device_name(device) if cuda else f"cpu ({platform.machine()})",
         "ranks": world,
         "process_group": group or None,
@@ -278,7 +320,7 @@ def _free_port() -> int:
 
 def run(name: str, job: dict[str, Any], warmup: int, ranks: int, torchrun: bool, workdir: Path, timeout: float) -> dict[str, Any]:
     """One run in a fresh process (under torchrun when asked); its measurements, or its error."""
-    result = workdir / f"{name}.json"
+    result = workdir / f"{name}-{job['model']['preset']}-{job['data']['seq_len']}.json"
     tail = [str(HERE), "--worker", json.dumps(job), "--warmup", str(warmup), "--result", str(result)]
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
@@ -288,13 +330,14 @@ def run(name: str, job: dict[str, Any], warmup: int, ranks: int, torchrun: bool,
     return _finish(name, cmd, result, timeout)
 
 
-def peer_run(warmup: int, steps: int, micro: int, seq_len: int, smoke: bool, workdir: Path, timeout: float) -> dict[str, Any]:
+def peer_run(name: str, case: Case, warmup: int, steps: int, micro: int, smoke: bool, workdir: Path, timeout: float) -> dict[str, Any]:
     """torchtitan training the same model shape, batch and sequence length (bench/torchtitan_peer.py),
-    its row in this script's terms."""
-    result = workdir / "torchtitan.json"
-    cmd = [sys.executable, str(PEER), "--warmup", str(warmup), "--steps", str(steps - warmup), "--batch", str(micro),
-           "--seq-len", str(seq_len), "--out", str(result), *(["--smoke"] if smoke else [])]
-    row = _finish("torchtitan", cmd, result, timeout)
+    its Float8 linears as `PEERS[name]` says; its row in this script's terms."""
+    result = workdir / f"{name}-{case.preset}-{case.seq_len}.json"
+    cmd = [sys.executable, str(PEER), "--preset", case.preset, "--warmup", str(warmup), "--steps", str(steps - warmup),
+           "--batch", str(micro), "--seq-len", str(case.seq_len), "--float8", PEERS[name], "--out", str(result),
+           *(["--smoke"] if smoke else [])]
+    row = _finish(name, cmd, result, timeout)
     if "error" in row:
         return row
     return {**row, "ranks": 1, "process_group": None, "step_seconds": row["step_time_median_s"],
@@ -337,18 +380,44 @@ def _pct(value: float | None) -> str:
     return f"{100 * value:.1f}%" if value is not None else "n/a"
 
 
+def flops_per_token(row: dict[str, Any]) -> tuple[float, float] | None:
+    """(Megatron convention: causal attention halved, torchtitan's: attention unmasked) FLOPs per
+    token of the row's model and sequence length (sizing/flops.py); None for a smoke row."""
+    from trainctl.parallelism.sizing.flops import full_attention_flops_per_token, training_flops_per_token
+    from trainctl.spec.presets import PRESETS
+
+    config = PRESETS.get(row.get("preset") or "")
+    if config is None or row.get("smoke"):
+        return None
+    seq = row["seq_len"]
+    return training_flops_per_token(config, seq), full_attention_flops_per_token(config, seq)
+
+
+def mfus(row: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The row's MFU in both conventions, against the device's dense bf16 peak (float8 rows too, so
+    the two precisions compare on one scale)."""
+    from trainctl.parallelism.sizing.flops import peak_flops
+
+    per_token = flops_per_token(row)
+    peak = peak_flops(row.get("device"), "bfloat16")
+    if per_token is None or peak is None or not row.get("tokens_per_second"):
+        return None, None
+    return tuple(f * row["tokens_per_second"] / (row.get("ranks", 1) * peak) for f in per_token)  # type: ignore[return-value]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| run | process group | step ms | tokens/s | MFU | modelled step ms | measured / modelled | peak MiB "
-        "| estimate MiB | estimator error |",
-        "|" + "---|" * 10,
+        "| case | run | process group | step ms | tokens/s | MFU (causal) | MFU (full attn) | modelled step ms "
+        "| measured / modelled | peak MiB | estimate MiB | estimator error |",
+        "|" + "---|" * 12,
     ]
     for r in rows:
+        head = f"| {r.get('case', '')} | {r['run']}"
         if "skipped" in r:
-            lines.append(f"| {r['run']} | not run: {r['skipped']} |" + " |" * 8)
+            lines.append(f"{head} | not run: {r['skipped']} |" + " |" * 9)
             continue
         if "error" in r:
-            lines.append(f"| {r['run']} | failed: {r['error'].strip().splitlines()[-1][:200] if r['error'].strip() else '?'} |" + " |" * 8)
+            lines.append(f"{head} | failed: {r['error'].strip().splitlines()[-1][:200] if r['error'].strip() else '?'} |" + " |" * 9)
             continue
         pg = r.get("process_group")
         group = f"{pg['backend']}, all-reduce {'ok' if pg['all_reduce_ok'] else 'WRONG'}" if pg else "none"
@@ -357,39 +426,86 @@ def table(rows: list[dict[str, Any]]) -> str:
             error += " (RSS)"
         modelled = r.get("modelled_step_seconds")
         ratio = r.get("measured_over_modelled")
-        estimate = r.get("estimate_bytes")
+        causal, full = mfus(r)
         lines.append(
-            f"| {r['run']} | {group} | {1000 * r['step_seconds']:.1f} | {r['tokens_per_second']:,.0f} | {_pct(r['mfu'])} "
+            f"{head} | {group} | {1000 * r['step_seconds']:.1f} | {r['tokens_per_second']:,.0f} | {_pct(causal)} | {_pct(full)} "
             f"| {f'{1000 * modelled:.1f}' if modelled else 'n/a'} | {f'{ratio:.2f}x' if ratio else 'n/a'} "
-            f"| {_mib(r.get('peak_bytes'))} | {_mib(estimate)} | {error} |"
+            f"| {_mib(r.get('peak_bytes'))} | {_mib(r.get('estimate_bytes'))} | {error} |"
         )
     return "\n".join(lines)
 
 
-def peer_ratio(rows: list[dict[str, Any]]) -> dict[str, float] | None:
-    """Our compiled run over torchtitan's: tokens/s and MFU ratios (None unless both ran)."""
-    ours = next((r for r in rows if r["run"] == "compile" and "step_seconds" in r), None)
-    peer = next((r for r in rows if r["run"] == "torchtitan" and "step_seconds" in r), None)
-    if ours is None or peer is None:
+def peer_ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Ours over torchtitan in tokens/s, per case and precision (`compile` / `torchtitan`, `fp8` /
+    `torchtitan-fp8`), for the pairs where both ran."""
+    done = {(r.get("case"), r["run"]): r for r in rows if "step_seconds" in r}
+    ratios = {}
+    for (case, name), ours in done.items():
+        peer = done.get((case, {"compile": "torchtitan", "fp8": "torchtitan-fp8"}.get(name, "")))
+        if peer is not None:
+            ratios[f"{case} {name}"] = ours["tokens_per_second"] / peer["tokens_per_second"]
+    return ratios
+
+
+def timing_window(row: dict[str, Any], warmup: int, measured: int) -> dict[str, Any]:
+    """A long (`--converge-steps`) row timed over the same steps as every other row: the median of
+    steps warmup+1 .. warmup+measured, as for the peers, so a sustained run's clocks do not skew the
+    comparison; the median over all its steady steps is kept as `step_seconds_long`."""
+    times = row.get("step_seconds_all") or []
+    if len(times) <= warmup + measured or "step_seconds_long" in row:
+        return row
+    median = statistics.median(times[warmup:warmup + measured])
+    tokens = row["tokens_per_second"] * row["step_seconds"]
+    return {**row, "step_seconds_long": row["step_seconds"], "tokens_per_second_long": row["tokens_per_second"],
+            "step_seconds": median, "tokens_per_second": tokens / median,
+            "measured_over_modelled": median / row["modelled_step_seconds"] if row.get("modelled_step_seconds") else None}
+
+
+def convergence(rows: list[dict[str, Any]], tail: int = 50) -> dict[str, Any] | None:
+    """Float8's losses against bf16's over the same steps (`CONVERGED` rows of one case: the case where
+    both ran longest, the `--converge-steps` one): the mean of the last `tail` steps and the largest
+    per-step relative gap over them."""
+    by_case: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        if "losses" in r and r["run"] in CONVERGED:
+            by_case.setdefault(r.get("case", ""), {})[r["run"]] = r["losses"]
+    pairs = [(case, runs) for case, runs in by_case.items() if all(name in runs for name in CONVERGED)]
+    if not pairs:
         return None
-    ratio = {"tokens_per_second": ours["tokens_per_second"] / peer["tokens_per_second"]}
-    if ours["mfu"] and peer.get("mfu"):
-        ratio["mfu"] = ours["mfu"] / peer["mfu"]
-    return ratio
+    case, runs = max(pairs, key=lambda p: min(len(v) for v in p[1].values()))
+    bf16, fp8 = (runs[name] for name in CONVERGED)
+    n = min(len(bf16), len(fp8))
+    if n < 2 * tail:
+        tail = max(1, n // 2)
+    a, b = fp8[n - tail:n], bf16[n - tail:n]
+    return {
+        "case": case,
+        "steps": n,
+        "tail": tail,
+        "fp8_tail_mean": statistics.fmean(a),
+        "bf16_tail_mean": statistics.fmean(b),
+        "tail_mean_relative_gap": statistics.fmean(a) / statistics.fmean(b) - 1,
+        "max_step_relative_gap": max(abs(x / y - 1) for x, y in zip(a, b, strict=True)),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, debug preset, gloo: check the script without a GPU")
+    parser.add_argument("--cases", nargs="*", default=["llama-1b:2048", "llama-3b:2048", "llama-1b:8192"],
+                        help="PRESET:SEQ_LEN model shapes and sequence lengths, in the order they run")
     parser.add_argument("--steps", type=int, help="measured steps per run (default 6; smoke 3)")
+    parser.add_argument("--converge-steps", type=int, default=0,
+                        help="total steps of the first case's compile and fp8 rows (float8 against bf16); 0: as others")
     parser.add_argument("--warmup", type=int, help="steps left out per run (default 3; smoke 2)")
     parser.add_argument("--micro", type=int, help="sequences per micro-batch per rank (default 4; smoke 2)")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048; smoke 64)")
-    parser.add_argument("--only", nargs="*", help="run only these (names: " + ", ".join(r.name for r in RUNS) + ", torchtitan)")
+    parser.add_argument("--only", nargs="*", help="run only these (names: " + ", ".join(ORDER) + ")")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     parser.add_argument("--budget", type=float, default=1e9, help="seconds for the whole script: no run starts after")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here (after every run)")
     parser.add_argument("--efficiency-json", type=Path, help="then run bench/efficiency.py here (" + " ".join(EFFICIENCY_ARGS) + ")")
+    parser.add_argument("--merge", nargs="*", type=Path,
+                        help="no runs: merge these saved --out files (rows in order) into --out and print the table")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -398,6 +514,8 @@ def main() -> int:
     if args.worker:
         worker(args.worker, warmup, args.result)
         return 0
+    if args.merge:
+        return merge(args.merge, args.out)
 
     import torch
 
@@ -406,52 +524,96 @@ def main() -> int:
     deadline = time.monotonic() + args.budget
     steps = warmup + (args.steps if args.steps is not None else (3 if smoke else 6))
     micro = args.micro or (2 if smoke else 4)
-    seq_len = args.seq_len or (64 if smoke else 2048)
+    cases = [Case("debug", 64)] if smoke else [Case.parse(c) for c in args.cases]
     nccl_ranks = 2 if smoke else min(2, torch.cuda.device_count())
     if smoke:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     machine = (f"{platform.machine()} CPU, torch {torch.__version__}" if smoke
                else f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}, "
                     f"CUDA {torch.version.cuda}, driver {_driver()}")
-    print(f"{'SMOKE (CPU, not a measurement): ' if smoke else ''}{machine}; seq {seq_len}, micro-batch {micro}, "
-          f"{warmup} warm-up + {steps - warmup} measured steps per run", flush=True)
+    print(f"{'SMOKE (CPU, not a measurement): ' if smoke else ''}{machine}; cases {', '.join(c.label for c in cases)}, "
+          f"micro-batch {micro}, {warmup} warm-up + {steps - warmup} measured steps per run", flush=True)
     rows: list[dict[str, Any]] = []
     payload: dict[str, Any] = {"machine": machine, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "smoke": smoke,
-                               "seq_len": seq_len, "micro_batch": micro, "warmup": warmup, "steps": steps, "rows": rows}
+                               "micro_batch": micro, "warmup": warmup, "steps": steps, "rows": rows}
 
     def save() -> None:
-        payload["torchtitan_ratio"] = peer_ratio(rows)
+        payload["torchtitan_ratio"] = peer_ratios(rows)
+        payload["convergence"] = convergence(rows)
         if args.out:
             args.out.write_text(json.dumps(payload, indent=1) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="trainctl-bench-gpu-") as tmp:
         workdir = Path(tmp)
-        for name in [r.name for r in RUNS[:3]] + ["torchtitan"] + [r.name for r in RUNS[3:]]:
-            if args.only and name not in args.only:
-                continue
-            left = deadline - time.monotonic()
-            if left < 30:
-                rows.append({"run": name, "error": "not run: the --budget was spent"})
-                continue
-            timeout = min(args.timeout, left)
-            if name == "torchtitan" and importlib.util.find_spec("torchtitan") is None:
-                rows.append({"run": name, "skipped": "torchtitan is not installed (its wheels: bench/torchtitan_peer.py)"})
-            elif name == "torchtitan":
-                rows.append(peer_run(warmup, steps, micro, seq_len, smoke, workdir, timeout))
-            else:
-                run_ = next(r for r in RUNS if r.name == name)
-                ranks = nccl_ranks if run_.torchrun else 1
-                job = job_spec(run_, smoke, ranks, steps, micro, seq_len)
-                rows.append(run(name if not (smoke and run_.torchrun) else "gloo (smoke)", job, warmup, ranks, run_.torchrun, workdir, timeout))
-            save()
+        for index, case in enumerate(cases):
+            for name in ORDER:
+                if args.only and name not in args.only:
+                    continue
+                row_steps = args.converge_steps if index == 0 and name in CONVERGED and args.converge_steps else steps
+                tag = {"case": case.label}
+                left = deadline - time.monotonic()
+                if left < 30:
+                    rows.append({"run": name, **tag, "error": "not run: the --budget was spent"})
+                    continue
+                timeout = min(args.timeout, left)
+                if name in PEERS and importlib.util.find_spec("torchtitan") is None:
+                    rows.append({"run": name, **tag, "skipped": "torchtitan is not installed (its wheels: bench/torchtitan_peer.py)"})
+                elif name in PEERS:
+                    rows.append({**peer_run(name, case, warmup, row_steps, micro, smoke, workdir, timeout), **tag})
+                else:
+                    run_ = next(r for r in RUNS if r.name == name)
+                    ranks = nccl_ranks if run_.torchrun else 1
+                    job = job_spec(run_, smoke, ranks, row_steps, micro, case.seq_len, case.preset)
+                    refused = smoke and run_.fp8 != "none" and _refusal(job)
+                    if refused:
+                        rows.append({"run": name, **tag, "skipped": f"refused on CPU, as it must be: {refused}"})
+                    else:
+                        label = name if not (smoke and run_.torchrun) else "gloo (smoke)"
+                        row = run(label, job, warmup, ranks, run_.torchrun, workdir, timeout)
+                        rows.append({**timing_window(row, warmup, steps - warmup), **tag})
+                save()
     print(table(rows))
-    if payload["torchtitan_ratio"]:
-        print("ours (compile) / torchtitan: " + ", ".join(f"{k} {v:.3f}x" for k, v in payload["torchtitan_ratio"].items()))
+    for pair, ratio in payload["torchtitan_ratio"].items():
+        print(f"ours / torchtitan, {pair}: {ratio:.3f}x tokens/s")
+    if payload["convergence"]:
+        print("float8 against bf16: " + json.dumps(payload["convergence"]))
     if args.efficiency_json:
         left = deadline - time.monotonic()
         payload["efficiency"] = efficiency_run(args.efficiency_json, left) if left >= 60 else {"error": "not run: the --budget was spent"}
         save()
     return 0 if all("error" not in r for r in rows) and "error" not in payload.get("efficiency", {}) else 1
+
+
+def merge(paths: list[Path], out: Path | None) -> int:
+    """Several calls' saved payloads as one: their rows in order (long rows timed over the common
+    window), the ratios and the convergence recomputed, the machines and dates listed."""
+    payloads = [json.loads(p.read_text()) for p in paths]
+    first = payloads[0]
+    rows = [timing_window(r, p["warmup"], p["steps"] - p["warmup"]) for p in payloads for r in p["rows"]
+            if "not run: the --budget was spent" not in r.get("error", "")]
+    merged = {**first, "date": ", ".join(sorted({p["date"] for p in payloads})),
+              "machine": "; ".join(sorted({p["machine"] for p in payloads})), "merged_from": [p.name for p in paths],
+              "rows": rows, "torchtitan_ratio": peer_ratios(rows), "convergence": convergence(rows)}
+    if out:
+        out.write_text(json.dumps(merged, indent=1) + "\n")
+    print(table(rows))
+    for pair, ratio in merged["torchtitan_ratio"].items():
+        print(f"ours / torchtitan, {pair}: {ratio:.3f}x tokens/s")
+    print("float8 against bf16: " + json.dumps(merged["convergence"]))
+    return 0
+
+
+def _refusal(job: dict[str, Any]) -> str:
+    """The spec's refusal of `job`, or "" when it is accepted."""
+    from pydantic import ValidationError
+
+    from trainctl.spec.job import JobSpecBody
+
+    try:
+        JobSpecBody.model_validate(job)
+    except ValidationError as err:
+        return "; ".join(e["msg"] for e in err.errors())
+    return ""
 
 
 def _driver() -> str:

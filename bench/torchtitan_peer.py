@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=8, help="measured steps")
     p.add_argument("--no-compile", action="store_true", help="eager (default: torchtitan's per-block compile)")
     p.add_argument("--no-compile-loss", action="store_true", help="compile the decoder blocks only, not the loss")
+    p.add_argument("--float8", choices=("none", "tensorwise", "rowwise"), default="none",
+                   help="torchtitan's Float8 linears (quantize.linear.float8): tensorwise or rowwise scaling")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, 3 steps (1 warm-up + 2 measured)")
     p.add_argument("--check-shape", action="store_true", help="build torchtitan's and trainctl's model on meta, compare, exit")
     p.add_argument("--out", type=Path, default=None, help="also write the result JSON here")
@@ -109,27 +111,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # Import-time adjustments (before torchtitan is imported)
 
 
-def maybe_stub_text_datasets() -> bool:
-    """Pre-register torchtitan's HF text-dataset module as a stub when `datasets` is missing.
-
-    `torchtitan.train` (via `components.validate`) and `torchtitan.models.llama3` import
-    `torchtitan.hf_datasets.text_datasets`, which imports `datasets` at module level. This benchmark
-    never uses that loader (its train spec supplies a byte-level one), so when `datasets` is absent the
-    module is replaced by one whose builders raise. Returns whether the stub was installed.
-    """
-    if importlib.util.find_spec("datasets") is not None:
+def stub_module(name: str, missing: str, functions: tuple[str, ...]) -> bool:
+    """Pre-register module `name` as a stub whose `functions` raise, when the package `missing` (which
+    the module imports at its top) is not installed. Returns whether the stub was installed."""
+    if importlib.util.find_spec(missing) is not None:
         return False
-    name = "torchtitan.hf_datasets.text_datasets"
 
     def _unavailable(*_args: Any, **_kwargs: Any) -> Any:
-        raise RuntimeError(f"{name} is stubbed out by bench/torchtitan_peer.py (the `datasets` package is not installed)")
+        raise RuntimeError(f"{name} is stubbed out by bench/torchtitan_peer.py (the `{missing}` package is not installed)")
 
     stub = types.ModuleType(name)
-    stub.__doc__ = "Stand-in installed by bench/torchtitan_peer.py: `datasets` is not installed."
-    stub.build_text_dataloader = _unavailable  # type: ignore[attr-defined]
-    stub.build_text_validation_dataloader = _unavailable  # type: ignore[attr-defined]
+    stub.__doc__ = f"Stand-in installed by bench/torchtitan_peer.py: `{missing}` is not installed."
+    for function in functions:
+        setattr(stub, function, _unavailable)
     sys.modules[name] = stub
     return True
+
+
+def maybe_stub_text_datasets() -> bool:
+    """`torchtitan.train` (via `components.validate`) and `torchtitan.models.llama3` import
+    `torchtitan.hf_datasets.text_datasets`, which imports `datasets` at module level. This benchmark
+    never uses that loader (its train spec supplies a byte-level one), so without `datasets` the module
+    is a stub whose builders raise."""
+    return stub_module("torchtitan.hf_datasets.text_datasets", "datasets",
+                       ("build_text_dataloader", "build_text_validation_dataloader"))
+
+
+def maybe_stub_moe_kernels() -> bool:
+    """`torchtitan.models.moe` imports its Triton kernels at module level; CPU-only torch builds have no
+    `triton`, and this dense benchmark never routes tokens, so without it the module is a stub."""
+    return stub_module("torchtitan.models.moe.kernels", "triton", ("generate_permute_indices",))
 
 
 class _CpuDeviceModule:
@@ -205,8 +216,8 @@ def set_single_process_env() -> None:
 def trainctl_config(args: argparse.Namespace) -> Any:
     from trainctl.spec.presets import PRESETS, ModelConfig
 
-    if args.smoke:
-        return ModelConfig(**SMOKE_SHAPE)
+    if args.smoke:  # under float8, a feed-forward wide enough for the auto filter to convert w1 and w3
+        return ModelConfig(**{**SMOKE_SHAPE, **({"ffn_dim": 1040} if args.float8 != "none" else {})})
     return PRESETS[args.preset]
 
 
@@ -361,6 +372,16 @@ def build_job_config(args: argparse.Namespace, dump_folder: str) -> Any:
     jc.activation_checkpoint.mode = "none"
     jc.compile.enable = not args.no_compile
     jc.compile.components = ["model"] if args.no_compile_loss else ["model", "loss"]
+    if args.float8 != "none":
+        # torchtitan's float8 converter; its auto filter skips the linears too small to gain, with the
+        # thresholds trainctl's layouts/float8.py applies, and the output head stays in bf16 as in trainctl.
+        jc.model.converters = ["quantize.linear.float8"]
+        fp8 = jc.quantize.linear.float8
+        fp8.recipe_name = None if args.float8 == "tensorwise" else args.float8  # None: the tensorwise default
+        fp8.filter_fqns = ["output", "auto_filter_small_kn"]
+        fp8.emulate = args.smoke  # no float8 tensor cores on CPU: torchao's emulation (eager only)
+        if args.smoke:
+            jc.compile.enable = False
     jc.metrics.log_freq = 1
     jc.metrics.enable_tensorboard = False
     jc.metrics.enable_wandb = False
@@ -434,6 +455,7 @@ def make_trainer_class(warmup: int, on_cuda: bool) -> type:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     stubbed = maybe_stub_text_datasets()
+    maybe_stub_moe_kernels()
     set_single_process_env()
 
     import torch
@@ -470,6 +492,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         last = trainer.recorder.records[max(trainer.recorder.records)]
         tt_flops = trainer.metrics_processor.num_flops_per_token
         tt_peak = trainer.metrics_processor.gpu_peak_flops
+        float8_linears = sorted(
+            name for part in trainer.model_parts for name, m in part.named_modules() if type(m).__name__ == "Float8Linear"
+        )
     finally:
         if trainer is not None:
             trainer.close()
@@ -497,6 +522,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "seq_len": args.seq_len,
         "batch": args.batch,
         "tokens_per_step": tokens,
+        "float8": args.float8,
+        "float8_converters": list(job_config.model.converters),
+        "float8_linears": float8_linears,
         "compile": job_config.compile.enable,
         "compile_components": list(job_config.compile.components) if job_config.compile.enable else [],
         "mixed_precision": "autocast bfloat16 (torchtitan maybe_enable_amp), float32 parameters",

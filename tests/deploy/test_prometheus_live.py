@@ -39,7 +39,7 @@ JOB_SPEC = {
     },
 }
 TERMINAL = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED}
-MFU = "trainctl_job_mfu_ratio"
+MFU = "trainctl_job_mfu_"  # both conventions: trainctl_job_mfu_ratio, trainctl_job_mfu_full_attention_ratio
 
 
 @pytest.fixture(scope="module")

@@ -219,6 +219,11 @@ class WorkerPool:
 
 
 # ---- jobs ------------------------------------------------------------------------------------------
+FP8_SHAPE = {"ffn_dim": 1040}
+"""The debug preset (dim 64) with a feed-forward wide enough for `training.fp8` tensorwise to convert w1
+and w3 (64 -> 1040: out_features over 1024); w2 (1040 -> 64) and attention (64 -> 64) stay in bf16."""
+
+
 def tiny_job(corpus: str, *, steps: int = 5, model: dict | None = None, training: dict | None = None,
              data: dict | None = None, **parallelism: Any) -> JobSpecBody:
     """A debug-sized job on `corpus` (a glob); keyword arguments set spec.parallelism fields."""

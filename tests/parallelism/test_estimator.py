@@ -22,9 +22,17 @@ from trainctl.parallelism.sizing.estimator import (
     full_shapes,
     local_params,
 )
-from trainctl.parallelism.sizing.flops import active_matmul_params, training_flops_per_token
+from trainctl.parallelism.sizing.flops import (
+    active_matmul_params,
+    adapter_params,
+    full_attention_flops_per_token,
+    recompute_flops_per_token,
+    training_flops_per_token,
+)
 from trainctl.spec.job import JobSpecBody, LoRASpec
 from trainctl.spec.presets import PRESETS, MoEConfig, resolve_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def storage_bytes(tensors) -> int:
@@ -52,9 +60,6 @@ def measure(rank: int, world_size: int, body_json: str) -> dict[str, int]:
     trainer.optimizer_step()
     state = [t for opt in trainer.optimizers for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     return {"params": storage_bytes(params), "grads": grads, "optimizer": storage_bytes(state)}
-
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def memory_bench() -> ModuleType:
@@ -213,6 +218,72 @@ def test_flops_of_moe_models_count_the_moe_layers():
     assert active_matmul_params(config) == d * v + 5 * attention + 3 * dense + 2 * (d * 4 + 2 * dense + dense)
 
 
+def test_full_attention_convention_matches_torchtitan_on_llama_1b():
+    """torchtitan reported 8,220,192,768 FLOPs/token for llama-1b at seq 2048; its N also counts the norm
+    weights (a few hundred thousand parameters), ours leaves them out."""
+    config = PRESETS["llama-1b"]
+    assert training_flops_per_token(config, 2048) == 7_817_134_080  # Megatron: causal attention halved
+    attention_half = 6 * config.n_layers * 2048 * config.n_heads * config.head_dim
+    assert attention_half == 402_653_184
+    assert full_attention_flops_per_token(config, 2048) == 7_817_134_080 + 402_653_184 == 8_219_787_264
+    norms = (2 * config.n_layers + 1) * config.dim
+    assert full_attention_flops_per_token(config, 2048) + 6 * norms == 8_220_192_768
+
+
+def model_counts(config, lora: LoRASpec | None) -> tuple[int, int]:
+    """(matmul weights a token passes through, adapter parameters), counted on the model itself (meta device)."""
+    from trainctl.parallelism.model.lora import apply_lora
+    from trainctl.parallelism.model.transformer import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(config)
+    if lora is not None:
+        apply_lora(model, lora, seed=0)
+    params = dict(model.named_parameters())
+    adapters = sum(p.numel() for name, p in params.items() if name.endswith((".lora_a", ".lora_b")))
+    matmuls = sum(p.numel() for name, p in params.items()
+                  if name.endswith(tuple(f"{m}.weight" for m in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"))) or name == "output.weight")
+    return matmuls, adapters
+
+
+@pytest.mark.parametrize("lora", [LoRASpec(rank=4, target_modules=["wq", "wv", "w2"]),
+                                  LoRASpec(rank=8, target_modules=["wq", "wk", "wv", "wo", "w1", "w2", "w3"])])
+def test_lora_flops_count_frozen_weights_without_weight_gradients(lora):
+    """A frozen weight costs 4 FLOPs per token (forward + input gradient), an adapter 6, attention keeps its
+    factor; a job without LoRA is unchanged."""
+    config = PRESETS["debug"]
+    s, layers = 32, config.n_layers
+    attention = 6 * layers * s * config.n_heads * config.head_dim
+    n_frozen, n_adapters = model_counts(config, lora)
+    n_dense, _ = model_counts(config, None)
+    assert n_frozen == n_dense == active_matmul_params(config) and n_adapters > 0
+    assert adapter_params(config, lora) == n_adapters
+    assert training_flops_per_token(config, s, lora) == 4 * n_frozen + 6 * n_adapters + attention
+    assert full_attention_flops_per_token(config, s, lora) == 4 * n_frozen + 6 * n_adapters + 2 * attention
+    assert training_flops_per_token(config, s) == training_flops_per_token(config, s, None) == 6 * n_dense + attention
+    assert full_attention_flops_per_token(config, s) == 6 * n_dense + 2 * attention
+    # recompute: one more forward of the blocks (adapters included), never the output layer
+    blocks_forward = 2 * (n_frozen - config.dim * config.vocab_size) + 2 * n_adapters + attention / 3
+    assert recompute_flops_per_token(config, s, "full", lora) == pytest.approx(blocks_forward)
+
+
+def test_lora_flops_of_moe_models_adapt_dense_blocks_only():
+    config = replace(PRESETS["debug"], n_layers=5, moe=MoEConfig(num_experts=4, top_k=2, shared_expert=True, interval=2))
+    lora = LoRASpec(rank=3, target_modules=["wq", "w2", "wo"])
+    _, n_adapters = model_counts(config, lora)
+    assert adapter_params(config, lora) == n_adapters
+    attention = 6 * config.n_layers * 32 * config.n_heads * config.head_dim
+    assert training_flops_per_token(config, 32, lora) == 4 * active_matmul_params(config) + 6 * n_adapters + attention
+
+
+def test_flops_per_step_of_a_lora_job_counts_frozen_weights(corpus):
+    body = tiny_job(corpus)
+    lora_body = body.model_copy(update={"lora": LoRASpec(rank=4)})
+    config = resolve_model(body.model)
+    assert flops_per_step(config, lora_body) == training_flops_per_token(config, 32, lora_body.lora) * 8 * 32
+    assert flops_per_step(config, lora_body) < flops_per_step(config, body)
+
+
 def test_peak_flops_table_and_unknown_devices():
     from trainctl.parallelism.sizing.flops import mfu, peak_flops
 
@@ -270,28 +341,44 @@ def test_the_block_activation_model_matches_what_autograd_saves(dtype, lora):
     assert modelled == pytest.approx(measured, rel=0.01), f"modelled {modelled:.0f} vs saved {measured:.0f} bytes per token"
 
 
-def test_estimates_match_the_peaks_measured_on_a_gpu(monkeypatch):
-    """The estimator against bench/results-gpu.json, the peaks `bench/gpu.py` measured on one H200
-    (llama-1b eager, compiled, under NCCL, fully checkpointed and with LoRA): within 5 % each, so a
-    change to the activation model cannot silently lose what the GPU showed (docs/benchmarks.md)."""
+def _bench_gpu(monkeypatch):
+    """bench/gpu.py as a module (its job_spec builds each row's job)."""
     import importlib.util
-    import json
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    loader = importlib.util.spec_from_file_location("bench_gpu", root / "bench" / "gpu.py")
+    loader = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
     bench = importlib.util.module_from_spec(loader)
     monkeypatch.setitem(sys.modules, "bench_gpu", bench)  # its dataclasses look their module up
     loader.loader.exec_module(bench)
-    results = json.loads((root / "bench" / "results-gpu.json").read_text())
+    return bench
+
+
+@pytest.mark.parametrize(
+    ("results", "rel", "expected_runs"),
+    [
+        # llama-1b s2048 eager, compiled, under NCCL, fully checkpointed and with LoRA (2026-11-27): 5 %
+        ("results-gpu.json", 0.05, 5),
+        # compiled bf16 and float8 (tensorwise) on llama-1b and llama-3b at s2048 and llama-1b at s8192
+        # (2026-11-28): the issue's 10 %
+        ("results-gpu-fp8.json", 0.10, 6),
+    ],
+)
+def test_estimates_match_the_peaks_measured_on_a_gpu(monkeypatch, results, rel, expected_runs):
+    """The estimator against the peaks `bench/gpu.py` measured on one H200, so a change to the
+    activation model cannot silently lose what the GPU showed (docs/benchmarks.md, "GPU")."""
+    import json
+
+    bench = _bench_gpu(monkeypatch)
+    saved = json.loads((ROOT / "bench" / results).read_text())
     checked = 0
-    for row in results["rows"]:
+    for row in saved["rows"]:
         run = next((r for r in bench.RUNS if r.name == row["run"]), None)
-        if run is None:  # the torchtitan peer
+        if run is None or "peak_bytes" not in row:  # the torchtitan peers
             continue
-        body = JobSpecBody.model_validate(bench.job_spec(run, False, row["ranks"], results["steps"], results["micro_batch"], results["seq_len"]))
-        estimate = estimate_memory(ResolvedJob.resolve(body), 0).total_bytes
-        assert estimate == pytest.approx(row["peak_bytes"], rel=0.05), f"{row['run']}: {estimate / 2**30:.2f} GiB vs {row['peak_bytes'] / 2**30:.2f} measured"
+        job = bench.job_spec(run, False, row["ranks"], saved["steps"], saved["micro_batch"],
+                             row.get("seq_len", saved.get("seq_len")), row.get("preset", "llama-1b"))
+        estimate = estimate_memory(ResolvedJob.resolve(JobSpecBody.model_validate(job)), 0).total_bytes
+        assert estimate == pytest.approx(row["peak_bytes"], rel=rel), \
+            f"{row.get('case', '')} {row['run']}: {estimate / 2**30:.2f} GiB vs {row['peak_bytes'] / 2**30:.2f} measured"
         checked += 1
-    assert checked == len(bench.RUNS)
+    assert checked == expected_runs

@@ -10,8 +10,17 @@ from trainctl.parallelism.engine.step_report import StepReport
 def test_round_trip_keeps_every_field():
     report = StepReport(step=7, loss=1.25, grad_norm=0.5, lr=1e-4, tokens=2048, tokens_per_second=900.0, mfu=0.31,
                         step_time_seconds=2.25, breakdown={"data": 0.25, "checkpoint": 1.0}, peak_memory_bytes=1 << 20,
-                        checkpoint_bytes=4096)
+                        checkpoint_bytes=4096, mfu_full_attention=0.33)
     assert StepReport.from_dict(report.to_dict()) == report
+    assert report.to_dict()["mfu_full_attention"] == 0.33
+
+
+def test_a_log_written_before_the_full_attention_mfu_reads_it_as_none():
+    """Old event logs carry `mfu` (Megatron's convention) only; torchtitan's convention then is unknown."""
+    old = {"step": 2, "loss": 1.5, "grad_norm": 0.5, "lr": 1e-4, "tokens": 64, "tokens_per_second": 10.0, "mfu": 0.4,
+           "step_time_seconds": 6.4, "breakdown": {}, "peak_memory_bytes": None, "checkpoint_bytes": None}
+    report = StepReport.from_dict(old)
+    assert report.mfu == 0.4 and report.mfu_full_attention is None
 
 
 def test_missing_metrics_stay_absent_and_unknown_keys_are_ignored():

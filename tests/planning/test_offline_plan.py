@@ -15,9 +15,16 @@ import yaml
 from trainctl.cli.main import EXIT_INVALID, main
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.parallelism.resolved_job import ResolvedJob
+from trainctl.parallelism.sizing.device_memory import gpu_memory_bandwidth
 from trainctl.parallelism.sizing.estimator import flops_per_step
 from trainctl.parallelism.sizing.flops import peak_flops, training_flops_per_token
 from trainctl.parallelism.sizing.pipeline_bubble import bubble_seconds
+from trainctl.parallelism.sizing.step_time import (
+    HBM_FRACTION,
+    OPTIMIZER_BYTES,
+    SUSTAINED_FRACTION,
+    updated_parameters,
+)
 from trainctl.planning.plan import plan_on_map
 from trainctl.planning.pool import GpuPool
 from trainctl.spec.job import TrainingJob
@@ -49,7 +56,8 @@ def test_the_offline_plan_places_estimates_and_times_every_rank() -> None:
     assert offline.degrees == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 4, "ep": 1}
     assert offline.placement is not None and len(offline.placement.assignments) == 16
     assert [m.rank for m in offline.memory] == list(range(16))
-    assert set(offline.step_time_breakdown) == {"compute_at_peak", "recompute", "pipeline_bubble", "communication"}
+    assert set(offline.step_time_breakdown) == {"compute_at_peak", "kernel_efficiency", "recompute", "optimizer",
+                                                "pipeline_bubble", "communication"}
     assert offline.step_time_seconds == pytest.approx(sum(offline.step_time_breakdown.values()))
     refused = plan_on_map(too_big, topology, "--cluster hgx-h100:2")
     assert not refused.valid and [v.field for v in refused.violations] == ["spec.resources.gpus"]
@@ -73,8 +81,13 @@ def test_step_time_is_compute_at_the_preset_peak_plus_recompute_bubble_and_expos
     by_dim = GpuPool(cluster_topology(preset), preset).place(ResolvedJob.resolve(job.spec), empty=True).seconds_by_dim
     assert sum(by_dim.values()) == pytest.approx(plan.placement.cost_seconds)
     exposed = by_dim["tp"] + by_dim["pp"] + max(0.0, by_dim["dp"] - compute - blocks / 3)
+    # kernels at SUSTAINED_FRACTION of the peak; clipping and AdamW over this rank's ZeRO shard, memory-bound
+    gpu = cluster_preset(preset.split(":")[0]).gpu_model
+    optimizer = updated_parameters(config, job.spec) * OPTIMIZER_BYTES["adamw"] / (gpu_memory_bandwidth(gpu) * HBM_FRACTION)
     assert dict(plan.step_time_breakdown) == pytest.approx({
         "compute_at_peak": compute,
+        "kernel_efficiency": (compute + blocks / 3) * (1 / SUSTAINED_FRACTION[training.compile] - 1),
+        "optimizer": optimizer,
         "recompute": blocks / 3,
         "pipeline_bubble": bubble_seconds(compute + blocks / 3, par.pp_schedule, par.pp, micro_batches, par.pp_virtual_stages),
         "communication": exposed,

@@ -28,7 +28,7 @@ def step_report(step: int, **fields: Any) -> StepReport:
     """A StepReport with typical values, overridden by ``fields``."""
     typical: dict[str, Any] = dict(
         loss=2.5, grad_norm=1.0, lr=3e-4, tokens=1024, tokens_per_second=5000.0, mfu=0.4, step_time_seconds=0.2,
-        breakdown={"forward_backward": 0.15, "optimizer": 0.05}, peak_memory_bytes=1 << 30,
+        breakdown={"forward_backward": 0.15, "optimizer": 0.05}, peak_memory_bytes=1 << 30, mfu_full_attention=0.42,
     )
     return StepReport(step=step, **{**typical, **fields})
 
@@ -112,7 +112,8 @@ def test_values_and_names(metrics: ServiceMetrics, registry: CollectorRegistry) 
     assert value(registry, "trainctl_job_checkpoint_duration_seconds_count", **job) == 1
     assert value(registry, "trainctl_job_checkpoint_duration_seconds_sum", **job) == 2.5
     assert value(registry, "trainctl_job_checkpoint_size_bytes", **job) == 123456
-    assert value(registry, "trainctl_job_mfu_ratio", **job) == 0.4
+    assert value(registry, "trainctl_job_mfu_ratio", **job) == 0.4  # Megatron's convention (causal halved)
+    assert value(registry, "trainctl_job_mfu_full_attention_ratio", **job) == 0.42  # torchtitan's (unmasked)
     assert value(registry, "trainctl_job_gpus", node="node-0", nvlink_domain="nvl-0", **job) == 8
     assert value(registry, "trainctl_cluster_gpus_used", node="node-1", nvlink_domain="nvl-0") == 0
     assert value(registry, "trainctl_job_restarts_total", **job) == 1
@@ -135,8 +136,9 @@ def test_tokens_counter_counts_steps_between_reports(metrics: ServiceMetrics, re
     assert value(registry, "trainctl_job_tokens_total", **job) == 500
     metrics.record_step("j", "t", step_report(step=3, tokens=100))  # resumed from an earlier checkpoint
     assert value(registry, "trainctl_job_tokens_total", **job) == 600
-    metrics.record_step("j", "t", step_report(step=4, tokens=100, mfu=None))  # unknown peak: MFU keeps its last value
-    assert value(registry, "trainctl_job_mfu_ratio", **job) == 0.4
+    metrics.record_step("j", "t", step_report(step=4, tokens=100, mfu=None, mfu_full_attention=None))  # unknown peak:
+    assert value(registry, "trainctl_job_mfu_ratio", **job) == 0.4  # MFU keeps its last value, in both conventions
+    assert value(registry, "trainctl_job_mfu_full_attention_ratio", **job) == 0.42
 
 
 def test_finished_jobs_expire_after_ttl(metrics: ServiceMetrics, registry: CollectorRegistry, clock: Clock) -> None:

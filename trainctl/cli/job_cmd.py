@@ -29,9 +29,11 @@ def _time(ts: Any) -> str | None:
 
 
 STEP_METRICS = (
-    "grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "peak_memory_bytes", "eval_loss",
+    "grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "mfu_full_attention", "step_time_seconds",
+    "peak_memory_bytes", "eval_loss",
 )
-"""StepMetrics' optional fields, in output order: a metric the job did not report is left out of its step."""
+"""StepMetrics' optional fields, in output order: a metric the job did not report is left out of its step.
+`mfu` is Megatron's convention (causal attention halved), `mfu_full_attention` torchtitan's (unmasked)."""
 
 
 def metrics_dict(m: pb.StepMetrics) -> dict[str, Any]:
@@ -53,7 +55,9 @@ def job_document(job: pb.Job) -> dict[str, Any]:
         "last_loss": s.last_loss if s.HasField("last_loss") else None,
         "last_eval_loss": s.last_eval_loss if s.HasField("last_eval_loss") else None,
         "restarts": s.restarts, "tokens_per_second": s.tokens_per_second,
-        "mfu": s.mfu if s.HasField("mfu") else None, "run_dir": s.run_dir,
+        "mfu": s.mfu if s.HasField("mfu") else None,
+        "mfu_full_attention": s.mfu_full_attention if s.HasField("mfu_full_attention") else None,
+        "run_dir": s.run_dir,
         "placement": [{"rank": p.rank, "node": p.node, "gpu": p.gpu, "coords": dict(p.coords)} for p in s.placement],
     }
     document = {"id": job.id, **job_from_proto(job).model_dump(mode="json"), "status": status}

@@ -1,6 +1,9 @@
 """Live progress of a job from its event stream: step / total, loss, eval loss and perplexity, tokens/s, MFU,
 ETA, state changes.
 
+MFU is shown in both conventions: `MFU 41.2% (full-attn 44.9%)`, first Megatron's (causal attention
+counted as half the score/value FLOPs), then torchtitan's (attention counted unmasked).
+
 On a terminal a rich progress bar redraws in place and state changes and log lines scroll above it;
 when stdout is not a terminal (CI logs, pipes) every event is one plain line. rich loads only for the bar.
 """
@@ -34,6 +37,9 @@ class Tracker:
     first_loss: float | None = None
     tokens_per_second: float | None = None
     mfu: float | None = None
+    """MFU of the newest step, Megatron's convention (causal attention halved)."""
+    mfu_full_attention: float | None = None
+    """MFU of the newest step, torchtitan's convention (attention counted unmasked)."""
     eval_loss: float | None = None
     """The eval loss of the newest step that evaluated (None before the first)."""
     state: int = pb.JOB_STATE_UNSPECIFIED
@@ -47,6 +53,7 @@ class Tracker:
         if metrics.HasField("tokens_per_second"):  # a command job's first report of a run has none
             self.tokens_per_second = metrics.tokens_per_second
         self.mfu = metrics.mfu if metrics.HasField("mfu") else None
+        self.mfu_full_attention = metrics.mfu_full_attention if metrics.HasField("mfu_full_attention") else None
         if metrics.HasField("eval_loss"):
             self.eval_loss = metrics.eval_loss
         self._step_times = [*self._step_times[-19:], (now, metrics.step)]
@@ -69,7 +76,10 @@ class Tracker:
             parts.append(f"eval {self.eval_loss:.4f} ppl {perplexity(self.eval_loss)}")
         if self.tokens_per_second is not None:
             parts.append(f"{self.tokens_per_second:,.0f} tok/s")
-        parts.append(f"MFU {self.mfu:.1%}" if self.mfu is not None else "MFU n/a")
+        mfu = f"MFU {self.mfu:.1%}" if self.mfu is not None else "MFU n/a"
+        if self.mfu_full_attention is not None:  # Megatron's count first, then torchtitan's
+            mfu += f" (full-attn {self.mfu_full_attention:.1%})"
+        parts.append(mfu)
         eta = self.eta_seconds()
         parts.append(f"ETA {format_seconds(eta)}" if eta is not None else "ETA -")
         return "  ".join(parts)

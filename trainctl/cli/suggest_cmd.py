@@ -1,7 +1,8 @@
 """`trainctl plan FILE --cluster PRESET:N --suggest [--top K] [--gpus N] [--headroom F]`: the layout
 search's answer as text. Step time, tokens/s and MFU are the search's model (compute at the GPU's peak,
-the pipeline bubble, the communication the placement leaves exposed) and say so; memory is the
-estimator's, against the GPU's memory less the headroom.
+the pipeline bubble, the communication the placement leaves exposed) and say so; MFU is shown in
+Megatron's convention (causal attention halved), then torchtitan's (`full-attn MFU`, attention
+counted unmasked). Memory is the estimator's, against the GPU's memory less the headroom.
 
 Imported by `trainctl plan` only when --suggest is given (it loads the planning layer: the engine's
 sizing modules, the placement solver).
@@ -41,7 +42,7 @@ def suggestion_lines(job: TrainingJob, result: SearchResult, where: str) -> list
         f"rules and memory, {result.solved} placed by the solver; fastest first by modelled step time",
         f"memory: at most {result.budget_bytes / 2**30:.1f} of {result.capacity_bytes / 2**30:.1f} GiB per GPU "
         f"({1 - result.budget_bytes / result.capacity_bytes:.0%} headroom); step time, tokens/s and MFU are modelled "
-        "(compute at the GPU's peak FLOP rate, pipeline bubble, exposed communication), not measured",
+        "(compute at the fraction of the GPU's peak its kernels sustain, the optimizer step, pipeline bubble, exposed communication), not measured",
     ]
     for number, layout in enumerate(result.layouts, 1):
         lines += [f"#{number}  {describe(layout.body)}", *(f"    {line}" for line in _why(layout, result.capacity_bytes))]
@@ -52,8 +53,9 @@ def _why(layout: Layout, capacity: int) -> list[str]:
     step, memory = layout.step, layout.memory
     terms = ", ".join(f"{name} {seconds * 1e3:,.2f} ms" for name, seconds in step.terms().items())
     hidden = f"; {step.overlapped * 1e3:,.2f} ms of dp/cp communication overlapped" if step.overlapped else ""
+    full = f", full-attn MFU {layout.mfu_full_attention:.1%}" if layout.mfu_full_attention is not None else ""
     lines = [
-        f"modelled: step {step.total * 1e3:,.2f} ms, {layout.tokens_per_second:,.0f} tokens/s, MFU {step.mfu:.1%} "
+        f"modelled: step {step.total * 1e3:,.2f} ms, {layout.tokens_per_second:,.0f} tokens/s, MFU {step.mfu:.1%}{full} "
         f"({terms}{hidden})",
         f"memory: rank {memory.rank} needs {memory.total_bytes / 2**30:.1f} GiB, {memory.total_bytes / capacity:.0%} of "
         f"{capacity / 2**30:.1f} (parameters {memory.params_bytes / 2**30:.1f}, gradients {memory.grads_bytes / 2**30:.1f}, "

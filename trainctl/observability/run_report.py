@@ -3,7 +3,8 @@ self-contained HTML page, drawn from the job as `GetJob(view=JOB_VIEW_FULL)` ret
 writes it to files (trainctl.cli.report); the service logs it as an MLflow run's artifacts
 (trainctl.service.tracking).
 
-Panels: loss (with the eval loss of the steps that evaluated, and gradient norm), throughput, MFU,
+Panels: loss (with the eval loss of the steps that evaluated, and gradient norm), throughput, MFU (two
+lines: Megatron's convention, causal attention halved, and torchtitan's, attention counted unmasked),
 step-time breakdown by phase, step time and peak memory, and the placement (which rank runs on which
 GPU of which node); the HTML page also lists the eval losses. Rendering uses matplotlib's object API on
 an Agg canvas (no pyplot, no global figure state), so it runs in any thread and without a display.
@@ -96,7 +97,11 @@ def build_figure(job: pb.Job) -> Figure:
     ax = axes["MFU"]
     if _reported(steps, "mfu"):
         x, mfu = _series(steps, "mfu")
-        ax.plot(x, [100 * v for v in mfu], color="C3")
+        ax.plot(x, [100 * v for v in mfu], color="C3", label="causal halved (Megatron)")
+        if _reported(steps, "mfu_full_attention"):
+            x, full = _series(steps, "mfu_full_attention")
+            ax.plot(x, [100 * v for v in full], color="C3", linestyle="--", label="full attention (torchtitan)")
+            ax.legend(loc="lower right")
         ax.set_ylabel("MFU (%)")
         ax.set_ylim(bottom=0)
     else:
@@ -282,6 +287,7 @@ def report_page(job: pb.Job, png_bytes: bytes) -> str:
     steps = list(job.metrics)
     last = steps[-1]
     mfu = [m.mfu for m in steps if m.HasField("mfu")]
+    mfu_full = [m.mfu_full_attention for m in steps if m.HasField("mfu_full_attention")]
     tps = [m.tokens_per_second for m in steps if m.HasField("tokens_per_second")]
     evaluated = [m for m in steps if m.HasField("eval_loss")]
     rows = [
@@ -292,7 +298,9 @@ def report_page(job: pb.Job, png_bytes: bytes) -> str:
         ("Eval loss", f"{evaluated[0].eval_loss:.4g} → {evaluated[-1].eval_loss:.4g} (perplexity "
                       f"{perplexity(evaluated[-1].eval_loss)})" if evaluated else "not evaluated"),
         ("Tokens/s (mean)", f"{sum(tps) / len(tps):,.0f}" if tps else "not reported"),
-        ("MFU (mean)", f"{100 * sum(mfu) / len(mfu):.1f}%" if mfu else "unknown on this device"),
+        ("MFU (mean)", (f"{100 * sum(mfu) / len(mfu):.1f}% causal attention halved (Megatron)" if mfu else
+                        "unknown on this device")
+         + (f", {100 * sum(mfu_full) / len(mfu_full):.1f}% full attention (torchtitan)" if mfu_full else "")),
         ("Restarts", str(job.status.restarts)),
     ]
     table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)

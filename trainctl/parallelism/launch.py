@@ -45,7 +45,10 @@ def _progress(total: int, metrics: TextIO | None = None) -> Callable[[StepReport
         if metrics is not None:
             metrics.write(json.dumps({**r.to_dict(), "time": time.time()}) + "\n")
             metrics.flush()
+        # MFU in Megatron's convention (causal attention halved), then torchtitan's (attention unmasked)
         mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "n/a"
+        if r.mfu_full_attention is not None:
+            mfu += f" (full-attn {100 * r.mfu_full_attention:.1f}%)"
         print(
             f"step {r.step}/{total} loss {r.loss:.4f} grad_norm {r.grad_norm:.3f} lr {r.lr:.2e} "
             f"tokens/s {r.tokens_per_second:,.0f} mfu {mfu} step {r.step_time_seconds * 1000:.0f} ms",

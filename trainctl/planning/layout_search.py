@@ -10,7 +10,8 @@ the smallest GPU of the map less `headroom` (default `HEADROOM`, 10 %: the alloc
 the CUDA context and libraries, NCCL's buffers and the estimator's own error), and its step time is
 `sizing.step_time.modelled_step_time` with the placement solver's communication on the empty cluster
 (`GpuPool.place`): what `trainctl plan` prints for the same job on the same map. Step time, tokens/s
-and MFU are modelled (compute at the GPU's peak FLOP rate), not measured.
+and MFU are modelled (compute at the fraction of the GPU's peak its kernels sustain, sizing/step_time.py), not
+measured.
 
 Enumerated (docs/placement.md, "Layout search", says why each cut is sound):
 
@@ -54,7 +55,7 @@ from itertools import product
 from trainctl.parallelism.layouts.dp_mode import effective_mode
 from trainctl.parallelism.layouts.grid import LayoutError, RankGrid
 from trainctl.parallelism.resolved_job import ResolvedJob
-from trainctl.parallelism.sizing.device_memory import gpu_memory_bytes
+from trainctl.parallelism.sizing.device_memory import gpu_memory_bandwidth, gpu_memory_bytes
 from trainctl.parallelism.sizing.estimator import (
     LocalParam,
     MemoryEstimate,
@@ -65,7 +66,11 @@ from trainctl.parallelism.sizing.estimator import (
     state_bytes,
     working_copies,
 )
-from trainctl.parallelism.sizing.flops import peak_flops, training_flops_per_token
+from trainctl.parallelism.sizing.flops import (
+    full_attention_flops_per_token,
+    peak_flops,
+    training_flops_per_token,
+)
 from trainctl.parallelism.sizing.step_time import StepTime, modelled_step_time
 from trainctl.parallelism.sizing.working_copies import WorkingCopies
 from trainctl.planning.pool import OFFLINE_BUDGET_S, GpuPool, PlannedPlacement
@@ -105,9 +110,12 @@ class Layout:
     memory: MemoryEstimate
     """The rank with the largest estimate (first shard of some pipeline stage)."""
     step: StepTime
+    """The modelled step; its `mfu` is in Megatron's convention (causal attention halved)."""
     tokens_per_second: float
     placement: PlannedPlacement | None = None
     """The solver's placement on the empty cluster (None when the solver found none)."""
+    mfu_full_attention: float | None = None
+    """The modelled MFU in torchtitan's convention (attention counted unmasked)."""
 
 @dataclass(frozen=True)
 class SearchResult:
@@ -163,6 +171,8 @@ def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top
         raise LayoutSearchError(f"{source}: GPU model {', '.join(unknown)} has no known memory or {dtype} peak; the search "
                                 "ranks by modelled step time on known GPUs")
     capacity, peak = min(c for c in capacities if c), min(p for p in peaks if p)
+    bandwidths = [gpu_memory_bandwidth(m) for m in models]
+    bandwidth = None if None in bandwidths else min(bandwidths)
     try:
         resolved = ResolvedJob.resolve(job.spec)
     except PretrainedConfigError as exc:
@@ -175,7 +185,7 @@ def suggest_layouts(job: TrainingJob, topology: TopologyMap, source: str, *, top
     if weights:
         raise LayoutSearchError(f"spec.model.from_pretrained: {weights}")
     budget = int(capacity * (1 - headroom))
-    search = _Search(job, resolved, pool, world, capacity, budget, peak)
+    search = _Search(job, resolved, pool, world, capacity, budget, peak, bandwidth)
     variants = sorted(search.variants(), key=lambda v: (v.estimate, v.traffic))
     solved = max(top, 1) + 2
     shortlist: dict[tuple[int, ...], _Variant] = {}  # model-parallel shape -> its best variant that is valid and fits
@@ -225,13 +235,16 @@ class _Search:
     """The enumeration and the cached estimates of one search."""
 
     def __init__(self, job: TrainingJob, resolved: ResolvedJob, pool: GpuPool, world: int, capacity: int, budget: int,
-                 peak: float):
+                 peak: float, bandwidth: float | None):
         config = resolved.config
         self.job, self.resolved, self.config, self.pool, self.world, self.peak = job, resolved, config, pool, world, peak
+        self.bandwidth = bandwidth
         self.capacity, self.budget = capacity, budget
         index = pool.index
         self.tp_limit = index.level_capacity.get("nvlink") or index.level_capacity.get("host", 1)
-        self.flops_per_token = training_flops_per_token(config, job.spec.data.seq_len)
+        seq_len, lora = job.spec.data.seq_len, job.spec.lora  # a LoRA job's frozen weights train cheaper
+        self.flops_per_token = training_flops_per_token(config, seq_len, lora)
+        self.full_attention_ratio = full_attention_flops_per_token(config, seq_len, lora) / self.flops_per_token
         self._plans: dict[tuple[int, int], ModelPlan] = {}
         self._static: dict[tuple, tuple[list[list[LocalParam]], int, int, int, WorkingCopies]] = {}
         self._above: dict[tuple, tuple[int, int]] = {}
@@ -254,7 +267,8 @@ class _Search:
                 resources = spec.resources.model_copy(update={"gpus": self.world})
                 body = spec.model_copy(update={"parallelism": par, "training": training, "resources": resources})
                 communication = self.communication_estimate(body)
-                step = modelled_step_time(self.config, body, self.peak, communication, flops_per_token=self.flops_per_token)
+                step = modelled_step_time(self.config, body, self.peak, communication, memory_bandwidth=self.bandwidth,
+                                      flops_per_token=self.flops_per_token)
                 yield _Variant(step.total, sum(communication.values()), body)
 
     def _layouts(self) -> Iterator[ParallelismSpec]:
@@ -364,9 +378,11 @@ class _Search:
         resolved = self.variant(body)
         placement = self.pool.place(resolved, empty=True)
         communication = placement.seconds_by_dim if placement is not None else {}
-        step = modelled_step_time(self.config, body, self.peak, communication, flops_per_token=self.flops_per_token)
+        step = modelled_step_time(self.config, body, self.peak, communication, memory_bandwidth=self.bandwidth,
+                                      flops_per_token=self.flops_per_token)
         tokens = body.training.global_batch_size * body.data.seq_len
-        return Layout(body, resolved.grid, self.peak_memory(body), step, tokens / step.total, placement)
+        return Layout(body, resolved.grid, self.peak_memory(body), step, tokens / step.total, placement,
+                      step.mfu * self.full_attention_ratio)
 
     def variant(self, body: JobSpecBody) -> ResolvedJob:
         """The resolved job of the layout `body` (its grid derived once per grid, the model reused)."""

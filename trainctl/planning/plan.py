@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from trainctl.parallelism.layouts.grid import DIMS, RankGrid
 from trainctl.parallelism.resolved_job import ResolvedJob
+from trainctl.parallelism.sizing.device_memory import gpu_memory_bandwidth
 from trainctl.parallelism.sizing.estimator import MemoryEstimate
 from trainctl.parallelism.sizing.flops import peak_flops
 from trainctl.parallelism.sizing.step_time import modelled_step_time
@@ -137,7 +138,13 @@ def _estimated(job: ResolvedJob, plan: JobPlan, gpu_model: str | None, notes: li
     if peak is None:
         notes.append(f"compute time not modelled: no peak FLOP rate for device {device or 'cpu'!r}")
         return replace(plan, step_time_breakdown={"communication": communication}, notes=tuple(notes))
-    step = modelled_step_time(job.config, estimable(job).spec, peak, placement.seconds_by_dim if placement else {})
+    bandwidth = gpu_memory_bandwidth(device)
+    if bandwidth is None:
+        notes.append(f"optimizer step not modelled: no memory bandwidth known for device {device!r}")
+    if job.spec.training.fp8 != "none" and peak_flops(device, "float8") is None:
+        notes.append(f"training.fp8: {device!r} has no float8 tensor cores; the engine refuses the job there")
+    step = modelled_step_time(job.config, estimable(job).spec, peak, placement.seconds_by_dim if placement else {},
+                              memory_bandwidth=bandwidth)
     if step.overlapped:
         notes.append(f"{step.overlapped * 1e3:.2f} ms of data- and context-parallel communication overlaps compute "
                      "(not in the step time)")

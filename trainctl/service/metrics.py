@@ -178,7 +178,11 @@ class ServiceMetrics:
         self.job_tps = Gauge(
             "trainctl_job_tokens_per_second", "Training throughput at the last reported step.", _JOB, registry=r)
         self.job_mfu = Gauge(
-            "trainctl_job_mfu_ratio", "Model FLOPs utilisation (0..1) at the last reported step.", _JOB, registry=r)
+            "trainctl_job_mfu_ratio", "Model FLOPs utilisation (0..1) at the last reported step, Megatron's "
+            "convention (causal attention counted as half the score/value FLOPs).", _JOB, registry=r)
+        self.job_mfu_full_attention = Gauge(
+            "trainctl_job_mfu_full_attention_ratio", "Model FLOPs utilisation (0..1) at the last reported step, "
+            "torchtitan's convention (attention counted unmasked, every query against every key).", _JOB, registry=r)
         self.job_step_duration = Histogram(
             "trainctl_job_step_duration_seconds", "Duration of reported optimizer steps.", _JOB,
             buckets=STEP_BUCKETS, registry=r)
@@ -204,7 +208,7 @@ class ServiceMetrics:
         self._job_metrics = (
             self.job_state, self.job_last_progress, self.job_step, self.job_loss, self.job_eval_loss,
             self.job_grad_norm, self.job_lr,
-            self.job_tokens, self.job_tps, self.job_mfu, self.job_step_duration, self.job_phase,
+            self.job_tokens, self.job_tps, self.job_mfu, self.job_mfu_full_attention, self.job_step_duration, self.job_phase,
             self.job_peak_memory, self.job_checkpoint_duration, self.job_checkpoint_size, self.job_restarts,
             self.job_straggler, self.job_gpus,
         )
@@ -345,8 +349,9 @@ class ServiceMetrics:
                     gauge.labels(*labels).set(value)
             if report.tokens is not None:
                 self.job_tokens.labels(*labels).inc(report.tokens * steps)
-            if report.mfu is not None and math.isfinite(report.mfu):
-                self.job_mfu.labels(*labels).set(report.mfu)
+            for gauge, value in ((self.job_mfu, report.mfu), (self.job_mfu_full_attention, report.mfu_full_attention)):
+                if value is not None and math.isfinite(value):
+                    gauge.labels(*labels).set(value)
             if report.step_time_seconds is not None:
                 self.job_step_duration.labels(*labels).observe(report.step_time_seconds)
             for phase, seconds in report.breakdown.items():

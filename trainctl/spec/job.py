@@ -342,6 +342,12 @@ class TrainingSpec(StrictModel):
     """Recompute activations in backward: none, selective (every other block) or full."""
     compile: bool = False
     """torch.compile each decoder block, and the loss unless tensor parallelism shards the logits."""
+    fp8: Literal["none", "tensorwise", "rowwise"] = "none"
+    """Float8 matrix products in the large linear layers (torchao's Float8Linear; docs/engine.md,
+    "Float8"): tensorwise (one scale per tensor; weights all-gathered in float8 under FSDP) or rowwise
+    (one scale per row: closer to bf16, slower). The output head, MoE routers and layers too small to
+    gain stay in bf16. Needs dtype bfloat16 and a GPU with float8 tensor cores (Ada, Hopper or newer);
+    none: off."""
     seed: Int64 = 0
     """Seed of weight initialisation (identical on every layout)."""
     log_interval: count(MAX_STEPS) = 1
@@ -565,6 +571,20 @@ class JobSpecBody(StrictModel):
             data = evaluation.data.model_copy(update={"seq_len": self.data.seq_len})
             data.model_fields_set.add("seq_len")
             self.evaluation = evaluation.model_copy(update={"data": data})
+        return self
+
+    @model_validator(mode="after")
+    def _fp8_where_it_runs(self) -> JobSpecBody:
+        """Float8 needs bf16 compute and a GPU; LoRA's frozen base is not converted."""
+        recipe = self.training.fp8
+        if recipe == "none":
+            return self
+        if self.training.dtype != "bfloat16":
+            raise ValueError(f"spec.training.fp8 {recipe!r} needs spec.training.dtype bfloat16 (the layers kept out of float8 run in it)")
+        if self.resources.device == "cpu":
+            raise ValueError(f"spec.training.fp8 {recipe!r} needs a GPU with float8 tensor cores; spec.resources.device is cpu")
+        if self.lora is not None:
+            raise ValueError(f"spec.training.fp8 {recipe!r} and spec.lora cannot be combined: LoRA's frozen base layers are not converted to float8")
         return self
 
     @model_validator(mode="after")

@@ -95,6 +95,10 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-1b": ModelConfig(
         vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, rope_theta=500000.0
     ),
+    # Llama 3.2 3B's shape with untied embeddings (as llama-1b and torchtitan's llama3): 3.6 B parameters.
+    "llama-3b": ModelConfig(
+        vocab_size=128256, dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim=8192, rope_theta=500000.0
+    ),
     "llama3-8b": ModelConfig(
         vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, rope_theta=500000.0
     ),

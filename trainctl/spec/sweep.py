@@ -39,9 +39,11 @@ TRIAL_LABEL = "trainctl.trial"
 
 BUILTIN_METRICS = (
     "loss", "eval_loss", "grad_norm", "lr", "tokens_per_second", "step_time_seconds", "peak_memory_bytes", "mfu",
+    "mfu_full_attention",
 )
 """Step metrics a built-in job reports (trainctl.service.store's step_metrics columns; eval_loss on the
-steps that evaluated, with `spec.evaluation`)."""
+steps that evaluated, with `spec.evaluation`; mfu in Megatron's convention, causal attention halved, and
+mfu_full_attention in torchtitan's, attention unmasked: either ranks trials the same way)."""
 COMMAND_METRICS = ("loss", "eval_loss", "grad_norm", "lr", "tokens_per_second", "step_time_seconds")
 """Step metrics a command job reports through `trainctl.report` (loss; eval_loss, lr and grad_norm when the
 program passes them; the step's throughput and time, measured by its rank worker)."""
@@ -74,7 +76,8 @@ class SweepObjective(StrictModel):
     metric: str = Field(default="loss", max_length=64)
     """The reported step metric to optimise: loss (any job), eval_loss (the loss on held-out data, on the
     steps that evaluated), grad_norm, lr, tokens_per_second, step_time_seconds; built-in jobs also
-    peak_memory_bytes and mfu."""
+    peak_memory_bytes, mfu (Megatron's convention: causal attention halved) and mfu_full_attention
+    (torchtitan's: attention unmasked)."""
     direction: Literal["minimize", "maximize"] = "minimize"
     """Whether smaller or larger values are better."""
     step: count(MAX_STEPS) | None = None

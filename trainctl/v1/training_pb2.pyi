@@ -46,6 +46,13 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_FLOAT32: _ClassVar[DType]
     DTYPE_BFLOAT16: _ClassVar[DType]
 
+class Float8(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FLOAT8_UNSPECIFIED: _ClassVar[Float8]
+    FLOAT8_NONE: _ClassVar[Float8]
+    FLOAT8_TENSORWISE: _ClassVar[Float8]
+    FLOAT8_ROWWISE: _ClassVar[Float8]
+
 class ActivationCheckpointing(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ACTIVATION_CHECKPOINTING_UNSPECIFIED: _ClassVar[ActivationCheckpointing]
@@ -148,6 +155,10 @@ OPTIMIZER_SGD: Optimizer
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_BFLOAT16: DType
+FLOAT8_UNSPECIFIED: Float8
+FLOAT8_NONE: Float8
+FLOAT8_TENSORWISE: Float8
+FLOAT8_ROWWISE: Float8
 ACTIVATION_CHECKPOINTING_UNSPECIFIED: ActivationCheckpointing
 ACTIVATION_CHECKPOINTING_NONE: ActivationCheckpointing
 ACTIVATION_CHECKPOINTING_SELECTIVE: ActivationCheckpointing
@@ -312,7 +323,7 @@ class ParallelismSpec(_message.Message):
     def __init__(self, dp_replicate: _Optional[int] = ..., dp_shard: _Optional[int] = ..., cp: _Optional[int] = ..., tp: _Optional[int] = ..., pp: _Optional[int] = ..., ep: _Optional[int] = ..., sequence_parallel: _Optional[bool] = ..., zero_stage: _Optional[int] = ..., pp_schedule: _Optional[_Union[PipelineSchedule, str]] = ..., pp_virtual_stages: _Optional[int] = ..., cp_load_balance: _Optional[bool] = ...) -> None: ...
 
 class TrainingSpec(_message.Message):
-    __slots__ = ("steps", "global_batch_size", "micro_batch_size", "micro_batch_auto", "optimizer", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "dtype", "activation_checkpointing", "compile", "seed", "log_interval", "optimizer_impl", "empty_cache_steps")
+    __slots__ = ("steps", "global_batch_size", "micro_batch_size", "micro_batch_auto", "optimizer", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip", "dtype", "activation_checkpointing", "compile", "seed", "log_interval", "optimizer_impl", "empty_cache_steps", "fp8")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +344,7 @@ class TrainingSpec(_message.Message):
     LOG_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_IMPL_FIELD_NUMBER: _ClassVar[int]
     EMPTY_CACHE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    FP8_FIELD_NUMBER: _ClassVar[int]
     steps: int
     global_batch_size: int
     micro_batch_size: int
@@ -353,7 +365,8 @@ class TrainingSpec(_message.Message):
     log_interval: int
     optimizer_impl: OptimizerImpl
     empty_cache_steps: int
-    def __init__(self, steps: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., micro_batch_auto: _Optional[bool] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ..., lr: _Optional[float] = ..., min_lr_ratio: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., dtype: _Optional[_Union[DType, str]] = ..., activation_checkpointing: _Optional[_Union[ActivationCheckpointing, str]] = ..., compile: _Optional[bool] = ..., seed: _Optional[int] = ..., log_interval: _Optional[int] = ..., optimizer_impl: _Optional[_Union[OptimizerImpl, str]] = ..., empty_cache_steps: _Optional[int] = ...) -> None: ...
+    fp8: Float8
+    def __init__(self, steps: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., micro_batch_auto: _Optional[bool] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ..., lr: _Optional[float] = ..., min_lr_ratio: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., dtype: _Optional[_Union[DType, str]] = ..., activation_checkpointing: _Optional[_Union[ActivationCheckpointing, str]] = ..., compile: _Optional[bool] = ..., seed: _Optional[int] = ..., log_interval: _Optional[int] = ..., optimizer_impl: _Optional[_Union[OptimizerImpl, str]] = ..., empty_cache_steps: _Optional[int] = ..., fp8: _Optional[_Union[Float8, str]] = ...) -> None: ...
 
 class CheckpointSpec(_message.Message):
     __slots__ = ("interval_steps", "keep_last", "resume", "async_save")
@@ -494,7 +507,7 @@ class RankPlacement(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., gpu: _Optional[int] = ..., coords: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "loss", "grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "breakdown", "peak_memory_bytes", "time", "eval_loss")
+    __slots__ = ("step", "loss", "grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "breakdown", "peak_memory_bytes", "time", "eval_loss", "mfu_full_attention")
     class BreakdownEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -514,6 +527,7 @@ class StepMetrics(_message.Message):
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    MFU_FULL_ATTENTION_FIELD_NUMBER: _ClassVar[int]
     step: int
     loss: float
     grad_norm: float
@@ -526,10 +540,11 @@ class StepMetrics(_message.Message):
     peak_memory_bytes: int
     time: _timestamp_pb2.Timestamp
     eval_loss: float
-    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., lr: _Optional[float] = ..., tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., step_time_seconds: _Optional[float] = ..., breakdown: _Optional[_Mapping[str, float]] = ..., peak_memory_bytes: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eval_loss: _Optional[float] = ...) -> None: ...
+    mfu_full_attention: float
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., lr: _Optional[float] = ..., tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., step_time_seconds: _Optional[float] = ..., breakdown: _Optional[_Mapping[str, float]] = ..., peak_memory_bytes: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eval_loss: _Optional[float] = ..., mfu_full_attention: _Optional[float] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("state", "reason", "create_time", "schedule_time", "start_time", "end_time", "update_time", "steps_done", "total_steps", "first_loss", "last_loss", "restarts", "tokens_per_second", "mfu", "placement", "run_dir", "last_eval_loss")
+    __slots__ = ("state", "reason", "create_time", "schedule_time", "start_time", "end_time", "update_time", "steps_done", "total_steps", "first_loss", "last_loss", "restarts", "tokens_per_second", "mfu", "placement", "run_dir", "last_eval_loss", "mfu_full_attention")
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -547,6 +562,7 @@ class JobStatus(_message.Message):
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     LAST_EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    MFU_FULL_ATTENTION_FIELD_NUMBER: _ClassVar[int]
     state: JobState
     reason: str
     create_time: _timestamp_pb2.Timestamp
@@ -564,7 +580,8 @@ class JobStatus(_message.Message):
     placement: _containers.RepeatedCompositeFieldContainer[RankPlacement]
     run_dir: str
     last_eval_loss: float
-    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps_done: _Optional[int] = ..., total_steps: _Optional[int] = ..., first_loss: _Optional[float] = ..., last_loss: _Optional[float] = ..., restarts: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., run_dir: _Optional[str] = ..., last_eval_loss: _Optional[float] = ...) -> None: ...
+    mfu_full_attention: float
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps_done: _Optional[int] = ..., total_steps: _Optional[int] = ..., first_loss: _Optional[float] = ..., last_loss: _Optional[float] = ..., restarts: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., run_dir: _Optional[str] = ..., last_eval_loss: _Optional[float] = ..., mfu_full_attention: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "api_version", "kind", "metadata", "spec", "status", "metrics")

@@ -158,7 +158,7 @@ def test_progress_without_a_terminal_is_plain_lines() -> None:
         _event(1, state_change=pb.StateChange(to_state=pb.QUEUED, reason="accepted")),
         _event(2, state_change=pb.StateChange(from_state=pb.QUEUED, to_state=pb.RUNNING, reason="up")),
         _event(3, step=pb.StepMetrics(step=1, loss=5.0, tokens_per_second=1000.0)),
-        _event(4, step=pb.StepMetrics(step=2, loss=4.5, tokens_per_second=1200.0, mfu=0.25)),
+        _event(4, step=pb.StepMetrics(step=2, loss=4.5, tokens_per_second=1200.0, mfu=0.25, mfu_full_attention=0.27)),
         _event(5, log=pb.LogLine(level="INFO", message="checkpoint saved", rank=0)),
         _event(6, state_change=pb.StateChange(from_state=pb.RUNNING, to_state=pb.SUCCEEDED)),
     ]
@@ -167,7 +167,7 @@ def test_progress_without_a_terminal_is_plain_lines() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0] == "[1] - -> QUEUED: accepted"
     assert lines[2].startswith("step 1/4  loss 5.0000  1,000 tok/s  MFU n/a  ETA -")
-    assert lines[3].startswith("step 2/4  loss 4.5000  1,200 tok/s  MFU 25.0%  ETA ")
+    assert lines[3].startswith("step 2/4  loss 4.5000  1,200 tok/s  MFU 25.0% (full-attn 27.0%)  ETA ")
     assert lines[4] == "[5] rank 0 INFO: checkpoint saved"
     assert lines[5] == "[6] RUNNING -> SUCCEEDED"
     assert "\x1b" not in out.getvalue()  # no terminal control codes

@@ -31,6 +31,7 @@ def sample_job(steps: int = 12, mfu: bool = True) -> pb.Job:
         m.breakdown.update({"data": 0.05, "forward_backward": 0.35, "optimizer": 0.1})
         if mfu:
             m.mfu = 0.3 + 0.01 * s
+            m.mfu_full_attention = 0.315 + 0.0105 * s
     for rank in range(4):
         job.status.placement.add(rank=rank, node=f"node-{rank // 2}", gpu=rank % 2, coords={"dp_shard": rank})
     return job
@@ -47,7 +48,11 @@ def test_figure_has_every_panel_with_the_recorded_data() -> None:
     (loss,) = [line for line in axes["Loss"].get_lines()]
     assert list(loss.get_xdata()) == list(range(1, 13))
     assert list(loss.get_ydata()) == [m.loss for m in job.metrics]
-    assert list(axes["MFU"].get_lines()[0].get_ydata()) == pytest.approx([100 * m.mfu for m in job.metrics])
+    megatron, torchtitan = axes["MFU"].get_lines()  # causal attention halved, then counted unmasked
+    assert list(megatron.get_ydata()) == pytest.approx([100 * m.mfu for m in job.metrics])
+    assert list(torchtitan.get_ydata()) == pytest.approx([100 * m.mfu_full_attention for m in job.metrics])
+    assert {t.get_text() for t in axes["MFU"].get_legend().get_texts()} == {
+        "causal halved (Megatron)", "full attention (torchtitan)"}
     assert len(axes["Step-time breakdown"].collections) == 3  # one stacked band per phase
     assert {t.get_text() for t in axes["Step-time breakdown"].get_legend().get_texts()} == {
         "data", "forward_backward", "optimizer"}
@@ -71,6 +76,7 @@ def test_png_and_html_are_written_and_read_back(tmp_path) -> None:
     embedded = re.search(r'src="data:image/png;base64,([^"]+)"', page).group(1)
     assert base64.b64decode(embedded) == files.png.read_bytes()
     assert "SUCCEEDED" in page and "5 → 0.4167" in page and "<td>node-1</td><td>1</td>" in page
+    assert "36.5% causal attention halved (Megatron), 38.3% full attention (torchtitan)" in page
 
 
 def test_job_without_steps_is_a_clear_error(tmp_path) -> None:

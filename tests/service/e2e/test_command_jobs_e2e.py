@@ -193,9 +193,9 @@ def test_a_program_reporting_every_5_steps_gets_its_own_rates_and_no_metric_it_n
         seconds, rate = measured[m["step"]]
         assert m["step_time_seconds"] == pytest.approx(seconds, rel=0.1), m
         assert m["tokens_per_second"] == pytest.approx(rate, rel=0.1), m
-    assert not any({"lr", "grad_norm", "peak_memory_bytes", "mfu"} & set(m) for m in steps), steps
+    assert not any({"lr", "grad_norm", "peak_memory_bytes", "mfu", "mfu_full_attention"} & set(m) for m in steps), steps
 
     assert exported(service, "job_tps", created.id) == pytest.approx(steps[-1]["tokens_per_second"])
-    for gauge in ("job_lr", "job_grad_norm", "job_peak_memory", "job_mfu"):
+    for gauge in ("job_lr", "job_grad_norm", "job_peak_memory", "job_mfu", "job_mfu_full_attention"):
         collector = getattr(service.metrics, gauge)
         assert not [s for f in collector.collect() for s in f.samples if s.labels.get("job_id") == created.id], gauge

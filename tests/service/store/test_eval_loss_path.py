@@ -61,6 +61,8 @@ def test_a_store_from_before_eval_loss_opens_with_its_data(store_location: str) 
     db.begin_write()
     db.execute("ALTER TABLE step_metrics DROP COLUMN eval_loss")
     db.execute("ALTER TABLE jobs DROP COLUMN last_eval_loss")
+    for table in ("step_metrics", "jobs"):  # schema 11's
+        db.execute(f"ALTER TABLE {table} DROP COLUMN mfu_full_attention")
     db.set_schema_version(9)
     db.commit()
     db.close()

@@ -20,7 +20,8 @@ from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 
 ENGINE_STEP = {"step": 3, "loss": 2.0, "grad_norm": 0.5, "lr": 1e-3, "tokens": 4096, "tokens_per_second": 900.0,
-               "mfu": 0.3, "step_time_seconds": 4.5, "peak_memory_bytes": 1 << 30, "eval_loss": 2.25}
+               "mfu": 0.3, "step_time_seconds": 4.5, "peak_memory_bytes": 1 << 30, "eval_loss": 2.25,
+               "mfu_full_attention": 0.32}
 
 
 def job() -> TrainingJob:
@@ -50,6 +51,7 @@ def test_a_store_from_before_absent_metrics_is_migrated_with_its_rows(store_loca
     db.begin_write()
     db.execute("DROP TABLE step_metrics")
     db.execute("ALTER TABLE jobs DROP COLUMN last_eval_loss")  # schema 10's
+    db.execute("ALTER TABLE jobs DROP COLUMN mfu_full_attention")  # schema 11's
     run_script(db, next(s for s in MIGRATIONS[0].split(";") if "CREATE TABLE step_metrics" in s))
     db.execute("INSERT INTO step_metrics (job_id, step, time, loss, grad_norm, lr, tokens, tokens_per_second,"
                " step_time_seconds, peak_memory_bytes) VALUES (?, 1, 10.0, 2.0, 0.5, 0.001, 64, 8.0, 8.0, 1024)",
@@ -62,7 +64,7 @@ def test_a_store_from_before_absent_metrics_is_migrated_with_its_rows(store_loca
     old, new = store.step_metrics(record.id)
     assert {k: old[k] for k in STEP_METRICS} == {"grad_norm": 0.5, "lr": 0.001, "tokens": 64, "tokens_per_second": 8.0,
                                                  "mfu": None, "step_time_seconds": 8.0, "peak_memory_bytes": 1024,
-                                                 "eval_loss": None}
+                                                 "eval_loss": None, "mfu_full_attention": None}
     assert {k: new[k] for k in STEP_METRICS} == dict.fromkeys(STEP_METRICS)
 
 
@@ -92,10 +94,11 @@ def test_prometheus_exports_no_sample_of_an_unreported_metric() -> None:
     assert {"trainctl_job_step", "trainctl_job_loss"} <= names
     assert not names & {"trainctl_job_grad_norm", "trainctl_job_learning_rate", "trainctl_job_tokens_per_second",
                         "trainctl_job_peak_memory_bytes", "trainctl_job_mfu_ratio",
-                        "trainctl_job_step_duration_seconds_count"}
+                        "trainctl_job_mfu_full_attention_ratio", "trainctl_job_step_duration_seconds_count"}
     metrics.record_step("j", "t", StepReport.from_dict({**ENGINE_STEP, "step": 6}))
     assert {"trainctl_job_grad_norm", "trainctl_job_learning_rate", "trainctl_job_tokens_per_second",
-            "trainctl_job_peak_memory_bytes", "trainctl_job_mfu_ratio", "trainctl_job_step_duration_seconds_count"} <= (
+            "trainctl_job_peak_memory_bytes", "trainctl_job_mfu_ratio", "trainctl_job_mfu_full_attention_ratio",
+            "trainctl_job_step_duration_seconds_count"} <= (
         exported(registry))
 
 

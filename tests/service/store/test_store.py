@@ -307,12 +307,13 @@ def set_schema_version(location: str, version: int) -> None:
 
 
 def set_back_to_schema_7(location: str) -> None:
-    """A current store as version 7 had it: without the columns schemas 8 and 10 add (9 only makes
+    """A current store as version 7 had it: without the columns schemas 8, 10 and 11 add (9 only makes
     step_metrics' columns nullable)."""
     db = open_database(location)
     db.begin_write()
-    db.execute("ALTER TABLE step_metrics DROP COLUMN eval_loss")
-    db.execute("ALTER TABLE jobs DROP COLUMN last_eval_loss")
+    for table, column in (("step_metrics", "mfu_full_attention"), ("jobs", "mfu_full_attention"),
+                          ("step_metrics", "eval_loss"), ("jobs", "last_eval_loss")):
+        db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     for table in ("jobs", "sweeps"):
         db.execute(f"ALTER TABLE {table} DROP COLUMN request_digest")
     db.set_schema_version(7)
@@ -499,6 +500,35 @@ def test_values_keep_their_range_and_precision(store_location: str) -> None:
     row = store.step_metrics(record.id)[0]
     assert (row["peak_memory_bytes"], row["lr"], row["mfu"], row["time"]) == (80 * 2**30, 3e-4, None, now)
     assert store.get_job(record.id).create_time == now
+
+
+def test_mfu_in_both_conventions_round_trips_and_an_old_store_reads_none(store_location: str) -> None:
+    """`mfu` (Megatron's convention, causal attention halved) and `mfu_full_attention` (torchtitan's) are
+    kept per step and as the job's newest; a store from before schema 11 gains the column, rows read None."""
+    store = JobStore(store_location)
+    old, _ = store.create_job(job("old"))
+    store.record_step(old.id, {"step": 1, "loss": 2.0, "mfu": 0.4})
+    store.close()
+    db = open_database(store_location)
+    db.begin_write()
+    db.execute("ALTER TABLE step_metrics DROP COLUMN mfu_full_attention")
+    db.execute("ALTER TABLE jobs DROP COLUMN mfu_full_attention")
+    db.set_schema_version(10)
+    db.commit()
+    db.close()
+    store = JobStore(store_location)
+    assert store.schema_version == SCHEMA_VERSION
+    row = store.step_metrics(old.id)[0]
+    assert (row["mfu"], row["mfu_full_attention"]) == (0.4, None)
+    got = store.get_job(old.id)
+    assert (got.mfu, got.mfu_full_attention) == (0.4, None)
+    store.record_step(old.id, {"step": 2, "loss": 1.5, "mfu": 0.41, "mfu_full_attention": 0.43})
+    row = store.step_metrics(old.id)[1]
+    assert (row["mfu"], row["mfu_full_attention"]) == (0.41, 0.43)
+    got = JobStore(store_location).get_job(old.id)
+    assert (got.mfu, got.mfu_full_attention) == (0.41, 0.43)
+    store.record_step(old.id, {"step": 3, "loss": 1.4})  # a step without MFU: the job's newest has none
+    assert store.get_job(old.id).mfu_full_attention is None
 
 
 def test_non_finite_metrics_read_back_as_written_and_null_stays_no_value(store_location: str) -> None:

@@ -30,7 +30,8 @@ class StepReport:
     tokens_per_second: float | None
     """Global tokens per second of the step (None: not reported, or no rate known)."""
     mfu: float | None
-    """Model FLOPs utilisation, None when the device's peak FLOPS is unknown (CPU)."""
+    """Model FLOPs utilisation in Megatron's convention (causal attention halved:
+    `flops.training_flops_per_token`), None when the device's peak FLOPS is unknown (CPU)."""
     step_time_seconds: float | None
     """Wall time of the step on this rank (None: no time known)."""
     breakdown: dict[str, float] = field(default_factory=dict)
@@ -43,6 +44,10 @@ class StepReport:
     eval_loss: float | None = None
     """Global mean loss on the evaluation data (`spec.evaluation`) after this step, None when the step
     ran no evaluation."""
+    mfu_full_attention: float | None = None
+    """Model FLOPs utilisation in torchtitan's convention (attention counted unmasked:
+    `flops.full_attention_flops_per_token`), None when the device's peak FLOPS is unknown, for command
+    jobs, and in logs written before it existed."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (Ray calls, event log, JSON)."""
@@ -70,4 +75,5 @@ class StepReport:
             peak_memory_bytes=number("peak_memory_bytes", int),
             checkpoint_bytes=number("checkpoint_bytes", int),
             eval_loss=number("eval_loss", float),
+            mfu_full_attention=number("mfu_full_attention", float),
         )

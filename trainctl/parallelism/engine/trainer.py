@@ -54,17 +54,25 @@ from trainctl.parallelism.engine.evaluation import Evaluator, evaluation_dataset
 from trainctl.parallelism.engine.loss import masked_loss_scale, objectives
 from trainctl.parallelism.engine.model_setup import build_parallel_model
 from trainctl.parallelism.engine.optim import build_optimizer, build_scheduler, clip_gradients
+from trainctl.parallelism.engine.phase_timer import PhaseTimer
 from trainctl.parallelism.engine.step_checkpoints import StepCheckpoints
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.parallelism.errors import ConfigurationError
+from trainctl.parallelism.layouts import float8
 from trainctl.parallelism.layouts.context_parallel import shard_batch_for_cp
+from trainctl.parallelism.layouts.dp_mode import gathers_parameters
 from trainctl.parallelism.layouts.expert_parallel import reduce_expert_gradients
 from trainctl.parallelism.layouts.mesh import ParallelMesh, build_mesh
 from trainctl.parallelism.layouts.pipeline import PipelineRunner
 from trainctl.parallelism.layouts.tensor_parallel import loss_context
 from trainctl.parallelism.model.moe import pop_aux_loss
 from trainctl.parallelism.resolved_job import ResolvedJob
-from trainctl.parallelism.sizing.flops import mfu, peak_flops, training_flops_per_token
+from trainctl.parallelism.sizing.flops import (
+    full_attention_flops_per_token,
+    mfu,
+    peak_flops,
+    training_flops_per_token,
+)
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import PretrainedConfigError
@@ -150,6 +158,7 @@ class Trainer:
         self.rank = rank
         self.world_size = world_size
         self.device = resolve_device(device, rank)
+        float8.check_float8_device(job.training.fp8, self.device)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.on_step = on_step
         self.on_event = on_event
@@ -161,6 +170,9 @@ class Trainer:
         self.objectives = objectives(job.training.compile and self.grid.tp == 1)  # TP's vocab-sharded loss stays eager
         self.pmesh: ParallelMesh | None = build_mesh(self.grid, self.device.type) if world_size > 1 else None
         self.model = build_parallel_model(self.job, self.config, self.pmesh, self.device, file_rule)
+        self.float8_scales = float8.precomputes_scales(
+            job.training.fp8, self.pmesh is not None and gathers_parameters(self.job.parallelism)
+        )
         self.optimizers, self.schedulers = self._build_optimizers()
         self.state_options = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=job.lora is not None)
         self.job = efficiency.confirm_micro_batch(
@@ -175,7 +187,8 @@ class Trainer:
             if self.job.evaluation is not None else None
         )
         self.step = 0
-        self.flops_per_token = training_flops_per_token(self.config, self.job.data.seq_len)
+        self.flops_per_token = training_flops_per_token(self.config, self.job.data.seq_len, self.job.lora)
+        self.flops_per_token_full_attention = full_attention_flops_per_token(self.config, self.job.data.seq_len, self.job.lora)
         self.peak_flops = peak_flops(
             torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None, self.job.training.dtype
         )
@@ -327,6 +340,8 @@ class Trainer:
         norm = clip_gradients(self.model.parameters(), self.job.training.grad_clip, pp_group, duplicates)
         for opt in self.optimizers:
             opt.step()
+        if self.float8_scales:
+            float8.after_optimizer_step(self.model.parts)
         for sharding in self.model.zero1:
             sharding.broadcast_params()
         for sched in self.schedulers:
@@ -338,15 +353,15 @@ class Trainer:
 
     def train_step(self) -> tuple[float, float, dict[str, float]]:
         """One optimizer step: (global loss, grad norm, seconds per phase)."""
-        t0 = time.perf_counter()
+        timer = PhaseTimer(self.device)
         batch = self.loader.next_batch()
-        t1 = time.perf_counter()
+        timer.mark("data")
         local = self.forward_backward(batch)
-        t2 = time.perf_counter()
+        timer.mark("forward_backward")
         loss = self.global_loss(local)
         norm = self.optimizer_step()
-        t3 = time.perf_counter()
-        return loss, norm, {"data": t1 - t0, "forward_backward": t2 - t1, "optimizer": t3 - t2}
+        timer.mark("optimizer")
+        return loss, norm, timer.finish()
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def _state_templates(self) -> list[tuple[dict, dict]]:
@@ -449,6 +464,7 @@ class Trainer:
                 tokens=tokens_per_step,
                 tokens_per_second=tps,
                 mfu=mfu(self.flops_per_token, tps, self.world_size, self.peak_flops),
+                mfu_full_attention=mfu(self.flops_per_token_full_attention, tps, self.world_size, self.peak_flops),
                 step_time_seconds=elapsed,
                 breakdown=breakdown,
                 peak_memory_bytes=_peak_memory(self.device),

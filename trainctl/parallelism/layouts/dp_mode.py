@@ -32,6 +32,13 @@ def effective_mode(par: ParallelismSpec, dtensor_params: bool) -> DPMode:
     return "zero2" if mode == "zero1" and dtensor_params else mode
 
 
+def gathers_parameters(par: ParallelismSpec) -> bool:
+    """Whether the engine runs FSDP2 on the job's parts: ZeRO-2, ZeRO-3, HSDP, and DDP or ZeRO-1 over
+    tensor-parallel (DTensor) parameters, which DDP cannot hold (data_parallel.apply_ddp)."""
+    mode = effective_mode(par, dtensor_params=par.tp > 1)
+    return mode in ("zero2", "fsdp", "hsdp") or (mode == "ddp" and par.tp > 1)
+
+
 def partition_sizes(sizes: Sequence[int], n: int) -> list[int]:
     """Owner (0..n-1) of each parameter for ZeRO-1: largest first, each to the least-loaded owner
     (ties to the lowest index). Deterministic, so the estimator computes the same partition."""

@@ -1,20 +1,22 @@
 """Apply a parallel layout to the (full, initialised) model, in one fixed order.
 
     1. split pipeline stages    (pipeline.split_pipeline_stages)  -> this rank's model chunks
-    2. tensor + sequence parallel (tensor_parallel.apply_tensor_parallel)
-    3. expert parallel          (expert_parallel.apply_expert_parallel, MoE models)
-    4. context parallel         (context_parallel.apply_context_parallel: ring attention cores, and
+    2. float8 linears           (float8.apply_float8, `training.fp8`: before TP, which then shards
+                                 the Float8Linear weights, and before FSDP, which gathers them in float8)
+    3. tensor + sequence parallel (tensor_parallel.apply_tensor_parallel)
+    4. expert parallel          (expert_parallel.apply_expert_parallel, MoE models)
+    5. context parallel         (context_parallel.apply_context_parallel: ring attention cores, and
                                  each stage's default positions are its CP shard's, so pipeline
                                  stages that receive only hidden states still apply RoPE correctly)
-    5. activation checkpointing (none / selective = every other block / full = every block)
-    6. torch.compile            (each decoder block, in place: names do not change)
-    7. FSDP / ZeRO / DDP        (data_parallel.apply_data_parallel; EP experts are left out of it)
-    8. tied embeddings under PP (tied_embeddings.TiedEmbeddingSync: first/last stage gradient sum)
+    6. activation checkpointing (none / selective = every other block / full = every block)
+    7. torch.compile            (each decoder block, in place: names do not change)
+    8. FSDP / ZeRO / DDP        (data_parallel.apply_data_parallel; EP experts are left out of it)
+    9. tied embeddings under PP (tied_embeddings.TiedEmbeddingSync: first/last stage gradient sum)
 
 The model is built whole on CPU from the training seed and only then cut, so every layout starts
 from bit-identical weights (see model.init_weights). A model on the meta device (a Hugging Face
 model loaded sharded) comes with `materialize(parts)`, which gives the cut parts storage and values
-once they are sharded: before step 7 where data parallelism replicates parameters (none, DDP,
+once they are sharded: before step 8 where data parallelism replicates parameters (none, DDP,
 ZeRO-1: torch DDP needs real tensors), after it where FSDP shards them (a rank then holds, and
 reads, only its TP x FSDP shard).
 """
@@ -34,8 +36,9 @@ from trainctl.parallelism.layouts.data_parallel import (
     apply_data_parallel,
     has_dtensor_params,
 )
-from trainctl.parallelism.layouts.dp_mode import DPMode, effective_mode
+from trainctl.parallelism.layouts.dp_mode import DPMode, effective_mode, gathers_parameters
 from trainctl.parallelism.layouts.expert_parallel import apply_expert_parallel, expert_parameters
+from trainctl.parallelism.layouts.float8 import apply_float8
 from trainctl.parallelism.layouts.mesh import ParallelMesh
 from trainctl.parallelism.layouts.pipeline import PipelineChunk, split_pipeline_stages
 from trainctl.parallelism.layouts.tensor_parallel import apply_tensor_parallel
@@ -71,6 +74,8 @@ class ParallelModel:
     """Experts are sharded over EP groups; their gradients need `expert_parallel.reduce_expert_gradients`."""
     tied: TiedEmbeddingSync | None = None
     """With PP and tied embeddings: the first / last stage copies whose gradients are summed."""
+    float8: list[str] = field(default_factory=list)
+    """Canonical names of the linears that train in float8 (`training.fp8`), over all parts."""
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """(canonical name, parameter) over all parts."""
@@ -134,6 +139,10 @@ def parallelize(
         parts = [model]
     if materialize is None:
         parts = [p.to(device) for p in parts]
+    float8: list[str] = []
+    if train.fp8 != "none":
+        for part in parts:
+            float8 += apply_float8(part, train.fp8, fsdp=pmesh is not None and gathers_parameters(par))
 
     if par.tp > 1:
         for part in parts:
@@ -159,7 +168,7 @@ def parallelize(
     if materialize is not None and (pmesh is None or materialize_first):
         materialize(parts)
     if pmesh is None:
-        return ParallelModel(parts=parts, dp_mode="none")
+        return ParallelModel(parts=parts, dp_mode="none", float8=float8)
     param_dtype = torch.bfloat16 if train.dtype == "bfloat16" else None
     parts, mode = apply_data_parallel(parts, pmesh, par, param_dtype=param_dtype, ignored=experts)
     if materialize is not None and not materialize_first:
@@ -171,7 +180,9 @@ def parallelize(
         if mode == "zero1"
         else []
     )
-    pmodel = ParallelModel(parts=parts, dp_mode=mode, zero1=zero1, chunks=chunks, expert_parallel=par.ep > 1)
+    pmodel = ParallelModel(
+        parts=parts, dp_mode=mode, zero1=zero1, chunks=chunks, expert_parallel=par.ep > 1, float8=float8
+    )
     if par.pp > 1 and getattr(getattr(model, "config", None), "tie_embeddings", False):
         pmodel.tied = TiedEmbeddingSync(pmodel.named_parameters(), pmesh)
     return pmodel

@@ -36,6 +36,15 @@ autocast; 2 under FSDP's bf16 parameters):
   each norm's input (s d_n), one bf16 copy of each norm's output (2 e d_n), q, k, v and the attention
   output (4 e q), and w1 x, w3 x and the product (3 e f).
 - a checkpointed block: its input (s d_n).
+- `training.fp8` (compiled; layouts/float8.py): the tensors that feed a float8 linear are kept in
+  float8 (1 byte) instead of bf16: wo's input (the attention output, q) when wo converts, and two of
+  the feed-forward's three saved tensors when w2 converts (2 f). And no bf16 copy of a float8
+  linear's weight is made (torchao casts the fp32 weight to float8 itself), so the weight copies above
+  leave out every converted linear's (`float8_weight_elements`). Both measured on one H200 with
+  llama-1b and llama-3b at seq 2048 and llama-1b at seq 8192 (compiled, tensorwise): the saving is
+  (q + 2 f) bytes per token and block plus 2 bytes per converted weight element, to within 1 %
+  (docs/benchmarks.md, "GPU: float8"). Not measured: eager float8 (modelled as compiled, weight
+  copies only), rowwise, and FSDP's float8 all-gather (the gathered copies are counted in bf16).
 
 llama-1b on one H200 (bf16, 4 x 2048 tokens) measured 66.2 d bytes per token and block eager (this
 model: 66 d), 58.2 d under LoRA with every projection adapted (58 d) and about 42 d compiled (44 d):
@@ -48,9 +57,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
 
-from trainctl.parallelism.layouts.dp_mode import effective_mode
+from trainctl.parallelism.layouts.dp_mode import effective_mode, gathers_parameters
 from trainctl.parallelism.resolved_job import ResolvedJob
-from trainctl.parallelism.sizing.working_copies import WorkingCopies, gathers_parameters
+from trainctl.parallelism.sizing.flops import block_linear_shapes, float8_blocks
+from trainctl.parallelism.sizing.working_copies import WorkingCopies
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig
 
@@ -79,7 +89,7 @@ def precision(job: JobSpecBody) -> Precision:
     (the Trainer's `autocast`)."""
     if job.training.dtype != "bfloat16":
         return Precision(stream=FP32, compute=FP32, autocast=False)
-    if gathers_parameters(job):
+    if gathers_parameters(job.parallelism):
         return Precision(stream=2, compute=2, autocast=False)
     return Precision(stream=FP32, compute=2, autocast=True)
 
@@ -99,7 +109,9 @@ def block_bytes(config: ModelConfig, job: JobSpecBody, layer: int) -> float:
         f = config.ffn_dim / par.tp
     if job.training.compile:
         norms = 2 * (p.stream + 2 * e) * d_norm + (FP32 * (q + kv) if config.qk_norm else 0)
-        return norms + 4 * e * q + 3 * e * f
+        fp8 = float8_blocks(config, job.training.fp8)
+        in_float8 = (q if "wo" in fp8 else 0) + (2 * f if "w2" in fp8 and not config.is_moe_layer(layer) else 0)
+        return norms + 4 * e * q + 3 * e * f - (e - 1) * in_float8
     lora = job.lora
     trained = {m for m in ("wq", "wk", "wv", "wo", "w1", "w2", "w3") if lora is None or m in lora.target_modules}
     normalized = FP32 if lora is None else 0  # a frozen norm weight needs no saved normalized value
@@ -115,6 +127,16 @@ def block_bytes(config: ModelConfig, job: JobSpecBody, layer: int) -> float:
     return norms + inputs + attention + feed_forward + small + adapters
 
 
+def float8_weight_elements(config: ModelConfig, job: JobSpecBody, layer: int) -> float:
+    """Weight elements of decoder block `layer` (on one rank: / tp) that train in float8."""
+    if config.is_moe_layer(layer):
+        names = float8_blocks(config, job.training.fp8) - {"w1", "w2", "w3"}  # experts are not linears
+    else:
+        names = float8_blocks(config, job.training.fp8)
+    shapes = block_linear_shapes(config)
+    return sum(shapes[n][0] * shapes[n][1] for n in names) / job.parallelism.tp
+
+
 def checkpointed_layers(layers: Sequence[int], activation_checkpointing: str) -> list[bool]:
     """Which of `layers` the engine checkpoints: all under `full`, the even-numbered under `selective`."""
     return [activation_checkpointing == "full" or (activation_checkpointing == "selective" and i % 2 == 0) for i in layers]
@@ -125,7 +147,7 @@ def gradients_in_buckets(job: JobSpecBody) -> bool:
     buckets allocated with the model. Otherwise (FSDP2, one process) they appear during the first
     backward and are held from the second micro-batch on."""
     par = job.parallelism
-    return effective_mode(par, dtensor_params=par.tp > 1) in ("ddp", "zero1") and not gathers_parameters(job)
+    return effective_mode(par, dtensor_params=par.tp > 1) in ("ddp", "zero1") and not gathers_parameters(job.parallelism)
 
 
 @dataclass(frozen=True)
@@ -232,7 +254,8 @@ def step_activations(resolved: ResolvedJob, rank: int, stage: StageParams, grads
     checkpointed = checkpointed_layers(stage.layers, training.activation_checkpointing)
     full = [block_bytes(config, job, layer) * tokens for layer in stage.layers]
     kept = [p.stream * d_norm * tokens if c else b for c, b in zip(checkpointed, full, strict=True)]
-    copies = [stage.weight_bytes_by_layer[layer] if p.autocast else 0 for layer in stage.layers]
+    copies = [stage.weight_bytes_by_layer[layer] - p.compute * float8_weight_elements(config, job, layer) if p.autocast else 0
+              for layer in stage.layers]
     kept_copies = sum(c for c, ckpt in zip(copies, checkpointed, strict=True) if not ckpt)
     output = 0.0
     loss = 0.0

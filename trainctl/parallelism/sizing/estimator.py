@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from math import ceil, prod
 
-from trainctl.parallelism.layouts.dp_mode import effective_mode, partition_sizes
+from trainctl.parallelism.layouts.dp_mode import effective_mode, gathers_parameters, partition_sizes
 from trainctl.parallelism.layouts.stage_split import balanced_split, local_stage_indices
 from trainctl.parallelism.model.lora_names import PARENTS, is_adapter
 from trainctl.parallelism.resolved_job import ResolvedJob
@@ -45,7 +45,6 @@ from trainctl.parallelism.sizing.working_copies import (
     PartUnits,
     WorkingCopies,
     fsdp_working_copies,
-    gathers_parameters,
     zero1_working_copies,
 )
 from trainctl.spec.job import JobSpecBody, LoRASpec
@@ -206,7 +205,7 @@ def local_params(resolved: ResolvedJob, rank: int, plan: ModelPlan | None = None
     coords = grid.coords(rank)
     plan = plan or model_plan(config, job)
     shapes = plan.shapes
-    fsdp = gathers_parameters(job)
+    fsdp = gathers_parameters(job.parallelism)
     shard_group = grid.group(("dp_shard", "cp"), rank)
     n_shard, shard_index = len(shard_group), shard_group.index(rank)
     parts = []
@@ -284,7 +283,7 @@ def working_copies(resolved: ResolvedJob, rank: int, plan: ModelPlan | None = No
     parts = parts if parts is not None else local_params(resolved, rank, plan)
     par = job.parallelism
     n_shard = par.dp_shard * par.cp
-    if gathers_parameters(job):
+    if gathers_parameters(job.parallelism):
         return fsdp_working_copies(job, [_units(part, n_shard) for part in parts])
     if effective_mode(par, dtensor_params=par.tp > 1) != "zero1":
         return WorkingCopies()
@@ -362,6 +361,7 @@ def estimate_all(resolved: ResolvedJob, ranks: Iterable[int] | None = None) -> l
 
 
 def flops_per_step(config: ModelConfig, job: JobSpecBody) -> int:
-    """Training FLOPs of one optimizer step over all ranks (flops.training_flops_per_token x tokens)."""
+    """Training FLOPs of one optimizer step over all ranks (flops.training_flops_per_token x tokens; a LoRA
+    job's frozen weights count as frozen)."""
     tokens = job.training.global_batch_size * job.data.seq_len
-    return training_flops_per_token(config, job.data.seq_len) * tokens
+    return training_flops_per_token(config, job.data.seq_len, job.lora) * tokens

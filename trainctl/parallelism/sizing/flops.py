@@ -1,39 +1,62 @@
 """Model FLOPs per token and the peak-FLOPS table behind MFU.
 
-Training FLOPs per token (forward + backward = 3 x forward, one multiply-add = 2 FLOPs):
+Training FLOPs per token (forward + backward = 3 x forward, one multiply-add = 2 FLOPs), in two
+conventions that differ only in how causal attention is counted:
 
-    6 * N_active  +  6 * n_layers * seq_len * (n_heads * head_dim)
+    Megatron (causal attention halved; the default, `training_flops_per_token`):
+        6 * N_active  +  6 * n_layers * seq_len * (n_heads * head_dim)
+    torchtitan (attention counted unmasked, `full_attention_flops_per_token`):
+        6 * N_active  + 12 * n_layers * seq_len * (n_heads * head_dim)
 
 `N_active` counts the matrix-multiply parameters one token passes through: per layer wq, wk, wv, wo,
 and the SwiGLU w1, w2, w3 (for an MoE layer: the router, top_k routed experts and the shared
-expert), plus the output projection. The embedding lookup does no multiplies and is excluded. The
-second term is causal attention: per layer a token's query meets seq_len / 2 keys on average, for
-QK^T and AV, so 2 * 2 * (seq_len / 2) * d forward FLOPs, times 3 for training. Activation
-checkpointing adds one forward of each recomputed block (`recompute_flops_per_token`); MFU does not
-count it (model FLOPs, not hardware FLOPs).
+expert), plus the output projection. The embedding lookup does no multiplies and is excluded, and so
+are norm weights (torchtitan's N counts them: a few hundred thousand parameters, so its FLOPs/token
+for Llama 1B at seq 2048 is 8,220,192,768 where ours in its convention is 8,219,787,264). The second
+term is attention's QK^T and AV (no weights), per layer 2 * 2 * keys * d forward FLOPs times 3 for
+training: under Megatron's convention a causal query meets seq_len / 2 keys on average; under
+torchtitan's every query meets all seq_len keys (the masked half counted as work).
 
-MFU = FLOPs per token x tokens per second / (ranks x peak FLOPS per device). Peaks are dense (no
-sparsity) vendor numbers for the compute dtype; fp32 is the non-tensor-core rate since PyTorch does
-not use TF32 for matmuls by default. Devices not in the table (including every CPU) have an unknown
-peak, and MFU is reported as None rather than guessed.
+LoRA (`lora`, the job's `LoRASpec`): frozen base weights get no weight-gradient GEMM, so a frozen
+matmul parameter costs 4 FLOPs per token (forward 2 + input gradient 2) instead of 6; the adapters
+(`lora_a` [r, in] and `lora_b` [out, r] on each target projection of every dense block, as
+`model/lora.py` builds them) are trained and cost 6; attention's score and value products keep their
+factor (they have no weights, and their input gradients are still needed):
+
+    4 * N_active  +  6 * N_adapters  +  attention term
+
+Activation checkpointing adds one forward of each recomputed block (`recompute_flops_per_token`;
+Megatron's causal count, as the kernels do it, adapters included under LoRA); MFU does not count it
+(model FLOPs, not hardware FLOPs).
+
+MFU = FLOPs per token x tokens per second / (ranks x peak FLOPS per device), reported in both
+conventions (`mfu` Megatron's, `mfu_full_attention` torchtitan's), so a number can be compared with
+either project's tables. Peaks are dense (no sparsity) vendor numbers for the compute dtype; fp32 is
+the non-tensor-core rate since PyTorch does not use TF32 for matmuls by default; float8 is listed
+only for devices with float8 tensor cores (Ada, Hopper, Blackwell), and MFU is always taken against
+the bf16 peak, float8 jobs included, so the two precisions compare on one scale. Devices not in the
+table (including every CPU) have an unknown peak, and MFU is reported as None rather than guessed.
 """
 
 from __future__ import annotations
 
+from trainctl.parallelism.layouts.float8_rule import converts_shape
+from trainctl.parallelism.model.lora_names import PARENTS
+from trainctl.spec.job import LoRASpec
 from trainctl.spec.presets import ModelConfig
 
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     # (substring of torch.cuda.get_device_name, {dtype: dense peak FLOP/s}); first match wins.
-    ("H100 PCIe", {"bfloat16": 756e12, "float32": 51e12}),
-    ("H100 NVL", {"bfloat16": 835e12, "float32": 60e12}),
-    ("H100", {"bfloat16": 989e12, "float32": 67e12}),
-    ("H200", {"bfloat16": 989e12, "float32": 67e12}),
-    ("GH200", {"bfloat16": 989e12, "float32": 67e12}),
-    ("GB200", {"bfloat16": 2500e12, "float32": 90e12}),  # the B200 of a GB200 superchip, at 1,200 W
-    ("B200", {"bfloat16": 2250e12, "float32": 80e12}),
+    ("H100 PCIe", {"bfloat16": 756e12, "float32": 51e12, "float8": 1513e12}),
+    ("H100 NVL", {"bfloat16": 835e12, "float32": 60e12, "float8": 1671e12}),
+    ("H100", {"bfloat16": 989e12, "float32": 67e12, "float8": 1979e12}),
+    ("H200", {"bfloat16": 989e12, "float32": 67e12, "float8": 1979e12}),
+    ("GH200", {"bfloat16": 989e12, "float32": 67e12, "float8": 1979e12}),
+    ("GB200", {"bfloat16": 2500e12, "float32": 90e12, "float8": 5000e12}),  # the B200 of a GB200 superchip, at 1,200 W
+    ("B200", {"bfloat16": 2250e12, "float32": 80e12, "float8": 4500e12}),
     ("A100", {"bfloat16": 312e12, "float32": 19.5e12}),
-    ("L40S", {"bfloat16": 362e12, "float32": 91.6e12}),
-    ("L4", {"bfloat16": 121e12, "float32": 30.3e12}),
+    ("L40S", {"bfloat16": 362e12, "float32": 91.6e12, "float8": 733e12}),
+    ("L4", {"bfloat16": 121e12, "float32": 30.3e12, "float8": 242e12}),
 )
 
 
@@ -65,9 +88,69 @@ def active_matmul_params(config: ModelConfig) -> int:
     return total
 
 
-def training_flops_per_token(config: ModelConfig, seq_len: int) -> int:
-    """Forward + backward FLOPs per trained token (formula in the module docstring)."""
-    return 6 * active_matmul_params(config) + 6 * config.n_layers * seq_len * config.n_heads * config.head_dim
+def block_linear_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of a dense decoder block's linears, unsharded."""
+    q, kv = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+    d, f = config.dim, config.ffn_dim
+    return {"wq": (d, q), "wk": (d, kv), "wv": (d, kv), "wo": (q, d), "w1": (d, f), "w2": (f, d), "w3": (d, f)}
+
+
+def float8_blocks(config: ModelConfig, recipe: str) -> set[str]:
+    """The linears of a dense block that train in float8 under `training.fp8` (layouts/float8.py's
+    rule on the unsharded shapes, as torchtitan's filter applies it; MoE experts never do)."""
+    if recipe == "none":
+        return set()
+    return {n for n, (i, o) in block_linear_shapes(config).items() if converts_shape(n, i, o, recipe)}
+
+
+def float8_flops_per_token(config: ModelConfig, recipe: str) -> int:
+    """Training FLOPs per token of the matrix products that run in float8 (6 per weight element of the
+    converted linears of every dense block; attention and MoE layers' feed-forwards stay in bf16)."""
+    shapes, names = block_linear_shapes(config), float8_blocks(config, recipe)
+    per_block = {n: shapes[n][0] * shapes[n][1] for n in names}
+    ffn = sum(v for n, v in per_block.items() if n in ("w1", "w2", "w3"))
+    attention = sum(per_block.values()) - ffn
+    return 6 * (config.n_layers * attention + (config.n_layers - moe_layer_count(config)) * ffn)
+
+
+def adapter_params(config: ModelConfig, lora: LoRASpec | None) -> int:
+    """LoRA adapter parameters (trained; N_adapters above): r x (in + out) for each target projection of
+    every dense block (MoE layers' experts get none: `lora.target_names`), 0 without LoRA."""
+    if lora is None:
+        return 0
+    in_out = block_linear_shapes(config)
+    moe_layers = moe_layer_count(config)
+    total = 0
+    for target in set(lora.target_modules):
+        layers = config.n_layers - moe_layers if PARENTS[target] == "feed_forward" else config.n_layers
+        total += layers * lora.rank * sum(in_out[target])
+    return total
+
+
+def matmul_flops_per_token(config: ModelConfig, lora: LoRASpec | None = None) -> int:
+    """Training FLOPs per token of the weight matmuls: 6 * N_active, or under LoRA 4 * N_active (frozen)
+    + 6 * N_adapters (module docstring)."""
+    if lora is None:
+        return 6 * active_matmul_params(config)
+    return 4 * active_matmul_params(config) + 6 * adapter_params(config, lora)
+
+
+def attention_flops_per_token(config: ModelConfig, seq_len: int, *, causal: bool = True) -> int:
+    """Training FLOPs per token of attention's QK^T and AV: 6 * n_layers * seq_len * n_heads * head_dim with
+    causal attention halved (Megatron), twice that counted unmasked (`causal=False`, torchtitan)."""
+    return (6 if causal else 12) * config.n_layers * seq_len * config.n_heads * config.head_dim
+
+
+def training_flops_per_token(config: ModelConfig, seq_len: int, lora: LoRASpec | None = None) -> int:
+    """Forward + backward FLOPs per trained token, Megatron's convention (causal attention halved): the
+    FLOPs behind `StepReport.mfu`, the step-time model and the estimator (module docstring)."""
+    return matmul_flops_per_token(config, lora) + attention_flops_per_token(config, seq_len)
+
+
+def full_attention_flops_per_token(config: ModelConfig, seq_len: int, lora: LoRASpec | None = None) -> int:
+    """Forward + backward FLOPs per trained token, torchtitan's convention (attention counted unmasked):
+    the FLOPs behind `StepReport.mfu_full_attention` (module docstring)."""
+    return matmul_flops_per_token(config, lora) + attention_flops_per_token(config, seq_len, causal=False)
 
 
 def recomputed_layers(n_layers: int, activation_checkpointing: str) -> int:
@@ -76,11 +159,14 @@ def recomputed_layers(n_layers: int, activation_checkpointing: str) -> int:
     return {"full": n_layers, "selective": (n_layers + 1) // 2}.get(activation_checkpointing, 0)
 
 
-def recompute_flops_per_token(config: ModelConfig, seq_len: int, activation_checkpointing: str) -> float:
+def recompute_flops_per_token(config: ModelConfig, seq_len: int, activation_checkpointing: str,
+                              lora: LoRASpec | None = None) -> float:
     """FLOPs per trained token that activation checkpointing adds: one more forward of each recomputed
-    block (a third of a block's training FLOPs; the output layer is never recomputed)."""
-    blocks = training_flops_per_token(config, seq_len) - 6 * config.dim * config.vocab_size
-    return blocks / 3 * recomputed_layers(config.n_layers, activation_checkpointing) / config.n_layers
+    block (2 FLOPs per matmul parameter, adapters included under LoRA, plus the causal attention forward;
+    the output layer is never recomputed)."""
+    matmuls = 2 * (active_matmul_params(config) - config.dim * config.vocab_size + adapter_params(config, lora))
+    blocks = matmuls + attention_flops_per_token(config, seq_len) / 3
+    return blocks * recomputed_layers(config.n_layers, activation_checkpointing) / config.n_layers
 
 
 def mfu(flops_per_token: float, tokens_per_second: float, ranks: int, peak: float | None) -> float | None:

@@ -83,14 +83,6 @@ class WorkingCopies:
     (FSDP under a pipeline schedule; 0: the sharded gradients are held)."""
 
 
-def gathers_parameters(job: JobSpecBody) -> bool:
-    """Whether the engine runs FSDP2 on the job's parts: ZeRO-2, ZeRO-3, HSDP, and DDP or ZeRO-1 over
-    tensor-parallel (DTensor) parameters, which DDP cannot hold (data_parallel.apply_ddp)."""
-    par = job.parallelism
-    mode = effective_mode(par, dtensor_params=par.tp > 1)
-    return mode in ("zero2", "fsdp", "hsdp") or (mode == "ddp" and par.tp > 1)
-
-
 def fsdp_working_copies(job: JobSpecBody, parts: Sequence[PartUnits]) -> WorkingCopies:
     """FSDP2's gathered parameters, unsharded gradients and reduce-scatter buffers (module docstring)."""
     par = job.parallelism

@@ -114,6 +114,8 @@ def fill_status(status: pb.JobStatus, record: JobRecord) -> None:
         status.last_loss = record.last_loss
     if record.mfu is not None:
         status.mfu = record.mfu
+    if record.mfu_full_attention is not None:
+        status.mfu_full_attention = record.mfu_full_attention
     if record.last_eval_loss is not None:
         status.last_eval_loss = record.last_eval_loss
     status.restarts = record.restarts
@@ -133,8 +135,9 @@ def step_to_proto(row: dict[str, Any], out: pb.StepMetrics) -> pb.StepMetrics:
     for name in ("tokens", "peak_memory_bytes"):
         if row.get(name) is not None:
             setattr(out, name, int(row[name]))
-    if row.get("mfu") is not None:
-        out.mfu = float(row["mfu"])
+    for name in ("mfu", "mfu_full_attention"):  # Megatron's convention, torchtitan's
+        if row.get(name) is not None:
+            setattr(out, name, float(row[name]))
     out.breakdown.update({str(k): float(v) for k, v in (row.get("breakdown") or {}).items()})
     timestamp(out.time, row.get("time"))
     return out

@@ -15,7 +15,7 @@ from trainctl.service.store.records import EVENT_STEP, Event
 
 METRIC_COLUMNS = (
     "loss", "grad_norm", "lr", "tokens", "tokens_per_second", "mfu", "step_time_seconds", "peak_memory_bytes",
-    "eval_loss",
+    "eval_loss", "mfu_full_attention",
 )
 
 
@@ -57,9 +57,9 @@ class EventLog:
             db.execute(
                 "UPDATE jobs SET steps_done = CASE WHEN steps_done > ? THEN steps_done ELSE ? END, first_loss = ?,"
                 " last_loss = ?, tokens_per_second = COALESCE(?, tokens_per_second), mfu = ?,"
-                " last_eval_loss = COALESCE(?, last_eval_loss), update_time = ?, version = version + 1 WHERE id = ?",
+                " mfu_full_attention = ?, last_eval_loss = COALESCE(?, last_eval_loss), update_time = ?, version = version + 1 WHERE id = ?",
                 (step, step, first, metrics["loss"], metrics.get("tokens_per_second"), metrics.get("mfu"),
-                 metrics.get("eval_loss"), now, job_id),
+                 metrics.get("mfu_full_attention"), metrics.get("eval_loss"), now, job_id),
             )
             return self.append(db, job_id, EVENT_STEP, {**metrics, "time": metrics.get("time", now)}, now)
 

@@ -143,6 +143,9 @@ class JobRecord:
     restarts: int = 0
     tokens_per_second: float = 0.0
     mfu: float | None = None
+    """MFU of the newest step, Megatron's convention (causal attention halved); None where unknown."""
+    mfu_full_attention: float | None = None
+    """MFU of the newest step, torchtitan's convention (attention counted unmasked); None where unknown."""
     last_eval_loss: float | None = None
     """The eval loss of the newest step that evaluated; None before the first."""
     placement: list[dict[str, Any]] = field(default_factory=list)

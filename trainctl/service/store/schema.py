@@ -176,6 +176,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE step_metrics ADD COLUMN eval_loss $real;
     ALTER TABLE jobs ADD COLUMN last_eval_loss $real;
     """,
+    # 10 -> 11: MFU in torchtitan's convention (attention counted unmasked) beside `mfu` (Megatron's,
+    # causal attention halved); NULL on the steps and jobs recorded before it, and where mfu is NULL.
+    """
+    ALTER TABLE step_metrics ADD COLUMN mfu_full_attention $real;
+    ALTER TABLE jobs ADD COLUMN mfu_full_attention $real;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -7,8 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-METRICS = ("loss", "eval_loss", "grad_norm", "lr", "tokens_per_second", "mfu", "step_time_seconds")
-"""The step metrics logged to trackers (those a step reports; a metric it leaves out is not logged)."""
+METRICS = (
+    "loss", "eval_loss", "grad_norm", "lr", "tokens_per_second", "mfu", "mfu_full_attention", "step_time_seconds",
+)
+"""The step metrics logged to trackers (those a step reports; a metric it leaves out is not logged). `mfu` is
+Megatron's convention (causal attention halved), `mfu_full_attention` torchtitan's (attention unmasked)."""
 
 
 @dataclass(frozen=True)

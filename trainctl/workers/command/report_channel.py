@@ -85,6 +85,7 @@ def step_report_of(payload: Any, step_time: float | None) -> StepReport:
         mfu=None,
         step_time_seconds=step_time,
         eval_loss=None if "eval_loss" not in numbers else float(numbers["eval_loss"]),
+        mfu_full_attention=None,  # trainctl does not see a command job's model: no MFU in either convention
     )
 
 
