@@ -36,6 +36,81 @@ def test_sequence_numbers_and_cursor_resume(tmp_path):
         assert log.status(cursor, limit) == status_of(log.all(), cursor, limit)
 
 
+def test_a_long_log_keeps_bounded_memory_and_serves_every_page(tmp_path, monkeypatch):
+    """A file-backed log keeps only its newest events in memory (here 50, an offset every 16th): every
+    page, old or new, equals a replay of the whole file, and what is derived from the log (state,
+    restarts, the highest generation, the newest plan, tallies) survives the events it no longer keeps,
+    also when it is opened again, or read (every page from the file) once the supervisor is gone."""
+    from trainctl.workers import events
+
+    monkeypatch.setattr(events, "RECENT_EVENTS", 50)
+    monkeypatch.setattr(events, "INDEX_STRIDE", 16)
+    path = tmp_path / "events.jsonl"
+    log = EventLog.open(path, tallies={"restarting": lambda e: e.state is JobState.RESTARTING})
+    plan = [{"rank": 0, "node_id": "n1", "node_name": "a", "gpu": 0}]
+    log.append(EventKind.PLAN, placement=plan, generation=0)
+    log.append(EventKind.STATE, state=JobState.RESTARTING, reason="rank 0 died", generation=3)
+    for step in range(1, 301):
+        log.append(EventKind.STEP, rank=0, generation=1, step={"step": step, "loss": 1.0 / step})
+    log.append(EventKind.STATE, state=JobState.SUCCEEDED, reason="done", generation=1)
+    assert len(log._recent) == 50 and len(log._offsets) == (303 + 15) // 16
+    replay = read_events(path)
+    for current in (log, EventLog.open(path, tallies=log.tallies), EventLog.read(path)):
+        for cursor, limit in [(0, 1), (0, 1000), (1, 7), (17, 16), (200, 100), (250, 3), (252, 10), (253, 100), (303, 5)]:
+            page = current.status(cursor, limit)
+            assert page.events == replay[cursor : cursor + len(page.events)], (cursor, limit)
+            assert page.events or cursor == 303
+            assert (page.state, page.restarts, page.last_seq) == (JobState.SUCCEEDED, 1, 303)
+        assert current.all() == replay
+        assert (current.max_generation, current.latest_plan) == (3, plan)
+        assert current.tally("restarting") == (1 if current.tallies else 0)  # a reader counts nothing
+    assert status_of(replay, 100, 10) == log.status(100, 10)
+
+
+def test_a_reopened_long_log_starts_from_its_snapshot_and_survives_a_bad_one(tmp_path, monkeypatch):
+    """Opening reads the snapshot and the events after it (not the whole file); a snapshot behind the file
+    (a crash between an append and the next snapshot), damaged, or describing another file is not trusted
+    beyond what the file confirms, and every page and derived value stays what a full replay gives."""
+    from trainctl.workers import events
+
+    monkeypatch.setattr(events, "RECENT_EVENTS", 20)
+    monkeypatch.setattr(events, "INDEX_STRIDE", 8)
+    path = tmp_path / "events.jsonl"
+    log = EventLog.open(path, tallies={"restarting": lambda e: e.state is JobState.RESTARTING})
+    for step in range(1, 101):
+        if step % 30 == 0:
+            log.append(EventKind.STATE, state=JobState.RESTARTING, reason="rank 0 died", generation=step)
+        log.append(EventKind.STEP, rank=0, generation=step // 30, step={"step": step, "loss": 1.0 / step})
+    snapshot = EventLog.snapshot_path(path)
+    assert json.loads(snapshot.read_text())["count"] == 96  # the last multiple of 8: 103 events in all
+    scanned = []
+    real_scan = events._scan
+    monkeypatch.setattr(events, "_scan", lambda path, **k: scanned.append(k.get("first_seq", 1)) or real_scan(path, **k))
+    replay = read_events(path)
+    expected = [(c, log.status(c, 7)) for c in (0, 40, 80, 95, 102)]
+    tallies = log.tallies
+
+    def reopened() -> EventLog:
+        again = EventLog.open(path, tallies=tallies)
+        assert [(c, again.status(c, 7)) for c, _ in expected] == expected
+        assert (again.max_generation, again.tally("restarting"), again.last_seq) == (90, 3, 103)
+        return again
+
+    scanned.clear()
+    reopened()
+    # the newest 20 of the 96 events the snapshot covers (from the indexed event before them), then the 7 after it
+    assert scanned == [73, 97]
+    good = snapshot.read_text()
+    for bad in ("{", json.dumps({**json.loads(good), "offsets": [0, 5]}), json.dumps({**json.loads(good), "size": 10**9})):
+        snapshot.write_text(bad)
+        scanned.clear()
+        reopened()
+        assert scanned == [1]  # not trusted: the whole file
+    snapshot.write_text(good)
+    reopened().append(EventKind.LOG, message="after")
+    assert [e.seq for e in read_events(path)] == list(range(1, 105)) and replay == read_events(path)[:103]
+
+
 def test_reopened_log_continues_numbering(tmp_path):
     path = tmp_path / "run" / "events.jsonl"
     log = EventLog.open(path)

@@ -11,13 +11,13 @@ from small_jobs import restartable_job
 
 from trainctl.workers.events import EventKind, EventLog, JobState
 from trainctl.workers.relaunch import Relaunch
-from trainctl.workers.supervisor import JobSupervisor, SupervisorConfig, _Outcome
+from trainctl.workers.supervisor import LOG_TALLIES, JobSupervisor, SupervisorConfig, _Outcome
 
 
 def relaunched_supervisor(relaunches: int, max_restarts: int, outcomes: Iterator[tuple[_Outcome, str]]) -> JobSupervisor:
     """A supervisor whose log holds `relaunches` service relaunches, its generations ending as `outcomes` say."""
     job = restartable_job("relaunched", steps=10, max_restarts=max_restarts)
-    log = EventLog()
+    log = EventLog(tallies=LOG_TALLIES)
     log.append(EventKind.STATE, state=JobState.RUNNING, reason="ranks up")
     for count in range(1, relaunches + 1):
         relaunch = Relaunch(resume="resuming from checkpoint step 4", count=count)

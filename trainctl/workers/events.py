@@ -3,9 +3,12 @@
 Events carry a sequence number that increases by one per event, starting at 1. A poller keeps the
 sequence number of the last event it has seen (its *cursor*; 0 before the first) and asks for the
 events after it, so it can stop and resume at any point without losing or repeating one. The log
-is kept in memory by the job's supervisor and appended, one JSON object per line, to the run
-directory's ``events.jsonl`` (`RunDirectory.events`): a supervisor restarted by Ray reloads it and
-continues the numbering, and the runtime reads it once the supervisor is gone.
+is appended, one JSON object per line, to the run directory's ``events.jsonl`` (`RunDirectory.events`):
+a supervisor restarted by Ray reloads it and continues the numbering, and the runtime reads it once
+the supervisor is gone. However long the job runs, the supervisor holds a bounded part of it in memory
+(its newest events, a sparse index of byte offsets, and what is derived from the rest), and every
+`INDEX_STRIDE` events it replaces a snapshot of that (``events.jsonl.snapshot``), so opening the log
+again reads the snapshot and the newest events, not the whole file (bench/scale/event_log.py).
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -197,57 +201,185 @@ class JobStatus:
         return self.cursor >= self.last_seq
 
 
+RECENT_EVENTS = 4096
+"""Events a file-backed log keeps in memory: what pollers that keep up ask for. Older pages are read
+back from the file."""
+INDEX_STRIDE = 1024
+"""A file-backed log remembers the byte offset of every this-many-th event, so an old page is read by
+seeking near it (memory: one integer per stride)."""
+
+
 @dataclass
 class EventLog:
-    """A thread-safe, append-only event log mirrored to a JSONL file."""
+    """A thread-safe, append-only event log mirrored to a JSONL file.
+
+    Bounded in memory however long the job runs: a log backed by a file keeps its newest `RECENT_EVENTS`
+    events, the byte offset of every `INDEX_STRIDE`-th event, and what is derived from all of them (the
+    state, reason, restart count, pending replan, the highest generation, the newest plan and the counts
+    of `tallies`); a page older than the kept events is read back from the file. A log without a file
+    keeps every event."""
 
     path: Path | None = None
-    _events: list[Event] = field(default_factory=list)
+    tallies: Mapping[str, Callable[[Event], bool]] = field(default_factory=dict)
+    """Named predicates whose matching events the log counts (`tally`), over its whole history."""
+    _keep: int | None = None
+    """Newest events kept in memory when the log has a file (None: `RECENT_EVENTS`)."""
+    _recent: deque[Event] = field(default_factory=deque)
+    _count: int = 0
+    _offsets: list[int] = field(default_factory=list)
+    _size: int = 0
+    """Bytes of the file the log has written or read (the next event's offset)."""
     _state: JobState = JobState.SCHEDULED
     _reason: str = ""
     _restarts: int = 0
     _replan: tuple[str, ...] = ()
+    _max_generation: int = -1
+    _plan: list[dict[str, Any]] | None = None
+    _tallied: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def open(cls, path: Path | None) -> EventLog:
-        """A log backed by ``path``, holding the events already in it (none when it does not exist)."""
-        log = cls(path=path)
+    def open(cls, path: Path | None, tallies: Mapping[str, Callable[[Event], bool]] | None = None) -> EventLog:
+        """A log backed by ``path``, holding the events already in it (none when it does not exist), to
+        append to. Its snapshot (`snapshot_path`) lets it skip the events the snapshot covers, so opening
+        reads only the newest `RECENT_EVENTS` and those written after the snapshot."""
+        log = cls(path=path, tallies=dict(tallies or {}))
         if path is not None and path.exists():
             _drop_torn_tail(path)
-            for event in read_events(path):
-                log._take(event)
+            log._load()
         elif path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         return log
 
+    @classmethod
+    def read(cls, path: Path) -> EventLog:
+        """The log in ``path`` to read only (a torn last line is left as it is): what a poller uses once
+        the supervisor that writes it is gone. It keeps no events in memory: every page is read from the
+        file, so reading costs the snapshot, the events after it and the page."""
+        log = cls(path=path, _keep=0)
+        log._load()
+        return log
+
+    @staticmethod
+    def snapshot_path(path: Path) -> Path:
+        """The sidecar that holds what a log derived from its events up to an index stride."""
+        return path.with_name(path.name + ".snapshot")
+
+    def _load(self) -> None:
+        """Take the file's events: from the snapshot on when one matches the file, else from the start."""
+        snapshot = self._read_snapshot()
+        if snapshot is None:
+            for offset, event in _scan(self.path):
+                self._take(event, offset)
+        else:
+            count = snapshot["count"]
+            first_recent = max(count - self._kept(), 0)
+            if first_recent < count:  # the newest events the snapshot covers, kept but not counted again
+                index = first_recent // INDEX_STRIDE
+                for _, event in _scan(self.path, start=self._offsets[index], first_seq=index * INDEX_STRIDE + 1):
+                    if event.seq > count:
+                        break
+                    if event.seq > first_recent:
+                        self._recent.append(event)
+            for offset, event in _scan(self.path, start=snapshot["size"], first_seq=count + 1):
+                self._take(event, offset)
+        self._size = self.path.stat().st_size
+
+    def _read_snapshot(self) -> dict[str, Any] | None:
+        """The snapshot, applied to this log's derived state, when it matches the file (its last indexed
+        event where it says, and every tally asked for in it); None otherwise (the file is scanned)."""
+        try:
+            snapshot = json.loads(self.snapshot_path(self.path).read_text(encoding="utf-8"))
+            offsets = [int(o) for o in snapshot["offsets"]]
+            if not set(self.tallies) <= set(snapshot["tallied"]) or snapshot["size"] > self.path.stat().st_size:
+                return None
+            with self.path.open("rb") as log_file:
+                log_file.seek(offsets[-1])
+                if Event.from_json(log_file.readline().decode("utf-8")).seq != (len(offsets) - 1) * INDEX_STRIDE + 1:
+                    return None
+        except (OSError, ValueError, TypeError, KeyError, IndexError):
+            return None
+        self._count, self._offsets = int(snapshot["count"]), offsets
+        self._state, self._reason = JobState(snapshot["state"]), snapshot["reason"]
+        self._restarts, self._replan = int(snapshot["restarts"]), tuple(snapshot["replan"])
+        self._max_generation, self._plan = int(snapshot["max_generation"]), snapshot["plan"]
+        self._tallied = {name: int(snapshot["tallied"][name]) for name in self.tallies}
+        return snapshot
+
+    def _write_snapshot(self) -> None:
+        """Replace the snapshot with what the log has derived so far (atomically: a crash leaves the old one)."""
+        snapshot = {
+            "count": self._count, "size": self._size, "offsets": self._offsets, "state": self._state.value,
+            "reason": self._reason, "restarts": self._restarts, "replan": list(self._replan),
+            "max_generation": self._max_generation, "plan": self._plan,
+            "tallied": {name: self._tallied.get(name, 0) for name in self.tallies},
+        }
+        target = self.snapshot_path(self.path)
+        temporary = target.with_name(target.name + ".tmp")
+        temporary.write_text(json.dumps(snapshot, separators=(",", ":")), encoding="utf-8")
+        temporary.replace(target)
+
     def append(self, kind: EventKind, **fields: Any) -> Event:
         """Record an event with the next sequence number and return it."""
         with self._lock:
-            event = Event(seq=len(self._events) + 1, time=time.time(), kind=kind, **fields)
+            event = Event(seq=self._count + 1, time=time.time(), kind=kind, **fields)
+            offset = self._size
             if self.path is not None:
-                with self.path.open("a", encoding="utf-8") as out:
-                    out.write(event.to_json() + "\n")
-            self._take(event)
+                line = (event.to_json() + "\n").encode("utf-8")
+                with self.path.open("ab") as out:
+                    out.write(line)
+                self._size += len(line)
+            self._take(event, offset)
+            if self.path is not None and self._count % INDEX_STRIDE == 0:
+                self._write_snapshot()
             return event
 
     def status(self, cursor: int, limit: int) -> JobStatus:
-        """Up to ``limit`` events after ``cursor`` and the state so far (cost independent of log length)."""
+        """Up to ``limit`` events after ``cursor`` and the state so far: from memory when the page is among
+        the kept events, else read from the file near it (cost independent of the log's length)."""
         _check_page(cursor, limit)
         with self._lock:
-            page = self._events[cursor : cursor + limit]
+            first_kept = self._count - len(self._recent) + 1
+            if cursor + 1 >= first_kept or self.path is None:
+                start = max(cursor + 1 - first_kept, 0)  # indexing a deque near either end is O(1)
+                page = [self._recent[i] for i in range(start, min(start + limit, len(self._recent)))]
+            else:
+                page = self._read_page(cursor, min(limit, first_kept - 1 - cursor))
             return JobStatus(
                 events=page,
                 cursor=page[-1].seq if page else cursor,
                 state=self._state,
                 reason=self._reason,
                 restarts=self._restarts,
-                last_seq=len(self._events),
+                last_seq=self._count,
                 replan=self._replan,
             )
 
-    def _take(self, event: Event) -> None:
-        self._events.append(event)
+    def _kept(self) -> int:
+        return RECENT_EVENTS if self._keep is None else self._keep
+
+    def _read_page(self, cursor: int, limit: int) -> list[Event]:
+        """Events cursor+1 .. cursor+limit, read from the file from the indexed offset before them."""
+        index = cursor // INDEX_STRIDE
+        seq = index * INDEX_STRIDE + 1
+        page: list[Event] = []
+        with self.path.open("rb") as log_file:
+            log_file.seek(self._offsets[index])
+            for raw in log_file:
+                if seq > cursor:
+                    page.append(Event.from_json(raw.decode("utf-8")))
+                    if len(page) == limit:
+                        break
+                seq += 1
+        return page
+
+    def _take(self, event: Event, offset: int = 0) -> None:
+        self._count += 1
+        if (event.seq - 1) % INDEX_STRIDE == 0:
+            self._offsets.append(offset)
+        self._recent.append(event)
+        if self.path is not None and len(self._recent) > self._kept():
+            self._recent.popleft()
         if event.kind is EventKind.STATE and event.state is not None:
             self._state, self._reason = event.state, event.reason
             self._restarts += event.state is JobState.RESTARTING
@@ -255,45 +387,95 @@ class EventLog:
             self._replan = tuple(event.lost_nodes or ())
         elif event.kind in (EventKind.PLAN, EventKind.STATE):
             self._replan = ()
+        if event.kind is EventKind.PLAN and event.placement:
+            self._plan = list(event.placement)
+        self._max_generation = max(self._max_generation, event.generation)
+        for name, matches in self.tallies.items():
+            self._tallied[name] = self._tallied.get(name, 0) + bool(matches(event))
 
     def all(self) -> list[Event]:
-        """Every event so far."""
+        """Every event so far, read back from the file where they are no longer kept (linear in the log's
+        length: for tests and tools, not for a running job's loop)."""
         with self._lock:
-            return list(self._events)
+            if self._count == len(self._recent):
+                return list(self._recent)
+            return [event for _, event in _scan(self.path)][: self._count]
+
+    def tally(self, name: str) -> int:
+        """How many events so far matched the predicate `tallies[name]`."""
+        with self._lock:
+            return self._tallied.get(name, 0)
+
+    @property
+    def max_generation(self) -> int:
+        """The highest rank generation any event names (-1 before the first)."""
+        with self._lock:
+            return self._max_generation
+
+    @property
+    def latest_plan(self) -> list[dict[str, Any]] | None:
+        """The placement of the newest PLAN event that carries one (None before the first)."""
+        with self._lock:
+            return None if self._plan is None else list(self._plan)
 
     @property
     def last_seq(self) -> int:
         """Sequence number of the newest event (0 when empty)."""
         with self._lock:
-            return len(self._events)
+            return self._count
 
 
 def _drop_torn_tail(path: Path) -> None:
     """Cut a last line a crash left unfinished (no newline), so the next append starts a line of its own
     instead of continuing the torn one (which would make every later event unreadable)."""
     with path.open("r+b") as log_file:
-        data = log_file.read()
-        if data and not data.endswith(b"\n"):
-            log_file.truncate(data.rfind(b"\n") + 1)
+        end = log_file.seek(0, 2)
+        if end == 0:
+            return
+        log_file.seek(end - 1)
+        if log_file.read(1) == b"\n":
+            return
+        position = end  # read back from the end to the last newline (a line is at most a few KiB)
+        while position > 0:
+            step = min(65536, position)
+            position -= step
+            log_file.seek(position)
+            newline = log_file.read(step).rfind(b"\n")
+            if newline >= 0:
+                log_file.truncate(position + newline + 1)
+                return
+        log_file.truncate(0)
+
+
+def _scan(path: Path, start: int = 0, first_seq: int = 1) -> Iterator[tuple[int, Event]]:
+    """(byte offset, event) of each line of a JSONL log from byte `start` (where event `first_seq` is),
+    streamed; a torn last line (a crash mid-write) is dropped, any other unreadable line or a gap in the
+    numbering is an error naming the line."""
+    expected = first_seq
+    offset = start
+    with path.open("rb") as log_file:
+        log_file.seek(start)
+        pending: tuple[int, bytes, Exception] | None = None
+        for number, raw in enumerate(log_file, start=1):
+            if pending is not None:  # an unreadable line with another after it: not a torn tail
+                raise ValueError(f"{path}:{pending[0]}: not an event record: {pending[2]}") from pending[2]
+            start, offset = offset, offset + len(raw)
+            if not raw.strip():
+                continue
+            try:
+                event = Event.from_json(raw.decode("utf-8"))
+            except (ValueError, TypeError, KeyError) as exc:
+                pending = (number, raw, exc)
+                continue
+            if event.seq != expected:
+                raise ValueError(f"{path}:{number}: sequence number {event.seq}, expected {expected}")
+            expected += 1
+            yield start, event
 
 
 def read_events(path: Path) -> list[Event]:
     """The events of a JSONL log; a torn last line (a crash mid-write) is dropped."""
-    events: list[Event] = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            event = Event.from_json(line)
-        except (ValueError, TypeError, KeyError) as exc:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}:{number}: not an event record: {exc}") from exc
-        if event.seq != len(events) + 1:
-            raise ValueError(f"{path}:{number}: sequence number {event.seq}, expected {len(events) + 1}")
-        events.append(event)
-    return events
+    return [event for _, event in _scan(path)]
 
 
 def status_of(events: list[Event], cursor: int, limit: int) -> JobStatus:

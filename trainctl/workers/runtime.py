@@ -32,8 +32,6 @@ from trainctl.workers.events import (
     EventLog,
     JobState,
     JobStatus,
-    read_events,
-    status_of,
 )
 from trainctl.workers.nodes import ClusterNode, cluster_nodes
 from trainctl.workers.placement.plan import RankAssignment
@@ -320,7 +318,7 @@ class RayRuntime:
         run = self._run_dirs.get(job_id)
         if run is None or not run.events.exists():
             return JobStatus(events=[], cursor=cursor, state=JobState.SCHEDULED, reason="supervisor starting", restarts=0)
-        return status_of(read_events(run.events), cursor, limit)
+        return EventLog.read(run.events).status(cursor, limit)
 
     def _poll_file(self, job_id: str, cursor: int, limit: int) -> JobStatus:
         """The log of a job whose supervisor is gone; a job it left unfinished is recorded FAILED."""
@@ -328,7 +326,7 @@ class RayRuntime:
         path = run.events if run else None
         if path is None or not path.exists():
             raise JobNotFound(f"job {job_id}: no supervisor and no event log (call attach() with its run dir)")
-        status = status_of(read_events(path), 0, 1)
+        status = EventLog.read(path).status(0, 1)
         if not status.state.terminal:
             # The supervisor is gone for good (Ray gave up restarting it) before the job ended.
             EventLog.open(path).append(
@@ -336,7 +334,7 @@ class RayRuntime:
                 state=JobState.FAILED,
                 reason=f"job supervisor {supervisor_name(job_id)} is gone (its process died and was not restarted)",
             )
-        return status_of(read_events(path), cursor, limit)
+        return EventLog.read(path).status(cursor, limit)
 
     def _check_placement(self, job: TrainingJob, slots: list[RankAssignment]) -> bool:
         """Validate the plan against the job and the cluster; returns whether ranks use CUDA."""

@@ -72,6 +72,9 @@ REASON_CHARS = 300
 """Longest cause quoted from an error in a reason."""
 MEMORY_NOT_RESTARTED = "not restarted (the same allocation would fail again)"
 """How a reason ends when a rank exceeded its host-memory limit."""
+RELAUNCHES = "relaunches"
+LOG_TALLIES = {RELAUNCHES: is_relaunch}
+"""What the supervisor's event log counts over its whole history: the service's relaunches."""
 REPLAN_INTERVAL = 1.0
 """Seconds between looks for a new plan while waiting for one after a node loss."""
 
@@ -142,13 +145,13 @@ class JobSupervisor:
         self._cfg = config
         self._job = TrainingJob.model_validate_json(config.job_json)
         self._run = RunDirectory.at(config.run_dir)
-        self._log = EventLog.open(self._run.events)
+        self._log = EventLog.open(self._run.events, tallies=LOG_TALLIES)
         self._lock = threading.Lock()
         self._shutdown_lock = threading.Lock()
         """Held while a rank group is torn down: a second `_shutdown_group` waits until it is gone."""
         self._cancel = threading.Event()
         self._group: RankGroup | None = None
-        self._generation = 1 + max((e.generation for e in self._log.all()), default=-1)
+        self._generation = 1 + self._log.max_generation
         self._warm = dict(config.warm_workers) if self._log.last_seq == 0 else {}
         self._slots = _latest_plan(self._log) or list(config.slots)
         self._topology: TopologyMap | None = (
@@ -259,7 +262,7 @@ class JobSupervisor:
 
     def _supervise(self) -> None:
         max_restarts = self._job.spec.scheduling.max_restarts
-        relaunches = sum(is_relaunch(event) for event in self._log.all())  # not the job's fault: not in its budget
+        relaunches = self._log.tally(RELAUNCHES)  # not the job's fault: not in its budget
         restarts = self.poll(0, 1).restarts - relaunches
         while True:
             outcome, detail = self._run_generation()
@@ -525,8 +528,8 @@ class JobSupervisor:
 
 def _latest_plan(log: EventLog) -> list[RankAssignment] | None:
     """The plan of the newest PLAN event (a restarted supervisor continues with it), or None."""
-    plans = [event.placement for event in log.all() if event.kind is EventKind.PLAN and event.placement]
-    return [RankAssignment(**slot) for slot in plans[-1]] if plans else None
+    plan = log.latest_plan
+    return None if plan is None else [RankAssignment(**slot) for slot in plan]
 
 
 def _failure_class(failures: list[tuple[int, BaseException]]) -> tuple[_Outcome, str]:
