@@ -67,9 +67,26 @@ def plan(args: argparse.Namespace) -> int:
         names = [*(k for k in STEP_TERMS if k in terms), *sorted(set(terms) - set(STEP_TERMS))]
         parts = ", ".join(f"{k} {terms[k] * 1e3:.2f} ms" for k in names)
         print(f"modelled step time: {result.step_time_seconds * 1e3:.2f} ms" + (f" ({parts})" if parts else ""))
+        if terms.get("compute_at_peak") and result.step_time_seconds > 0:
+            print(_mfu_line(job, terms["compute_at_peak"] / result.step_time_seconds))
     for note in result.notes:
         print(note if note.startswith("warning: ") else f"note: {note}")
     return EXIT_OK
+
+
+def _mfu_line(job: TrainingJob, mfu: float) -> str:
+    """The modelled MFU in both conventions (sizing/flops.py), so it compares with either project's tables."""
+    from trainctl.parallelism.sizing.flops import full_attention_flops_per_token, training_flops_per_token
+    from trainctl.spec.presets import resolve_model
+
+    megatron = f"modelled MFU: {mfu:.1%} (Megatron's convention, causal attention halved)"
+    try:  # a Hugging Face model's config.json may lie on the server only
+        config = resolve_model(job.spec.model)
+    except (OSError, ValueError):
+        return megatron
+    seq_len, lora = job.spec.data.seq_len, job.spec.lora
+    full = mfu * full_attention_flops_per_token(config, seq_len, lora) / training_flops_per_token(config, seq_len, lora)
+    return f"{megatron}, {full:.1%} (torchtitan's, attention unmasked)"
 
 
 def _suggest(args: argparse.Namespace, job: TrainingJob) -> int:
