@@ -11,13 +11,13 @@ import math
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.service.store.old_stores import downgrade
 from trainctl.cli.job_cmd import LIST_HEADER, _row, job_document
 from trainctl.cli.progress import Tracker, perplexity
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.service.api.job_messages import JobMessages
 from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.store import SCHEMA_VERSION, JobStore
-from trainctl.service.store.db import open_database
 from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 
@@ -57,15 +57,7 @@ def test_a_store_from_before_eval_loss_opens_with_its_data(store_location: str) 
     record, _ = store.create_job(job())
     store.record_step(record.id, {"step": 1, "loss": 2.0, "grad_norm": 0.5})
     store.close()
-    db = open_database(store_location)
-    db.begin_write()
-    db.execute("ALTER TABLE step_metrics DROP COLUMN eval_loss")
-    db.execute("ALTER TABLE jobs DROP COLUMN last_eval_loss")
-    for table in ("step_metrics", "jobs"):  # schema 11's
-        db.execute(f"ALTER TABLE {table} DROP COLUMN mfu_full_attention")
-    db.set_schema_version(9)
-    db.commit()
-    db.close()
+    downgrade(store_location, 9)
     store = JobStore(store_location)
     assert store.schema_version == SCHEMA_VERSION
     old = store.get_job(record.id)

@@ -18,6 +18,7 @@ from unittest import mock
 import psycopg
 import pytest
 
+from tests.service.store.old_stores import downgrade
 from trainctl.service.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -509,13 +510,7 @@ def test_mfu_in_both_conventions_round_trips_and_an_old_store_reads_none(store_l
     old, _ = store.create_job(job("old"))
     store.record_step(old.id, {"step": 1, "loss": 2.0, "mfu": 0.4})
     store.close()
-    db = open_database(store_location)
-    db.begin_write()
-    db.execute("ALTER TABLE step_metrics DROP COLUMN mfu_full_attention")
-    db.execute("ALTER TABLE jobs DROP COLUMN mfu_full_attention")
-    db.set_schema_version(10)
-    db.commit()
-    db.close()
+    downgrade(store_location, 10)
     store = JobStore(store_location)
     assert store.schema_version == SCHEMA_VERSION
     row = store.step_metrics(old.id)[0]

@@ -1,0 +1,25 @@
+"""Turn a store back into an older schema, as a store written by an earlier release would be, to test the
+migrations that bring it forward."""
+
+from __future__ import annotations
+
+from trainctl.service.store.db import open_database
+
+ADDED_COLUMNS = {
+    10: {"step_metrics": ["eval_loss"], "jobs": ["last_eval_loss"]},
+    11: {"step_metrics": ["mfu_full_attention"], "jobs": ["mfu_full_attention"]},
+}
+"""Columns each schema version added (the store's migrations in trainctl/service/store/schema.py)."""
+
+
+def downgrade(location: str, version: int) -> None:
+    """Drop the columns every schema after `version` added and record `version` as the store's schema."""
+    db = open_database(location)
+    db.begin_write()
+    for added in sorted(v for v in ADDED_COLUMNS if v > version):
+        for table, columns in ADDED_COLUMNS[added].items():
+            for column in columns:
+                db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    db.set_schema_version(version)
+    db.commit()
+    db.close()
