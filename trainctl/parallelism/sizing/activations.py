@@ -59,7 +59,7 @@ from math import prod
 
 from trainctl.parallelism.layouts.dp_mode import effective_mode, gathers_parameters
 from trainctl.parallelism.resolved_job import ResolvedJob
-from trainctl.parallelism.sizing.flops import block_linear_shapes, float8_blocks
+from trainctl.parallelism.sizing.flops import float8_blocks, float8_weight_elements
 from trainctl.parallelism.sizing.working_copies import WorkingCopies
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import ModelConfig
@@ -125,16 +125,6 @@ def block_bytes(config: ModelConfig, job: JobSpecBody, layer: int) -> float:
     small = FP32 * (config.head_dim + config.n_heads / par.tp + 2)  # rotary tables, log-sum-exp, norm statistics
     adapters = 0 if lora is None else e * lora.rank * len(trained)  # each adapter's A x
     return norms + inputs + attention + feed_forward + small + adapters
-
-
-def float8_weight_elements(config: ModelConfig, job: JobSpecBody, layer: int) -> float:
-    """Weight elements of decoder block `layer` (on one rank: / tp) that train in float8."""
-    if config.is_moe_layer(layer):
-        names = float8_blocks(config, job.training.fp8) - {"w1", "w2", "w3"}  # experts are not linears
-    else:
-        names = float8_blocks(config, job.training.fp8)
-    shapes = block_linear_shapes(config)
-    return sum(shapes[n][0] * shapes[n][1] for n in names) / job.parallelism.tp
 
 
 def checkpointed_layers(layers: Sequence[int], activation_checkpointing: str) -> list[bool]:
@@ -254,7 +244,7 @@ def step_activations(resolved: ResolvedJob, rank: int, stage: StageParams, grads
     checkpointed = checkpointed_layers(stage.layers, training.activation_checkpointing)
     full = [block_bytes(config, job, layer) * tokens for layer in stage.layers]
     kept = [p.stream * d_norm * tokens if c else b for c, b in zip(checkpointed, full, strict=True)]
-    copies = [stage.weight_bytes_by_layer[layer] - p.compute * float8_weight_elements(config, job, layer) if p.autocast else 0
+    copies = [stage.weight_bytes_by_layer[layer] - p.compute * float8_weight_elements(config, job.training.fp8, layer) / job.parallelism.tp if p.autocast else 0
               for layer in stage.layers]
     kept_copies = sum(c for c, ckpt in zip(copies, checkpointed, strict=True) if not ckpt)
     output = 0.0

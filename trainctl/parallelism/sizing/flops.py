@@ -103,14 +103,19 @@ def float8_blocks(config: ModelConfig, recipe: str) -> set[str]:
     return {n for n, (i, o) in block_linear_shapes(config).items() if converts_shape(n, i, o, recipe)}
 
 
-def float8_flops_per_token(config: ModelConfig, recipe: str) -> int:
-    """Training FLOPs per token of the matrix products that run in float8 (6 per weight element of the
-    converted linears of every dense block; attention and MoE layers' feed-forwards stay in bf16)."""
+def float8_weight_elements(config: ModelConfig, recipe: str, layer: int) -> int:
+    """Weight elements of decoder block `layer` (unsharded) that train in float8 (an MoE layer's experts
+    are not linears: only its attention converts)."""
     shapes, names = block_linear_shapes(config), float8_blocks(config, recipe)
-    per_block = {n: shapes[n][0] * shapes[n][1] for n in names}
-    ffn = sum(v for n, v in per_block.items() if n in ("w1", "w2", "w3"))
-    attention = sum(per_block.values()) - ffn
-    return 6 * (config.n_layers * attention + (config.n_layers - moe_layer_count(config)) * ffn)
+    if config.is_moe_layer(layer):
+        names -= {"w1", "w2", "w3"}
+    return sum(shapes[n][0] * shapes[n][1] for n in names)
+
+
+def float8_flops_per_token(config: ModelConfig, recipe: str) -> int:
+    """Training FLOPs per token of the matrix products that run in float8 (6 per converted weight
+    element of every block; attention's score and value products and the head stay in bf16)."""
+    return 6 * sum(float8_weight_elements(config, recipe, layer) for layer in range(config.n_layers))
 
 
 def adapter_params(config: ModelConfig, lora: LoRASpec | None) -> int:
