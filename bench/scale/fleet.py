@@ -9,7 +9,7 @@ quarter from a tenant whose quota holds them), one at priority 4 asking for the 
 fits, so it blocks the rest), 975 mixed at priority 0. Measured with the product's code, in process:
 
 - admission: one `Admission.admit()` pass, built as `Scheduler` builds it (`Admission(state,
-  Launcher(state))` on the scheduler's state); the admitted jobs are re-queued after each pass, so
+  Launcher(state), Preemption(state))` on the scheduler's state); the admitted jobs are re-queued after each pass, so
   every repetition is the same pass;
 - placement: `GpuPool.place` (what admission calls: the solver with the admission budget) of one job
   of an eighth of the fleet (tp8 pp4 dp*, llama3-8b): 1,024 GPUs on the 1,024-node fleet;
@@ -63,6 +63,7 @@ from trainctl.service.api.servicer import TrainingServicer  # noqa: E402
 from trainctl.service.metrics import ServiceMetrics, start_metrics_server  # noqa: E402
 from trainctl.service.scheduling.admission import Admission  # noqa: E402
 from trainctl.service.scheduling.launching import Launcher  # noqa: E402
+from trainctl.service.scheduling.preemption import Preemption  # noqa: E402
 from trainctl.service.scheduling.scheduler import Scheduler  # noqa: E402
 from trainctl.service.security.auth import Authenticator  # noqa: E402
 from trainctl.service.security.tenancy import ANONYMOUS, Principal, Quota  # noqa: E402
@@ -197,7 +198,7 @@ def measure_admission(fleet: Fleet, reps: int) -> dict[str, Any]:
     """`reps` identical passes (the admitted jobs go back to QUEUED after each); the first pass (which
     writes every waiting reason and resolves the jobs it meets) is reported apart."""
     state = fleet.scheduler.state
-    admission = Admission(state, Launcher(state))  # as Scheduler.__init__ builds it
+    admission = Admission(state, Launcher(state), Preemption(state))  # as Scheduler.__init__ builds it
 
     def requeue() -> int:
         admitted = [job_id for job_id in state.active if job_id not in fleet.running]

@@ -56,6 +56,8 @@ class ScriptedRuntime:
     """Job id -> the Relaunch it was last started with (jobs started again after a cluster loss)."""
     lost_clusters: set[str] = field(default_factory=set)
     """Jobs whose supervisor ended with the Ray cluster it ran on (`lost_with_cluster`)."""
+    preempted: list[tuple[str, str, float]] = field(default_factory=list)
+    """(job id, reason, grace) of every preemption sent."""
 
     def start_job(
         self, job_id: str, job: TrainingJob, placement: Any, run_dir: RunDirectory, *, node_env: dict, file_rule: FileRule,
@@ -68,7 +70,8 @@ class ScriptedRuntime:
         self.started.append((job_id, placement))
         self.node_envs[job_id] = node_env
         self.file_rules[job_id] = file_rule
-        self.logs[job_id] = EventLog()
+        if relaunch is None or job_id not in self.logs:  # a relaunched supervisor continues the job's log
+            self.logs[job_id] = EventLog()
         self.alive.add(job_id)
 
     def attach(self, job_id: str, run_dir: RunDirectory) -> None:
@@ -97,6 +100,11 @@ class ScriptedRuntime:
     def live_nodes(self) -> set[str]:
         return set(self.nodes)
 
+    def preempt(self, job_id: str, reason: str, grace: float) -> JobStatus:
+        self.preempted.append((job_id, reason, grace))
+        self.logs[job_id].append(EventKind.LOG, message=f"{reason}; stopping at the next step boundary")
+        return status_of(self.logs[job_id].all(), 0, 1)
+
     def cancel(self, job_id: str) -> JobStatus:
         self.cancelled.append(job_id)
         self.state(job_id, JobState.CANCELLED, "cancelled by request")
@@ -113,7 +121,7 @@ class ScriptedRuntime:
 
     def state(self, job_id: str, state: JobState, reason: str = "") -> None:
         self.logs[job_id].append(EventKind.STATE, state=state, reason=reason)
-        if state.terminal:
+        if state.ends_run:
             self.alive.discard(job_id)
 
     def lose_node(self, job_id: str, node: str) -> None:

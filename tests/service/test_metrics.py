@@ -18,6 +18,7 @@ from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.planning.pool import GpuPool
 from trainctl.service.metrics import NodeGpus, ServiceMetrics, start_metrics_server
 from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.security.tenancy import TenantShare
 from trainctl.service.store import JobNotFound, JobStore
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, JobState
@@ -85,6 +86,8 @@ def populate(m: ServiceMetrics) -> None:
     m.record_step("job-a", "team-a", step_report(step=11))
     m.record_checkpoint_size("job-a", "team-a", 123456)
     m.record_restart("job-a", "team-a")
+    m.record_preemption("job-a", "team-a")
+    m.set_tenant_shares([TenantShare("team-a", 8, 4)])
     m.set_straggler_ratio("job-a", "team-a", 1.25)
 
 

@@ -35,8 +35,8 @@ from trainctl.workers.host_memory import (
     says_out_of_memory,
     spec_limit,
 )
+from trainctl.workers.outcomes import Outcome, failure_class
 from trainctl.workers.runtime import RayRuntime
-from trainctl.workers.supervisor import _failure_class, _Outcome
 
 ALLOCATE = "import sys; block = bytearray(int(float(sys.argv[1]) * 2**30)); print('allocated', flush=True)"
 """``python -c ALLOCATE GIB``: allocate GIB GiB at once."""
@@ -124,19 +124,19 @@ def test_a_rank_past_its_limit_fails_the_job_without_a_restart_naming_the_limit(
     engine = HostMemoryExceeded(0, "2.0 GiB (spec.resources.host_memory_gib)", "MemoryError")
     engine = pickle.loads(pickle.dumps(engine))  # as Ray sends it
     broken = (1, _task_error(RuntimeError("Connection closed by peer")))
-    outcome, reason = _failure_class([broken, (0, _task_error(engine))])
-    assert outcome is _Outcome.MISCONFIGURED
+    outcome, reason = failure_class([broken, (0, _task_error(engine))])
+    assert outcome is Outcome.MISCONFIGURED
     assert reason == (
         "rank 0 exceeded its host-memory limit of 2.0 GiB (spec.resources.host_memory_gib): MemoryError; "
         "not restarted (the same allocation would fail again)"
     )
     program = pickle.loads(pickle.dumps(ProgramExited(1, 1, ["Traceback ...", "MemoryError"], 2.0, "1.0 GiB (x)")))
     other = ProgramExited(0, 1, ["RuntimeError: peer gone"], 3.0)
-    outcome, reason = _failure_class([(0, _task_error(other)), (1, _task_error(program))])
-    assert outcome is _Outcome.MISCONFIGURED
+    outcome, reason = failure_class([(0, _task_error(other)), (1, _task_error(program))])
+    assert outcome is Outcome.MISCONFIGURED
     assert reason.startswith("rank 1 exceeded its host-memory limit of 1.0 GiB (x): its program exited with code 1;")
-    outcome, _ = _failure_class([(0, _task_error(engine)), (2, RayActorError())])
-    assert outcome is _Outcome.FAILED, "a dead rank still comes first"
+    outcome, _ = failure_class([(0, _task_error(engine)), (2, RayActorError())])
+    assert outcome is Outcome.FAILED, "a dead rank still comes first"
 
 
 # ---- on the embedded Ray ----------------------------------------------------------------------------

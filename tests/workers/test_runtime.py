@@ -28,7 +28,7 @@ import ray
 import yaml
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.state import list_actors, list_placement_groups
-from small_jobs import restartable_job
+from small_jobs import restartable_job, small_job
 
 from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.spec.job import TrainingJob
@@ -311,6 +311,28 @@ def stop_a_rank_at_step_3(runtime: RayRuntime, root: Path) -> Run:
     return Run(job_id, root, events + more, status, fault_at=stopped_at)
 
 
+def preempt_a_stopped_rank(runtime: RayRuntime, root: Path) -> Run:
+    """SIGSTOP the only rank at step 3, then preempt the job with a 2 s grace: the rank cannot reach its
+    step boundary, so the group is torn down when the grace is over."""
+    job_id = "preempt-1"
+    job = small_job("preempt", gpus=1, steps=100_000, checkpoint={"interval_steps": 2})
+    runtime.start_job(job_id, job, plan(("node-4", 3)), root)
+    events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
+    [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
+    stopped = where[0]["pid"]
+    os.kill(stopped, signal.SIGSTOP)
+    asked = time.time()
+    try:
+        assert not runtime.preempt(job_id, "preempted by job test (priority 10)", grace=2).state.ends_run
+        assert not runtime.preempt(job_id, "asked again", grace=2).state.ends_run  # once only
+        more, status = follow(runtime, job_id, lambda events, status: status.state.ends_run and status.drained,
+                              cursor=events[-1].seq)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGKILL)
+    return Run(job_id, root, events + more, status, fault_at=asked)
+
+
 def lose_a_node_with_a_spare_in_the_map(runtime: RayRuntime, nodes: NodeChanges, root: Path) -> Run:
     """Remove spare-a under the job at step 3; its supervisor re-places the ranks on spare-b itself."""
     job_id = "node-loss-1"
@@ -409,6 +431,7 @@ def runs(embedded_ray: EmbeddedRay, runtime: RayRuntime, solver_placement: Place
                 "midsave-1": threads.submit(kill_a_rank_mid_save, runtime, root("midsave")),
                 "sup-1": threads.submit(kill_the_supervisor_and_reattach, runtime, root("sup")),
                 "hang-1": threads.submit(stop_a_rank_at_step_3, runtime, root("hang")),
+                "preempt-1": threads.submit(preempt_a_stopped_rank, runtime, root("preempt")),
             }
             with nodes.extra("spare-a", "spare-b", "spare-c", "spare-d", "spare-e"):
                 futures |= {
@@ -526,6 +549,21 @@ def test_hung_rank_is_detected_within_the_step_timeout_and_restarted(runs):
     assert "no step progress" in restart.reason or restart.reason.startswith("rank 0 failed"), restart.reason
     assert restart.time - run.fault_at < 6 + 10
     assert max(steps_of(events, 1)) == 12
+    assert_nothing_left(run.job_id)
+
+
+def test_a_preempted_job_that_cannot_reach_its_step_boundary_is_stopped_after_the_grace(runs):
+    run = runs["preempt-1"].result()
+    events, status = run.events, run.status
+    assert status.state is JobState.PREEMPTED, status.reason
+    assert status.reason == (
+        "the ranks did not stop within the 2s grace period; stopped, resuming from the newest complete checkpoint"
+    )
+    preempted = next(e for e in events if e.state is JobState.PREEMPTED)
+    assert 2 <= preempted.time - run.fault_at < 2 + 10
+    logs = [e.message for e in events if e.kind is EventKind.LOG]
+    assert logs.count("preempted by job test (priority 10); stopping at the next step boundary with a checkpoint "
+                      "(grace 2s)") == 1
     assert_nothing_left(run.job_id)
 
 

@@ -13,8 +13,8 @@ from trainctl.parallelism.data.corpus import DataError
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.spec.files import FileRuleError
 from trainctl.workers.events import EventKind, EventLog, JobState, StragglerStats, read_events, status_of
+from trainctl.workers.outcomes import Outcome, failure_class
 from trainctl.workers.step_stats import STEP_HISTORY, StepStats
-from trainctl.workers.supervisor import _failure_class, _Outcome
 
 
 def test_sequence_numbers_and_cursor_resume(tmp_path):
@@ -244,16 +244,16 @@ def test_failure_classes_a_death_outranks_a_configuration_error_which_outranks_o
     misconfigured = (1, _task_error(DataError("spec.data.paths: the 1 files hold 10 tokens, fewer than one sample of 33")))
     broken = (0, _task_error(RuntimeError("Connection closed by peer")))
     died = (2, RayActorError())
-    outcome, reason = _failure_class([broken, misconfigured])
-    assert outcome is _Outcome.MISCONFIGURED
+    outcome, reason = failure_class([broken, misconfigured])
+    assert outcome is Outcome.MISCONFIGURED
     assert reason == (
         "configuration error on rank 1: spec.data.paths: the 1 files hold 10 tokens, fewer than one sample of 33; "
         "not restarted (a restart cannot fix it)"
     )
-    outcome, reason = _failure_class([broken, misconfigured, died])
-    assert outcome is _Outcome.FAILED and reason.startswith("rank 2 died")
-    outcome, reason = _failure_class([broken, (3, _task_error(ValueError("not a configuration error")))])
-    assert outcome is _Outcome.FAILED and reason == "rank 0 failed: RuntimeError: Connection closed by peer"
+    outcome, reason = failure_class([broken, misconfigured, died])
+    assert outcome is Outcome.FAILED and reason.startswith("rank 2 died")
+    outcome, reason = failure_class([broken, (3, _task_error(ValueError("not a configuration error")))])
+    assert outcome is Outcome.FAILED and reason == "rank 0 failed: RuntimeError: Connection closed by peer"
 
 
 def test_a_file_the_rule_refused_on_a_rank_is_a_configuration_error():
@@ -262,8 +262,8 @@ def test_a_file_the_rule_refused_on_a_rank_is_a_configuration_error():
     refused = FileRuleError("spec.model.from_pretrained", "'/data/m/model.safetensors' resolves through a symlink outside the data roots (/data)")
     arrived = pickle.loads(pickle.dumps(refused))
     assert (arrived.field, arrived.message, arrived.args) == (refused.field, refused.message, refused.args)
-    outcome, reason = _failure_class([(0, _task_error(arrived))])
-    assert outcome is _Outcome.MISCONFIGURED
+    outcome, reason = failure_class([(0, _task_error(arrived))])
+    assert outcome is Outcome.MISCONFIGURED
     assert reason == f"configuration error on rank 0: {refused}; not restarted (a restart cannot fix it)"
 
 

@@ -7,20 +7,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import pytest
 from small_jobs import restartable_job
 
 from trainctl.workers.events import EventKind, EventLog, JobState
+from trainctl.workers.outcomes import Outcome
 from trainctl.workers.relaunch import Relaunch
-from trainctl.workers.supervisor import LOG_TALLIES, JobSupervisor, SupervisorConfig, _Outcome
+from trainctl.workers.supervisor import LOG_TALLIES, JobSupervisor, SupervisorConfig
+from trainctl.workers.watchdog import Watchdog
 
 
-def relaunched_supervisor(relaunches: int, max_restarts: int, outcomes: Iterator[tuple[_Outcome, str]]) -> JobSupervisor:
-    """A supervisor whose log holds `relaunches` service relaunches, its generations ending as `outcomes` say."""
+def relaunched_supervisor(
+    relaunches: int, max_restarts: int, outcomes: Iterator[tuple[Outcome, str]], after_preemption: bool = False,
+) -> JobSupervisor:
+    """A supervisor whose log holds `relaunches` service relaunches (after a cluster loss, or resumes after
+    a preemption), its generations ending as `outcomes` say."""
     job = restartable_job("relaunched", steps=10, max_restarts=max_restarts)
     log = EventLog(tallies=LOG_TALLIES)
     log.append(EventKind.STATE, state=JobState.RUNNING, reason="ranks up")
     for count in range(1, relaunches + 1):
-        relaunch = Relaunch(resume="resuming from checkpoint step 4", count=count)
+        relaunch = Relaunch(resume="resuming from checkpoint step 4", count=count, after_preemption=after_preemption)
         log.append(EventKind.STATE, state=JobState.RESTARTING, reason=relaunch.reason, generation=count)
     supervisor = JobSupervisor.__new__(JobSupervisor)  # the driver loop alone: no actor, no rank group
     supervisor._cfg = SupervisorConfig(
@@ -29,14 +35,18 @@ def relaunched_supervisor(relaunches: int, max_restarts: int, outcomes: Iterator
     supervisor._job = job
     supervisor._log = log
     supervisor._cancel = threading.Event()
+    supervisor._watchdog = Watchdog(job, startup_grace=300.0)
     supervisor._generation = relaunches
     supervisor._run_generation = lambda: next(outcomes)  # type: ignore[method-assign]
     return supervisor
 
 
-def test_relaunches_do_not_spend_the_jobs_restarts() -> None:
-    died = (_Outcome.FAILED, "rank 1 died")
-    supervisor = relaunched_supervisor(2, max_restarts=1, outcomes=iter([died, (_Outcome.SUCCEEDED, "all 2 ranks finished")]))
+@pytest.mark.parametrize("after_preemption", [False, True], ids=["cluster-loss", "preemption"])
+def test_relaunches_do_not_spend_the_jobs_restarts(after_preemption: bool) -> None:
+    died = (Outcome.FAILED, "rank 1 died")
+    supervisor = relaunched_supervisor(
+        2, max_restarts=1, outcomes=iter([died, (Outcome.SUCCEEDED, "all 2 ranks finished")]), after_preemption=after_preemption,
+    )
     supervisor._supervise()
     status = supervisor._log.status(0, 1)
     assert status.state is JobState.SUCCEEDED and status.restarts == 3, status
@@ -45,7 +55,7 @@ def test_relaunches_do_not_spend_the_jobs_restarts() -> None:
 
 
 def test_the_jobs_own_restarts_are_still_limited_after_relaunches() -> None:
-    died = (_Outcome.FAILED, "rank 1 died")
+    died = (Outcome.FAILED, "rank 1 died")
     supervisor = relaunched_supervisor(2, max_restarts=1, outcomes=iter([died, died]))
     supervisor._supervise()
     status = supervisor._log.status(0, 1)

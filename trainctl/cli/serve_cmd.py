@@ -24,6 +24,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, at least 0."""
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds of at least 0, got {text}")
+    return value
+
+
 def _store_url(text: str) -> str:
     from trainctl.service.store.db import POSTGRES_SCHEMES
 
@@ -66,6 +74,13 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
                             "MLFLOW_TRACKING_TOKEN, never handed to jobs)")
     serve.add_argument("--mlflow-allow", metavar="URI", action="append",
                        help="a further MLflow server jobs may name in spec.tracking.mlflow_tracking_uri (repeatable)")
+    serve.add_argument("--preemption-grace", type=seconds, default=120.0, metavar="SECONDS",
+                       help="how long a preempted job has to checkpoint at its next step and stop before its ranks "
+                            "are stopped (default 120)")
+    serve.add_argument("--preemption-cooldown", type=seconds, default=600.0, metavar="SECONDS",
+                       help="a job preempted less than this long ago is not preempted again (default 600)")
+    serve.add_argument("--no-preemption", action="store_true",
+                       help="never preempt running jobs: a queued job of higher priority waits for GPUs to free up")
     serve.add_argument("--warm-pool", action="store_true",
                        help="keep an engine-loaded rank process on every free GPU slot, so jobs start without the "
                             "imports (about 300 MB of host memory per slot)")
@@ -73,6 +88,7 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainctl.service.scheduling.relaunch import log_stop_notice
+    from trainctl.service.scheduling.state import PreemptionPolicy
     from trainctl.service.server import Service, ServiceConfig, settle_heap_for_serving
     from trainctl.service.shutdown import install_stop_signals
     from trainctl.service.store import StoreError
@@ -89,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
         topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
         allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool, health_address=args.health_address,
         mlflow_tracking_uri=args.mlflow_tracking_uri, mlflow_allow=args.mlflow_allow or [],
+        preemption=PreemptionPolicy(
+            enabled=not args.no_preemption, grace_seconds=args.preemption_grace, cooldown_seconds=args.preemption_cooldown,
+        ),
     )
     try:
         service = Service(config).start()

@@ -105,11 +105,14 @@ class GpuPool:
         with self._lock:
             return self.total - sum(len(s) for s in self._held.values())
 
-    def free_slots(self, *, holder: str | None = None, down: Collection[str] = ()) -> set[GpuSlot]:
-        """GPUs no job holds (those of ``holder`` count as free: it is being re-placed), off the
-        ``down`` nodes."""
+    def free_slots(
+        self, *, holder: str | None = None, down: Collection[str] = (), releasing: Collection[str] = ()
+    ) -> set[GpuSlot]:
+        """GPUs no job holds (those of ``holder`` count as free: it is being re-placed; so do those of the
+        jobs in ``releasing``: what if they were stopped), off the ``down`` nodes."""
+        freed = {holder, *releasing}
         with self._lock:
-            used = {slot for job_id, slots in self._held.items() if job_id != holder for slot in slots}
+            used = {slot for job_id, slots in self._held.items() if job_id not in freed for slot in slots}
         return {slot for slot in self._slots if slot not in used and slot[0] not in down}
 
     def holders(self) -> dict[GpuSlot, str]:
@@ -118,13 +121,14 @@ class GpuPool:
             return {slot: job_id for job_id, slots in self._held.items() for slot in slots}
 
     def place(
-        self, job: ResolvedJob, *, empty: bool = False, holder: str | None = None, down: Collection[str] = ()
+        self, job: ResolvedJob, *, empty: bool = False, holder: str | None = None, down: Collection[str] = (),
+        releasing: Collection[str] = (),
     ) -> PlannedPlacement | None:
         """Where every rank of `job` would run on the free GPUs (or on the whole pool with `empty`) off
-        the `down` nodes, counting `holder`'s GPUs as free (re-placing that job); None when they do not
-        all fit (gang scheduling: all or nothing)."""
+        the `down` nodes, counting `holder`'s GPUs as free (re-placing that job) and those of the jobs in
+        `releasing` (preempting them); None when they do not all fit (gang scheduling: all or nothing)."""
         free: dict[str, set[int]] = {}
-        for node, gpu in set(self._slots) if empty else self.free_slots(holder=holder, down=down):
+        for node, gpu in set(self._slots) if empty else self.free_slots(holder=holder, down=down, releasing=releasing):
             free.setdefault(node, set()).add(gpu)
         solved = place_job(job, self.topology, free, self.solver_budget_s, index=self._index)
         return None if solved is None else PlannedPlacement.from_solver(solved, job.grid)

@@ -25,12 +25,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.workers.events import TERMINAL_STATES, JobState
+
+if TYPE_CHECKING:
+    from trainctl.service.security.tenancy import TenantShare
 
 GRPC_CODES = (
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
@@ -158,6 +162,9 @@ class ServiceMetrics:
         self.gpus_used = Gauge(
             "trainctl_cluster_gpus_used", "GPUs reserved by placed jobs, by node and NVLink domain.",
             ["node", "nvlink_domain"], registry=r)
+        self.tenant_gpus = Gauge(
+            "trainctl_tenant_gpus", "Each tenant's GPUs held by its active jobs (used), its guaranteed share "
+            "(guaranteed, when it has one) and what it holds beyond it (borrowed).", ["tenant", "kind"], registry=r)
 
         # --- per job
         self.job_state = Gauge(
@@ -199,6 +206,8 @@ class ServiceMetrics:
             "trainctl_job_checkpoint_size_bytes", "Size of the last saved checkpoint.", _JOB, registry=r)
         self.job_restarts = Counter(
             "trainctl_job_restarts_total", "Rank-group restarts from a checkpoint.", _JOB, registry=r)
+        self.job_preemptions = Counter(
+            "trainctl_job_preemptions_total", "Times the job was preempted for a job of higher priority.", _JOB, registry=r)
         self.job_straggler = Gauge(
             "trainctl_job_straggler_ratio", "Slowest over fastest rank (or pipeline stage) step time; 1 is even.",
             _JOB, registry=r)
@@ -210,7 +219,7 @@ class ServiceMetrics:
             self.job_grad_norm, self.job_lr,
             self.job_tokens, self.job_tps, self.job_mfu, self.job_mfu_full_attention, self.job_step_duration, self.job_phase,
             self.job_peak_memory, self.job_checkpoint_duration, self.job_checkpoint_size, self.job_restarts,
-            self.job_straggler, self.job_gpus,
+            self.job_preemptions, self.job_straggler, self.job_gpus,
         )
 
     # ------------------------------------------------------------------ service
@@ -282,6 +291,16 @@ class ServiceMetrics:
             for n in nodes:
                 self.gpus.labels(n.node, n.nvlink_domain).set(n.total)
                 self.gpus_used.labels(n.node, n.nvlink_domain).set(n.used)
+
+    def set_tenant_shares(self, shares: Iterable[TenantShare]) -> None:
+        """Replace the tenants' shares: tenants no longer holding GPUs disappear from the export."""
+        with self._lock:
+            self.tenant_gpus.clear()
+            for share in shares:
+                self.tenant_gpus.labels(share.tenant, "used").set(share.used_gpus)
+                self.tenant_gpus.labels(share.tenant, "borrowed").set(share.borrowed_gpus)
+                if share.guaranteed_gpus is not None:
+                    self.tenant_gpus.labels(share.tenant, "guaranteed").set(share.guaranteed_gpus)
 
     # ------------------------------------------------------------------ jobs
 
@@ -373,6 +392,12 @@ class ServiceMetrics:
         with self._lock:  # under the lock: a concurrent forget_job cannot leave an orphan series
             self._job(job_id, tenant)
             self.job_restarts.labels(job_id, tenant).inc()
+
+    def record_preemption(self, job_id: str, tenant: str) -> None:
+        """The scheduler preempted the job (it checkpoints, stops and is queued again)."""
+        with self._lock:
+            self._job(job_id, tenant)
+            self.job_preemptions.labels(job_id, tenant).inc()
 
     def set_straggler_ratio(self, job_id: str, tenant: str, ratio: float) -> None:
         """Slowest over fastest rank (or stage) step time; the slowest rank itself goes in an event."""

@@ -32,6 +32,7 @@ from trainctl.service.metrics import MetricsServer, ServiceMetrics, start_metric
 from trainctl.service.readiness import HealthStatus, StoreReadiness, start_health_server
 from trainctl.service.scheduling.leadership import Leadership
 from trainctl.service.scheduling.scheduler import Scheduler
+from trainctl.service.scheduling.state import PreemptionPolicy
 from trainctl.service.scheduling.sweeps import SweepDriver
 from trainctl.service.security.auth import Authenticator, check_exposure
 from trainctl.service.security.hardening import MalformedRequestInterceptor, MessageLimits, StreamLimiter
@@ -104,6 +105,9 @@ class ServiceConfig:
     warm_pool: bool = False
     """Keep an engine-loaded rank process on every free GPU slot, so jobs start without the imports
     (about 300 MB of host memory per slot)."""
+    preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
+    """Whether, and with what grace period and cooldown, queued jobs preempt running ones of lower priority
+    (trainctl.service.scheduling.preemption)."""
 
 
 def build_grpc_server(
@@ -217,7 +221,7 @@ class Service:
         self.scheduler = Scheduler(
             self.store, self.pool, self._runtime, runs_dir,
             metrics=self.metrics, quota_of=authenticator.quota, leadership=self.leadership, paths=paths,
-            tracker=self._tracker,
+            tracker=self._tracker, preemption=config.preemption,
         )
         self.sweeps = SweepDriver(self.store, self.scheduler)
         servicer = self._servicer = TrainingServicer(

@@ -443,6 +443,9 @@ class SchedulingSpec(StrictModel):
     """Group restarts after a rank failure before the job fails (at most 1000)."""
     step_timeout_seconds: float = Field(default=600.0, gt=0, le=MAX_STEP_TIMEOUT_SECONDS)
     """A rank that makes no step progress for this long counts as hung."""
+    preemptible: bool = True
+    """Whether the scheduler may stop the job (with a checkpoint at its next step boundary) to give its GPUs
+    to a queued job of higher priority; the job resumes from that checkpoint when GPUs are free again."""
 
 
 LoRATarget = Literal["wq", "wk", "wv", "wo", "w1", "w2", "w3"]

@@ -85,6 +85,7 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SUCCEEDED: _ClassVar[JobState]
     FAILED: _ClassVar[JobState]
     CANCELLED: _ClassVar[JobState]
+    PREEMPTED: _ClassVar[JobState]
 
 class JobView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -180,6 +181,7 @@ CANCELLING: JobState
 SUCCEEDED: JobState
 FAILED: JobState
 CANCELLED: JobState
+PREEMPTED: JobState
 JOB_VIEW_UNSPECIFIED: JobView
 JOB_VIEW_BASIC: JobView
 JOB_VIEW_FULL: JobView
@@ -391,14 +393,16 @@ class ResourcesSpec(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., device: _Optional[_Union[Device, str]] = ..., host_memory_gib: _Optional[float] = ...) -> None: ...
 
 class SchedulingSpec(_message.Message):
-    __slots__ = ("priority", "max_restarts", "step_timeout_seconds")
+    __slots__ = ("priority", "max_restarts", "step_timeout_seconds", "preemptible")
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
     priority: int
     max_restarts: int
     step_timeout_seconds: float
-    def __init__(self, priority: _Optional[int] = ..., max_restarts: _Optional[int] = ..., step_timeout_seconds: _Optional[float] = ...) -> None: ...
+    preemptible: bool
+    def __init__(self, priority: _Optional[int] = ..., max_restarts: _Optional[int] = ..., step_timeout_seconds: _Optional[float] = ..., preemptible: _Optional[bool] = ...) -> None: ...
 
 class LoRASpec(_message.Message):
     __slots__ = ("rank", "alpha", "dropout", "target_modules")
@@ -544,7 +548,7 @@ class StepMetrics(_message.Message):
     def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., lr: _Optional[float] = ..., tokens: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., step_time_seconds: _Optional[float] = ..., breakdown: _Optional[_Mapping[str, float]] = ..., peak_memory_bytes: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eval_loss: _Optional[float] = ..., mfu_full_attention: _Optional[float] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("state", "reason", "create_time", "schedule_time", "start_time", "end_time", "update_time", "steps_done", "total_steps", "first_loss", "last_loss", "restarts", "tokens_per_second", "mfu", "placement", "run_dir", "last_eval_loss", "mfu_full_attention")
+    __slots__ = ("state", "reason", "create_time", "schedule_time", "start_time", "end_time", "update_time", "steps_done", "total_steps", "first_loss", "last_loss", "restarts", "tokens_per_second", "mfu", "placement", "run_dir", "last_eval_loss", "mfu_full_attention", "preemptions", "preempt_time")
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -563,6 +567,8 @@ class JobStatus(_message.Message):
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     LAST_EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     MFU_FULL_ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
     state: JobState
     reason: str
     create_time: _timestamp_pb2.Timestamp
@@ -581,7 +587,9 @@ class JobStatus(_message.Message):
     run_dir: str
     last_eval_loss: float
     mfu_full_attention: float
-    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps_done: _Optional[int] = ..., total_steps: _Optional[int] = ..., first_loss: _Optional[float] = ..., last_loss: _Optional[float] = ..., restarts: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., run_dir: _Optional[str] = ..., last_eval_loss: _Optional[float] = ..., mfu_full_attention: _Optional[float] = ...) -> None: ...
+    preemptions: int
+    preempt_time: _timestamp_pb2.Timestamp
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., schedule_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps_done: _Optional[int] = ..., total_steps: _Optional[int] = ..., first_loss: _Optional[float] = ..., last_loss: _Optional[float] = ..., restarts: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., mfu: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., run_dir: _Optional[str] = ..., last_eval_loss: _Optional[float] = ..., mfu_full_attention: _Optional[float] = ..., preemptions: _Optional[int] = ..., preempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "api_version", "kind", "metadata", "spec", "status", "metrics")
@@ -803,7 +811,7 @@ class Node(_message.Message):
     def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., alive: _Optional[bool] = ...) -> None: ...
 
 class Cluster(_message.Message):
-    __slots__ = ("nodes", "total_gpus", "free_gpus", "used_gpus", "topology_source", "queued_jobs", "running_jobs")
+    __slots__ = ("nodes", "total_gpus", "free_gpus", "used_gpus", "topology_source", "queued_jobs", "running_jobs", "preempted_jobs", "tenants")
     NODES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_GPUS_FIELD_NUMBER: _ClassVar[int]
     FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -811,6 +819,8 @@ class Cluster(_message.Message):
     TOPOLOGY_SOURCE_FIELD_NUMBER: _ClassVar[int]
     QUEUED_JOBS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_JOBS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
     total_gpus: int
     free_gpus: int
@@ -818,7 +828,21 @@ class Cluster(_message.Message):
     topology_source: str
     queued_jobs: int
     running_jobs: int
-    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., total_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., used_gpus: _Optional[int] = ..., topology_source: _Optional[str] = ..., queued_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ...) -> None: ...
+    preempted_jobs: int
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantShare]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., total_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., used_gpus: _Optional[int] = ..., topology_source: _Optional[str] = ..., queued_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ..., preempted_jobs: _Optional[int] = ..., tenants: _Optional[_Iterable[_Union[TenantShare, _Mapping]]] = ...) -> None: ...
+
+class TenantShare(_message.Message):
+    __slots__ = ("tenant", "used_gpus", "guaranteed_gpus", "borrowed_gpus")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    USED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    GUARANTEED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    used_gpus: int
+    guaranteed_gpus: int
+    borrowed_gpus: int
+    def __init__(self, tenant: _Optional[str] = ..., used_gpus: _Optional[int] = ..., guaranteed_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ...) -> None: ...
 
 class SweepValue(_message.Message):
     __slots__ = ("int_value", "float_value", "string_value", "bool_value")

@@ -36,6 +36,9 @@ class JobState(StrEnum):
     RUNNING = "RUNNING"
     RESTARTING = "RESTARTING"
     CANCELLING = "CANCELLING"
+    PREEMPTED = "PREEMPTED"
+    """The scheduler took the job's GPUs for a job of higher priority: it checkpoints at its next step
+    boundary and stops (its supervisor's run ends in this state), then the service queues it again."""
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -45,10 +48,17 @@ class JobState(StrEnum):
         """True for SUCCEEDED, FAILED and CANCELLED."""
         return self in TERMINAL_STATES
 
+    @property
+    def ends_run(self) -> bool:
+        """True for the states a supervisor's run ends in: the terminal ones and PREEMPTED."""
+        return self.terminal or self is JobState.PREEMPTED
+
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 """States a job never leaves."""
-ACTIVE_STATES = frozenset({JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.CANCELLING})
+ACTIVE_STATES = frozenset(
+    {JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.CANCELLING, JobState.PREEMPTED}
+)
 """States of a job that has a supervisor and holds its GPUs."""
 
 

@@ -13,8 +13,9 @@ killed; a rank whose worker cannot be bound gets a fresh one in its bundle.
 
 Rendezvous: rank 0 picks its node IP and a free port; every rank joins ``init_distributed`` with it
 (NCCL on GPUs, gloo on CPU). A command job's group (``programs=True``) hands the endpoint to the user's
-program instead, in the torchrun environment (`start_programs`); its workers are threaded so that
-`shutdown` can kill each program's process tree before it kills the workers.
+program instead, in the torchrun environment (`start_programs`); workers are threaded so that
+`shutdown` can kill each program's process tree before it kills the workers, and `request_stop` (a
+preemption) reaches a rank while it trains.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class RankGroup:
                 "num_cpus": 0,
                 "resources": {gpu_slot(slot.gpu): 1},
                 "max_restarts": 0,
-                "max_concurrency": 2 if programs else 1,
+                "max_concurrency": 2,  # `request_stop` / `stop_program` are served while a rank runs
                 "name": rank_name(job_id, generation, slot.rank),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=slot.rank),
             }
@@ -227,6 +228,16 @@ class RankGroup:
             )
             refs.append(worker.run_program.remote(launch, reporter, self.generation))
         return refs
+
+    def request_stop(self, grace: float) -> None:
+        """Ask every rank to stop for a preemption, without waiting: the engine saves a checkpoint at its
+        next step boundary and returns; a command job's program gets SIGTERM, and SIGKILL after ``grace``
+        seconds (it saves what it needs to resume in $TRAINCTL_CHECKPOINT_DIR meanwhile)."""
+        for worker in self.workers:
+            if self.programs:
+                worker.stop_program.remote(grace)
+            else:
+                worker.request_stop.remote()
 
     def shutdown(self) -> None:
         """Kill every rank's program tree (command jobs), every RankWorker, and remove the placement group."""

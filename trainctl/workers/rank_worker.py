@@ -6,8 +6,9 @@ slot Ray reserved for it), offers rank 0's rendezvous endpoint, and runs
 `trainctl.parallelism.engine.trainer.Trainer`, forwarding step reports (rank 0), step times (the other
 ranks) and log lines to the supervisor. For a command job it runs the user's program instead
 (`run_program`, `trainctl.workers.command`): its lines and `trainctl.report` calls go to the supervisor
-the same way, and `stop_program` kills its process tree (the group's workers are then threaded, so that
-call is served while `run_program` waits).
+the same way, and `stop_program` kills its process tree. Workers are threaded (two calls at once), so
+`stop_program`, and `request_stop` (preemption: the engine checkpoints at its next step boundary and
+returns), are served while `train` or `run_program` runs.
 
 A worker is either created for its rank inside the job's placement group (``binding`` given), or
 pooled: created ahead of any job for one GPU slot of one node, it imports the engine while idle and
@@ -127,6 +128,7 @@ class RankWorker:
         self._pooled = binding is None
         self._binding: RankBinding | None = None
         self._program = ProgramSlot()
+        self._stop_requested = threading.Event()
         # Before torch is imported: the planned GPU only, or no CUDA at all on simulated GPUs.
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu) if use_gpu else ""
         if binding is None:
@@ -242,6 +244,7 @@ class RankWorker:
                     lambda step, seconds: reporter.record_step_time.remote(generation, rank, step, seconds)
                 ),
                 file_rule=FileRule.from_json(file_rule_json),
+                stop_requested=self._stop_requested.is_set,
             )
             return _as_dict(trainer.run())
         except Exception as exc:
@@ -264,6 +267,11 @@ class RankWorker:
         (`rank_limit`). A worker runs one job (a pooled one is bound once), so the limit is always its job's."""
         slots = next((len(node.gpus) for node in cluster_nodes() if node.name == self._node), 1)
         return rank_limit(spec_gib, node_memory_bytes(), slots)
+
+    def request_stop(self) -> None:
+        """Ask the engine to save a checkpoint at its next step boundary and return (every rank agrees on
+        the step, `Trainer`'s ``stop_requested``); served while `train` runs."""
+        self._stop_requested.set()
 
     def stop_program(self, grace: float) -> None:
         """Kill the program's process tree (SIGTERM, SIGKILL after ``grace`` seconds); a program not

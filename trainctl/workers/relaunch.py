@@ -1,10 +1,11 @@
 """`Relaunch`: what a supervisor started again for a job is told, when the job's previous supervisor
 ended with the Ray cluster it ran on (the service's embedded Ray stops with the service; an external
-cluster may have been restarted). The service decides it (trainctl.service.scheduling.relaunch); the runtime
-starts the supervisor with it (`RayRuntime.start_job`), which records the restart with its `reason` and
-resumes from the newest complete checkpoint in a new generation. The job's event log is the record of
-its relaunches (`is_relaunch`): they are restarts, but not the job's fault, so they do not count against
-``scheduling.max_restarts``.
+cluster may have been restarted), or ended PREEMPTED and the job was placed again. The service decides it
+(trainctl.service.scheduling.relaunch, trainctl.service.scheduling.launching); the runtime starts the
+supervisor with it (`RayRuntime.start_job`), which records the restart with its `reason` and resumes from
+the newest complete checkpoint in a new generation. The job's event log is the record of its relaunches
+(`is_relaunch`, `is_resume_after_preemption`): they are restarts, but not the job's fault, so they do not
+count against ``scheduling.max_restarts``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 from trainctl.workers.events import Event, EventKind, JobState
 
 REASON_PREFIX = "the service restarted on a new Ray cluster"
-"""How the reason of every relaunch's RESTARTING state begins (and no other reason does)."""
+"""How the reason of every relaunch after a cluster loss begins (and no other reason does)."""
+PREEMPTION_PREFIX = "resuming after preemption"
+"""How the reason of every resume after a preemption begins (and no other reason does)."""
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,9 @@ class Relaunch:
     resume: str
     """Where the job resumes, in words ("resuming from checkpoint step 10")."""
     count: int
-    """The service's relaunches of this job, this one included."""
+    """The service's relaunches of this job for the same cause, this one included."""
+    after_preemption: bool = False
+    """The job's previous supervisor ended PREEMPTED (else: with the Ray cluster it ran on)."""
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -33,6 +38,8 @@ class Relaunch:
     @property
     def reason(self) -> str:
         """The reason of the job's RESTARTING state."""
+        if self.after_preemption:
+            return f"{PREEMPTION_PREFIX} {self.count}; {self.resume} (not counted against scheduling.max_restarts)"
         return (
             f"{REASON_PREFIX} and the job's supervisor and ranks ended with the old one; {self.resume} "
             f"(service relaunch {self.count}, not counted against scheduling.max_restarts)"
@@ -40,5 +47,12 @@ class Relaunch:
 
 
 def is_relaunch(event: Event) -> bool:
-    """Whether `event` is the RESTARTING state a relaunched supervisor recorded."""
+    """Whether `event` is the RESTARTING state a supervisor relaunched after a cluster loss recorded."""
     return event.kind is EventKind.STATE and event.state is JobState.RESTARTING and event.reason.startswith(REASON_PREFIX)
+
+
+def is_resume_after_preemption(event: Event) -> bool:
+    """Whether `event` is the RESTARTING state a supervisor resuming a preempted job recorded."""
+    return (
+        event.kind is EventKind.STATE and event.state is JobState.RESTARTING and event.reason.startswith(PREEMPTION_PREFIX)
+    )

@@ -142,7 +142,7 @@ class RayRuntime:
         for `replace_plan` from the caller (the service's scheduler, which owns the accounting).
 
         ``relaunch``: the job ran before and its supervisor ended with the Ray cluster it ran on
-        (`lost_with_cluster`); the new supervisor continues the job's event log in ``run_dir``, records a
+        (`lost_with_cluster`) or was preempted; the new supervisor continues the job's event log in ``run_dir``, records a
         restart with the relaunch's reason and resumes from the newest complete checkpoint.
 
         ``run_dir``: the job's run directory (the scheduler's `RunDirectory`, or a path), created here."""
@@ -163,7 +163,7 @@ class RayRuntime:
             topology_yaml=None if topology is None else topology.to_yaml(),
             node_env=dict(node_env or {}),
             replan_timeout=self._replan_timeout,
-            # Pooled workers preload the engine and serve one call at a time: a command job starts its own.
+            # Pooled workers preload the engine: a command job starts its own.
             warm_workers=self.warm_pool.take(slots, use_gpu) if self.warm_pool is not None and job.spec.command is None else {},
             file_rule_json=file_rule.to_json(),
             relaunch=relaunch,
@@ -235,9 +235,18 @@ class RayRuntime:
         except (RayActorError, GetTimeoutError):
             # Starting or being restarted by Ray: answer from the log file, without a verdict.
             return self._read_log(job_id, cursor, limit)
-        if status.state.terminal and status.drained:
+        if status.state.ends_run and status.drained:
             ray.kill(supervisor, no_restart=True)
         return status
+
+    def preempt(self, job_id: str, reason: str, grace: float) -> JobStatus:
+        """Ask the job's supervisor to stop its ranks at their next step boundary with a checkpoint (after
+        ``grace`` seconds it tears them down) and end PREEMPTED (`JobSupervisor.preempt`); returns at once
+        with its state. A job with no supervisor is answered from its log."""
+        supervisor = self._supervisor(job_id)
+        if supervisor is None:
+            return self._poll_file(job_id, 0, 1)
+        return ray.get(supervisor.preempt.remote(reason, grace), timeout=self._call_timeout)
 
     def replace_plan(self, job_id: str, job: TrainingJob, placement: _Placement) -> bool:
         """Hand a new plan to a supervisor that waits for one after a node loss (its status's ``replan``
@@ -327,7 +336,7 @@ class RayRuntime:
         if path is None or not path.exists():
             raise JobNotFound(f"job {job_id}: no supervisor and no event log (call attach() with its run dir)")
         status = EventLog.read(path).status(0, 1)
-        if not status.state.terminal:
+        if not status.state.ends_run:
             # The supervisor is gone for good (Ray gave up restarting it) before the job ended.
             EventLog.open(path).append(
                 EventKind.STATE,

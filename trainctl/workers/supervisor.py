@@ -9,7 +9,11 @@ checkpoint in the run directory's ``checkpoints/``, up to ``scheduling.max_resta
 that the job FAILS with the reason. A rank that raised the engine's `ConfigurationError` (bad data,
 checkpoint or tokenizer for this spec) or a `FileRuleError` (a file the job's `FileRule`, which the
 ranks get from ``file_rule_json``, refuses), while no rank died, FAILS the job at once: a restart
-cannot fix it. A cancel tears the group down and ends in CANCELLED.
+cannot fix it. A cancel tears the group down and ends in CANCELLED. A preemption (`preempt`, the
+service's scheduler giving the GPUs to a job of higher priority) asks every rank to stop at its next step
+boundary with a checkpoint (a command job's program gets SIGTERM), tears the group down after the grace
+period if it has not stopped by then, and ends in PREEMPTED; the service queues the job again and a new
+supervisor resumes it (`Relaunch.after_preemption`) from that checkpoint.
 
 A command job (``spec.command``) runs the user's program on every rank instead of the engine
 (`RankGroup.start_programs`): a program that exits non-zero ends the generation like a dead rank, named
@@ -35,11 +39,9 @@ reason; those relaunches do not count against ``scheduling.max_restarts``.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from functools import cached_property
 from typing import Any
 
@@ -48,33 +50,30 @@ import yaml
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.run_directory import RunDirectory
-from trainctl.spec.files import FileRule, FileRuleError
+from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.command.program import ProgramExited
 from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus
-from trainctl.workers.host_memory import HostMemoryExceeded
+from trainctl.workers.outcomes import Outcome, failure_class, finished_summary, first_line, stopped_summary
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
-from trainctl.workers.relaunch import Relaunch, is_relaunch
+from trainctl.workers.relaunch import Relaunch, is_relaunch, is_resume_after_preemption
 from trainctl.workers.replan import describe_move, free_slots, missing_nodes, replacement
 from trainctl.workers.step_stats import StepStats
 from trainctl.workers.topology.model import TopologyMap, parse_topology
+from trainctl.workers.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR_PREFIX = "trainctl-job-"
 ROOT_CAUSE_WAIT = 2.0
 """Seconds to wait for the other ranks' outcomes when one fails, to name the rank that died."""
-REASON_CHARS = 300
-"""Longest cause quoted from an error in a reason."""
-MEMORY_NOT_RESTARTED = "not restarted (the same allocation would fail again)"
-"""How a reason ends when a rank exceeded its host-memory limit."""
 RELAUNCHES = "relaunches"
-LOG_TALLIES = {RELAUNCHES: is_relaunch}
-"""What the supervisor's event log counts over its whole history: the service's relaunches."""
+PREEMPTION_RESUMES = "preemption_resumes"
+LOG_TALLIES = {RELAUNCHES: is_relaunch, PREEMPTION_RESUMES: is_resume_after_preemption}
+"""What the supervisor's event log counts over its whole history: the service's relaunches after a cluster
+loss and its resumes after a preemption (restarts that are not the job's fault)."""
 REPLAN_INTERVAL = 1.0
 """Seconds between looks for a new plan while waiting for one after a node loss."""
 
@@ -128,16 +127,6 @@ class SupervisorConfig:
     ``scheduling.max_restarts``. None: a new job."""
 
 
-class _Outcome(Enum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    UNPLACED = "unplaced"
-    """No new plan came in time after a node loss: the job fails without another restart."""
-    MISCONFIGURED = "misconfigured"
-    """A rank raised a configuration error: the job fails without another restart."""
-
-
 class JobSupervisor:
     """The supervisor actor's class (made remote by `trainctl.workers.runtime`)."""
 
@@ -153,29 +142,29 @@ class JobSupervisor:
         self._group: RankGroup | None = None
         self._generation = 1 + self._log.max_generation
         self._warm = dict(config.warm_workers) if self._log.last_seq == 0 else {}
-        self._slots = _latest_plan(self._log) or list(config.slots)
+        relaunch = config.relaunch
+        if relaunch is not None and ray.get_runtime_context().was_current_actor_reconstructed:
+            relaunch = None  # Ray restarted the relaunched supervisor: its own process died
+        # A relaunch runs on the service's placement (which holds every re-placement since); a supervisor
+        # Ray restarted continues with its log's newest plan.
+        self._slots = list(config.slots) if relaunch is not None else _latest_plan(self._log) or list(config.slots)
         self._topology: TopologyMap | None = (
             parse_topology(yaml.safe_load(config.topology_yaml), "supervisor config") if config.topology_yaml else None
         )
         self._awaiting: list[str] | None = None
         """Lost nodes while the driver waits for a new plan (None when it waits for none)."""
         self._plan_ready = threading.Event()
-        self._progress_at = time.monotonic()
-        self._output_at = time.monotonic()
-        self._stepping = False
+        self._watchdog = Watchdog(self._job, config.startup_grace)
         self._stats = StepStats()
         self._thread: threading.Thread | None = None
         status = self.poll(0, 1)
-        if status.state.terminal:
+        if status.state.terminal or (status.state is JobState.PREEMPTED and relaunch is None):
             return
         if self._log.last_seq > 0:  # Ray restarted this actor after its process died, or the service relaunched it
             self._remove_leftovers()
             if status.state is JobState.CANCELLING:
                 self._state(JobState.CANCELLED, "cancelled by request")
                 return
-            relaunch = config.relaunch
-            if relaunch is not None and ray.get_runtime_context().was_current_actor_reconstructed:
-                relaunch = None  # Ray restarted the relaunched supervisor: its own process died
             self._state(
                 JobState.RESTARTING,
                 relaunch.reason if relaunch is not None else
@@ -199,13 +188,32 @@ class JobSupervisor:
 
     @ray.method(concurrency_group="control")
     def cancel(self, timeout: float) -> JobStatus:
-        """Stop the job: tear the group down and end CANCELLED (a finished job stays as it is)."""
-        if not self.poll(0, 1).state.terminal and not self._cancel.is_set():
+        """Stop the job: tear the group down and end CANCELLED (a finished or preempted run stays as it is)."""
+        if not self.poll(0, 1).state.ends_run and not self._cancel.is_set():
             self._state(JobState.CANCELLING, "cancel requested")
             self._cancel.set()
             self._shutdown_group()
         if self._thread is not None:
             self._thread.join(timeout)
+        return self.poll(0, 1)
+
+    @ray.method(concurrency_group="control")
+    def preempt(self, reason: str, grace: float) -> JobStatus:
+        """Stop the job for a preemption (``reason`` names the job that takes its GPUs): every rank saves
+        a checkpoint at its next step boundary and stops; a group still running ``grace`` seconds later is
+        torn down (it resumes from its newest complete checkpoint). Ends PREEMPTED; a job that has ended,
+        is being cancelled or preempted already is left as it is."""
+        with self._lock:
+            if self.poll(0, 1).state.ends_run or self._cancel.is_set() or self._watchdog.preemption is not None:
+                return self.poll(0, 1)
+            self._watchdog.preemption = (time.monotonic(), grace)
+            group = self._group
+        self._log.append(
+            EventKind.LOG, generation=self._generation,
+            message=f"{reason}; stopping at the next step boundary with a checkpoint (grace {grace:g}s)",
+        )
+        if group is not None:
+            group.request_stop(grace)
         return self.poll(0, 1)
 
     @ray.method(concurrency_group="control")
@@ -223,8 +231,7 @@ class JobSupervisor:
         """A rank's StepReport; the first report of each step becomes a STEP event."""
         if generation != self._generation:
             return
-        self._progress_at = time.monotonic()
-        self._stepping = True
+        self._watchdog.stepped()
         step = int(report["step"])
         self._stats.add(rank, step, report.get("step_time_seconds"))
         if step <= self._stats.last_emitted:
@@ -247,7 +254,7 @@ class JobSupervisor:
     def record_log(self, generation: int, rank: int, message: str) -> None:
         """A log line from a rank."""
         if generation == self._generation:
-            self._output_at = time.monotonic()
+            self._watchdog.printed()
         self._log.append(EventKind.LOG, rank=rank, generation=generation, message=message)
 
     # ---- the driver thread -----------------------------------------------------------------------
@@ -262,17 +269,20 @@ class JobSupervisor:
 
     def _supervise(self) -> None:
         max_restarts = self._job.spec.scheduling.max_restarts
-        relaunches = self._log.tally(RELAUNCHES)  # not the job's fault: not in its budget
+        relaunches = self._log.tally(RELAUNCHES) + self._log.tally(PREEMPTION_RESUMES)  # not the job's fault: not in its budget
         restarts = self.poll(0, 1).restarts - relaunches
         while True:
             outcome, detail = self._run_generation()
             if self._cancel.is_set():
                 self._state(JobState.CANCELLED, "cancelled by request")
                 return
-            if outcome is _Outcome.SUCCEEDED:
+            if self._watchdog.preemption is not None and outcome is not Outcome.SUCCEEDED:
+                self._state(JobState.PREEMPTED, detail if outcome is Outcome.PREEMPTED else f"preempted ({detail})")
+                return
+            if outcome is Outcome.SUCCEEDED:
                 self._state(JobState.SUCCEEDED, detail)
                 return
-            if outcome in (_Outcome.UNPLACED, _Outcome.MISCONFIGURED):
+            if outcome in (Outcome.UNPLACED, Outcome.MISCONFIGURED):
                 self._state(JobState.FAILED, detail)
                 return
             if restarts >= max_restarts:
@@ -288,16 +298,20 @@ class JobSupervisor:
                 f"{detail}; restart {restarts} of {max_restarts} from the last complete checkpoint",
             )
 
-    def _run_generation(self) -> tuple[_Outcome, str]:
+    def _run_generation(self) -> tuple[Outcome, str]:
         cfg = self._cfg
         group = self._create_group()
         if not isinstance(group, RankGroup):
             return group
         with self._lock:
             self._group = group
+            preempted = self._watchdog.preemption is not None
         if self._cancel.is_set():
             self._shutdown_group()
-            return _Outcome.CANCELLED, "cancelled"
+            return Outcome.CANCELLED, "cancelled"
+        if preempted:
+            self._shutdown_group()
+            return Outcome.PREEMPTED, "stopped before its ranks started; resumes from its newest complete checkpoint"
         try:
             locations = group.locations(cfg.call_timeout)
             self._log.append(
@@ -305,8 +319,7 @@ class JobSupervisor:
                 generation=self._generation,
                 placement=[loc.to_dict() for loc in locations],
             )
-            self._progress_at = self._output_at = time.monotonic()
-            self._stepping = False
+            self._watchdog.started()
             self._stats = StepStats()
             refs = self._start(group)
             nodes = sorted({loc.node or "?" for loc in locations})
@@ -316,9 +329,9 @@ class JobSupervisor:
             )
             return self._watch(refs)
         except PlacementMismatch as exc:
-            return _Outcome.FAILED, f"rank placement differs from the plan: {exc}"
+            return Outcome.FAILED, f"rank placement differs from the plan: {exc}"
         except (RayActorError, GetTimeoutError) as exc:
-            return _Outcome.FAILED, f"rank group set-up failed: {_first_line(exc)}"
+            return Outcome.FAILED, f"rank group set-up failed: {first_line(exc)}"
         finally:
             self._shutdown_group()
 
@@ -352,7 +365,7 @@ class JobSupervisor:
             host_memory_gib=spec.resources.host_memory_gib,
         )
 
-    def _create_group(self) -> RankGroup | tuple[_Outcome, str]:
+    def _create_group(self) -> RankGroup | tuple[Outcome, str]:
         """Reserve the plan's GPUs and create the ranks, or the outcome when that fails. A planned node
         that is gone (before, or while waiting for the reservation) is replaced by a new plan first."""
         cfg = self._cfg
@@ -361,7 +374,7 @@ class JobSupervisor:
             if lost:
                 why = self._await_plan(lost)
                 if why is not None:
-                    return _Outcome.UNPLACED, why
+                    return Outcome.UNPLACED, why
                 continue  # check the new plan's nodes too
             try:
                 warm, self._warm = self._warm, {}  # the group binds or kills them
@@ -371,14 +384,16 @@ class JobSupervisor:
                     self._slots,
                     use_gpu=cfg.use_gpu,
                     ready_timeout=cfg.placement_timeout,
-                    stop=lambda: self._cancel.is_set() or bool(missing_nodes(self._slots)),
+                    stop=lambda: self._cancel.is_set() or self._watchdog.preemption is not None or bool(missing_nodes(self._slots)),
                     warm=warm,
                     bind_timeout=cfg.call_timeout,
                     programs=self._job.spec.command is not None,
                 )
             except PlacementUnavailable as exc:
+                if self._watchdog.preemption is not None:
+                    return Outcome.PREEMPTED, "stopped while reserving its GPUs; resumes from its newest complete checkpoint"
                 if self._cancel.is_set() or not missing_nodes(self._slots):
-                    return _Outcome.FAILED, str(exc)
+                    return Outcome.FAILED, str(exc)
 
     def _await_plan(self, lost: list[str]) -> str | None:
         """Record a REPLAN event and wait for a plan off the ``lost`` nodes: from `replace_plan`, or from
@@ -398,8 +413,8 @@ class JobSupervisor:
         deadline = None if cfg.replan_timeout is None else time.monotonic() + cfg.replan_timeout
         waiting_logged = False
         while not self._plan_ready.wait(REPLAN_INTERVAL):
-            if self._cancel.is_set():
-                return "cancelled"
+            if self._cancel.is_set() or self._watchdog.preemption is not None:
+                return "cancelled" if self._cancel.is_set() else "stopped while waiting for a new placement"
             if self._topology is not None:
                 slots = replacement(self._resolved, self._topology, free_slots(cuda=cfg.use_gpu), lost)
                 if slots is not None:
@@ -441,13 +456,13 @@ class JobSupervisor:
             self._plan_ready.set()
         return True
 
-    def _watch(self, refs: list[ray.ObjectRef]) -> tuple[_Outcome, str]:
+    def _watch(self, refs: list[ray.ObjectRef]) -> tuple[Outcome, str]:
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, dict[str, Any]] = {}
         pending = list(refs)
         while pending:
             if self._cancel.is_set():
-                return _Outcome.CANCELLED, "cancelled"
+                return Outcome.CANCELLED, "cancelled"
             done, pending = ray.wait(pending, num_returns=1, timeout=self._cfg.watch_interval)
             failures: list[tuple[int, BaseException]] = []
             for ref in done:
@@ -456,43 +471,25 @@ class JobSupervisor:
                 except (RayActorError, RayTaskError) as exc:
                     failures.append((rank_of[ref], exc))
             if failures:
+                if self._watchdog.preemption is not None:  # a program ended by SIGTERM, or a rank by the teardown
+                    return Outcome.PREEMPTED, f"stopped for the preemption: {first_line(failures[0][1])}"
                 return self._root_cause(failures, pending, rank_of)
-            hung = self._hung() if pending else None
+            overdue = self._watchdog.preemption_overdue() if pending else None
+            if overdue is not None:
+                return Outcome.PREEMPTED, overdue
+            hung = self._watchdog.hung() if pending else None
             if hung is not None:
-                return _Outcome.FAILED, hung
-        return _Outcome.SUCCEEDED, _summary(results.get(0, {}), len(refs))
-
-    def _hung(self) -> str | None:
-        """Why the running ranks count as hung, or None: no step progress for the step timeout once steps
-        are reported; before that, no first step within the start-up grace (engine), or no report and
-        no output line for ``spec.command.no_progress_timeout_seconds`` (a command job, when set)."""
-        now = time.monotonic()
-        idle = now - self._progress_at
-        step_timeout = self._job.spec.scheduling.step_timeout_seconds
-        command = self._job.spec.command
-        if self._stepping:
-            if idle > step_timeout:
-                return f"no step progress for {idle:.0f}s (scheduling.step_timeout_seconds={step_timeout:g}); ranks hung"
-            return None
-        if command is None:
-            if idle > max(step_timeout, self._cfg.startup_grace):
-                return f"no first step within {idle:.0f}s of starting the ranks; ranks hung"
-            return None
-        quiet = now - max(self._progress_at, self._output_at)
-        limit = command.no_progress_timeout_seconds
-        if limit is not None and quiet > limit:
-            return (
-                f"no report and no output line for {quiet:.0f}s "
-                f"(spec.command.no_progress_timeout_seconds={limit:g}); program hung"
-            )
-        return None
+                return Outcome.FAILED, hung
+        if self._watchdog.preemption is not None and results.get(0, {}).get("stopped_on_request", self._job.spec.command is not None):
+            return Outcome.PREEMPTED, stopped_summary(results.get(0, {}), self._job.spec.command is not None)
+        return Outcome.SUCCEEDED, finished_summary(results.get(0, {}), len(refs))
 
     def _root_cause(
         self,
         failures: list[tuple[int, BaseException]],
         pending: list[ray.ObjectRef],
         rank_of: dict[ray.ObjectRef, int],
-    ) -> tuple[_Outcome, str]:
+    ) -> tuple[Outcome, str]:
         """Why the group failed, and whether restarting can help. A dead rank makes its peers'
         collectives fail too, often first; wait briefly for the others and name a dead rank (restart)
         before a rank that raised a configuration error (fail at once), before any other error (restart)."""
@@ -502,7 +499,7 @@ class JobSupervisor:
                 ray.get(ref)
             except (RayActorError, RayTaskError) as exc:
                 failures.append((rank_of[ref], exc))
-        return _failure_class(failures)
+        return failure_class(failures)
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -530,60 +527,3 @@ def _latest_plan(log: EventLog) -> list[RankAssignment] | None:
     """The plan of the newest PLAN event (a restarted supervisor continues with it), or None."""
     plan = log.latest_plan
     return None if plan is None else [RankAssignment(**slot) for slot in plan]
-
-
-def _failure_class(failures: list[tuple[int, BaseException]]) -> tuple[_Outcome, str]:
-    """The outcome and reason of a generation whose ranks failed with `failures` (rank, error): a dead
-    rank first (restart), then a command job's program that exited non-zero (restart; the one that ended
-    first is named), then a rank's configuration error (fail at once), then any other error (restart);
-    otherwise the lowest rank of the class is named. A rank past its host-memory limit (an engine rank's
-    HostMemoryExceeded, a program whose stderr says an allocation failed) fails the job at once too."""
-    dead = [(rank, exc) for rank, exc in failures if isinstance(exc, RayActorError)]
-    if dead:
-        rank, exc = min(dead, key=lambda item: item[0])
-        return _Outcome.FAILED, f"rank {rank} died: {_first_line(exc)}"
-    exited = [cause for _, exc in failures if isinstance(cause := getattr(exc, "cause", exc), ProgramExited)]
-    if exited:
-        first = min(exited, key=lambda cause: (cause.ended_at, cause.rank))
-        if first.memory_limit is not None:
-            return _Outcome.MISCONFIGURED, f"{first}; {MEMORY_NOT_RESTARTED}"
-        return _Outcome.FAILED, str(first)
-    misconfigured = [(rank, cause) for rank, exc in failures if (cause := _configuration_error(exc)) is not None]
-    if misconfigured:
-        rank, cause = min(misconfigured, key=lambda item: item[0])
-        if isinstance(cause, HostMemoryExceeded):
-            return _Outcome.MISCONFIGURED, f"{str(cause)[:REASON_CHARS]}; {MEMORY_NOT_RESTARTED}"
-        return _Outcome.MISCONFIGURED, (
-            f"configuration error on rank {rank}: {str(cause)[:REASON_CHARS]}; not restarted (a restart cannot fix it)"
-        )
-    rank, exc = min(failures, key=lambda item: item[0])
-    return _Outcome.FAILED, f"rank {rank} failed: {_first_line(exc)}"
-
-
-def _configuration_error(exc: BaseException) -> ConfigurationError | FileRuleError | None:
-    """The engine's ConfigurationError, or a FileRuleError, a rank raised (the cause Ray's task error
-    carries), or None."""
-    cause = getattr(exc, "cause", exc)
-    return cause if isinstance(cause, ConfigurationError | FileRuleError) else None
-
-
-def _first_line(exc: BaseException) -> str:
-    """A one-line cause: a task error's original "Type: message" line, an actor death's first sentence
-    (plus Ray's worker exit type when it gives one)."""
-    text = str(exc).strip()
-    exit_type = None
-    if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        text = lines[-1] if lines else type(exc).__name__
-    else:
-        exit_type = re.search(r"Worker exit type: (\w+)", text)
-    sentence = text.split(". ", 1)[0].rstrip(".")[:REASON_CHARS]
-    return sentence + (f" (worker exit type {exit_type.group(1)})" if exit_type else "")
-
-
-def _summary(result: dict[str, Any], ranks: int) -> str:
-    """The reason of a job whose ranks all finished: rank 0's result, numbers rounded for a person
-    (`wall_seconds=18.24`, not `18.237455856999986`)."""
-    details = ", ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
-                        for key, value in result.items() if isinstance(value, int | float | str))
-    return f"all {ranks} ranks finished" + (f" ({details})" if details else "")

@@ -198,6 +198,7 @@ class WarmPool:
             "lifetime": "detached",
             "num_cpus": 0,
             "max_restarts": 0,
+            "max_concurrency": 2,  # as a RankGroup's workers: `request_stop` is served while the rank runs
             "label_selector": {NODE_LABEL: slot.node},
         }
         if slot.use_gpu:

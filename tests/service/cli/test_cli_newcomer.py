@@ -241,9 +241,9 @@ def test_a_sweep_watched_on_a_terminal_is_redrawn_in_place(monkeypatch: pytest.M
 
 def test_a_finished_jobs_reason_rounds_its_numbers() -> None:
     """`wall_seconds=18.237455856999986` in the reason `get` and `list` show."""
-    from trainctl.workers.supervisor import _summary
+    from trainctl.workers.outcomes import finished_summary
 
     result = {"steps_completed": 40, "final_loss": 2.345678901, "losses": [3.0, 2.3], "wall_seconds": 18.237455856999986,
               "last_checkpoint": "/runs/job-1/checkpoints/step_40"}
-    assert _summary(result, 8) == ("all 8 ranks finished (steps_completed=40, final_loss=2.346, wall_seconds=18.24, "
+    assert finished_summary(result, 8) == ("all 8 ranks finished (steps_completed=40, final_loss=2.346, wall_seconds=18.24, "
                                    "last_checkpoint=/runs/job-1/checkpoints/step_40)")

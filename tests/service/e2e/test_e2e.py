@@ -24,9 +24,9 @@ from trainctl.workers.supervisor import supervisor_name
 pytestmark = pytest.mark.timeout(240)
 
 
-def job(name: str, gpus: int, steps: int, priority: int = 0) -> TrainingJob:
+def job(name: str, gpus: int, steps: int, priority: int = 0, preemptible: bool = True) -> TrainingJob:
     return small_job(name, gpus=gpus, steps=steps, labels={"suite": "e2e"}, data={"max_files": 20},
-                     training={"lr": 0.005}, scheduling={"priority": priority})
+                     training={"lr": 0.005}, scheduling={"priority": priority, "preemptible": preemptible})
 
 
 def states_of(events: list[pb.JobEvent]) -> list[int]:
@@ -51,8 +51,9 @@ def test_job_lifecycle_gang_queueing_and_priority(client: TrainctlClient, capsys
     QUEUED, SCHEDULED, RUNNING, SUCCEEDED, reports every step (its loss falls), is placed on both nodes
     and `get -o json` shows its steps. Gang queueing and priority: the later jobs wait while it runs
     (the 1-GPU one for free GPUs, the 2-GPU one behind it), nothing runs beside it, and the
-    higher-priority job, submitted later, runs first."""
-    first = client.create_job(job("whole-pool", gpus=2, steps=10))
+    higher-priority job, submitted later, runs first. The first job is not preemptible (preemption is
+    test_preemption_e2e.py's)."""
+    first = client.create_job(job("whole-pool", gpus=2, steps=10, preemptible=False))
     deadline = time.monotonic() + 60
     while client.get_job(first.id).status.state == pb.QUEUED:  # it holds the pool before the others queue
         assert time.monotonic() < deadline

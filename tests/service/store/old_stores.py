@@ -6,8 +6,10 @@ from __future__ import annotations
 from trainctl.service.store.db import open_database
 
 ADDED_COLUMNS = {
+    8: {"jobs": ["request_digest"], "sweeps": ["request_digest"]},
     10: {"step_metrics": ["eval_loss"], "jobs": ["last_eval_loss"]},
     11: {"step_metrics": ["mfu_full_attention"], "jobs": ["mfu_full_attention"]},
+    12: {"jobs": ["preemptions", "preempt_time"]},
 }
 """Columns each schema version added (the store's migrations in trainctl/service/store/schema.py)."""
 

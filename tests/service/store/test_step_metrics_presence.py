@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.service.store.old_stores import ADDED_COLUMNS
 from trainctl.cli.job_cmd import STEP_METRICS, metrics_dict
 from trainctl.cli.progress import Tracker
 from trainctl.parallelism.engine.step_report import StepReport
@@ -50,8 +51,9 @@ def test_a_store_from_before_absent_metrics_is_migrated_with_its_rows(store_loca
     db = open_database(store_location)
     db.begin_write()
     db.execute("DROP TABLE step_metrics")
-    db.execute("ALTER TABLE jobs DROP COLUMN last_eval_loss")  # schema 10's
-    db.execute("ALTER TABLE jobs DROP COLUMN mfu_full_attention")  # schema 11's
+    for version in sorted(v for v in ADDED_COLUMNS if v > 9):  # the jobs columns of the schemas after 9
+        for column in ADDED_COLUMNS[version].get("jobs", []):
+            db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
     run_script(db, next(s for s in MIGRATIONS[0].split(";") if "CREATE TABLE step_metrics" in s))
     db.execute("INSERT INTO step_metrics (job_id, step, time, loss, grad_norm, lr, tokens, tokens_per_second,"
                " step_time_seconds, peak_memory_bytes) VALUES (?, 1, 10.0, 2.0, 0.5, 0.001, 64, 8.0, 8.0, 1024)",

@@ -307,21 +307,6 @@ def set_schema_version(location: str, version: int) -> None:
     db.close()
 
 
-def set_back_to_schema_7(location: str) -> None:
-    """A current store as version 7 had it: without the columns schemas 8, 10 and 11 add (9 only makes
-    step_metrics' columns nullable)."""
-    db = open_database(location)
-    db.begin_write()
-    for table, column in (("step_metrics", "mfu_full_attention"), ("jobs", "mfu_full_attention"),
-                          ("step_metrics", "eval_loss"), ("jobs", "last_eval_loss")):
-        db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
-    for table in ("jobs", "sweeps"):
-        db.execute(f"ALTER TABLE {table} DROP COLUMN request_digest")
-    db.set_schema_version(7)
-    db.commit()
-    db.close()
-
-
 def test_migrates_an_older_schema_and_refuses_a_newer_one(store_location: str) -> None:
     set_schema_version(store_location, 0)
     store = JobStore(store_location)  # an empty version-0 database is migrated to the current schema
@@ -410,8 +395,7 @@ def test_migration_moves_trial_jobs_keys_out_of_the_tenants_namespace(store_loca
     own, _ = store.create_job(job("own"), tenant="sweep", request_id=f"{record.id}/1")
     store._core.db.execute("UPDATE jobs SET request_id = ? WHERE id = ?", (f"sweep/{record.id}/0", trial.job_id))
     store.close()
-    set_back_to_schema_7(store_location)
-    set_schema_version(store_location, 6)
+    downgrade(store_location, 6)  # without the columns schema 8 and later add (7 adds none)
     store = JobStore(store_location)
     assert store.schema_version == SCHEMA_VERSION
     mine, created = store.create_job(job("mine"), tenant="sweep", request_id=f"{record.id}/0")
@@ -424,7 +408,7 @@ def test_a_request_id_reused_with_another_request_is_refused_and_older_jobs_keep
     store = JobStore(store_location)
     old, _ = store.create_job(job("old"), tenant="t", request_id="before-8")
     store.close()
-    set_back_to_schema_7(store_location)  # `old` was created before requests had digests
+    downgrade(store_location, 7)  # `old` was created before requests had digests
     store = JobStore(store_location)
     assert store.schema_version == SCHEMA_VERSION
     assert store.create_job(job("old"), tenant="t", request_id="before-8", digest="d1") == (store.get_job(old.id), False)

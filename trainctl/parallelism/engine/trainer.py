@@ -98,6 +98,8 @@ class TrainResult:
     """Step of the checkpoint the run resumed from, None for a fresh start."""
     last_checkpoint: str | None
     """Path of the newest complete checkpoint written, None if none."""
+    stopped_on_request: bool = False
+    """Whether the run ended before `training.steps` because a stop was requested (`stop_requested`)."""
 
 
 def check_world(job: JobSpecBody, world_size: int) -> None:
@@ -139,6 +141,10 @@ class Trainer:
     reported steps. Under `checkpoint.async_save` a checkpoint is committed at a later step, the first
     one after every rank has written it: that step is reported (with the checkpoint's size) before
     the commit. ``on_step_time`` (the other ranks) gets their wall time of the same steps.
+    ``stop_requested``: a cheap, thread-safe poll of this rank (preemption); when it is given, every rank
+    polls after each optimizer step and one all-reduce makes them agree, and when any rank's poll said
+    stop, the run ends at that step as at its last (a checkpoint saved, the step reported). None: no stop
+    can be requested and no collective is added.
     """
 
     def __init__(
@@ -153,6 +159,7 @@ class Trainer:
         on_event: Callable[[str], Any] | None = None,
         on_step_time: Callable[[int, float], Any] | None = None,
         file_rule: FileRule = FileRule(),
+        stop_requested: Callable[[], bool] | None = None,
     ):
         check_world(job, world_size)
         self.rank = rank
@@ -164,6 +171,7 @@ class Trainer:
         self.on_event = on_event
         self.on_step_time = on_step_time
         self.file_rule = file_rule
+        self.stop_requested = stop_requested
         resolved = efficiency.resolve_micro_batch_size(resolved_job(job, file_rule), self.device)
         self.grid, self.config, self.job = resolved.grid, resolved.config, resolved.spec
         self.autocast_dtype = torch.bfloat16 if job.training.dtype == "bfloat16" else None
@@ -482,8 +490,25 @@ class Trainer:
         breakdown["evaluation"] = time.perf_counter() - started
         return eval_loss
 
+    def _stop_agreed(self) -> bool:
+        """Whether any rank's `stop_requested` poll says stop now: one all-reduce (MAX) when there are
+        several ranks, so every rank decides the same at the same step. False without a poll."""
+        if self.stop_requested is None:
+            return False
+        flag = torch.tensor([int(self.stop_requested())], dtype=torch.int32, device=self.device)
+        if self.world_size > 1 and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _stopped_event(self) -> str:
+        """The event of a run stopped on request at the current step."""
+        if self.checkpoint_dir is None:
+            return f"stopped at step {self.step} on request; no checkpoint directory, nothing saved"
+        return f"stopped at step {self.step} on request; checkpoint step {self.step} saved"
+
     def run(self) -> TrainResult:
-        """Resume if possible, train to `training.steps`, checkpoint on schedule and at the end."""
+        """Resume if possible, train to `training.steps` (or to the step a stop is requested at),
+        checkpoint on schedule and at the end."""
         start = time.perf_counter()
         train = self.job.training
         resumed = self.maybe_resume()
@@ -491,12 +516,13 @@ class Trainer:
         losses: list[float] = []
         tokens_per_step = train.global_batch_size * self.job.data.seq_len
         last_path: Path | None = None
+        stopped = False
         interval = self.job.checkpoint.interval_steps
         checkpoints = (
             self._checkpoints(self.checkpoint_dir, self.job.checkpoint.async_save) if self.checkpoint_dir is not None else None
         )
         try:
-            while self.step < train.steps:
+            while self.step < train.steps and not stopped:
                 lr = self.optimizers[0].param_groups[0]["lr"]
                 t0 = time.perf_counter()
                 loss, norm, breakdown = self.train_step()
@@ -504,8 +530,10 @@ class Trainer:
                 allocator = efficiency.after_step(self.step, train.empty_cache_steps, self.device)
                 if allocator is not None:
                     breakdown.update(allocator.as_breakdown())
-                last = self.step == train.steps
-                eval_loss = self._evaluate_if_due(last, breakdown)
+                end = self.step == train.steps
+                eval_loss = self._evaluate_if_due(end, breakdown)
+                stopped = not end and self._stop_agreed()
+                last = end or stopped  # a stopped run checkpoints and reports its step as its last
                 report_due = self.step % train.log_interval == 0 or last or eval_loss is not None
                 plain = partial(self._report_step, t0, lr, loss, norm, breakdown, None, None, eval_loss)
                 if checkpoints is None:
@@ -519,6 +547,8 @@ class Trainer:
                     self.step, save_due=save_due, last=last, report_due=report_due, report=report, plain=plain
                 )
                 last_path = committed or last_path
+            if stopped:
+                self._event(self._stopped_event())
         finally:
             if checkpoints is not None:
                 checkpoints.close()
@@ -530,4 +560,5 @@ class Trainer:
             wall_seconds=time.perf_counter() - start,
             resumed_from_step=resumed,
             last_checkpoint=str(last_path) if last_path else None,
+            stopped_on_request=stopped,
         )

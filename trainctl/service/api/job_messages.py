@@ -119,6 +119,8 @@ def fill_status(status: pb.JobStatus, record: JobRecord) -> None:
     if record.last_eval_loss is not None:
         status.last_eval_loss = record.last_eval_loss
     status.restarts = record.restarts
+    status.preemptions = record.preemptions
+    timestamp(status.preempt_time, record.preempt_time)
     status.tokens_per_second = record.tokens_per_second
     status.run_dir = record.run_dir
     for row in record.placement:

@@ -37,7 +37,7 @@ from trainctl.service.scheduling.sweeps import SweepDriver
 from trainctl.service.security.auth import Authenticator
 from trainctl.service.security.hardening import MAX_REASON_LENGTH, check_text
 from trainctl.service.security.paths import JobPathPolicy, job_reference
-from trainctl.service.security.tenancy import Principal, admission_violation
+from trainctl.service.security.tenancy import Principal, admission_violation, tenant_shares
 from trainctl.service.store import (
     AdmissionRefused,
     JobNotFound,
@@ -335,6 +335,12 @@ class TrainingServicer:
         counts = self.store.count_by_state(principal.tenant_filter())
         cluster.queued_jobs = counts.get(JobState.QUEUED, 0)
         cluster.running_jobs = sum(counts.get(s, 0) for s in ACTIVE_STATES)
+        cluster.preempted_jobs = counts.get(JobState.PREEMPTED, 0)
+        active = self.store.list_jobs(tenant=principal.tenant_filter(), states=ACTIVE_STATES)
+        for share in tenant_shares(((r.tenant, r.job.spec.resources.gpus) for r in active), self.auth.quota):
+            shown_share = cluster.tenants.add(tenant=share.tenant, used_gpus=share.used_gpus, borrowed_gpus=share.borrowed_gpus)
+            if share.guaranteed_gpus is not None:
+                shown_share.guaranteed_gpus = share.guaranteed_gpus
         return cluster
 
     def _owns(self, principal: Principal, job_id: str) -> bool:

@@ -2,7 +2,8 @@
 placement, tenants' quotas, the reservation and the run directory of each admitted job, its launch.
 
 The queue is strict: a job that does not fit blocks lower ones, so a large job is never starved by a
-stream of small ones; a job its tenant's quota holds blocks that tenant's lower ones (not other
+stream of small ones, and may preempt running jobs of lower priority to make room
+(scheduling.preemption); a job its tenant's quota holds blocks that tenant's lower ones (not other
 tenants'); a running job waiting to be re-placed blocks them all. Nodes Ray does not have alive are left
 out. A waiting job's reason says what it waits for. An admitted job's run directory
 (trainctl.parallelism.run_directory) is named here, once, and recorded with its placement; every later
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service.scheduling.launching import Launcher
+from trainctl.service.scheduling.preemption import Preemption
 from trainctl.service.scheduling.state import ActiveJob, SchedulerState
 from trainctl.service.security.tenancy import TenantUsage, start_block_reason
 from trainctl.service.store import QueuedJob
@@ -33,12 +35,17 @@ class Admission:
 
     state: SchedulerState
     launcher: Launcher
+    preemption: Preemption
 
     def admit(self) -> None:
         """One pass over the queue: start jobs in order until one does not fit; that one and every job
         behind it get their waiting reason in one write, so a pass reads and writes the same few rows
         however long the queue is."""
         state = self.state
+        down = state.down_nodes()
+        usage: dict[str, TenantUsage] = {}
+        held: dict[str, str] = {}
+        self._admit_nominated(down, usage, held)
         queue = self._queue()
         first = next(queue, None)
         if first is None:
@@ -49,9 +56,6 @@ class Admission:
             reason = f"waiting behind {replacing}, which waits for GPUs to re-place it after a node loss"
             state.store.set_queue_reason(reason, behind=None)
             return
-        down = state.down_nodes()
-        usage: dict[str, TenantUsage] = {}
-        held: dict[str, str] = {}
         visited: set[str] = set()
         try:
             for entry in itertools.chain([first], queue):
@@ -61,28 +65,50 @@ class Admission:
         finally:
             self._forget_unqueued(visited)
 
+    def _admit_nominated(self, down: set[str], usage: dict[str, TenantUsage], held: dict[str, str]) -> None:
+        """Start the queued jobs that running jobs were preempted for, wherever they are in the queue, once
+        the GPUs they wait for are free: a tenant reclaiming its guarantee may stand behind the borrower it
+        preempted, which is queued again with its higher priority."""
+        state = self.state
+        for job_id in sorted(state.nominated):
+            record = state.store.get_job(job_id)
+            if record.state != JobState.QUEUED:
+                state.nominated.discard(job_id)
+                continue
+            entry = QueuedJob(id=record.id, seq=record.seq, priority=record.priority, tenant=record.tenant,
+                              reason=record.reason, job=record.job)
+            if self._admit(entry, down, usage, held, head=False):
+                state.nominated.discard(job_id)
+
     def _forget_unqueued(self, visited: set[str]) -> None:
         """Drop the resolved jobs of jobs neither followed nor met by this pass: they left the queue."""
         state = self.state
         for job_id in set(state.resolved) - visited - set(state.active):
             del state.resolved[job_id]
 
-    def _admit(self, entry: QueuedJob, down: set[str], usage: dict[str, TenantUsage], held: dict[str, str]) -> bool:
-        """Start `entry` if its quota and the free GPUs allow; False when it blocks the rest of the queue."""
+    def _admit(
+        self, entry: QueuedJob, down: set[str], usage: dict[str, TenantUsage], held: dict[str, str], head: bool = True,
+    ) -> bool:
+        """Start `entry` if its quota and the free GPUs allow. In the queue walk (`head`): False when it
+        blocks the rest of the queue. Out of it (a nominated job): whether it started; one that does not
+        fit changes nothing."""
         state = self.state
         gpus = entry.job.spec.resources.gpus
         quota_reason = self._quota_reason(entry, usage, held)
         if quota_reason is not None:
             self._wait(entry, quota_reason)
             self._decision("quota")
-            return True  # a tenant held by its quota does not block other tenants
+            return head  # a tenant held by its quota does not block other tenants
         started = time.perf_counter()
         placement = state.pool.place(state.resolved_job(entry.id, entry.job), down=down)
         solver_seconds = time.perf_counter() - started
+        if placement is None and not head:
+            return False
         if placement is None:
+            preempting = self.preemption.make_room(entry, down)
             free = len(state.pool.free_slots(down=down))
-            self._wait(entry, f"waiting for {gpus} GPUs: {free} of {state.pool.total} free")
-            self._decision("no_capacity", solver_seconds)
+            self._wait(entry, preempting or f"waiting for {gpus} GPUs: {free} of {state.pool.total} free")
+            self._decision("preempting" if preempting else "no_capacity", solver_seconds)
             behind = f"waiting behind {entry.id} (priority {entry.priority}), first in the queue"
             state.store.set_queue_reason(behind, behind=entry)
             return False
@@ -101,7 +127,8 @@ class Admission:
         if state.metrics is not None:
             state.metrics.set_job_state(updated.id, updated.tenant, updated.state)
             state.metrics.set_job_placement(updated.id, updated.tenant, state.by_domain(placement))
-        state.active[entry.id] = ActiveJob()
+        cursor = int(updated.runtime_cursor or 0)  # a preempted job's log goes on where it was followed to
+        state.active[entry.id] = ActiveJob(cursor=cursor, stored_cursor=cursor)
         self.launcher.launch(updated, placement)
         return True
 

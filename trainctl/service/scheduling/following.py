@@ -1,11 +1,12 @@
 """Following running jobs: poll each job's supervisor from its cursor, append what happened to the store
 (state changes, step metrics, log lines), record its end once its log is drained, send the cancels the
-API asked for, and hand a job whose supervisor lost a node to re-placement.
+API asked for and the preemptions admission decided (queueing a preempted job again once its run has
+ended), and hand a job whose supervisor lost a node to re-placement.
 
 Each job is followed on its own: an unexpected error is logged and retried next tick without stopping
 the others; one that lasts FOLLOW_GRACE_SECONDS stops the job and fails it. A supervisor unreachable for
 POLL_GRACE_SECONDS fails its job. A cancel runs on a thread of its own (it waits until the job's actors
-and placement group are gone, and must not stall the loop).
+and placement group are gone, and must not stall the loop), and so does the call that sends a preemption.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +42,8 @@ class Following:
     state: SchedulerState
     replacement: Replacement
     _cancels: set[threading.Thread] = field(default_factory=set)
-    """Threads sending a cancel to the runtime (`_cancel`), until each ends; `join_cancels` waits for them."""
+    """Threads sending a cancel or a preemption to the runtime (`_send`), until each ends; `join_cancels`
+    waits for them."""
     _cancels_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def follow(self, job_id: str) -> None:
@@ -93,12 +96,44 @@ class Following:
             state.finish(state.set_state(state.store.get_job(job_id), JobState.FAILED, failure))
 
     def _send_cancel(self, job_id: str) -> threading.Thread:
-        """Start the thread that stops the job's supervisor and ranks (`_cancel`)."""
-        thread = threading.Thread(target=self._cancel, args=(job_id,), name=f"cancel-{job_id}", daemon=True)
+        """Start the thread that stops the job's supervisor and ranks (`Runtime.cancel`: it blocks until
+        none is left); the loop records the end."""
+        return self._send(job_id, "cancel", lambda: self.state.runtime.cancel(job_id))
+
+    def _send_preemption(self, job_id: str, reason: str) -> threading.Thread:
+        """Start the thread that asks the job's supervisor to checkpoint and stop (`Runtime.preempt`); the
+        loop queues the job again once its run has ended."""
+        grace = self.state.preemption.grace_seconds
+        return self._send(job_id, "preemption", lambda: self.state.runtime.preempt(job_id, reason, grace))
+
+    def _send(self, job_id: str, what: str, call: Callable[[], Any]) -> threading.Thread:
+        """Run `call` against the runtime on a thread of its own (`join_cancels` waits for it)."""
+        thread = threading.Thread(target=self._call, args=(job_id, what, call), name=f"{what}-{job_id}", daemon=True)
         with self._cancels_lock:
             self._cancels.add(thread)
         thread.start()
         return thread
+
+    def _call(self, job_id: str, what: str, call: Callable[[], Any]) -> None:
+        """`call()`; a failure is logged and recorded as one of the job's events; then the next tick runs."""
+        try:
+            call()
+        except Exception as exc:
+            log.exception("job %s: %s failed", job_id, what)
+            self.state.store.append_event(job_id, st.EVENT_LOG, {"level": "ERROR", "message": f"{what} failed: {exc}"})
+        finally:
+            with self._cancels_lock:
+                self._cancels.discard(threading.current_thread())
+            self.state.wake()
+
+    def _preempted(self, record: JobRecord, why: str) -> None:
+        """The job's supervisor ended PREEMPTED: queue the job again once its supervisor is gone (so that
+        its next start can create one), or end it CANCELLED when a cancel came meanwhile."""
+        state = self.state
+        if record.state == JobState.CANCELLING:
+            state.finish(state.set_state(record, JobState.CANCELLED, record.reason))
+        elif record.id not in state.runtime.running_jobs():  # else `poll` is releasing it: the next tick
+            state.requeue(record, why)
 
     def _follow(self, job_id: str) -> None:
         state = self.state
@@ -109,6 +144,8 @@ class Following:
         record = state.store.get_job(job_id)
         if record.state == JobState.CANCELLING and active.cancel is None:
             active.cancel = self._send_cancel(job_id)
+        elif record.state == JobState.PREEMPTED and active.preempt is None:
+            active.preempt = self._send_preemption(job_id, record.reason)
         try:
             status = state.runtime.poll(job_id, active.cursor)
         except Exception as exc:
@@ -128,26 +165,16 @@ class Following:
         if status.cursor != active.stored_cursor:
             state.store.update_status(job_id, runtime_cursor=str(status.cursor), restarts=status.restarts)
             active.stored_cursor = status.cursor
-        if status.replan and not status.state.terminal and record.state != JobState.CANCELLING:
+        if status.replan and not status.state.ends_run and record.state not in (JobState.CANCELLING, JobState.PREEMPTED):
             self.replacement.replace(record, status.replan)
         else:  # the supervisor waits for no plan (it went on without one, or the job is ending)
             active.replan_waiting = ()
-        if status.drained and status.state.terminal:
+        if status.drained and status.state is JobState.PREEMPTED:
+            self._preempted(state.store.get_job(job_id), status.reason)
+        elif status.drained and status.state.terminal:
             record = state.store.get_job(job_id)
             reason = record.reason if record.state == JobState.CANCELLING and status.state.value == JobState.CANCELLED else status.reason
             state.finish(state.set_state(record, status.state.value, reason))
-
-    def _cancel(self, job_id: str) -> None:
-        """Stop the job's supervisor and ranks (blocks until none is left); the loop records the end."""
-        try:
-            self.state.runtime.cancel(job_id)
-        except Exception as exc:
-            log.exception("job %s: cancel failed", job_id)
-            self.state.store.append_event(job_id, st.EVENT_LOG, {"level": "ERROR", "message": f"cancel failed: {exc}"})
-        finally:
-            with self._cancels_lock:
-                self._cancels.discard(threading.current_thread())
-            self.state.wake()
 
     def _apply(self, record: JobRecord, event: RuntimeEvent) -> JobRecord:
         """Write one runtime event to the store; the job's record as it is afterwards."""
@@ -164,6 +191,8 @@ class Following:
                     metrics.set_straggler_ratio(record.id, record.tenant, straggler.ratio)
                 if report.checkpoint_bytes is not None:  # the step saved a checkpoint
                     metrics.record_checkpoint_size(record.id, record.tenant, report.checkpoint_bytes)
+            if event.step.get("checkpoint_bytes") is not None and record.id in self.state.active:
+                self.state.active[record.id].checkpoint_time = event.time
             return store.get_job(record.id)
         if event.kind in (EventKind.LOG, EventKind.REPLAN, EventKind.PLAN):
             level = "WARNING" if event.kind is EventKind.REPLAN else "INFO"
@@ -179,8 +208,8 @@ class Following:
         elif event.kind is EventKind.STATE and event.state is not None:
             if event.state.terminal:
                 return record  # recorded once the whole log is drained (see _follow), after the last step
-            if record.state == JobState.CANCELLING:
-                return record  # a job being cancelled does not go back to running
+            if record.state in (JobState.CANCELLING, JobState.PREEMPTED):
+                return record  # a job being cancelled or preempted does not go back to running
             extra = {"start_time": event.time} if event.state is JobState.RUNNING and record.start_time is None else {}
             record = self.state.set_state(record, event.state, event.reason, **extra)
             if event.state is JobState.RUNNING and self.state.tracker is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.planning.pool import PlannedPlacement
 from trainctl.service import store as st
+from trainctl.service.scheduling.relaunch import resume_point
 from trainctl.service.scheduling.state import SchedulerState
 from trainctl.service.store import JobRecord
 from trainctl.spec.files import FileRule
@@ -24,14 +25,18 @@ class Launcher:
     state: SchedulerState
 
     def launch(self, record: JobRecord, placement: PlannedPlacement, relaunch: Relaunch | None = None) -> None:
-        """Start the job's supervisor on `placement` (a failed start fails the job)."""
+        """Start the job's supervisor on `placement` (a failed start fails the job); a preempted job's
+        resumes it (`Relaunch.after_preemption`)."""
         state = self.state
         if not state.may_launch():
             state.unlaunched.add(record.id)  # too little lease left: the next tick, or the next leader
             return
+        run = RunDirectory.at(record.run_dir)
+        if relaunch is None and record.preemptions:  # it ran before: its log and checkpoints are in `run`
+            relaunch = Relaunch(resume=resume_point(record, run), count=record.preemptions, after_preemption=True)
         try:
             state.runtime.start_job(
-                record.id, record.job, placement, RunDirectory.at(record.run_dir), node_env=state.node_env(),
+                record.id, record.job, placement, run, node_env=state.node_env(),
                 file_rule=self.file_rule(record), relaunch=relaunch,
             )
         except Exception as exc:

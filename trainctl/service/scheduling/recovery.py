@@ -67,13 +67,19 @@ class Recovery:
         state.runtime.attach(record.id, run)
         if record.id in running:
             return
-        if not run.events.exists():
+        if record.state == JobState.SCHEDULED and record.preemptions:
+            log.info("job %s: admitted again after a preemption, not started yet; starting it", record.id)
+            self.launcher.launch(record, placement)  # resumes it (`Launcher.launch`)
+        elif not run.events.exists():
             if record.state == JobState.CANCELLING:
                 state.finish(state.set_state(record, JobState.CANCELLED, record.reason))
                 return
             log.info("job %s: admission was interrupted by a service restart; starting it", record.id)
             self.launcher.launch(record, placement)
         elif state.runtime.lost_with_cluster(record.id):  # else Ray gave up on it: following it fails the job
+            if record.state == JobState.PREEMPTED:  # its preemption is complete: nothing of it runs anymore
+                state.requeue(record, "its supervisor ended with the Ray cluster it ran on")
+                return
             outcome = after_cluster_loss(record, run)
             if isinstance(outcome, Ending):
                 state.finish(state.set_state(record, outcome.state, outcome.reason))

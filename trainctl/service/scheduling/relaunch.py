@@ -6,7 +6,8 @@ every job's supervisor and ranks with it. The next start on the same data direct
 active jobs with no supervisor in its new cluster (`RayRuntime.lost_with_cluster`: the run directory
 names another Ray session), and `after_cluster_loss` decides for each one:
 
-- a job whose log ended before the cluster went: nothing here; following it records its end;
+- a job whose log ended before the cluster went: nothing here; following it records its end (or, for a
+  preempted one, queues it again);
 - a job being cancelled (CANCELLING in the store or in its log): CANCELLED, not relaunched;
 - any other: relaunched in a new generation that resumes from its newest complete checkpoint (a
   command job's program from what it saved in $TRAINCTL_CHECKPOINT_DIR), recorded as a restart whose
@@ -69,7 +70,7 @@ def after_cluster_loss(record: JobRecord, run: RunDirectory) -> Relaunch | Endin
     except (OSError, ValueError) as exc:  # one job's damaged log must not keep the service from starting
         return Ending(JobState.FAILED, f"its supervisor ended with the Ray cluster it ran on, and its event log cannot be read: {exc}")
     logged = status_of(events, 0, 1)
-    if logged.state.terminal:
+    if logged.state.ends_run:
         return None
     if record.state == JobState.CANCELLING:
         return Ending(JobState.CANCELLED, record.reason)
@@ -87,11 +88,11 @@ def after_cluster_loss(record: JobRecord, run: RunDirectory) -> Relaunch | Endin
             f"the service restarted on a new Ray cluster {stalled + 1} times in a row without the job reporting "
             f"{since} in between; not relaunched again (at most {RELAUNCHES_WITHOUT_PROGRESS} relaunches without progress)"
         ))
-    return Relaunch(resume=_resume_point(record, run), count=len(earlier) + 1)
+    return Relaunch(resume=resume_point(record, run), count=len(earlier) + 1)
 
 
-def _resume_point(record: JobRecord, run: RunDirectory) -> str:
-    """Where the relaunched job resumes, in words."""
+def resume_point(record: JobRecord, run: RunDirectory) -> str:
+    """Where the relaunched (or preempted) job resumes, in words."""
     if record.job.spec.command is not None:
         return "its program resumes from what it saved in $TRAINCTL_CHECKPOINT_DIR"
     try:

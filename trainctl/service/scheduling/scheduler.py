@@ -3,9 +3,9 @@
 One background thread owns every transition after QUEUED except the API's cancel request. Each tick,
 under the state's lock, it hands the runtime the jobs a short lease held back
 (trainctl.service.scheduling.recovery), follows each active job (scheduling.following: events to the
-store, cancels, ends; a job whose supervisor lost a node goes to scheduling.replacement), then runs an
-admission pass over the queue (scheduling.admission, which launches through scheduling.launching) and
-refreshes the gauges. The parts share one `SchedulerState` (scheduling.state): the store, the pool,
+store, cancels, preemptions, ends; a job whose supervisor lost a node goes to scheduling.replacement),
+then runs an admission pass over the queue (scheduling.admission, which launches through
+scheduling.launching and preempts through scheduling.preemption) and refreshes the gauges. The parts share one `SchedulerState` (scheduling.state): the store, the pool,
 the runtime, the jobs followed and the lock.
 
 State changes use the store's compare-and-set, so a cancel racing with admission is never lost.
@@ -41,11 +41,12 @@ from trainctl.service.scheduling.admission import Admission
 from trainctl.service.scheduling.following import Following
 from trainctl.service.scheduling.launching import Launcher
 from trainctl.service.scheduling.leadership import Leadership
+from trainctl.service.scheduling.preemption import Preemption
 from trainctl.service.scheduling.recovery import Recovery
 from trainctl.service.scheduling.replacement import Replacement
-from trainctl.service.scheduling.state import Runtime, SchedulerState
+from trainctl.service.scheduling.state import PreemptionPolicy, Runtime, SchedulerState
 from trainctl.service.security.paths import JobPathPolicy
-from trainctl.service.security.tenancy import Quota
+from trainctl.service.security.tenancy import Quota, tenant_shares
 from trainctl.service.store import Fence, JobRecord, JobStore, LeaseLost, StoreUnavailable
 from trainctl.service.tracking.tracker import JobTracker
 from trainctl.workers.events import ACTIVE_STATES, JobState
@@ -97,9 +98,11 @@ class Scheduler:
         metrics: ServiceMetrics | None = None, quota_of: Callable[[str], Quota] | None = None,
         interval: float = 0.2, min_tick_gap: float = 0.1, leadership: Leadership | None = None,
         admission_refresh: float = 5.0, paths: JobPathPolicy | None = None, tracker: JobTracker | None = None,
+        preemption: PreemptionPolicy | None = None,
     ) -> None:
         self.state = SchedulerState(store, pool, runtime, runs_dir, wake=self.wake, metrics=metrics,
-                                    leadership=leadership, paths=paths, tracker=tracker)
+                                    leadership=leadership, paths=paths, tracker=tracker,
+                                    preemption=preemption or PreemptionPolicy())
         if quota_of is not None:
             self.state.quota_of = quota_of
         self.interval = interval
@@ -112,7 +115,7 @@ class Scheduler:
         by then."""
         launcher = Launcher(self.state)
         replacement = Replacement(self.state)
-        self._admission = Admission(self.state, launcher)
+        self._admission = Admission(self.state, launcher, Preemption(self.state))
         self._following = Following(self.state, replacement)
         self._recovery = Recovery(self.state, launcher)
         self._wake = threading.Event()
@@ -230,8 +233,11 @@ class Scheduler:
                 self.metrics.set_queue(0, None)
                 self.metrics.set_jobs_by_state({})
                 self.metrics.set_gpu_inventory([])
+                self.metrics.set_tenant_shares([])
             state.active.clear()
             state.unlaunched.clear()
+            state.preempting.clear()
+            state.nominated.clear()
             self._epoch = self._fence = None
 
     def recover(self) -> None:
@@ -267,13 +273,15 @@ class Scheduler:
         return due
 
     def _export(self) -> None:
-        """Refresh the gauges: the queue, jobs by state, the GPU inventory."""
+        """Refresh the gauges: the queue, jobs by state, tenants' shares, the GPU inventory."""
         if self.metrics is None:
             return
         queued = self.store.list_jobs(states=[JobState.QUEUED], oldest_first=True, limit=1)
         counts = self.store.count_by_state()
         self.metrics.set_queue(counts.get(JobState.QUEUED, 0), queued[0].create_time if queued else None)
         self.metrics.set_jobs_by_state(counts)
+        active = self.store.list_jobs(states=ACTIVE_STATES)
+        self.metrics.set_tenant_shares(tenant_shares(((r.tenant, r.job.spec.resources.gpus) for r in active), self.quota_of))
         used: dict[str, int] = {}
         for node, _gpu in self.pool.holders():
             used[node] = used.get(node, 0) + 1
@@ -285,11 +293,13 @@ class Scheduler:
 
     # ---- API side -----------------------------------------------------------------------------------
     def request_cancel(self, job_id: str, reason: str) -> JobRecord:
-        """QUEUED -> CANCELLED at once; active -> CANCELLING (the loop sends the cancel); else as is."""
+        """QUEUED -> CANCELLED at once (a preempted job queued again too); active, or being preempted ->
+        CANCELLING (the loop sends the cancel); else as is."""
         record = self.store.update_status(job_id, expect=[JobState.QUEUED], state=JobState.CANCELLED, reason=reason)
         if record is None:
             record = self.store.update_status(
-                job_id, expect=[JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING], state=JobState.CANCELLING, reason=reason
+                job_id, expect=[JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.PREEMPTED],
+                state=JobState.CANCELLING, reason=reason,
             )
         if record is None:
             return self.store.get_job(job_id)

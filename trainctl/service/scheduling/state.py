@@ -4,6 +4,7 @@ tick holds, with the few writes every part makes (a job's state, its end, its he
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from trainctl.service.store import JobRecord, JobStore
 from trainctl.service.tracking.tracker import GridOf, JobTracker
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
-from trainctl.workers.events import JobState
+from trainctl.workers.events import ACTIVE_STATES, JobState
 from trainctl.workers.events import JobStatus as RuntimeStatus
 from trainctl.workers.relaunch import Relaunch
 
@@ -42,6 +43,8 @@ class Runtime(Protocol):
     def poll(self, job_id: str, cursor: int) -> RuntimeStatus: ...
 
     def cancel(self, job_id: str) -> RuntimeStatus: ...
+
+    def preempt(self, job_id: str, reason: str, grace: float) -> RuntimeStatus: ...
 
     def replace_plan(self, job_id: str, job: TrainingJob, placement: Any) -> bool: ...
 
@@ -66,6 +69,24 @@ class ActiveJob:
     """Why the job is being failed because it could not be followed: it is stopped, then recorded FAILED."""
     replan_waiting: tuple[str, ...] = ()
     """The lost nodes while the job waits for GPUs to be re-placed on (empty otherwise)."""
+    preempt: threading.Thread | None = None
+    """The thread sending the job's preemption to the runtime (None: none sent)."""
+    checkpoint_time: float | None = None
+    """When the job's newest checkpoint was saved, as its step reports say (None: none seen yet)."""
+
+
+@dataclass(frozen=True)
+class PreemptionPolicy:
+    """When and how the scheduler preempts running jobs for a queued job of higher priority
+    (trainctl.service.scheduling.preemption)."""
+
+    enabled: bool = True
+    grace_seconds: float = 120.0
+    """How long a preempted job has to checkpoint at its next step boundary and stop; its ranks are torn
+    down after it (it then resumes from its newest complete checkpoint, losing the steps since)."""
+    cooldown_seconds: float = 600.0
+    """A job preempted less than this long ago is not chosen again, so preemptions never cascade back and
+    forth between jobs."""
 
 
 def _no_quota(_tenant: str) -> Quota:
@@ -92,6 +113,12 @@ class SchedulerState:
     `FileRule`, which confines nothing (a scheduler without a served API, in tests and benchmarks)."""
     tracker: JobTracker | None = None
     """Experiment tracking of the followed jobs' runs (trainctl.service.tracking); None: none."""
+    preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
+    preempting: dict[str, str] = field(default_factory=dict)
+    """Jobs being preempted (PREEMPTED, until they are queued again) -> the queued job they make room for."""
+    nominated: set[str] = field(default_factory=set)
+    """Queued jobs that running jobs were preempted for: admitted before the queue's order once they fit
+    (`Admission`), until they start or leave the queue."""
     active: dict[str, ActiveJob] = field(default_factory=dict)
     """The jobs this scheduler follows, by id."""
     unlaunched: set[str] = field(default_factory=set)
@@ -129,11 +156,13 @@ class SchedulerState:
         return {name for name, _ in self.pool.nodes()} - self.runtime.live_nodes()
 
     def set_state(self, record: JobRecord, state: JobState, reason: str, **extra: Any) -> JobRecord:
-        """Record the job's new state; a job the API moved to CANCELLING meanwhile leaves it only for an
-        end, so a supervisor's late RUNNING or RESTARTING never undoes a cancel."""
+        """Record the job's new state; a job the API moved to CANCELLING (or the scheduler to PREEMPTED)
+        meanwhile leaves it only for an end, so a supervisor's late RUNNING or RESTARTING never undoes a
+        cancel or a preemption (a preempted job is queued again by `requeue`)."""
         if record.state == state:
             return record
-        expect = None if JobState(state).terminal else [s for s in JobState if not s.terminal and s != JobState.CANCELLING]
+        held = (JobState.CANCELLING, JobState.PREEMPTED)
+        expect = None if JobState(state).terminal else [s for s in JobState if not s.terminal and s not in held]
         updated = self.store.update_status(record.id, expect=expect, state=state, reason=reason, **extra)
         if updated is None:
             return self.store.get_job(record.id)
@@ -160,7 +189,27 @@ class SchedulerState:
             self.pool.release(record.id)
             self.active.pop(record.id, None)
             self.resolved.pop(record.id, None)
+            self.preempting.pop(record.id, None)
             self.wake()
+
+    def requeue(self, record: JobRecord, why: str) -> None:
+        """Queue a preempted job again once its supervisor's run ended: it keeps its place in the queue
+        (priority, then submission order) and frees its GPUs; its next start resumes from its checkpoint.
+        A job cancelled meanwhile is left for the cancel to end."""
+        expect = [s for s in ACTIVE_STATES if s != JobState.CANCELLING]
+        updated = self.store.update_status(
+            record.id, expect=expect, state=JobState.QUEUED, reason=f"queued again after a preemption: {why}",
+            placement=[], preemptions=record.preemptions + 1, preempt_time=time.time(),
+        )
+        if updated is None:
+            return
+        self.pool.release(record.id)
+        self.active.pop(record.id, None)
+        self.preempting.pop(record.id, None)
+        if self.metrics is not None:
+            self.metrics.set_job_state(updated.id, updated.tenant, updated.state)
+            self.metrics.set_job_placement(updated.id, updated.tenant, {})
+        self.wake()
 
     def hold(self, job_id: str, placement: PlannedPlacement, **changes: Any) -> None:
         """Reserve `placement`'s GPUs for the job and store it as the job's placement, with `changes`."""

@@ -7,15 +7,16 @@ so job ids cannot be probed). An `admin` sees every tenant.
 Quotas are checked twice: at CreateJob (`admission_violation`: too many queued jobs, or a job that
 could never fit the tenant's GPU quota, is refused with RESOURCE_EXHAUSTED) and by the scheduler
 (`start_block_reason`: a job whose start would push the tenant over its running-GPU quota stays
-QUEUED with that reason, as a full cluster would leave it).
+QUEUED with that reason, as a full cluster would leave it). A tenant's `guaranteed_gpus` is its share of
+the cluster: below it, its queued jobs may reclaim GPUs other tenants borrowed beyond theirs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainctl.wire.tokens import Role
 
@@ -55,9 +56,24 @@ class Quota(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     running_gpus: int | None = Field(default=None, ge=0)
-    """GPUs the tenant's jobs may hold at once (SCHEDULED, RUNNING, RESTARTING or CANCELLING)."""
+    """GPUs the tenant's jobs may hold at once (SCHEDULED, RUNNING, RESTARTING, CANCELLING or PREEMPTED)."""
     queued_jobs: int | None = Field(default=None, ge=0)
     """Jobs the tenant may have waiting in QUEUED at once."""
+    guaranteed_gpus: int | None = Field(default=None, ge=0)
+    """GPUs the tenant is guaranteed: beyond them its jobs borrow GPUs other tenants leave idle (up to
+    `running_gpus`), and a job of a tenant within its guarantee that does not fit takes borrowed GPUs
+    back by preempting the borrowers' jobs, whatever their priority (trainctl.service.scheduling.preemption).
+    None: no guarantee (the tenant's jobs are always borrowing, reclaimable by any tenant within its own)."""
+
+    @model_validator(mode="after")
+    def _guarantee_within_the_cap(self) -> Quota:
+        guaranteed, cap = self.guaranteed_gpus, self.running_gpus
+        if guaranteed is not None and cap is not None and guaranteed > cap:
+            raise ValueError(
+                f"guaranteed_gpus ({self.guaranteed_gpus}) is more than running_gpus ({self.running_gpus}), "
+                "the most the tenant may hold"
+            )
+        return self
 
 
 @dataclass(frozen=True)
@@ -95,3 +111,25 @@ def start_block_reason(tenant: str, quota: Quota, usage: TenantUsage, job_gpus: 
         f"waiting for quota running_gpus of tenant {tenant!r}: {usage.running_gpus} of "
         f"{quota.running_gpus} GPUs in use, the job needs {job_gpus}"
     )
+
+
+@dataclass(frozen=True)
+class TenantShare:
+    """A tenant's GPUs against its guaranteed share."""
+
+    tenant: str
+    used_gpus: int
+    guaranteed_gpus: int | None
+
+    @property
+    def borrowed_gpus(self) -> int:
+        """GPUs held beyond the guarantee (all of them without one): what a tenant within its share may reclaim."""
+        return max(0, self.used_gpus - (self.guaranteed_gpus or 0))
+
+
+def tenant_shares(holdings: Iterable[tuple[str, int]], quota_of: Callable[[str], Quota]) -> list[TenantShare]:
+    """The share of each tenant holding GPUs, by name, from ``(tenant, gpus)`` of every active job."""
+    used: dict[str, int] = {}
+    for tenant, gpus in holdings:
+        used[tenant] = used.get(tenant, 0) + gpus
+    return [TenantShare(tenant, gpus, quota_of(tenant).guaranteed_gpus) for tenant, gpus in sorted(used.items())]

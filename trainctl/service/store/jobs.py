@@ -26,6 +26,7 @@ digits (32 bits; at most 72 characters, short enough for run directories and Ray
 STATUS_COLUMNS = frozenset({
     "state", "reason", "schedule_time", "start_time", "end_time", "steps_done", "first_loss", "last_loss",
     "restarts", "tokens_per_second", "mfu", "mfu_full_attention", "placement", "run_dir", "runtime_cursor",
+    "preemptions", "preempt_time",
 })
 """The `jobs` columns `update_status` may set."""
 

@@ -151,6 +151,10 @@ class JobRecord:
     placement: list[dict[str, Any]] = field(default_factory=list)
     run_dir: str = ""
     runtime_cursor: str = ""
+    preemptions: int = 0
+    """Times the job was preempted (stopped for a job of higher priority and queued again)."""
+    preempt_time: float | None = None
+    """When the job was last preempted; None if never."""
     version: int = 0
     """How many times the row was written since CreateJob (every write adds one)."""
     labels: dict[str, str] = field(default_factory=dict)

@@ -182,6 +182,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE step_metrics ADD COLUMN mfu_full_attention $real;
     ALTER TABLE jobs ADD COLUMN mfu_full_attention $real;
     """,
+    # 11 -> 12: preemption: how often the job was stopped for a job of higher priority and queued
+    # again, and when last (what keeps the scheduler from preempting it again soon).
+    """
+    ALTER TABLE jobs ADD COLUMN preemptions $int NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN preempt_time $real;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
