@@ -43,9 +43,10 @@ GRPC_CODES = (
 )
 """grpc.StatusCode names: the values of the `code` label."""
 
-SCHEDULING_DECISIONS = ("started", "no_capacity", "quota", "infeasible")
+SCHEDULING_DECISIONS = ("started", "no_capacity", "preempting", "quota", "infeasible")
 """What one scheduling pass did with the job at the head of the queue: started it; left it queued for
-lack of free GPUs; left it queued by the tenant's quota; or found no placement that could ever fit."""
+lack of free GPUs; left it queued while the jobs preempted for it stop; left it queued by the tenant's
+quota; or found no placement that could ever fit."""
 
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 """Code-chosen label values (`op`, `phase`): snake_case identifiers, so a caller cannot pass data."""

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 from control_plane_fakes import ScriptedRuntime, eventually, make_scheduler
+from prometheus_client import CollectorRegistry
 from small_jobs import small_job
 
 from trainctl.service import store as st
+from trainctl.service.metrics import ServiceMetrics
 from trainctl.service.scheduling import preemption
 from trainctl.service.scheduling.scheduler import Scheduler
 from trainctl.service.scheduling.state import PreemptionPolicy
@@ -46,10 +48,15 @@ def stopped(runtime: ScriptedRuntime, job_id: str, step: int = 1) -> None:
 def test_a_higher_priority_job_preempts_requeues_and_the_victim_resumes_after_it(tmp_path: Path) -> None:
     runtime = ScriptedRuntime()
     s = make_scheduler(tmp_path, runtime)  # 8 GPUs
+    registry = CollectorRegistry()
+    s.state.metrics = ServiceMetrics(registry)
     low = submit(s, "low", 8)
     running(s, runtime, low, checkpoint=True)
     high = submit(s, "high", 4, priority=10)
     s.tick()
+    assert registry.get_sample_value("trainctl_scheduling_decisions_total", {"decision": "preempting"}) == 1
+    assert registry.get_sample_value("trainctl_job_preemptions_total", {"job_id": low, "tenant": "default"}) == 1
+    assert registry.get_sample_value("trainctl_job_state", {"job_id": low, "tenant": "default", "state": "PREEMPTED"}) == 1
     victim = record(s, low)
     assert victim.state == JobState.PREEMPTED
     assert victim.reason == f"preempted by job {high} (priority 10): checkpointing at its next step boundary"
