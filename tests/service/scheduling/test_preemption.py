@@ -187,6 +187,10 @@ def test_a_tenant_within_its_guarantee_reclaims_gpus_another_borrowed_whatever_t
     s.tick()
     assert record(s, reclaimer).state == JobState.SCHEDULED
     assert record(s, borrower).state == JobState.QUEUED  # 4 GPUs free, it needs 8: it waits, its work kept
+    runtime.state(reclaimer, JobState.RUNNING, "ranks up")
+    s.tick()  # the borrower, first in the queue with its higher priority, does not take b's guarantee back
+    assert record(s, reclaimer).state == JobState.RUNNING
+    assert record(s, borrower).reason == "waiting for 8 GPUs: 4 of 8 free"
 
 
 def test_no_reclaim_beyond_the_guarantee_nor_from_a_tenant_within_its_own(tmp_path: Path) -> None:

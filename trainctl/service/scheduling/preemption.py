@@ -9,9 +9,13 @@ torchrun programs are), and either
   `PreemptionPolicy.cooldown_seconds` (a job just preempted is not chosen again at once, so priority
   preemptions do not cascade back and forth); or
 - the waiting job's tenant stays within its `guaranteed_gpus` with it, and the victim's tenant is another
-  one holding more than its own guarantee (borrowing idle GPUs): the guarantee is reclaimed whatever the
-  priorities, and only down to the borrower's guarantee (Kueue's `reclaimWithinCohort: Any`, the whole
+  one: the guarantee is reclaimed whatever the priorities (Kueue's `reclaimWithinCohort: Any`, the whole
   cluster one cohort).
+
+Either way, a job of another tenant is taken only while its tenant holds more than its own guarantee
+(borrowing idle GPUs), and only down to that guarantee: what a tenant is guaranteed no other tenant's job
+preempts, whatever its priority, so a reclaim and a priority preemption never take the same GPUs back and
+forth. Without guarantees every tenant only borrows.
 
 A victim's cost is the work a crash would lose: its GPUs times the seconds since its newest checkpoint
 (its start when it has none). Victims are taken cheapest first (then lowest priority, then the newest)
@@ -79,7 +83,9 @@ class Preemption:
         state = self.state
         job = state.resolved_job(entry.id, entry.job)
         needed = entry.job.spec.resources.gpus - len(state.pool.free_slots(down=down))
-        held = self._held_by_tenant() if self._guaranteed(entry.tenant) else None
+        running = self._preemptible()
+        guarantees = any(self._guaranteed(t) for t in {entry.tenant} | {r.tenant for r in running})
+        held = self._held_by_tenant() if guarantees else None
         trials = PLACEMENT_TRIALS
 
         def fits(victims: list[_Candidate]) -> bool:
@@ -89,11 +95,11 @@ class Preemption:
 
         chosen: list[_Candidate] = []
         freed = 0
-        for candidate in sorted(self._candidates(entry, held), key=self._order):
+        for candidate in sorted(self._candidates(entry, running, held), key=self._order):
             tenant = candidate.record.tenant
-            if held is not None and candidate.reclaims:
+            if held is not None and tenant != entry.tenant:
                 if held[tenant] <= self._guaranteed(tenant):
-                    continue  # its tenant no longer borrows: what it holds now is its guarantee
+                    continue  # what its tenant holds now is its guarantee, which no other tenant takes
                 held[tenant] -= candidate.gpus
             chosen.append(candidate)
             freed += candidate.gpus
@@ -110,13 +116,10 @@ class Preemption:
                 chosen, freed = rest, freed - candidate.gpus
         return [c.record for c in chosen if self._preempt(c, entry)]
 
-    def _candidates(self, entry: QueuedJob, held: Counter[str] | None) -> list[_Candidate]:
-        """The running jobs `entry` may preempt (the module docstring says which), given the GPUs each
-        tenant holds (None: `entry`'s tenant has no guarantee, so it reclaims nothing)."""
+    def _preemptible(self) -> list[JobRecord]:
+        """The RUNNING jobs that may be preempted at all: allowed by their spec, resuming from checkpoints,
+        followed here and not already stopping or waiting to be re-placed."""
         state = self.state
-        now = time.time()
-        cooldown = state.preemption.cooldown_seconds
-        reclaiming = held is not None and held[entry.tenant] + entry.job.spec.resources.gpus <= self._guaranteed(entry.tenant)
         found = []
         for record in state.store.list_jobs(states=[JobState.RUNNING]):
             spec = record.job.spec
@@ -124,12 +127,22 @@ class Preemption:
                 continue
             if record.id not in state.active or record.id in state.unlaunched or record.id in state.preempting:
                 continue
-            if state.active[record.id].replan_waiting:
-                continue
+            if not state.active[record.id].replan_waiting:
+                found.append(record)
+        return found
+
+    def _candidates(self, entry: QueuedJob, running: list[JobRecord], held: Counter[str] | None) -> list[_Candidate]:
+        """The jobs of `running` that `entry` may preempt (the module docstring says which), given the GPUs
+        each tenant holds (None: no tenant involved has a guarantee, so none is protected or reclaimed)."""
+        now = time.time()
+        cooldown = self.state.preemption.cooldown_seconds
+        reclaiming = held is not None and held[entry.tenant] + entry.job.spec.resources.gpus <= self._guaranteed(entry.tenant)
+        found = []
+        for record in running:
             cooled = record.preempt_time is None or now - record.preempt_time >= cooldown
             if record.priority < entry.priority and cooled:
                 found.append(_Candidate(record, reclaims=False))
-            elif reclaiming and held is not None and record.tenant != entry.tenant and held[record.tenant] > self._guaranteed(record.tenant):
+            elif reclaiming and record.tenant != entry.tenant:
                 found.append(_Candidate(record, reclaims=True))
         return found
 
