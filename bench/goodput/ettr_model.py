@@ -1,0 +1,63 @@
+"""ETTR (effective training time ratio) of a job of 1,024 to 16,384 GPUs, from a per-failure cost and a
+checkpoint cost measured here and the failure rate Meta published for Llama 3 (419 unexpected
+interruptions in 54 days on 16,384 H100s: 1.97e-5 per GPU-hour).
+
+With failures arriving at rate `G * RATE` per hour for a job of G GPUs, each costing `recovery` seconds
+(kill to the next completed step) plus the steps trained again (on average half a checkpoint interval),
+and every `interval`-th step costing `checkpoint_ratio` ordinary steps:
+
+    ETTR = (1 - (checkpoint_ratio - 1) / interval) / (1 + G * RATE * (recovery + interval * step / 2) / 3600)
+
+(the first-order model of Young and Daly: failures rare against the time between them). `today` takes the
+recovery and the checkpoint ratio this machine measured (bench/goodput/results-fault-schedule.json, the
+synchronous row of bench/goodput/results-checkpoint-cost.json); `goal` takes issue 35's targets (recovery
+within twice a warm first step, at most 5 steps recomputed, a checkpoint step at most 1.1 ordinary ones).
+The step time and interval of a large job are assumptions, printed with the table.
+
+    .venv/bin/python bench/goodput/ettr_model.py [--step 2.0 --interval 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RATE = 419 / (54 * 24 * 16384)
+"""Unexpected interruptions per GPU-hour in Llama 3's 54-day pre-training run on 16,384 H100s."""
+GPUS = (1024, 2048, 4096, 8192, 16384)
+HERE = Path(__file__).resolve().parent
+
+
+def ettr(gpus: int, recovery: float, recomputed_s: float, checkpoint_ratio: float, interval: int) -> float:
+    """The model in the module docstring."""
+    per_failure = recovery + recomputed_s
+    return (1 - (checkpoint_ratio - 1) / interval) / (1 + gpus * RATE * per_failure / 3600)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--step", type=float, default=2.0, help="seconds per step of the large job (assumed)")
+    parser.add_argument("--interval", type=int, default=100, help="steps between checkpoints (assumed)")
+    args = parser.parse_args()
+    faults = json.loads((HERE / "results-fault-schedule.json").read_text())
+    checkpoint = json.loads((HERE / "results-checkpoint-cost.json").read_text())["modes"]
+    recovery = faults["median"]["recovery_s"]
+    warm_first_step = 3.9  # docs/benchmarks.md, CreateJob to the first step with the warm pool
+    rows = {
+        "today": (recovery, args.interval * args.step / 2, checkpoint["sync"]["ratio_checkpoint_to_ordinary"]),
+        "goal": (2 * warm_first_step, min(5, args.interval / 2) * args.step, 1.1),
+    }
+    print(f"step {args.step:g} s, a checkpoint every {args.interval} steps, {RATE:.3g} failures per GPU-hour")
+    print("| GPUs | mean time between failures | " + " | ".join(f"ETTR {name}" for name in rows) + " |")
+    print("|---|---|" + "---|" * len(rows))
+    for gpus in GPUS:
+        hours = 1 / (gpus * RATE)
+        cells = [f"{ettr(gpus, r, k, c, args.interval):.4f}" for r, k, c in rows.values()]
+        print(f"| {gpus:,} | {hours:.1f} h | " + " | ".join(cells) + " |")
+    for name, (r, k, c) in rows.items():
+        print(f"{name}: recovery {r:.1f} s, recomputed {k:.0f} s per failure, checkpoint step {c:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
