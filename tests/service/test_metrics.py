@@ -100,6 +100,12 @@ def test_exposition_passes_promtool(metrics: ServiceMetrics, registry: Collector
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
 
 
+def test_a_jobs_counters_start_at_zero_so_increase_sees_the_first(metrics: ServiceMetrics, registry: CollectorRegistry) -> None:
+    metrics.set_job_state("fresh", "t", JobState.RUNNING)
+    for counter in ("trainctl_job_restarts_total", "trainctl_job_preemptions_total", "trainctl_job_tokens_total"):
+        assert value(registry, counter, job_id="fresh", tenant="t") == 0, counter
+
+
 def test_values_and_names(metrics: ServiceMetrics, registry: CollectorRegistry) -> None:
     populate(metrics)
     job = {"job_id": "job-a", "tenant": "team-a"}
@@ -120,6 +126,8 @@ def test_values_and_names(metrics: ServiceMetrics, registry: CollectorRegistry) 
     assert value(registry, "trainctl_job_gpus", node="node-0", nvlink_domain="nvl-0", **job) == 8
     assert value(registry, "trainctl_cluster_gpus_used", node="node-1", nvlink_domain="nvl-0") == 0
     assert value(registry, "trainctl_job_restarts_total", **job) == 1
+    assert value(registry, "trainctl_job_preemptions_total", **job) == 1
+    assert value(registry, "trainctl_tenant_gpus", tenant="team-a", kind="borrowed") == 4
     names = {name for name, _ in samples(registry)}
     assert all(n.startswith("trainctl_") for n in names)
 

@@ -312,8 +312,9 @@ class ServiceMetrics:
         if series is None:
             series = self._jobs[job_id] = _JobSeries(tenant=tenant)
             # Counters and the checkpoint histogram start at 0, so increase() and rate() also see a
-            # job's first restart, first tokens and first checkpoint.
+            # job's first restart, first preemption, first tokens and first checkpoint.
             self.job_restarts.labels(job_id, tenant)
+            self.job_preemptions.labels(job_id, tenant)
             self.job_tokens.labels(job_id, tenant)
             self.job_checkpoint_duration.labels(job_id, tenant)
         elif series.tenant != tenant:
