@@ -65,6 +65,7 @@ SLOW_TESTS = (
     "parallelism/test_hf_finetune.py::test_trained_import_exports_and_generates_as_in_transformers",  # 4 ranks, export, generate
     "parallelism/test_examples_finetune.py::test_the_finetune_example_trains",  # 2 ranks, 10 steps: 15-65 s each (transformers' import)
     "parallelism/test_launch.py",  # torchrun starts 2 processes; the world-size check starts one importing torch
+    "parallelism/test_stop_request.py",  # three 2-rank FSDP runs and a resume: about 20 s
     "parallelism/test_equivalence_masked.py::test_gradient_accumulation_does_not_change_the_masked_objective",
     "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[ddp2]",
     "parallelism/test_equivalence_masked.py::test_masked_layout_matches_single_process[tp2_sp]",
