@@ -35,13 +35,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-)
 
 from trainctl.parallelism.layouts.stage_split import (
     PipelineLayoutError,
@@ -195,6 +188,16 @@ class PipelineRunner:
             return loss_fn(output, labels)
 
         self._carriers = [AuxCarrier(c.module, aux) for c in chunks] if aux is not None else []
+        # Imported here, by pipelined jobs only: it loads torch._dynamo, about 1 s of CPU that every rank
+        # of every other job would pay at start.
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+            ScheduleInterleavedZeroBubble,
+        )
+
         stages = [PipelineStage(c.module, c.index, c.num_stages, device, group=group) for c in chunks]
         if schedule == "gpipe":
             self.schedule = ScheduleGPipe(stages[0], n_microbatches, loss_fn=stage_loss)
