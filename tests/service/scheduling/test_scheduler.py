@@ -305,6 +305,21 @@ def test_a_job_that_lost_a_node_waits_for_gpus_then_is_re_placed(tmp_path: Path)
     assert state(s, a).state == JobState.SUCCEEDED and set(s.pool.holders().values()) == {queued}
 
 
+def test_a_job_waiting_to_be_re_placed_keeps_freed_gpus_from_a_nominated_job(tmp_path: Path) -> None:
+    """A job a preemption was made for (nominated: admitted out of queue order) waits behind a job that lost
+    a node like the rest of the queue: the GPUs that free up re-place the running job first."""
+    s, runtime, a, b, lost = waiting_to_be_re_placed(tmp_path)
+    nominated = submit(s, "nominated", 2, priority=10)
+    s.state.nominated.add(nominated)
+    runtime.run(b, [1.0])  # followed after a in the same tick: its GPUs free up before the admission pass
+    s.tick()
+    assert state(s, nominated).state == JobState.QUEUED
+    assert state(s, nominated).reason == f"waiting behind {a}, which waits for GPUs to re-place it after a node loss"
+    s.tick()
+    [(job_id, new)] = runtime.plans
+    assert job_id == a and lost not in nodes_of(new)
+
+
 def test_ranks_are_started_with_the_nccl_settings_of_the_map(tmp_path: Path) -> None:
     """The scheduler hands the runtime every node's NCCL settings from its topology map (a rail-optimized
     SuperPOD unit: the node's eight compute NICs in rail order, rings kept on one rail)."""

@@ -45,16 +45,16 @@ class Admission:
         down = state.down_nodes()
         usage: dict[str, TenantUsage] = {}
         held: dict[str, str] = {}
+        replacing = next((job_id for job_id, active in state.active.items() if active.replan_waiting), None)
+        if replacing is not None:  # the GPUs that free up re-place it first, nominated jobs' included
+            reason = f"waiting behind {replacing}, which waits for GPUs to re-place it after a node loss"
+            state.store.set_queue_reason(reason, behind=None)
+            return
         self._admit_nominated(down, usage, held)
         queue = self._queue()
         first = next(queue, None)
         if first is None:
             self._forget_unqueued(set())
-            return
-        replacing = next((job_id for job_id, active in state.active.items() if active.replan_waiting), None)
-        if replacing is not None:
-            reason = f"waiting behind {replacing}, which waits for GPUs to re-place it after a node loss"
-            state.store.set_queue_reason(reason, behind=None)
             return
         visited: set[str] = set()
         try:
