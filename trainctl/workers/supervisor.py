@@ -492,7 +492,11 @@ class JobSupervisor:
     ) -> tuple[Outcome, str]:
         """Why the group failed, and whether restarting can help. A dead rank makes its peers'
         collectives fail too, often first; wait briefly for the others and name a dead rank (restart)
-        before a rank that raised a configuration error (fail at once), before any other error (restart)."""
+        before a rank that raised a configuration error (fail at once), before any other error (restart).
+        A death already seen outranks anything the others could report: no wait then (NCCL peers of a
+        dead rank hang rather than fail, so the wait would always run to its end)."""
+        if any(isinstance(exc, RayActorError) for _, exc in failures):
+            return failure_class(failures)
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=ROOT_CAUSE_WAIT) if pending else ([], [])
         for ref in done:
             try:
