@@ -13,6 +13,7 @@ Job builders: small_jobs.py. `postgres` / `private_postgres`: a real PostgreSQL 
 
 from __future__ import annotations
 
+import logging
 import os
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: bind 127.0.0.1 only
@@ -106,6 +107,7 @@ SLOW_TESTS = (
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster(nodes, gpus_per_node, fast_node_failure): the module's cluster shape")
     config.addinivalue_line("markers", "service(**fields): ServiceConfig fields of the module's service")
+    config.addinivalue_line("markers", "scheduling_errors: the test makes the scheduling loops log errors (conftest)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -132,6 +134,39 @@ def running_postgres() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.remove()
+
+
+SCHEDULING_LOGGER = "trainctl.service.scheduling"
+"""The scheduler's and the sweep runner's logger: their loops log an error and go on, so nothing else fails."""
+
+
+class _ErrorRecords(logging.Handler):
+    """Keeps the records of ERROR and above that reach it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def _scheduling_errors_fail_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A scheduler tick, a job's follow or a sweep pass that raised is logged and retried, so a bug there
+    passes any test that does not look for it: an error the scheduling loops log during a test fails it,
+    unless the test is marked `scheduling_errors` (it makes them: a store outage, a supervisor killed)."""
+    handler = _ErrorRecords()
+    logger = logging.getLogger(SCHEDULING_LOGGER)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    if handler.records and request.node.get_closest_marker("scheduling_errors") is None:
+        first = handler.records[0]
+        detail = logging.Formatter().format(first)
+        pytest.fail(f"{len(handler.records)} error(s) logged by {first.name}; the first:\n{detail}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

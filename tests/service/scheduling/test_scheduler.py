@@ -200,6 +200,7 @@ def test_a_cancel_that_lands_while_the_loop_applies_a_running_event_is_not_undon
     assert s.pool.free_count == 8
 
 
+@pytest.mark.scheduling_errors  # the runtime or the store fails on purpose
 def test_a_start_failure_fails_the_job_and_frees_its_gpus(tmp_path: Path) -> None:
     runtime = ScriptedRuntime(fail_start=True)
     s = make_scheduler(tmp_path, runtime)
@@ -519,6 +520,7 @@ def test_a_job_that_stops_waiting_for_a_new_plan_no_longer_blocks_the_queue(tmp_
     assert state(s, queued).state == JobState.SCHEDULED, state(s, queued).reason
 
 
+@pytest.mark.scheduling_errors  # the runtime or the store fails on purpose
 def test_a_job_whose_events_the_store_refuses_stops_no_other_job_and_fails_after_the_grace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
