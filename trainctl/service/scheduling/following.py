@@ -41,10 +41,10 @@ class Following:
 
     state: SchedulerState
     replacement: Replacement
-    _cancels: set[threading.Thread] = field(default_factory=set)
-    """Threads sending a cancel or a preemption to the runtime (`_send`), until each ends; `join_cancels`
+    _sends: set[threading.Thread] = field(default_factory=set)
+    """Threads sending a cancel or a preemption to the runtime (`_send`), until each ends; `join_sends`
     waits for them."""
-    _cancels_lock: threading.Lock = field(default_factory=threading.Lock)
+    _sends_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def follow(self, job_id: str) -> None:
         """Follow one job; an unexpected error is that job's alone (`_follow_failed`), so the other jobs
@@ -59,11 +59,11 @@ class Following:
         if job_id in self.state.active:
             self.state.active[job_id].follow_failing_since = None
 
-    def join_cancels(self, deadline: float) -> None:
-        """Wait until `deadline` (monotonic) for the cancels in flight."""
-        with self._cancels_lock:
-            cancels = list(self._cancels)
-        for thread in cancels:
+    def join_sends(self, deadline: float) -> None:
+        """Wait until `deadline` (monotonic) for the cancels and preemptions in flight."""
+        with self._sends_lock:
+            sending = list(self._sends)
+        for thread in sending:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _follow_failed(self, job_id: str, exc: Exception) -> None:
@@ -107,10 +107,10 @@ class Following:
         return self._send(job_id, "preemption", lambda: self.state.runtime.preempt(job_id, reason, grace))
 
     def _send(self, job_id: str, what: str, call: Callable[[], Any]) -> threading.Thread:
-        """Run `call` against the runtime on a thread of its own (`join_cancels` waits for it)."""
+        """Run `call` against the runtime on a thread of its own (`join_sends` waits for it)."""
         thread = threading.Thread(target=self._call, args=(job_id, what, call), name=f"{what}-{job_id}", daemon=True)
-        with self._cancels_lock:
-            self._cancels.add(thread)
+        with self._sends_lock:
+            self._sends.add(thread)
         thread.start()
         return thread
 
@@ -122,8 +122,8 @@ class Following:
             log.exception("job %s: %s failed", job_id, what)
             self.state.store.append_event(job_id, st.EVENT_LOG, {"level": "ERROR", "message": f"{what} failed: {exc}"})
         finally:
-            with self._cancels_lock:
-                self._cancels.discard(threading.current_thread())
+            with self._sends_lock:
+                self._sends.discard(threading.current_thread())
             self.state.wake()
 
     def _preempted(self, record: JobRecord, why: str) -> None:
@@ -183,16 +183,17 @@ class Following:
             store.record_step(record.id, {**event.step, "time": event.time}, now=event.time)
             if self.state.tracker is not None:
                 self.state.tracker.step(record, self.state.grid_of(record), event.step, event.time)
+            report = event.step_report()
             if metrics is not None:
-                report = event.step_report()
                 metrics.record_step(record.id, record.tenant, report)
                 straggler = event.straggler()
                 if straggler is not None and straggler.ratio is not None and straggler.ratio >= 1.0:
                     metrics.set_straggler_ratio(record.id, record.tenant, straggler.ratio)
-                if report.checkpoint_bytes is not None:  # the step saved a checkpoint
+            if report.checkpoint_bytes is not None:  # the step saved a checkpoint
+                if metrics is not None:
                     metrics.record_checkpoint_size(record.id, record.tenant, report.checkpoint_bytes)
-            if event.step.get("checkpoint_bytes") is not None and record.id in self.state.active:
-                self.state.active[record.id].checkpoint_time = event.time
+                if record.id in self.state.active:  # preemption's lost work counts from here
+                    self.state.active[record.id].checkpoint_time = event.time
             return store.get_job(record.id)
         if event.kind in (EventKind.LOG, EventKind.REPLAN, EventKind.PLAN):
             level = "WARNING" if event.kind is EventKind.REPLAN else "INFO"

@@ -146,14 +146,14 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the loop and wait (within `timeout` in all) for the cancels in flight, so none outlives
-        the store and the runtime it uses."""
+        """Stop the loop and wait (within `timeout` in all) for the cancels and preemptions in flight, so
+        none outlives the store and the runtime it uses."""
         deadline = time.monotonic() + timeout
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._following.join_cancels(deadline)
+        self._following.join_sends(deadline)
         if self._unsubscribe is not None:
             self._unsubscribe()
 
