@@ -52,6 +52,7 @@ import importlib
 import os
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,6 +100,8 @@ case (a 2x longer suite was measured). `teardown` releases every group the engin
 (test_distributed_teardown.py), so this is a safety net for a call that leaks one."""
 
 
+DEATH_CHECK_SECONDS = 2.0
+"""How often `WorkerPool.run` checks, while it waits, that the workers of the call are still alive."""
 EXIT = "exit"
 """Task that makes a worker exit at once, without torch's and gloo's destructors (which can wait on
 leaked threads: with a plain return, closing 4 workers waited out the 5 s join timeout; 0.2 s with this).
@@ -185,12 +188,19 @@ class WorkerPool:
         results: dict[int, Any] = {}
         errors: list[str] = []
         exiting: list[int] = []
+        deadline = time.monotonic() + timeout
         while len(results) + len(errors) < world_size:
             try:
-                got_id, rank, (ok, payload), recycle = self._results.get(timeout=timeout)
+                got_id, rank, (ok, payload), recycle = self._results.get(timeout=DEATH_CHECK_SECONDS)
             except queue.Empty:
-                self.close()
-                raise TimeoutError(f"{getattr(fn, '__name__', fn)} on {world_size} ranks did not finish in {timeout}s") from None
+                dead = {r: proc.exitcode for r, (proc, _) in enumerate(self._workers[:world_size]) if not proc.is_alive()}
+                if dead or time.monotonic() > deadline:
+                    self.close()
+                    name = getattr(fn, "__name__", fn)
+                    if dead:  # a native crash (abort, segfault): say so now, not after the timeout
+                        raise AssertionError(f"{name}: worker(s) of rank {sorted(dead)} died, exit codes {dead}") from None
+                    raise TimeoutError(f"{name} on {world_size} ranks did not finish in {timeout}s") from None
+                continue
             if got_id != call_id:
                 continue
             if recycle:

@@ -91,3 +91,18 @@ def test_one_percent_is_caught_under_the_bf16_tolerance(pool, corpus):
     run = run_layout(pool, body, edit_grads="test_harness:scale_noisiest_bf16_gradient")
     found = mismatches(run, run_reference(pool, body), loss_rtol=BF16_TP_LOSS_RTOL, grad_rtol=BF16_TP_GRAD_RTOL)
     assert found and found[0].startswith(f"step {SCALED_STEP}: {NOISIEST_BF16_TP_PARAMETER}: gradient relative error"), found
+
+
+def abort_on_rank_1(rank: int, world_size: int) -> int:
+    """A worker body that dies natively on rank 1, as a crash in torch or gloo would."""
+    if rank == 1:
+        import os
+
+        os.abort()
+    return rank
+
+
+def test_a_worker_that_dies_fails_the_call_naming_it_instead_of_waiting_out_the_timeout(pool):
+    with pytest.raises(AssertionError, match=r"abort_on_rank_1: worker\(s\) of rank \[1\] died, exit codes \{1: -6\}"):
+        pool.run(abort_on_rank_1, 2, timeout=600)  # a TimeoutError (after 600 s) would be the old behaviour
+    assert pool.run(abort_on_rank_1, 1) == [0]  # the pool starts fresh workers afterwards
