@@ -123,6 +123,12 @@ def free_port() -> int:
 
 
 def _worker_loop(index: int, tasks: mp.Queue, results: mp.Queue) -> None:
+    # A worker lives through every layout of the session: it loads the pipeline schedules (and torch._dynamo
+    # with them) once, before its first process group, as the engine's import did before d0f2029, rather
+    # than midway through its life, after the gloo groups of earlier calls (one unexplained native abort,
+    # "free(): invalid pointer", was seen in such a worker after that change; docs/engine.md says more).
+    import torch.distributed.pipelining  # noqa: F401
+
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     while True:
