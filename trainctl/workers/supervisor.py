@@ -245,8 +245,16 @@ class JobSupervisor:
             self._log.append(EventKind.LOG, generation=generation, message=line)
 
     @ray.method(concurrency_group="reports")
+    def record_step_times(self, generation: int, rank: int, times: dict[int, float]) -> None:
+        """Another rank's wall times of its newest reported steps, ``{step: seconds}`` (rank 0's come with its
+        StepReports): one call per rank every `STEP_TIME_INTERVAL` seconds (`StepTimeBatcher`), not per step."""
+        if generation == self._generation:
+            self._stats.add_many(rank, times)
+
+    @ray.method(concurrency_group="reports")
     def record_step_time(self, generation: int, rank: int, step: int, seconds: float) -> None:
-        """Another rank's wall time of a reported step (rank 0's comes with its StepReport)."""
+        """Another rank's wall time of one reported step (the call per step of ranks started before
+        `record_step_times`; see there)."""
         if generation == self._generation:
             self._stats.add(rank, step, seconds)
 
