@@ -225,9 +225,9 @@ class EventLog:
 
     Bounded in memory however long the job runs: a log backed by a file keeps its newest `RECENT_EVENTS`
     events, the byte offset of every `INDEX_STRIDE`-th event, and what is derived from all of them (the
-    state, reason, restart count, pending replan, the highest generation, the newest plan and the counts
-    of `tallies`); a page older than the kept events is read back from the file. A log without a file
-    keeps every event."""
+    state, reason, restart count, pending replan, the highest generation, the newest plan, the newest step
+    reported, and the counts of `tallies`, over the whole log and since that step was first reported); a
+    page older than the kept events is read back from the file. A log without a file keeps every event."""
 
     path: Path | None = None
     tallies: Mapping[str, Callable[[Event], bool]] = field(default_factory=dict)
@@ -246,6 +246,9 @@ class EventLog:
     _max_generation: int = -1
     _plan: list[dict[str, Any]] | None = None
     _tallied: dict[str, int] = field(default_factory=dict)
+    _newest_step: int | None = None
+    _tallied_since_step: dict[str, int] = field(default_factory=dict)
+    """The counts of `tallies` since `_newest_step` was first reported (since the start before any step)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -262,11 +265,12 @@ class EventLog:
         return log
 
     @classmethod
-    def read(cls, path: Path) -> EventLog:
+    def read(cls, path: Path, tallies: Mapping[str, Callable[[Event], bool]] | None = None) -> EventLog:
         """The log in ``path`` to read only (a torn last line is left as it is): what a poller uses once
-        the supervisor that writes it is gone. It keeps no events in memory: every page is read from the
-        file, so reading costs the snapshot, the events after it and the page."""
-        log = cls(path=path, _keep=0)
+        the supervisor that writes it is gone, and what a restarted service decides a relaunch from. It
+        keeps no events in memory: every page is read from the file, so reading costs the snapshot, the
+        events after it and the page (the whole file when the snapshot lacks one of `tallies`)."""
+        log = cls(path=path, tallies=dict(tallies or {}), _keep=0)
         log._load()
         return log
 
@@ -303,6 +307,9 @@ class EventLog:
             offsets = [int(o) for o in snapshot["offsets"]]
             if not set(self.tallies) <= set(snapshot["tallied"]) or snapshot["size"] > self.path.stat().st_size:
                 return None
+            # a snapshot written before these were kept lacks them (KeyError): the file is scanned once more
+            newest_step = None if snapshot["newest_step"] is None else int(snapshot["newest_step"])
+            since_step = {name: int(snapshot["tallied_since_step"][name]) for name in self.tallies}
             with self.path.open("rb") as log_file:
                 log_file.seek(offsets[-1])
                 if Event.from_json(log_file.readline().decode("utf-8")).seq != (len(offsets) - 1) * INDEX_STRIDE + 1:
@@ -314,6 +321,7 @@ class EventLog:
         self._restarts, self._replan = int(snapshot["restarts"]), tuple(snapshot["replan"])
         self._max_generation, self._plan = int(snapshot["max_generation"]), snapshot["plan"]
         self._tallied = {name: int(snapshot["tallied"][name]) for name in self.tallies}
+        self._newest_step, self._tallied_since_step = newest_step, since_step
         return snapshot
 
     def _write_snapshot(self) -> None:
@@ -323,6 +331,8 @@ class EventLog:
             "reason": self._reason, "restarts": self._restarts, "replan": list(self._replan),
             "max_generation": self._max_generation, "plan": self._plan,
             "tallied": {name: self._tallied.get(name, 0) for name in self.tallies},
+            "newest_step": self._newest_step,
+            "tallied_since_step": {name: self._tallied_since_step.get(name, 0) for name in self.tallies},
         }
         target = self.snapshot_path(self.path)
         temporary = target.with_name(target.name + ".tmp")
@@ -400,8 +410,14 @@ class EventLog:
         if event.kind is EventKind.PLAN and event.placement:
             self._plan = list(event.placement)
         self._max_generation = max(self._max_generation, event.generation)
+        if event.kind is EventKind.STEP and event.step:
+            newest = max(int(event.step["step"]), self._newest_step or 0)
+            if newest != self._newest_step:
+                self._newest_step, self._tallied_since_step = newest, {}
         for name, matches in self.tallies.items():
-            self._tallied[name] = self._tallied.get(name, 0) + bool(matches(event))
+            if matches(event):
+                self._tallied[name] = self._tallied.get(name, 0) + 1
+                self._tallied_since_step[name] = self._tallied_since_step.get(name, 0) + 1
 
     def all(self) -> list[Event]:
         """Every event so far, read back from the file where they are no longer kept (linear in the log's
@@ -415,6 +431,18 @@ class EventLog:
         """How many events so far matched the predicate `tallies[name]`."""
         with self._lock:
             return self._tallied.get(name, 0)
+
+    def tally_since_step(self, name: str) -> int:
+        """How many events matched `tallies[name]` since the newest step (`newest_step`) was first
+        reported; since the start of the log when no step was."""
+        with self._lock:
+            return self._tallied_since_step.get(name, 0)
+
+    @property
+    def newest_step(self) -> int | None:
+        """The highest step number any STEP event reported (None before the first)."""
+        with self._lock:
+            return self._newest_step
 
     @property
     def max_generation(self) -> int:

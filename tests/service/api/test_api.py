@@ -330,6 +330,23 @@ def test_a_full_view_of_a_long_run_answers_its_steps_evenly_thinned(
     assert full.metrics[-1].loss == pytest.approx(10.0 / 13)
 
 
+def test_a_full_view_of_a_long_run_does_not_read_every_step(
+    api_client: TrainctlClient, api: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38: the store picks the steps a full view answers (`thinned_step_metrics`, by index lookups);
+    reading every row (`step_metrics`) would cost a million-step job seconds per GetJob."""
+    monkeypatch.setattr(job_messages, "FULL_VIEW_STEPS", 5)
+    job = api_client.create_job(small_job("long-run"))
+    for step in range(1, 14):
+        api.scheduler.store.record_step(job.id, {"step": step, "loss": 10.0 / step})
+
+    def every_step(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("GetJob read every step of the job")
+
+    monkeypatch.setattr(api.scheduler.store, "step_metrics", every_step)
+    assert [m.step for m in api_client.get_job(job.id, full=True).metrics] == [1, 4, 7, 10, 13]
+
+
 def test_thinning_a_long_run_keeps_its_eval_steps_beside_the_training_curve() -> None:
     rows = [{"step": step, "loss": 1.0, **({"eval_loss": 2.0} if step % 100 == 0 else {})} for step in range(1, 1001)]
     kept = job_messages.thinned_steps(rows, 20)

@@ -207,3 +207,43 @@ def test_the_stop_notice_says_what_happens_to_the_active_jobs(tmp_path: Path) ->
     assert external is not None and "keep running on the Ray cluster at 10.0.0.1:6379 and are re-attached" in external
     assert stop_notice([], None) is None
     store.close()
+
+
+def test_the_relaunch_decision_reads_what_the_supervisors_log_derived_not_every_event(tmp_path: Path, monkeypatch) -> None:
+    """A restarted service decides a job's relaunch from the newest step, the relaunches and those since
+    that step that the supervisor's log keeps in its snapshot: it parses at most the events after the
+    snapshot, however long the job ran (issue 38: a million-step job's log is 583 MiB), and decides as a
+    replay of every event would."""
+    from trainctl.service.scheduling import relaunch
+    from trainctl.workers import events
+    from trainctl.workers.events import Event, EventKind
+    from trainctl.workers.relaunch import is_relaunch
+    from trainctl.workers.supervisor import LOG_TALLIES
+
+    assert LOG_TALLIES[relaunch.RELAUNCHES] is is_relaunch  # the supervisor's tally, under the same name
+    monkeypatch.setattr(events, "INDEX_STRIDE", 64)
+    store = st.JobStore(tmp_path / "data")
+    record = store.create_job(restartable_job("long", steps=5000, max_restarts=0))[0]
+    run = RunDirectory.at(tmp_path / "run")
+    log = EventLog.open(run.events, tallies=LOG_TALLIES)
+    log.append(EventKind.STATE, state=JobState.RUNNING, reason="ranks up")
+    for step in range(1, 2001):
+        log.append(EventKind.STEP, rank=0, step={"step": step, "loss": 1.0})
+        if step == 700:
+            log.append(EventKind.STATE, state=JobState.RESTARTING, reason=Relaunch(resume="r", count=1).reason)
+    for count in (2, 3):  # two relaunches in a row without a new step
+        log.append(EventKind.STATE, state=JobState.RESTARTING, reason=Relaunch(resume="r", count=count).reason)
+        log.append(EventKind.STEP, rank=0, step={"step": 1990, "loss": 1.0})  # a re-run step: no progress
+    parsed = []
+    real = Event.from_json.__func__
+    monkeypatch.setattr(Event, "from_json", classmethod(lambda cls, line: parsed.append(line) or real(cls, line)))
+    decision = relaunch.after_cluster_loss(record, run)
+    assert isinstance(decision, Relaunch) and decision.count == 4, decision
+    assert len(parsed) <= 64 + 1, len(parsed)
+
+    log.append(EventKind.STATE, state=JobState.RESTARTING, reason=Relaunch(resume="r", count=4).reason)
+    decision = relaunch.after_cluster_loss(record, run)
+    assert isinstance(decision, relaunch.Ending) and decision.reason.startswith(
+        f"the service restarted on a new Ray cluster {RELAUNCHES_WITHOUT_PROGRESS + 1} times in a row without the "
+        "job reporting a step after step 2000 in between"), decision
+    store.close()

@@ -12,12 +12,17 @@ ADDED_COLUMNS = {
     12: {"jobs": ["preemptions", "preempt_time"]},
 }
 """Columns each schema version added (the store's migrations in trainctl/service/store/schema.py)."""
+ADDED_INDEXES = {13: ["step_metrics_evaluated"]}
+"""Indexes each schema version added (dropped first: a column an index names cannot be dropped)."""
 
 
 def downgrade(location: str, version: int) -> None:
     """Drop the columns every schema after `version` added and record `version` as the store's schema."""
     db = open_database(location)
     db.begin_write()
+    for added in sorted(v for v in ADDED_INDEXES if v > version):
+        for index in ADDED_INDEXES[added]:
+            db.execute(f"DROP INDEX {index}")
     for added in sorted(v for v in ADDED_COLUMNS if v > version):
         for table, columns in ADDED_COLUMNS[added].items():
             for column in columns:

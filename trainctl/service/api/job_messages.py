@@ -25,7 +25,9 @@ DEFAULT_CAPACITY = 20_000
 newest jobs of every tenant stays converted."""
 FULL_VIEW_STEPS = 10_000
 """Steps a JOB_VIEW_FULL answer holds at most: a longer run's are thinned evenly, its first and last
-kept (a million steps would pass the 16 MiB answer limit); WatchJob streams every step."""
+kept (a million steps would pass the 16 MiB answer limit); WatchJob streams every step. GetJob has the
+store thin them (`JobStore.thinned_step_metrics`: evenly over the step numbers, read by index lookups, so
+its cost does not grow with the run); `thinned_steps` thins a list already read (the run report's)."""
 
 
 class _Kept(NamedTuple):

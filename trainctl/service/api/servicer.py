@@ -26,6 +26,7 @@ from trainctl.planning.fit import fit_violations
 from trainctl.planning.plan import plan_response
 from trainctl.planning.pool import GpuPool
 from trainctl.service import store as st
+from trainctl.service.api import job_messages
 from trainctl.service.api.async_bridge import store_read
 from trainctl.service.api.job_messages import JobMessages, full_view, step_to_proto
 from trainctl.service.api.owned_records import MAX_ID_LENGTH, owned_record
@@ -241,8 +242,9 @@ class TrainingServicer:
         return record
 
     async def GetJob(self, request: pb.GetJobRequest, principal: Principal) -> pb.Job:  # noqa: N802
-        """The job; with JOB_VIEW_FULL also its step metrics (`job_messages.full_view`), read and built
-        on the thread pool: a long run has many rows, which must not hold up the event loop."""
+        """The job; with JOB_VIEW_FULL also its step metrics (`job_messages.full_view`: at most
+        FULL_VIEW_STEPS, spread over the run by the store, `JobStore.thinned_step_metrics`), read and built
+        on the thread pool: up to 10,000 rows, which must not hold up the event loop."""
         if request.view not in pb.JobView.values():
             raise bad_field("view", f"unknown JobView value {request.view}")
         if request.view == pb.JOB_VIEW_FULL:
@@ -250,8 +252,8 @@ class TrainingServicer:
         return await store_read(self.store, lambda: self.jobs.message(self._job(request.id, principal)))
 
     def _full_view(self, job_id: str, principal: Principal) -> pb.Job:
-        record = self._job(job_id, principal)
-        return full_view(self.jobs, record, self.store.step_metrics(record.id))
+        record = self._job(job_id, principal)  # at most FULL_VIEW_STEPS rows read, however long the run
+        return full_view(self.jobs, record, self.store.thinned_step_metrics(record.id, job_messages.FULL_VIEW_STEPS))
 
     def ListJobs(self, request: pb.ListJobsRequest, principal: Principal) -> bytes:  # noqa: N802
         """The page as a serialized ListJobsResponse: its jobs' answers are kept serialized (`JobMessages`)."""

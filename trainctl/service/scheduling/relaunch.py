@@ -17,7 +17,10 @@ A relaunch is not the job's fault, so it does not count against ``scheduling.max
 service that keeps dying (the embedded ranks run beside it and may exhaust the host's memory) cannot
 relaunch a job forever, a job relaunched `RELAUNCHES_WITHOUT_PROGRESS` times in a row without reporting
 a new step in between fails instead. The job's event log is the record of its relaunches (their
-RESTARTING states, `trainctl.workers.relaunch.is_relaunch`) and of its steps.
+RESTARTING states, `trainctl.workers.relaunch.is_relaunch`) and of its steps; the decision reads what the
+log derives from them (its newest step, its relaunches, and those since that step was first reported),
+from the log's snapshot and the events after it, so a restart costs the same for a job of a million steps
+as for one of a thousand (bench/scale/job_steps.py).
 
 With an external Ray (--ray-address) supervisors outlive the service and are re-attached; one gone while
 its cluster is still the same one (Ray gave up restarting it) fails the job as it always did
@@ -35,18 +38,14 @@ from trainctl.parallelism.checkpoint.layout import latest_checkpoint
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service.store import JobRecord, JobStore
 from trainctl.spec.files import FileRuleError
-from trainctl.workers.events import (
-    ACTIVE_STATES,
-    Event,
-    EventKind,
-    JobState,
-    read_events,
-    status_of,
-)
+from trainctl.workers.events import ACTIVE_STATES, EventLog, JobState
 from trainctl.workers.relaunch import Relaunch, is_relaunch
 
 log = logging.getLogger(__name__)
 
+RELAUNCHES = "relaunches"
+"""The name the job's supervisor tallies its relaunches under in its event log (`LOG_TALLIES` of
+trainctl.workers.supervisor, not imported here: it brings Ray), so the log's snapshot answers for them."""
 RELAUNCHES_WITHOUT_PROGRESS = 3
 """Relaunches in a row, with no new step reported between them, after which the next one fails the job."""
 NAMED_JOBS = 10
@@ -66,29 +65,25 @@ def after_cluster_loss(record: JobRecord, run: RunDirectory) -> Relaunch | Endin
     and checkpoints are in `run`): relaunch it, end it, or None when its log ended first (following it
     records that)."""
     try:
-        events = read_events(run.events)
+        log = EventLog.read(run.events, tallies={RELAUNCHES: is_relaunch})
     except (OSError, ValueError) as exc:  # one job's damaged log must not keep the service from starting
         return Ending(JobState.FAILED, f"its supervisor ended with the Ray cluster it ran on, and its event log cannot be read: {exc}")
-    logged = status_of(events, 0, 1)
+    logged = log.status(log.last_seq, 1)
     if logged.state.ends_run:
         return None
     if record.state == JobState.CANCELLING:
         return Ending(JobState.CANCELLED, record.reason)
     if logged.state == JobState.CANCELLING:
         return Ending(JobState.CANCELLED, logged.reason)
-    step, earlier = _progress(events)
-    stalled = 0  # the latest relaunches, with no new step reported since
-    for relaunched_at in reversed(earlier):
-        if relaunched_at != step:
-            break
-        stalled += 1
+    step = log.newest_step
+    stalled = log.tally_since_step(RELAUNCHES)  # the latest relaunches, with no new step reported since
     if stalled >= RELAUNCHES_WITHOUT_PROGRESS:
         since = "its first step" if step is None else f"a step after step {step}"
         return Ending(JobState.FAILED, (
             f"the service restarted on a new Ray cluster {stalled + 1} times in a row without the job reporting "
             f"{since} in between; not relaunched again (at most {RELAUNCHES_WITHOUT_PROGRESS} relaunches without progress)"
         ))
-    return Relaunch(resume=resume_point(record, run), count=len(earlier) + 1)
+    return Relaunch(resume=resume_point(record, run), count=log.tally(RELAUNCHES) + 1)
 
 
 def resume_point(record: JobRecord, run: RunDirectory) -> str:
@@ -102,19 +97,6 @@ def resume_point(record: JobRecord, run: RunDirectory) -> str:
     if newest is None:
         return "no complete checkpoint yet: starting again from the beginning"
     return f"resuming from checkpoint step {newest[0]}"
-
-
-def _progress(events: list[Event]) -> tuple[int | None, list[int | None]]:
-    """The newest step the job's log reports, and for each relaunch so far the newest step reported before
-    it, oldest first (None: before the first step)."""
-    newest: int | None = None
-    relaunched_at: list[int | None] = []
-    for event in events:
-        if event.kind is EventKind.STEP and event.step:
-            newest = max(int(event.step["step"]), newest or 0)
-        elif is_relaunch(event):
-            relaunched_at.append(newest)
-    return newest, relaunched_at
 
 
 def stop_notice(jobs: Sequence[JobRecord], ray_address: str | None) -> str | None:

@@ -230,6 +230,13 @@ class JobStore:
         return self._events.step_metrics(job_id, after_step)
 
     @_timed
+    def thinned_step_metrics(self, job_id: str, limit: int) -> list[dict[str, Any]]:
+        """At most `limit` (>= 4) of a job's steps, in step order, evenly spread over the run with its eval
+        steps kept beside the training curve (what GetJob(JOB_VIEW_FULL) answers); read by index lookups,
+        so a million-step job costs what a `limit`-step one does."""
+        return self._events.thinned_step_metrics(job_id, limit)
+
+    @_timed
     def events(self, job_id: str, after_sequence: int = 0, limit: int = 1000) -> list[Event]:
         """A job's events with sequence > after_sequence, oldest first."""
         return self._events.events(job_id, after_sequence, limit)

@@ -188,6 +188,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN preemptions $int NOT NULL DEFAULT 0;
     ALTER TABLE jobs ADD COLUMN preempt_time $real;
     """,
+    # 12 -> 13: the steps that evaluated, by job and step: GetJob(JOB_VIEW_FULL) of a long run spreads its
+    # eval curve over them by index lookups (`events.thinned_step_metrics`) instead of reading every step
+    # (a million-step job: docs/benchmarks.md, "A job of a million steps in the service").
+    """
+    CREATE INDEX step_metrics_evaluated ON step_metrics(job_id, step) WHERE eval_loss IS NOT NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -19,6 +19,7 @@ from typing import Any
 from trainctl.observability.run_report import ReportError, render
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.service import store as st
+from trainctl.service.api import job_messages
 from trainctl.service.api.job_messages import JobMessages, full_view
 from trainctl.service.store import JobRecord, JobStore
 from trainctl.service.tracking.flatten import flatten
@@ -162,7 +163,8 @@ class JobTracker:
             "reason": record.reason, "steps": steps,
         }).encode()}
         try:
-            report = render(full_view(self._messages, record, steps))
+            # the steps GetJob(JOB_VIEW_FULL) answers, as the store picks them (`thinned_step_metrics`)
+            report = render(full_view(self._messages, record, self._store.thinned_step_metrics(record.id, job_messages.FULL_VIEW_STEPS)))
         except ReportError:
             return artifacts
         return {REPORT_PNG: report.png, REPORT_HTML: report.html.encode(), **artifacts}
