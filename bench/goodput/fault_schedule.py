@@ -1,5 +1,8 @@
 """Goodput under a fault schedule (issue 35): a job whose random rank is SIGKILLed every `--kill-every`
-seconds, against the same job undisturbed, on the same embedded Ray; today's recovery path.
+seconds, against the same job undisturbed, on the same embedded Ray, once per recovery path (`--paths`):
+``cold`` (every restart starts fresh rank processes, the path before warm restarts) and ``warm`` (the
+surviving ranks run the next generation in their processes, a dead rank's slot takes its node's spare:
+`SupervisorConfig.warm_restarts`).
 
 The job: 4 ranks of the debug model on 2 nodes (2 simulated GPUs each, `dp_replicate` 2 x `dp_shard` 2),
 CPU and gloo, a checkpoint every `--interval` steps, every step reported, `--steps` steps. It is run by
@@ -18,6 +21,7 @@ under the service). Reported per run:
 
     .venv/bin/python bench/goodput/fault_schedule.py --out bench/goodput/results-fault-schedule.json
     .venv/bin/python bench/goodput/fault_schedule.py --smoke       (one kill, a short job)
+    .venv/bin/python bench/goodput/fault_schedule.py --paths warm --async-save --interval 5
 """
 
 from __future__ import annotations
@@ -46,11 +50,12 @@ from trainctl.workers.embedded import start_embedded  # noqa: E402
 from trainctl.workers.events import Event, EventKind, JobState  # noqa: E402
 from trainctl.workers.placement import Placement, RankAssignment  # noqa: E402
 from trainctl.workers.runtime import RayRuntime  # noqa: E402
+from trainctl.workers.supervisor import SPARE_AFTER  # noqa: E402
 
 SLOTS = [("node-0", 0), ("node-0", 1), ("node-1", 0), ("node-1", 1)]
 
 
-def job(steps: int, interval: int, max_restarts: int) -> TrainingJob:
+def job(steps: int, interval: int, max_restarts: int, async_save: bool) -> TrainingJob:
     return TrainingJob.model_validate({
         "metadata": {"name": "goodput"},
         "spec": {
@@ -58,7 +63,7 @@ def job(steps: int, interval: int, max_restarts: int) -> TrainingJob:
             "data": {"seq_len": 64, "max_files": 20},
             "parallelism": {"dp_replicate": 2, "dp_shard": 2},
             "training": {"steps": steps, "global_batch_size": 8, "warmup_steps": 1, "log_interval": 1},
-            "checkpoint": {"interval_steps": interval},
+            "checkpoint": {"interval_steps": interval, "async_save": async_save},
             "resources": {"gpus": 4, "device": "cpu"},
             "scheduling": {"max_restarts": max_restarts},
         },
@@ -148,21 +153,52 @@ def main() -> int:
     parser.add_argument("--interval", type=int, default=20, help="checkpoint every N steps")
     parser.add_argument("--kill-every", type=float, default=60.0, help="seconds between kills")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--paths", default="cold,warm", help="recovery paths to run, comma-separated: cold, warm")
+    parser.add_argument("--async-save", action="store_true", help="checkpoints saved in the background")
+    parser.add_argument("--spare-after", type=float, default=SPARE_AFTER,
+                        help="seconds a job trains before its supervisor starts spares (warm path)")
     parser.add_argument("--smoke", action="store_true", help="a short job, one kill")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.interval, args.kill_every = 100, 10, 30.0
+    paths = [path for path in args.paths.split(",") if path]
+    if not paths or set(paths) - {"cold", "warm"}:
+        parser.error(f"--paths: expected cold and/or warm, got {args.paths!r}")
     workdir = Path(tempfile.mkdtemp(prefix="trainctl-bench-goodput-"))
     cluster = start_embedded(2, 2, head_cpus=2)
     rng = random.Random(args.seed)
+    spec = job(args.steps, args.interval, max_restarts=1000, async_save=args.async_save)
+    faulted: dict[str, dict[str, Any]] = {}
     try:
-        runtime = RayRuntime(cluster.address, placement_timeout=60)
-        spec = job(args.steps, args.interval, max_restarts=1000)
-        undisturbed = run(runtime, "undisturbed", spec, workdir / "undisturbed", None, rng)
-        faulted = run(runtime, "faulted", spec, workdir / "faulted", args.kill_every, rng)
+        undisturbed = run(RayRuntime(cluster.address, placement_timeout=60), "undisturbed", spec,
+                          workdir / "undisturbed", None, rng)
+        for path in paths:
+            runtime = RayRuntime(cluster.address, placement_timeout=60, warm_restarts=path == "warm",
+                                 spare_after=args.spare_after)
+            faulted[path] = run(runtime, f"faulted-{path}", spec, workdir / f"faulted-{path}", args.kill_every, rng)
     finally:
         cluster.shutdown()
+    result = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_at_end": os.getloadavg(),
+        "steps": args.steps, "checkpoint_interval": args.interval, "async_save": args.async_save,
+        "kill_every_s": args.kill_every, "spare_after_s": args.spare_after,
+        "undisturbed": {k: v for k, v in undisturbed.items() if k != "losses"},
+        "faulted": {path: summary(undisturbed, run_) for path, run_ in faulted.items()},
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    ok = undisturbed["status"] == JobState.SUCCEEDED.value and all(
+        run_["status"] == JobState.SUCCEEDED.value and run_["losses_equal"] and run_["median"]["recovery_s"] is not None
+        for run_ in result["faulted"].values()
+    )
+    return 0 if ok else 1
+
+
+def summary(undisturbed: dict[str, Any], faulted: dict[str, Any]) -> dict[str, Any]:
+    """A faulted run's figures: whether each step's loss equals the undisturbed run's, and per-failure medians."""
     same = undisturbed["losses"].keys() == faulted["losses"].keys() and all(
         math.isclose(faulted["losses"][s], loss, rel_tol=1e-5) for s, loss in undisturbed["losses"].items()
     )
@@ -172,19 +208,9 @@ def main() -> int:
         values = [f[key] for f in recovered]
         return statistics.median(values) if values else None
 
-    result = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
-        "steps": args.steps, "checkpoint_interval": args.interval, "kill_every_s": args.kill_every,
-        "undisturbed": {k: v for k, v in undisturbed.items() if k != "losses"},
-        "faulted": {k: v for k, v in faulted.items() if k != "losses"},
-        "losses_equal": same,
-        "median": {key: median(key) for key in ("detection_s", "restart_s", "first_step_s", "recovery_s", "steps_recomputed")},
-    }
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
-    ok = undisturbed["status"] == faulted["status"] == JobState.SUCCEEDED.value and same and recovered
-    return 0 if ok else 1
+    keys = ("detection_s", "restart_s", "first_step_s", "recovery_s", "steps_recomputed")
+    return {**{k: v for k, v in faulted.items() if k != "losses"}, "losses_equal": same,
+            "median": {key: median(key) for key in keys}}
 
 
 if __name__ == "__main__":

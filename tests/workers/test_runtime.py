@@ -127,6 +127,15 @@ def leftovers(job_id: str) -> tuple[list[str], list[str]]:
     return actors, groups
 
 
+def spares_of(job_id: str) -> list[str]:
+    """Alive spare rank processes of a job (`trainctl.workers.spares`)."""
+    return [
+        a.name
+        for a in list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "!=", "DEAD")])
+        if (a.name or "").startswith(f"trainctl-spare-{job_id}-")
+    ]
+
+
 def assert_nothing_left(job_id: str) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(leftovers(job_id)):
@@ -217,7 +226,9 @@ def cancel_once_stepping(runtime: RayRuntime, root: Path) -> Run:
     return Run("cancel-1", root, events, status)
 
 
-def kill_a_rank_at_step_3(runtime: RayRuntime, root: Path) -> Run:
+def kill_a_rank_at_step_3(root: Path) -> Run:
+    """SIGKILL rank 1 at step 3, under a runtime whose supervisors start their spares at once."""
+    runtime = RayRuntime(None, placement_timeout=30, spare_after=0)
     job_id = "kill-1"
     runtime.start_job(job_id, restartable_job("kill", steps=16), plan(("node-2", 0), ("node-3", 0)), root)
     events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
@@ -427,7 +438,7 @@ def runs(embedded_ray: EmbeddedRay, runtime: RayRuntime, solver_placement: Place
         }
         with nodes.extra("node-3", "node-4", gpus=4):
             futures |= {
-                "kill-1": threads.submit(kill_a_rank_at_step_3, runtime, root("kill")),
+                "kill-1": threads.submit(kill_a_rank_at_step_3, root("kill")),
                 "midsave-1": threads.submit(kill_a_rank_mid_save, runtime, root("midsave")),
                 "sup-1": threads.submit(kill_the_supervisor_and_reattach, runtime, root("sup")),
                 "hang-1": threads.submit(stop_a_rank_at_step_3, runtime, root("hang")),
@@ -500,8 +511,13 @@ def test_killed_rank_restarts_from_checkpoint_with_identical_losses(runs):
         assert second[step] == pytest.approx(first[step], rel=1e-5)
     placements = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
     assert [(p["node"], p["gpu"]) for p in placements[1]] == [("node-2", 0), ("node-3", 0)]
+    # A warm restart: rank 0 survived and runs on in its process; rank 1 runs on node-3's spare.
+    assert placements[1][0]["pid"] == where[0]["pid"]
     assert placements[1][1]["pid"] != where[1]["pid"]
+    assert placements[1][1]["pooled"] and placements[1][1]["actor"].startswith("trainctl-spare-kill-1-node-3-")
+    assert any(e.message == "warm restart: rank(s) 0 keep their processes; rank(s) 1 on spare processes" for e in events)
     assert_nothing_left(run.job_id)
+    assert not spares_of(run.job_id), "the spares end with the job"
 
 
 def test_a_configuration_error_on_the_ranks_fails_the_job_at_once_without_restarts(runs):

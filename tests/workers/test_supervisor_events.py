@@ -259,16 +259,16 @@ def test_failure_classes_a_death_outranks_a_configuration_error_which_outranks_o
 def test_a_death_seen_first_is_the_root_cause_at_once_and_other_errors_wait_for_the_peers(monkeypatch):
     """The supervisor waits ROOT_CAUSE_WAIT for the other ranks only when no death is known yet: a death
     outranks whatever they could report (and NCCL peers of a dead rank hang, so the wait would run out)."""
-    from trainctl.workers import supervisor
+    from trainctl.workers import outcomes
 
     waits = []
-    monkeypatch.setattr(supervisor.ray, "wait", lambda refs, **kw: waits.append(kw["timeout"]) or ([], refs))
+    monkeypatch.setattr(outcomes.ray, "wait", lambda refs, **kw: waits.append(kw["timeout"]) or ([], refs))
     pending = ["rank-1-ref"]
-    outcome, reason = supervisor.JobSupervisor._root_cause(None, [(0, RayActorError())], pending, {})
+    outcome, reason = outcomes.root_cause([(0, RayActorError())], pending, {})
     assert (outcome, waits) == (Outcome.FAILED, []) and reason.startswith("rank 0 died")
     broken = (0, _task_error(RuntimeError("Connection closed by peer")))
-    outcome, reason = supervisor.JobSupervisor._root_cause(None, [broken], pending, {})
-    assert waits == [supervisor.ROOT_CAUSE_WAIT] and reason == "rank 0 failed: RuntimeError: Connection closed by peer"
+    outcome, reason = outcomes.root_cause([broken], pending, {})
+    assert waits == [outcomes.ROOT_CAUSE_WAIT] and reason == "rank 0 failed: RuntimeError: Connection closed by peer"
 
 
 def test_a_file_the_rule_refused_on_a_rank_is_a_configuration_error():

@@ -11,6 +11,7 @@ import pytest
 from small_jobs import restartable_job
 
 from trainctl.workers.events import EventKind, EventLog, JobState
+from trainctl.workers.group_keeper import GroupKeeper
 from trainctl.workers.outcomes import Outcome
 from trainctl.workers.relaunch import Relaunch
 from trainctl.workers.supervisor import LOG_TALLIES, JobSupervisor, SupervisorConfig
@@ -35,6 +36,8 @@ def relaunched_supervisor(
     supervisor._job = job
     supervisor._log = log
     supervisor._cancel = threading.Event()
+    supervisor._lock = threading.Lock()
+    supervisor._groups = GroupKeeper("relaunched", False, programs=False, placement_timeout=1.0, call_timeout=1.0)
     supervisor._watchdog = Watchdog(job, startup_grace=300.0)
     supervisor._generation = relaunches
     supervisor._run_generation = lambda: next(outcomes)  # type: ignore[method-assign]

@@ -1,6 +1,6 @@
 """How a rank generation ended (`Outcome`) and the reason the job's state gives for it: which failure
-a group's errors count as (`failure_class`: restart, or fail at once), and the one-line summaries of a
-finished or preempted generation."""
+a group's errors count as (`root_cause`, `failure_class`: restart, or fail at once), and the one-line
+summaries of a finished or preempted generation."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import re
 from enum import Enum
 from typing import Any
 
+import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from trainctl.parallelism.errors import ConfigurationError
@@ -15,6 +16,8 @@ from trainctl.spec.files import FileRuleError
 from trainctl.workers.command.program import ProgramExited
 from trainctl.workers.host_memory import HostMemoryExceeded
 
+ROOT_CAUSE_WAIT = 2.0
+"""Seconds to wait for the other ranks' outcomes when one fails, to name the rank that died."""
 REASON_CHARS = 300
 """Longest cause quoted from an error in a reason."""
 MEMORY_NOT_RESTARTED = "not restarted (the same allocation would fail again)"
@@ -33,6 +36,27 @@ class Outcome(Enum):
     """A rank raised a configuration error: the job fails without another restart."""
     PREEMPTED = "preempted"
     """The ranks stopped (or were stopped at the grace period's end) for a preemption."""
+    HUNG = "hung"
+    """No step progress in time: restarted like a failure, on new processes (the ranks are blocked)."""
+
+
+def root_cause(
+    failures: list[tuple[int, BaseException]], pending: list[ray.ObjectRef], rank_of: dict[ray.ObjectRef, int]
+) -> tuple[Outcome, str]:
+    """Why a group whose ranks' calls raised ``failures`` (rank, error) failed, and whether restarting can
+    help (`failure_class`). A dead rank makes its peers' collectives fail too, often first: wait up to
+    `ROOT_CAUSE_WAIT` for the ``pending`` calls (``rank_of`` names their ranks) to name a dead rank before
+    a configuration error or any other error. A death already seen outranks anything the others could
+    report: no wait then (NCCL peers of a dead rank hang rather than fail, so the wait would run out)."""
+    if any(isinstance(exc, RayActorError) for _, exc in failures):
+        return failure_class(failures)
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=ROOT_CAUSE_WAIT) if pending else ([], [])
+    for ref in done:
+        try:
+            ray.get(ref)
+        except (RayActorError, RayTaskError) as exc:
+            failures.append((rank_of[ref], exc))
+    return failure_class(failures)
 
 
 def failure_class(failures: list[tuple[int, BaseException]]) -> tuple[Outcome, str]:

@@ -11,8 +11,14 @@ binds that worker instead of creating one. The bundle still reserves the slot; t
 worker runs on the node Ray reserved the bundle on. Handed-over workers the group does not use are
 killed; a rank whose worker cannot be bound gets a fresh one in its bundle.
 
-Rendezvous: rank 0 picks its node IP and a free port; every rank joins ``init_distributed`` with it
-(NCCL on GPUs, gloo on CPU). A command job's group (``programs=True``) hands the endpoint to the user's
+Warm restarts: after a failed generation of an engine job, `release` keeps the workers that settle (the
+surviving ranks, whose calls returned when a peer died) and the placement group; `renewed` is the next
+generation on them, a dead rank replaced by a spare of its node (bound like a pooled worker) or a fresh
+worker in its bundle. Each generation joins new process groups at a new rendezvous.
+
+Rendezvous: every rank loads the engine first (`RankWorker.load_engine`: a loaded rank would otherwise
+wait at the rendezvous for a fresh one's imports, past its timeout); then rank 0 picks its node IP and a
+free port, and every rank joins ``init_distributed`` with it (NCCL on GPUs, gloo on CPU). A command job's group (``programs=True``) hands the endpoint to the user's
 program instead, in the torchrun environment (`start_programs`); workers are threaded so that
 `shutdown` can kill each program's process tree before it kills the workers, and `request_stop` (a
 preemption) reaches a rank while it trains.
@@ -135,26 +141,54 @@ class RankGroup:
         finally:
             for handle in warm.values():  # not bound: nobody else will use them
                 ray.kill(handle, no_restart=True)
-        actor_cls = ray.remote(RankWorker)
-        workers = []
-        for slot in ordered:
-            if slot.rank in pooled:
-                workers.append(pooled[slot.rank])
-                continue
-            options: dict[str, Any] = {
-                "num_cpus": 0,
-                "resources": {gpu_slot(slot.gpu): 1},
-                "max_restarts": 0,
-                "max_concurrency": 2,  # `request_stop` / `stop_program` are served while a rank runs
-                "name": rank_name(job_id, generation, slot.rank),
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=slot.rank),
-            }
-            if use_gpu:
-                options["num_gpus"] = 1
-                options["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
-            binding = RankBinding(job_id, generation, slot.rank, len(ordered), pg.id.hex())
-            workers.append(actor_cls.options(**options).remote(slot.node, slot.gpu, use_gpu, binding))
+        workers = [
+            pooled[slot.rank] if slot.rank in pooled else _fresh_worker(job_id, generation, slot, len(ordered), pg, use_gpu)
+            for slot in ordered
+        ]
         return cls(job_id, generation, list(ordered), use_gpu, pg, workers, programs)
+
+    def release(self, timeout: float) -> list[int]:
+        """After a failed generation of an engine job: keep the workers that `settle` within ``timeout``
+        seconds (their calls returned: the peers of a rank that died), kill the others (dead, or still
+        blocked in a collective). The ranks kept, in order; the placement group stays."""
+        if self.programs:
+            raise ValueError("a command job's rank group is not kept between generations")
+        replies = {rank: worker.settle.remote(timeout) for rank, worker in enumerate(self.workers)}
+        ready, _ = ray.wait(list(replies.values()), num_returns=len(replies), timeout=timeout + 1.0)
+        kept = []
+        for rank, reply in replies.items():
+            try:
+                settled = reply in ready and ray.get(reply) is True
+            except RayError:  # the worker is dead
+                settled = False
+            if settled:
+                kept.append(rank)
+            else:
+                ray.kill(self.workers[rank], no_restart=True)
+        return kept
+
+    def renewed(
+        self, generation: int, kept: Sequence[int], spares: dict[int, Any], bind_timeout: float
+    ) -> tuple[RankGroup, list[int]]:
+        """The group's next generation on the same placement group, and the ranks that took a spare: the
+        ``kept`` ranks' workers (from `release`) run it; a rank not kept takes its spare from ``spares`` (rank
+        -> an engine-loaded spare on its node, `trainctl.workers.spares`; the group binds each or kills it)
+        or a fresh worker in its bundle."""
+        size = len(self.slots)
+        spares = dict(spares)
+        try:
+            bound = _bind_warm(spares, self.job_id, generation, self.slots, self.pg, bind_timeout)
+        finally:
+            for handle in spares.values():  # not bound: nobody else will use them
+                ray.kill(handle, no_restart=True)
+        ray.get([self.workers[rank].rebind.remote(generation) for rank in kept], timeout=bind_timeout)
+        workers = [
+            self.workers[slot.rank] if slot.rank in kept
+            else bound.get(slot.rank) or _fresh_worker(self.job_id, generation, slot, size, self.pg, self.use_gpu)
+            for slot in self.slots
+        ]
+        group = RankGroup(self.job_id, generation, self.slots, self.use_gpu, self.pg, workers, self.programs)
+        return group, sorted(bound)
 
     def locations(self, timeout: float) -> list[RankLocation]:
         """Each rank's actual location, in rank order; raises PlacementMismatch if any is off-plan."""
@@ -182,9 +216,12 @@ class RankGroup:
         timeout: float,
         node_env: dict[str, dict[str, str]],
         file_rule_json: str,
+        load_timeout: float,
     ) -> list[ray.ObjectRef]:
-        """Rendezvous on rank 0 and start training on every rank, each with its node's ``node_env``
-        (NCCL settings) and the job's `FileRule` (``file_rule_json``); one result ref per rank."""
+        """Load the engine on every rank (within ``load_timeout`` seconds), rendezvous on rank 0 and start
+        training on every rank, each with its node's ``node_env`` (NCCL settings) and the job's `FileRule`
+        (``file_rule_json``); one result ref per rank."""
+        ray.get([worker.load_engine.remote() for worker in self.workers], timeout=load_timeout)
         host, port = ray.get(self.workers[0].endpoint.remote(), timeout=timeout)
         log.info("job %s generation %d: rendezvous at %s:%d", self.job_id, self.generation, host, port)
         return [
@@ -306,6 +343,25 @@ def _bind_warm(
         if taken:
             bound[rank] = warm.pop(rank)
     return bound
+
+
+def _fresh_worker(
+    job_id: str, generation: int, slot: RankAssignment, world_size: int, pg: PlacementGroup, use_gpu: bool
+) -> Any:
+    """A new RankWorker for ``slot``'s rank, created in its bundle of ``pg``."""
+    options: dict[str, Any] = {
+        "num_cpus": 0,
+        "resources": {gpu_slot(slot.gpu): 1},
+        "max_restarts": 0,
+        "max_concurrency": 2,  # `request_stop` / `stop_program` / `settle` are served while a rank runs
+        "name": rank_name(job_id, generation, slot.rank),
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=slot.rank),
+    }
+    if use_gpu:
+        options["num_gpus"] = 1
+        options["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
+    binding = RankBinding(job_id, generation, slot.rank, world_size, pg.id.hex())
+    return ray.remote(RankWorker).options(**options).remote(slot.node, slot.gpu, use_gpu, binding)
 
 
 def _bundle(slot: RankAssignment, use_gpu: bool) -> dict[str, float]:

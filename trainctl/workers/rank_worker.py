@@ -14,17 +14,26 @@ A worker is either created for its rank inside the job's placement group (``bind
 pooled: created ahead of any job for one GPU slot of one node, it imports the engine while idle and
 is bound to a rank later (`bind`, see `trainctl.workers.warm_pool`). A pooled worker sits outside
 the job's placement group, so once bound it watches that group and exits when it is removed, as a
-worker inside it would be killed.
+worker inside it would be killed. A spare (``gpu`` None) is a pooled worker for any slot of its node, kept
+by a job's supervisor to replace a dead rank there (`trainctl.workers.spares`): it takes its GPU when bound.
+
+A worker outlives a failed generation of its job when it `settle`s (its call returned and no checkpoint
+writer of it is still running): it then runs the next generation (`rebind`) with new process groups,
+so a restart does not pay its imports again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import gc
 import logging
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +113,8 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+ABORT_AFTER = 1.0
+"""Seconds a failed generation's rank may take to return by itself before `settle` aborts its process groups."""
 PLACEMENT_GROUP_CHECK_SECONDS = 2.0
 """How often a bound pooled worker checks that its group's placement group still exists."""
 
@@ -117,11 +128,22 @@ def preload_engine() -> None:
     import trainctl.parallelism.engine.trainer  # noqa: F401
 
 
+def _one_call_counted(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A RankWorker method that `settle` waits for (`RankWorker._call`)."""
+
+    @functools.wraps(method)
+    def counted(self: RankWorker, *args: Any, **kwargs: Any) -> Any:
+        with self._call():
+            return method(self, *args, **kwargs)
+
+    return counted
+
+
 class RankWorker:
     """One GPU slot's process: runs one rank of one job. `RankGroup` creates it bound, inside the
     job's placement group; `WarmPool` creates it unbound (``binding`` None) and preloads the engine."""
 
-    def __init__(self, node: str, gpu: int, use_gpu: bool, binding: RankBinding | None = None) -> None:
+    def __init__(self, node: str, gpu: int | None, use_gpu: bool, binding: RankBinding | None = None) -> None:
         self._node = node
         self._gpu = gpu
         self._use_gpu = use_gpu
@@ -129,20 +151,71 @@ class RankWorker:
         self._binding: RankBinding | None = None
         self._program = ProgramSlot()
         self._stop_requested = threading.Event()
-        # Before torch is imported: the planned GPU only, or no CUDA at all on simulated GPUs.
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu) if use_gpu else ""
+        self._calls = threading.Condition()
+        self._running = 0
+        """`train` / `run_program` calls running (a worker runs one at a time)."""
+        # Before torch is imported: the planned GPU only, or no CUDA at all on simulated GPUs. A spare's
+        # GPU is set when it is bound: the engine's import does not initialise CUDA (tests/workers).
+        if gpu is not None or not use_gpu:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu) if use_gpu else ""
         if binding is None:
             preload_engine()
         else:
+            if gpu is None:
+                raise ValueError("a worker created for a rank needs its planned GPU")
             self._bind(binding)
 
     def bind(self, binding: RankBinding, slot: RankAssignment) -> bool:
-        """Take ``binding``'s rank, planned on ``slot`` (pooled workers only); False when this worker
-        has a rank already or was started for another slot."""
-        if self._binding is not None or (slot.node, slot.gpu) != (self._node, self._gpu):
+        """Take ``binding``'s rank, planned on ``slot`` (pooled workers and spares only); False when this
+        worker has a rank already or was started for another slot (a spare: another node, or CUDA already
+        initialised so its GPU can no longer be chosen)."""
+        if self._binding is not None or slot.node != self._node or self._gpu not in (None, slot.gpu):
             return False
+        if self._gpu is None:
+            if self._use_gpu and _cuda_initialised():
+                return False
+            self._gpu = slot.gpu
+            if self._use_gpu:
+                os.environ["CUDA_VISIBLE_DEVICES"] = str(slot.gpu)
         self._bind(binding)
         threading.Thread(target=_exit_with_group, args=(binding,), name="placement-group-watch", daemon=True).start()
+        return True
+
+    def load_engine(self) -> None:
+        """Import the engine now, before the rendezvous: ranks that start loaded (kept, pooled, spares)
+        would otherwise wait at it for a fresh rank's imports, past their timeout. A no-op once loaded."""
+        preload_engine()
+
+    def rebind(self, generation: int) -> None:
+        """Run ``generation`` of the same rank next (a worker kept after its group's failed generation)."""
+        self._binding = dataclasses.replace(self._bound(), generation=generation)
+
+    def settle(self, timeout: float) -> bool:
+        """Whether this worker can run its rank's next generation: its `train` call has returned and no
+        checkpoint writer it started is still writing, within ``timeout`` seconds. A call still running after
+        `ABORT_AFTER` seconds is blocked in a collective: its process groups are aborted (that unblocks
+        NCCL's communicators; a gloo collective raises only once its peer's connections close). Then the
+        failed call's garbage is collected: its Trainer, model and device mesh sit in reference cycles of
+        its traceback and hold its process groups, whose gloo connections close only once freed (a peer
+        blocked in a collective with this rank waits until then). A kept worker's stop request (a
+        preemption of the failed generation) is forgotten."""
+        from trainctl.parallelism.checkpoint.async_writer import WRITER_THREAD_PREFIX
+
+        deadline = time.monotonic() + timeout
+        with self._calls:
+            returned = self._calls.wait_for(lambda: self._running == 0, min(timeout, ABORT_AFTER))
+        if not returned:
+            _abort_collectives()
+            with self._calls:
+                if not self._calls.wait_for(lambda: self._running == 0, max(0.0, deadline - time.monotonic())):
+                    return False
+        gc.collect()
+        for thread in threading.enumerate():
+            if thread.name.startswith(WRITER_THREAD_PREFIX):
+                thread.join(max(0.0, deadline - time.monotonic()))
+                if thread.is_alive():
+                    return False
+        self._stop_requested.clear()
         return True
 
     def binding(self) -> RankBinding | None:
@@ -184,6 +257,7 @@ class RankWorker:
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
 
+    @_one_call_counted
     def train(
         self,
         master_addr: str,
@@ -251,12 +325,14 @@ class RankWorker:
             )
             return _as_dict(trainer.run())
         except Exception as exc:
+            _abort_collectives()  # its peers' collectives with this rank raise now, not at their timeout
             if ran_out_of_memory(exc):
                 raise HostMemoryExceeded(rank, str(memory), _one_line(exc)) from exc
             raise
         finally:
             teardown()
 
+    @_one_call_counted
     def run_program(self, launch: ProgramLaunch, reporter: Any, generation: int) -> dict[str, Any]:
         """Run a command job's program for this rank until it exits (``{"exit_code": 0}``); a failed
         program raises ProgramExited (rank, exit code, last stderr lines). Lines and `trainctl.report`
@@ -264,6 +340,18 @@ class RankWorker:
         The program and what it starts run with the rank's host-memory limit (``RLIMIT_DATA``)."""
         memory = self._host_memory_limit(launch.host_memory_gib)
         return run_program(self._program, self._bound().rank, launch, reporter, generation, memory)
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        """Count a running `train` / `run_program` call (`settle` waits for none)."""
+        with self._calls:
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._calls:
+                self._running -= 1
+                self._calls.notify_all()
 
     def _host_memory_limit(self, spec_gib: float | None) -> HostMemoryLimit:
         """The rank's host-memory limit: this node's memory over its GPU slots, or ``spec_gib`` up to that
@@ -290,6 +378,27 @@ def _one_line(exc: BaseException) -> str:
     """``Type: first line of the message`` of an exception, at most 300 characters."""
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first}".rstrip(": ")[:300]
+
+
+def _abort_collectives() -> None:
+    """Abort every process group of this process (torch's `_abort_process_group`: NCCL communicators and
+    gloo contexts), so that a collective blocked on a peer that is gone raises."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    if not dist.is_initialized():
+        return
+    try:
+        _abort_process_group()
+    except Exception:  # the rank tore its groups down meanwhile
+        log.warning("aborting the process groups failed", exc_info=True)
+
+
+def _cuda_initialised() -> bool:
+    """Whether this process has initialised CUDA (then CUDA_VISIBLE_DEVICES can no longer choose its GPU)."""
+    import torch
+
+    return bool(torch.cuda.is_initialized())
 
 
 def _exit_with_group(binding: RankBinding) -> None:

@@ -38,7 +38,13 @@ from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import check_slots, owned_by
 from trainctl.workers.relaunch import Relaunch
 from trainctl.workers.resources import CONTROL_RESOURCE, NODE_LABEL, SUPERVISOR_SHARE
-from trainctl.workers.supervisor import SUPERVISOR_PREFIX, JobSupervisor, SupervisorConfig, supervisor_name
+from trainctl.workers.supervisor import (
+    SPARE_AFTER,
+    SUPERVISOR_PREFIX,
+    JobSupervisor,
+    SupervisorConfig,
+    supervisor_name,
+)
 from trainctl.workers.topology.model import TopologyMap
 from trainctl.workers.warm_pool import WarmPool
 
@@ -79,7 +85,8 @@ class RayRuntime:
     or restarted must not stall the caller's loop); ``replan_timeout``: seconds a job that lost a node
     waits for a new plan before it fails (None: until one comes or the job is cancelled);
     ``warm_pool``: keep an engine-loaded worker on every free GPU slot (`WarmPool`) and start jobs'
-    ranks on them.
+    ranks on them; ``warm_restarts`` and ``spare_after``: how a failed generation restarts
+    (`SupervisorConfig`: on the surviving ranks' processes and spares, or all fresh).
     """
 
     def __init__(
@@ -92,12 +99,16 @@ class RayRuntime:
         poll_timeout: float = 5.0,
         replan_timeout: float | None = None,
         warm_pool: bool = False,
+        warm_restarts: bool = True,
+        spare_after: float = SPARE_AFTER,
     ) -> None:
         self.namespace = namespace
         self._placement_timeout = placement_timeout
         self._call_timeout = call_timeout
         self._poll_timeout = poll_timeout
         self._replan_timeout = replan_timeout
+        self._warm_restarts = warm_restarts
+        self._spare_after = spare_after
         self._run_dirs: dict[str, RunDirectory] = {}
         self._liveness: tuple[float, dict[str, bool]] = (-LIVENESS_MAX_AGE, {})
         self._liveness_lock = threading.Lock()
@@ -167,6 +178,8 @@ class RayRuntime:
             warm_workers=self.warm_pool.take(slots, use_gpu) if self.warm_pool is not None and job.spec.command is None else {},
             file_rule_json=file_rule.to_json(),
             relaunch=relaunch,
+            warm_restarts=self._warm_restarts,
+            spare_after=self._spare_after,
         )
         run.ray_session.write_text(self._session() + "\n", encoding="utf-8")
         actor_cls = ray.remote(concurrency_groups={"control": 4, "reports": 1})(JobSupervisor)

@@ -4,12 +4,16 @@ The supervisor builds the rank group, records where every rank landed, starts tr
 collects step reports and log lines into the job's event log. It watches the ranks: a dead rank
 (its actor or process gone, its node removed) fails the rank's pending call within about a second,
 and a group that makes no step progress for ``scheduling.step_timeout_seconds`` counts as hung.
-Either tears the group down and starts a new generation, which resumes from the newest complete
-checkpoint in the run directory's ``checkpoints/``, up to ``scheduling.max_restarts`` times; after
-that the job FAILS with the reason. A rank that raised the engine's `ConfigurationError` (bad data,
-checkpoint or tokenizer for this spec) or a `FileRuleError` (a file the job's `FileRule`, which the
-ranks get from ``file_rule_json``, refuses), while no rank died, FAILS the job at once: a restart
-cannot fix it. A cancel tears the group down and ends in CANCELLED. A preemption (`preempt`, the
+Either ends the generation and starts a new one, which resumes from the newest complete checkpoint in
+the run directory's ``checkpoints/``, up to ``scheduling.max_restarts`` times; after that the job FAILS
+with the reason. A restart is warm where it can be (``SupervisorConfig.warm_restarts``): an engine job's
+surviving ranks (their calls returned when a peer died) run the next generation in their own processes on
+the same placement group, and a dead rank's slot takes a spare, an engine-loaded process the supervisor
+keeps on each node of the plan once the job has trained for ``spare_after`` seconds
+(`trainctl.workers.spares`); ranks still blocked, and every rank after a hang, get fresh processes.
+A rank that raised the engine's `ConfigurationError` (bad data, checkpoint or tokenizer for this spec)
+or a `FileRuleError` (a file the job's `FileRule`, which the ranks get from ``file_rule_json``,
+refuses), while no rank died, FAILS the job at once: a restart cannot fix it. A cancel tears the group down and ends in CANCELLED. A preemption (`preempt`, the
 service's scheduler giving the GPUs to a job of higher priority) asks every rank to stop at its next step
 boundary with a checkpoint (a command job's program gets SIGTERM), tears the group down after the grace
 period if it has not stopped by then, and ends in PREEMPTED; the service queues the job again and a new
@@ -48,16 +52,16 @@ from typing import Any
 import ray
 import yaml
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus
-from trainctl.workers.outcomes import Outcome, failure_class, finished_summary, first_line, stopped_summary
+from trainctl.workers.group_keeper import GroupKeeper
+from trainctl.workers.outcomes import Outcome, finished_summary, first_line, root_cause, stopped_summary
 from trainctl.workers.placement.plan import RankAssignment
-from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup, owned_by
+from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup
 from trainctl.workers.relaunch import Relaunch, is_relaunch, is_resume_after_preemption
 from trainctl.workers.replan import describe_move, free_slots, missing_nodes, replacement
 from trainctl.workers.step_stats import StepStats
@@ -67,8 +71,6 @@ from trainctl.workers.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 SUPERVISOR_PREFIX = "trainctl-job-"
-ROOT_CAUSE_WAIT = 2.0
-"""Seconds to wait for the other ranks' outcomes when one fails, to name the rank that died."""
 RELAUNCHES = "relaunches"
 PREEMPTION_RESUMES = "preemption_resumes"
 LOG_TALLIES = {RELAUNCHES: is_relaunch, PREEMPTION_RESUMES: is_resume_after_preemption}
@@ -76,6 +78,8 @@ LOG_TALLIES = {RELAUNCHES: is_relaunch, PREEMPTION_RESUMES: is_resume_after_pree
 loss and its resumes after a preemption (restarts that are not the job's fault)."""
 REPLAN_INTERVAL = 1.0
 """Seconds between looks for a new plan while waiting for one after a node loss."""
+SPARE_AFTER = 120.0
+"""Seconds a job trains before its supervisor starts the spares (`SupervisorConfig.spare_after`)."""
 
 
 def supervisor_name(job_id: str) -> str:
@@ -125,6 +129,13 @@ class SupervisorConfig:
     """Set when the service starts this supervisor for a job whose previous one ended with the Ray cluster
     it ran on: the restart is recorded with its reason, and the service's relaunches do not count against
     ``scheduling.max_restarts``. None: a new job."""
+    warm_restarts: bool = True
+    """Restart an engine job's failed generation on the ranks that survived it (their own processes, the
+    same placement group, new process groups) and on spares; False: every restart starts fresh processes."""
+    spare_after: float = SPARE_AFTER
+    """Seconds the job's generations train (in all, under this supervisor) before it starts one spare rank
+    process on each node of the plan for the next warm restart (with ``warm_restarts``), and then again at
+    each generation's start; a job that ends sooner starts none (a spare costs a process's imports)."""
 
 
 class JobSupervisor:
@@ -136,12 +147,13 @@ class JobSupervisor:
         self._run = RunDirectory.at(config.run_dir)
         self._log = EventLog.open(self._run.events, tallies=LOG_TALLIES)
         self._lock = threading.Lock()
-        self._shutdown_lock = threading.Lock()
-        """Held while a rank group is torn down: a second `_shutdown_group` waits until it is gone."""
         self._cancel = threading.Event()
-        self._group: RankGroup | None = None
         self._generation = 1 + self._log.max_generation
-        self._warm = dict(config.warm_workers) if self._log.last_seq == 0 else {}
+        self._groups = GroupKeeper(
+            config.job_id, config.use_gpu, programs=self._job.spec.command is not None,
+            placement_timeout=config.placement_timeout, call_timeout=config.call_timeout,
+            warm=dict(config.warm_workers) if self._log.last_seq == 0 else {},
+        )
         relaunch = config.relaunch
         if relaunch is not None and ray.get_runtime_context().was_current_actor_reconstructed:
             relaunch = None  # Ray restarted the relaunched supervisor: its own process died
@@ -161,7 +173,7 @@ class JobSupervisor:
         if status.state.terminal or (status.state is JobState.PREEMPTED and relaunch is None):
             return
         if self._log.last_seq > 0:  # Ray restarted this actor after its process died, or the service relaunched it
-            self._remove_leftovers()
+            self._groups.remove_leftovers()
             if status.state is JobState.CANCELLING:
                 self._state(JobState.CANCELLED, "cancelled by request")
                 return
@@ -192,7 +204,7 @@ class JobSupervisor:
         if not self.poll(0, 1).state.ends_run and not self._cancel.is_set():
             self._state(JobState.CANCELLING, "cancel requested")
             self._cancel.set()
-            self._shutdown_group()
+            self._groups.shutdown()
         if self._thread is not None:
             self._thread.join(timeout)
         return self.poll(0, 1)
@@ -207,7 +219,7 @@ class JobSupervisor:
             if self.poll(0, 1).state.ends_run or self._cancel.is_set() or self._watchdog.preemption is not None:
                 return self.poll(0, 1)
             self._watchdog.preemption = (time.monotonic(), grace)
-            group = self._group
+            group = self._groups.current
         self._log.append(
             EventKind.LOG, generation=self._generation,
             message=f"{reason}; stopping at the next step boundary with a checkpoint (grace {grace:g}s)",
@@ -272,8 +284,10 @@ class JobSupervisor:
             self._supervise()
         except Exception as exc:  # a bug here must still end the job with a reason
             log.exception("job %s: supervisor error", self._cfg.job_id)
-            self._shutdown_group()
+            self._groups.shutdown()
             self._state(JobState.FAILED, f"supervisor error: {type(exc).__name__}: {exc}")
+        finally:
+            self._groups.stop()
 
     def _supervise(self) -> None:
         max_restarts = self._job.spec.scheduling.max_restarts
@@ -281,6 +295,12 @@ class JobSupervisor:
         restarts = self.poll(0, 1).restarts - relaunches
         while True:
             outcome, detail = self._run_generation()
+            restarting = (
+                outcome in (Outcome.FAILED, Outcome.HUNG) and restarts < max_restarts
+                and not self._cancel.is_set() and self._watchdog.preemption is None
+            )
+            if not (restarting and outcome is Outcome.FAILED):
+                self._groups.shutdown()  # a failed generation's ranks wait for the RESTARTING state
             if self._cancel.is_set():
                 self._state(JobState.CANCELLED, "cancelled by request")
                 return
@@ -305,21 +325,26 @@ class JobSupervisor:
                 JobState.RESTARTING,
                 f"{detail}; restart {restarts} of {max_restarts} from the last complete checkpoint",
             )
+            if self._restarts_warm():
+                self._groups.keep_survivors()
+            else:
+                self._groups.shutdown()
 
     def _run_generation(self) -> tuple[Outcome, str]:
         cfg = self._cfg
         group = self._create_group()
         if not isinstance(group, RankGroup):
             return group
-        with self._lock:
-            self._group = group
+        with self._lock:  # a preemption from now on reaches this group
+            self._groups.hold(group)
             preempted = self._watchdog.preemption is not None
         if self._cancel.is_set():
-            self._shutdown_group()
+            self._groups.shutdown()
             return Outcome.CANCELLED, "cancelled"
         if preempted:
-            self._shutdown_group()
+            self._groups.shutdown()
             return Outcome.PREEMPTED, "stopped before its ranks started; resumes from its newest complete checkpoint"
+        left = False
         try:
             locations = group.locations(cfg.call_timeout)
             self._log.append(
@@ -335,13 +360,25 @@ class JobSupervisor:
                 JobState.RUNNING,
                 f"{len(refs)} ranks running on {', '.join(nodes)} (generation {self._generation})",
             )
-            return self._watch(refs)
+            outcome, detail = self._watch(refs)
+            self._watchdog.ended()
+            left = outcome is Outcome.FAILED
+            return outcome, detail
         except PlacementMismatch as exc:
             return Outcome.FAILED, f"rank placement differs from the plan: {exc}"
         except (RayActorError, GetTimeoutError) as exc:
             return Outcome.FAILED, f"rank group set-up failed: {first_line(exc)}"
         finally:
-            self._shutdown_group()
+            if not left:
+                self._groups.shutdown()
+
+    def _restarts_warm(self) -> bool:
+        """Whether a failed generation's ranks are kept for the next one (an engine job, not being cancelled
+        or preempted)."""
+        return (
+            self._cfg.warm_restarts and self._job.spec.command is None
+            and not self._cancel.is_set() and self._watchdog.preemption is None
+        )
 
     @cached_property
     def _resolved(self) -> ResolvedJob:
@@ -355,7 +392,7 @@ class JobSupervisor:
         if spec.command is None:
             return group.start(
                 spec.model_dump_json(), str(self._run.checkpoints), reporter, cfg.call_timeout, cfg.node_env,
-                cfg.file_rule_json,
+                cfg.file_rule_json, load_timeout=cfg.startup_grace,
             )
         command = spec.command
         return group.start_programs(
@@ -376,32 +413,28 @@ class JobSupervisor:
     def _create_group(self) -> RankGroup | tuple[Outcome, str]:
         """Reserve the plan's GPUs and create the ranks, or the outcome when that fails. A planned node
         that is gone (before, or while waiting for the reservation) is replaced by a new plan first."""
-        cfg = self._cfg
         while True:
             lost = missing_nodes(self._slots)
             if lost:
+                self._groups.shutdown()  # ranks kept from the failed generation hold GPUs a new plan may need
                 why = self._await_plan(lost)
                 if why is not None:
                     return Outcome.UNPLACED, why
                 continue  # check the new plan's nodes too
             try:
-                warm, self._warm = self._warm, {}  # the group binds or kills them
-                return RankGroup.create(
-                    cfg.job_id,
-                    self._generation,
-                    self._slots,
-                    use_gpu=cfg.use_gpu,
-                    ready_timeout=cfg.placement_timeout,
+                group, line = self._groups.next_group(
+                    self._generation, self._slots,
                     stop=lambda: self._cancel.is_set() or self._watchdog.preemption is not None or bool(missing_nodes(self._slots)),
-                    warm=warm,
-                    bind_timeout=cfg.call_timeout,
-                    programs=self._job.spec.command is not None,
                 )
             except PlacementUnavailable as exc:
                 if self._watchdog.preemption is not None:
                     return Outcome.PREEMPTED, "stopped while reserving its GPUs; resumes from its newest complete checkpoint"
                 if self._cancel.is_set() or not missing_nodes(self._slots):
                     return Outcome.FAILED, str(exc)
+                continue
+            if line is not None:
+                self._log.append(EventKind.LOG, generation=self._generation, message=line)
+            return group
 
     def _await_plan(self, lost: list[str]) -> str | None:
         """Record a REPLAN event and wait for a plan off the ``lost`` nodes: from `replace_plan`, or from
@@ -465,12 +498,17 @@ class JobSupervisor:
         return True
 
     def _watch(self, refs: list[ray.ObjectRef]) -> tuple[Outcome, str]:
+        """Wait for the generation's ranks to finish, fail, hang or be stopped; start the spares when due."""
+        spares_due = self._watchdog.trained_by(self._cfg.spare_after) if self._restarts_warm() else None
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, dict[str, Any]] = {}
         pending = list(refs)
         while pending:
             if self._cancel.is_set():
                 return Outcome.CANCELLED, "cancelled"
+            if spares_due is not None and time.monotonic() >= spares_due:
+                spares_due = None
+                self._groups.ensure_spares(slot.node for slot in self._slots)
             done, pending = ray.wait(pending, num_returns=1, timeout=self._cfg.watch_interval)
             failures: list[tuple[int, BaseException]] = []
             for ref in done:
@@ -481,58 +519,22 @@ class JobSupervisor:
             if failures:
                 if self._watchdog.preemption is not None:  # a program ended by SIGTERM, or a rank by the teardown
                     return Outcome.PREEMPTED, f"stopped for the preemption: {first_line(failures[0][1])}"
-                return self._root_cause(failures, pending, rank_of)
+                return root_cause(failures, pending, rank_of)
             overdue = self._watchdog.preemption_overdue() if pending else None
             if overdue is not None:
                 return Outcome.PREEMPTED, overdue
             hung = self._watchdog.hung() if pending else None
             if hung is not None:
-                return Outcome.FAILED, hung
+                return Outcome.HUNG, hung
         if self._watchdog.preemption is not None and results.get(0, {}).get("stopped_on_request", self._job.spec.command is not None):
             return Outcome.PREEMPTED, stopped_summary(results.get(0, {}), self._job.spec.command is not None)
         return Outcome.SUCCEEDED, finished_summary(results.get(0, {}), len(refs))
-
-    def _root_cause(
-        self,
-        failures: list[tuple[int, BaseException]],
-        pending: list[ray.ObjectRef],
-        rank_of: dict[ray.ObjectRef, int],
-    ) -> tuple[Outcome, str]:
-        """Why the group failed, and whether restarting can help. A dead rank makes its peers'
-        collectives fail too, often first; wait briefly for the others and name a dead rank (restart)
-        before a rank that raised a configuration error (fail at once), before any other error (restart).
-        A death already seen outranks anything the others could report: no wait then (NCCL peers of a
-        dead rank hang rather than fail, so the wait would always run to its end)."""
-        if any(isinstance(exc, RayActorError) for _, exc in failures):
-            return failure_class(failures)
-        done, _ = ray.wait(pending, num_returns=len(pending), timeout=ROOT_CAUSE_WAIT) if pending else ([], [])
-        for ref in done:
-            try:
-                ray.get(ref)
-            except (RayActorError, RayTaskError) as exc:
-                failures.append((rank_of[ref], exc))
-        return failure_class(failures)
 
     # ---- helpers ---------------------------------------------------------------------------------
 
     def _state(self, state: JobState, reason: str) -> None:
         log.info("job %s: %s (%s)", self._cfg.job_id, state.value, reason)
         self._log.append(EventKind.STATE, state=state, reason=reason, generation=self._generation)
-
-    def _shutdown_group(self) -> None:
-        """Tear the rank group down; returns once it is gone, also when another thread (a cancel) is
-        tearing it down, so a generation ends (and the job with it) only after its ranks and programs."""
-        with self._shutdown_lock:
-            with self._lock:
-                group, self._group = self._group, None
-            if group is not None:
-                group.shutdown()
-
-    def _remove_leftovers(self) -> None:
-        """Remove placement groups a previous incarnation of this supervisor left behind."""
-        for pg_id, info in ray.util.placement_group_table().items():
-            if owned_by(info.get("name", ""), self._cfg.job_id) and info.get("state") != "REMOVED":
-                remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
 
 
 def _latest_plan(log: EventLog) -> list[RankAssignment] | None:

@@ -1,5 +1,6 @@
 """When a running rank generation counts as hung, and when a preemption's grace period is over: the
-supervisor's clocks of progress (step reports), output (log lines) and a preemption asked."""
+supervisor's clocks of progress (step reports), output (log lines), a preemption asked and the time the
+job's generations have trained."""
 
 from __future__ import annotations
 
@@ -22,11 +23,25 @@ class Watchdog:
     """Whether the generation reported a step yet."""
     preemption: tuple[float, float] | None = None
     """When a preemption was asked (monotonic) and its grace period in seconds; None: none asked."""
+    trained: float = 0.0
+    """Seconds the generations ended so far ran, from `started` to `ended`."""
+    started_at: float | None = None
+    """When the current generation's ranks started (None between generations)."""
 
     def started(self) -> None:
         """A new generation's ranks start: no step yet, the clocks from now."""
-        self.progress_at = self.output_at = time.monotonic()
+        self.progress_at = self.output_at = self.started_at = time.monotonic()
         self.stepping = False
+
+    def ended(self) -> None:
+        """The current generation's ranks are done: its time counts in `trained`."""
+        if self.started_at is not None:
+            self.trained += time.monotonic() - self.started_at
+            self.started_at = None
+
+    def trained_by(self, seconds: float) -> float:
+        """When (monotonic) the job will have trained ``seconds`` in all, counting the current generation."""
+        return (self.started_at or time.monotonic()) + max(0.0, seconds - self.trained)
 
     def stepped(self) -> None:
         self.progress_at = time.monotonic()

@@ -23,6 +23,9 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from trainctl.parallelism.checkpoint import dcp as ckpt
 
+WRITER_THREAD_PREFIX = "checkpoint-writer"
+"""Name prefix of a save's background thread (a rank kept for its job's next generation waits for it)."""
+
 
 class CheckpointWriteError(RuntimeError):
     """A background checkpoint save failed; the message names its step."""
@@ -67,7 +70,7 @@ class AsyncCheckpointWriter:
         """Write `staged` (from `stage`) into `directory` (made by `dcp.begin_save`) in the background."""
         if self._in_flight is not None:
             raise RuntimeError(f"checkpoint step {step}: the save of step {self._in_flight[0]} is still in flight")
-        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=WRITER_THREAD_PREFIX)
         self._in_flight = (step, thread.submit(_write, staged, directory, self._group))
         thread.shutdown(wait=False)  # the thread ends with this save
 
