@@ -4,22 +4,15 @@ jobs (the bench checks it) and no metric family grows with steps."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale" / "fleet.py"
+from bench_scripts import load_bench
 
 
 @pytest.mark.slow
 def test_the_quick_fleet_bench_measures_every_figure(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("fleet_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    fleet = importlib.util.module_from_spec(spec)
-    sys.modules["fleet_bench"] = fleet
-    spec.loader.exec_module(fleet)
+    fleet = load_bench("scale/fleet.py")
     row = fleet.measure(128, reps=1, seed=0, work=tmp_path)
     assert row["gpus"] == 1024 and row["free_gpus"] <= 0.3 * 1024 + 8
     assert row["admission"]["admitted_per_pass"] > 0

@@ -5,22 +5,15 @@ holds one)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale" / "job_steps.py"
+from bench_scripts import load_bench
 
 
 @pytest.mark.slow
 def test_the_smallest_job_steps_bench_measures_every_figure(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("job_steps_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["job_steps_bench"] = bench
-    spec.loader.exec_module(bench)
+    bench = load_bench("scale/job_steps.py")
     row = bench.measure(1000, reps=1, work=tmp_path)
     assert row["steps"] == 1000 and row["events"] >= 1000
     assert row["get_job_full_steps"] == 1000

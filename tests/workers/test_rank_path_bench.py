@@ -4,22 +4,15 @@ straggler statistics from the ranks' batched step times, and the killed rank's g
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "scale" / "rank_path.py"
+from bench_scripts import load_bench
 
 
 @pytest.mark.slow
 def test_the_smallest_rank_path_bench_measures_every_figure(embedded_ray, tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("rank_path_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["rank_path_bench"] = bench
-    spec.loader.exec_module(bench)
+    bench = load_bench("scale/rank_path.py")
     bench.by_value()
     row = bench.measure(32, step=0.2, window=5, warmup=9, interval=1.6, log_every=4, work=tmp_path)
     assert row["ranks"] == 32 and row["rank_calls_per_step"] > 0
