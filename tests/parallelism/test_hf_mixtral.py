@@ -25,7 +25,7 @@ from trainctl.parallelism.model.moe import pop_aux_loss
 from trainctl.parallelism.model.transformer import build_model
 from trainctl.spec.hf_config import PretrainedConfigError
 from trainctl.spec.hf_mixtral import MixtralConfigError, mixtral_keys
-from trainctl.spec.job import ModelSpec
+from trainctl.spec.model_spec import ModelSpec
 from trainctl.spec.presets import PRESETS, MoEConfig, resolve_model
 
 transformers = pytest.importorskip("transformers")

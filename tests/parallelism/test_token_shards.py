@@ -16,9 +16,10 @@ from trainctl.parallelism.data.dataset import build_dataset
 from trainctl.parallelism.data.token_shards import PrefetchLoader, TokenShardDataset, prepare_shards
 from trainctl.parallelism.data.tokenizer import ByteTokenizer
 from trainctl.parallelism.engine.trainer import Trainer
+from trainctl.spec.data_checks import resolve_data_paths
 from trainctl.spec.files import FileRuleError
 from trainctl.spec.job import DataSpec, JobSpecBody, TrainingJob
-from trainctl.spec.validate import resolve_data_paths, semantic_violations
+from trainctl.spec.validate import semantic_violations
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,14 @@ def test_reports_mfu_in_both_conventions(corpus, lora):
     config = resolve_model(body.model)
     reports: list[StepReport] = []
     trainer = Trainer(body, device="cpu", on_step=reports.append)
-    assert trainer.flops_per_token == training_flops_per_token(config, 32, lora)
-    assert trainer.flops_per_token_full_attention == full_attention_flops_per_token(config, 32, lora)
+    assert trainer.reporter.flops_per_token == training_flops_per_token(config, 32, lora)
+    assert trainer.reporter.flops_per_token_full_attention == full_attention_flops_per_token(config, 32, lora)
     if lora is not None:
-        assert trainer.flops_per_token < training_flops_per_token(config, 32)
-    trainer.peak_flops = 1e12  # a CPU has no known peak: pretend one to see the arithmetic
+        assert trainer.reporter.flops_per_token < training_flops_per_token(config, 32)
+    trainer.reporter.peak_flops = 1e12  # a CPU has no known peak: pretend one to see the arithmetic
     trainer.run()
     assert len(reports) == 2
     for r in reports:
-        assert r.mfu == pytest.approx(trainer.flops_per_token * r.tokens_per_second / 1e12)
-        assert r.mfu_full_attention == pytest.approx(trainer.flops_per_token_full_attention * r.tokens_per_second / 1e12)
+        assert r.mfu == pytest.approx(trainer.reporter.flops_per_token * r.tokens_per_second / 1e12)
+        assert r.mfu_full_attention == pytest.approx(trainer.reporter.flops_per_token_full_attention * r.tokens_per_second / 1e12)
         assert r.mfu_full_attention > r.mfu

@@ -11,7 +11,8 @@ from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.planning.fit import fit_violations
 from trainctl.planning.plan import plan_job
 from trainctl.planning.pool import GpuPool
-from trainctl.spec.job import INT64_MAX, TrainingJob
+from trainctl.spec.bounds import INT64_MAX
+from trainctl.spec.job import TrainingJob
 from trainctl.spec.validate import parse_object, semantic_violations
 from trainctl.wire.plan_convert import plan_to_proto
 from trainctl.workers.topology import simulated_topology

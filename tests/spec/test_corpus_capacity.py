@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trainctl.spec.data_checks import MAX_TOKENS_PER_BYTE, corpus_capacity_violations, data_violations
 from trainctl.spec.job import DataSpec
-from trainctl.spec.validate import MAX_TOKENS_PER_BYTE, corpus_capacity_violations, data_violations
 
 
 def problems(**data) -> list[str]:

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from trainctl.spec.data_checks import data_violations
 from trainctl.spec.job import DataSpec, resolve_tokenizer
-from trainctl.spec.validate import data_violations
 
 
 def violations(**data) -> dict[str, str]:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from trainctl.spec.data_checks import evaluation_data_violations
 from trainctl.spec.job import JobSpecBody, TrainingJob
 from trainctl.spec.path_fields import path_fields
-from trainctl.spec.validate import evaluation_data_violations, semantic_violations
+from trainctl.spec.validate import semantic_violations
 
 
 def job(spec: dict) -> TrainingJob:

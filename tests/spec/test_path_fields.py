@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainctl.spec.job import MAX_PATH_LENGTH
+from trainctl.spec.bounds import MAX_PATH_LENGTH
+from trainctl.spec.data_checks import resolve_data_paths
 from trainctl.spec.path_fields import path_fields
 from trainctl.spec.sweep import load_sweep_file
-from trainctl.spec.validate import SpecError, load_job_file, resolve_data_paths
+from trainctl.spec.validate import SpecError, load_job_file
 
 
 def write_spec(path: Path, spec: dict, kind: str = "TrainingJob") -> Path:

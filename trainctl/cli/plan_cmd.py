@@ -149,7 +149,8 @@ def _offline_plan(args: argparse.Namespace, job: TrainingJob) -> tuple[pb.PlanJo
 
 
 def validate(args: argparse.Namespace) -> int:
-    from trainctl.spec.validate import pretrained_check, pretrained_warnings, semantic_violations
+    from trainctl.spec.model_checks import pretrained_check, pretrained_warnings
+    from trainctl.spec.validate import semantic_violations
 
     job = load_job(args.file)
     violations = semantic_violations(job, pool_gpus=args.pool_gpus, check_data=True)

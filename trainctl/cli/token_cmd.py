@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
     from pydantic import ValidationError
 
-    from trainctl.spec.validate import violations_from_pydantic
+    from trainctl.spec.pydantic_violations import violations_from_pydantic
     from trainctl.wire.tokens import Role, TokenEntry, generate_token, hash_token
 
     if args.token_command == "hash":

@@ -3,7 +3,7 @@ GPU of the pool (CreateJob, PlanJob, the offline plan, a sweep's trials).
 
 Estimates come from the engine's estimator (trainctl.parallelism.sizing.estimator: exact local shapes
 computed from the model's configuration, never by building it). Cost is bounded whatever the request:
-the spec's field bounds (trainctl.spec.job) cap the parameter count per rank, ranks with the same
+the spec's field bounds (trainctl.spec.bounds) cap the parameter count per rank, ranks with the same
 estimate are estimated once (`rank_class`), and at most `MAX_ESTIMATED_PARAMS` parameter shapes are
 visited per call.
 """

@@ -76,8 +76,9 @@ from trainctl.parallelism.sizing.working_copies import WorkingCopies
 from trainctl.planning.pool import OFFLINE_BUDGET_S, GpuPool, PlannedPlacement
 from trainctl.spec.hf_config import weights_problem
 from trainctl.spec.job import JobSpecBody, ParallelismSpec, TrainingJob
+from trainctl.spec.model_checks import model_violations
 from trainctl.spec.presets import PretrainedConfigError, UnknownPresetError
-from trainctl.spec.validate import model_violations, semantic_violations
+from trainctl.spec.validate import semantic_violations
 from trainctl.workers.placement.cost import Workload
 from trainctl.workers.placement.fabric import LEVELS
 from trainctl.workers.placement.solver import job_traffic

@@ -30,7 +30,8 @@ from trainctl.parallelism.sizing.step_time import modelled_step_time
 from trainctl.planning.fit import estimable, estimate_ranks, fit_violations
 from trainctl.planning.pool import OFFLINE_BUDGET_S, GpuPool, PlannedPlacement
 from trainctl.spec.job import TrainingJob
-from trainctl.spec.validate import FieldViolation, pretrained_check, pretrained_warnings, semantic_violations
+from trainctl.spec.model_checks import pretrained_check, pretrained_warnings
+from trainctl.spec.validate import FieldViolation, semantic_violations
 from trainctl.workers.topology import TopologyMap
 
 MAX_MEMORY_RANKS = 64
@@ -74,7 +75,7 @@ class JobPlan:
         return {} if self.grid is None else {**{d: getattr(self.grid, d) for d in DIMS}, "ep": self.grid.ep}
 
     def with_warnings(self, warnings: Iterable[FieldViolation]) -> JobPlan:
-        """This plan with a valid job's warnings (`trainctl.spec.validate.pretrained_warnings`) as notes."""
+        """This plan with a valid job's warnings (`spec.model_checks.pretrained_warnings`) as notes."""
         return replace(self, notes=(*self.notes, *(f"warning: {w.field}: {w.description}" for w in warnings)))
 
 

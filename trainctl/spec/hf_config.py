@@ -15,7 +15,7 @@ config naming `architectures` must name that family's causal-LM class. Both the 
 model types and architectures, `hidden_act` other than silu, biases on o_proj or the MLP, RoPE scaling
 other than `llama3`, sliding-window attention that is actually used (Qwen `use_sliding_window`,
 non-full `layer_types`). A Mistral or Mixtral `sliding_window` is kept in the fields: a job whose
-seq_len does not exceed it attends exactly as full causal attention (spec.validate checks that).
+seq_len does not exceed it attends exactly as full causal attention (spec.model_checks checks that).
 Mixtral's MoE settings come back as the `moe` dict (`MoEConfig` fields).
 """
 
@@ -24,8 +24,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from trainctl.spec.bounds import (
+    MAX_DIM,
+    MAX_EXPERTS,
+    MAX_FFN_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SEQ_LEN,
+    MAX_VOCAB,
+)
 from trainctl.spec.files import FileRule, FileRuleError, loads_bounded
-from trainctl.spec.job import MAX_DIM, MAX_EXPERTS, MAX_FFN_DIM, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB
 
 CONFIG_FILE = "config.json"
 MAX_CONFIG_BYTES = 1 << 20

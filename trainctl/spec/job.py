@@ -1,68 +1,45 @@
 """The TrainingJob spec: what a user writes in YAML and what every layer reads.
 
 Pure pydantic, no torch, no Ray, no gRPC: the lowest layer, imported by parallelism/, workers/ and
-service/ alike. Field-level rules (types, ranges, unknown keys) live here; rules that relate fields to
-each other (divisibility, world size) live in `trainctl.spec.validate`.
+service/ alike. Field-level rules (types, ranges, unknown keys) live here and in the sections of their own
+(`model_spec`, `command_spec`; bounds in `bounds`, the base model in `strict_model`); rules that relate
+fields to each other (divisibility, world size) live in `trainctl.spec.validate`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from trainctl.spec.bounds import (
+    MAX_BATCH,
+    MAX_DATA_PATHS,
+    MAX_DEGREE,
+    MAX_FILES,
+    MAX_KEEP_LAST,
+    MAX_LABEL_KEY,
+    MAX_LABEL_VALUE,
+    MAX_LABELS,
+    MAX_LABELS_BYTES,
+    MAX_LORA_RANK,
+    MAX_PATH_LENGTH,
+    MAX_PREFETCH,
+    MAX_RESTARTS,
+    MAX_SEQ_LEN,
+    MAX_STEP_TIMEOUT_SECONDS,
+    MAX_STEPS,
+    MAX_VIRTUAL_STAGES,
 )
-
+from trainctl.spec.command_spec import CommandSpec
 from trainctl.spec.data_format import DataFormat
-from trainctl.spec.strict_input import input_errors, type_members
+from trainctl.spec.model_spec import ModelSpec
+from trainctl.spec.strict_model import Int64, PathText, StrictModel, count
 
 API_VERSION = "trainctl/v1"
 KIND = "TrainingJob"
 NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-"""The proto carries every integer as int64: a spec value outside this range has no wire form."""
-
-# Upper bounds of every count (docs/security.md, "Request bounds"): far above any real job, low enough
-# that no server-side computation on a spec (validation, planning, estimation) can run away.
-MAX_VOCAB = 4_194_304
-MAX_DIM = 65_536
-MAX_FFN_DIM = 262_144
-MAX_LAYERS = 1_024
-MAX_HEADS = 1_024
-MAX_EXPERTS = 1_024
-MAX_SEQ_LEN = 2_097_152
-MAX_BATCH = 1_048_576
-MAX_STEPS = 1_000_000_000
-MAX_DEGREE = 65_536
-MAX_VIRTUAL_STAGES = 64
-MAX_FILES = 10_000_000
-MAX_PREFETCH = 64
-MAX_KEEP_LAST = 1_000
-MAX_RESTARTS = 1_000
-MAX_STEP_TIMEOUT_SECONDS = 7 * 24 * 3600.0
-MAX_LORA_RANK = 4_096
-MAX_DATA_PATHS = 1_024
-MAX_PATH_LENGTH = 4_096
-MAX_LABELS = 64
-MAX_LABEL_KEY = 63
-MAX_LABEL_VALUE = 256
-MAX_LABELS_BYTES = 16_384
-MAX_COMMAND_ARGS = 1_024
-MAX_COMMAND_ARG_LENGTH = 16_384
-MAX_ENV_VARS = 256
-MAX_ENV_BYTES = 65_536
-
-Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
-PathText = Annotated[str, Field(max_length=MAX_PATH_LENGTH)]
 
 
 def _one_recursive_wildcard(pattern: str) -> str:
@@ -75,42 +52,6 @@ def _one_recursive_wildcard(pattern: str) -> str:
 
 
 DataPathText = Annotated[PathText, AfterValidator(_one_recursive_wildcard)]
-
-
-def count(upper: int, lower: int = 1) -> type[int]:
-    """An integer field in [lower, upper]."""
-    return Annotated[int, Field(ge=lower, le=upper)]  # type: ignore[return-value]
-
-
-class StrictModel(BaseModel):
-    """Base for every spec block: unknown keys are errors, NaN and infinity are refused, values are re-validated
-    on assignment, booleans, numbers and text are not coerced into one another and no text holds a
-    character the store cannot keep (NUL, a lone surrogate): trainctl.spec.strict_input."""
-
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
-    )
-
-    _field_members: ClassVar[dict[str, tuple[Any, ...]]] = {}
-    """Field name -> the types its value may have (trainctl.spec.strict_input.type_members), per model."""
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        cls._field_members = {name: type_members(info.annotation) for name, info in cls.model_fields.items()}
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _as_written(cls, value: Any, info: ValidationInfo) -> Any:
-        """Refuse `value` where it is not of a kind the field's type names, or holds unstorable text. JSON
-        input is left alone: trainctl reads only its own dumps of validated specs as JSON (the store, the
-        supervisor, the ranks), and re-checking them would double the cost of every read."""
-        if info.mode == "json" or info.field_name is None:
-            return value
-        errors = input_errors(cls._field_members[info.field_name], value)
-        if errors:
-            raise ValidationError.from_exception_data(cls.__name__, errors)
-        return value
 
 
 class Metadata(StrictModel):
@@ -137,78 +78,6 @@ class Metadata(StrictModel):
             raise ValueError(f"labels hold {size} bytes of keys and values; at most {MAX_LABELS_BYTES}")
         return value
 
-
-
-MoEAuxLoss = Literal["per_layer_sum", "transformers"]
-"""Conventions for the MoE load-balancing loss (`MoESpec.aux_loss`)."""
-
-
-class MoESpec(StrictModel):
-    num_experts: count(MAX_EXPERTS) = 8
-    """Routed experts per MoE layer (at most 1024)."""
-    top_k: count(MAX_EXPERTS) = 2
-    """Experts each token is sent to."""
-    shared_expert: bool = False
-    """Add one always-on expert beside the routed ones (DeepSeek-style)."""
-    aux_loss_coef: float = Field(default=0.01, ge=0.0)
-    """Weight of the Switch-style load-balancing loss added to the language-model loss (its meaning
-    depends on `aux_loss`)."""
-    aux_loss: MoEAuxLoss = "per_layer_sum"
-    """How the load-balancing loss is formed per micro-batch. `per_layer_sum`: each MoE layer's
-    `E * sum_e f_e * P_e` (1.0 when balanced), summed over layers. `transformers`: Hugging Face
-    Mixtral's `load_balancing_loss_func`, one `E * sum_e f_e * P_e` over all layers' router
-    statistics together, with `f_e` per top-k slot (top_k when balanced), so `aux_loss_coef` is
-    Mixtral's `router_aux_loss_coef`."""
-    interval: count(MAX_LAYERS) = 1
-    """Every `interval`-th decoder layer is an MoE layer (1 = all of them)."""
-
-
-DEFAULT_PRESET = "debug"
-SHAPE_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta", "norm_eps", "moe")
-"""The ModelSpec fields that override a preset's shape."""
-
-
-class ModelSpec(StrictModel):
-    preset: str = Field(default=DEFAULT_PRESET, max_length=64)
-    """Named model shape (see `trainctl.spec.presets.PRESETS`); fields below override it."""
-    vocab_size: count(MAX_VOCAB) | None = None
-    """Vocabulary size (at most 4,194,304); the byte tokenizer needs at least 256."""
-    dim: count(MAX_DIM) | None = None
-    """Hidden size (at most 65,536)."""
-    n_layers: count(MAX_LAYERS) | None = None
-    """Decoder layers (at most 1024)."""
-    n_heads: count(MAX_HEADS) | None = None
-    """Query heads (at most 1024)."""
-    n_kv_heads: count(MAX_HEADS) | None = None
-    """Key/value heads (grouped-query attention); must divide n_heads."""
-    ffn_dim: count(MAX_FFN_DIM) | None = None
-    """SwiGLU hidden size (at most 262,144)."""
-    rope_theta: float | None = Field(default=None, gt=0)
-    """RoPE base frequency."""
-    norm_eps: float | None = Field(default=None, gt=0)
-    """RMSNorm epsilon."""
-    moe: MoESpec | None = None
-    """Mixture-of-experts settings; None keeps the preset's (dense presets have none)."""
-    from_pretrained: PathText | None = None
-    """A local Hugging Face model directory (config.json + model.safetensors or a sharded index): the
-    model's shape comes from its config.json and its initial weights from its safetensors files
-    (families llama, mistral, qwen2, qwen3, mixtral). Excludes `preset` and the shape fields above, and
-    `spec.init_from`."""
-
-    @model_validator(mode="after")
-    def _pretrained_excludes_shape(self) -> ModelSpec:
-        if self.from_pretrained is None:
-            return self
-        set_fields = [name for name in SHAPE_FIELDS if getattr(self, name) is not None]
-        if self.preset != DEFAULT_PRESET:
-            set_fields.insert(0, "preset")
-        if set_fields:
-            named = ", ".join(f"spec.model.{name}" for name in set_fields)
-            raise ValueError(
-                f"spec.model.from_pretrained and {named} are mutually exclusive: the shape comes from the "
-                "directory's config.json"
-            )
-        return self
 
 
 MAX_FIELD_NAME = 256
@@ -449,65 +318,6 @@ class SchedulingSpec(StrictModel):
 
 
 LoRATarget = Literal["wq", "wk", "wv", "wo", "w1", "w2", "w3"]
-
-
-ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RESERVED_ENV = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES",
-)
-"""Variables a command job's ranks get from trainctl (docs/command-jobs.md); `spec.command.env` may not
-set them, nor any ``TRAINCTL_*`` one."""
-RESERVED_ENV_PREFIX = "TRAINCTL_"
-
-EnvName = Annotated[str, Field(min_length=1, max_length=256)]
-
-
-class CommandSpec(StrictModel):
-    """A command job: the user's own program, run on every rank with the environment `torchrun` gives
-    (docs/command-jobs.md). Excludes the built-in engine's `model`, `data`, `training`, `init_from`
-    and `lora`; `parallelism` is only declared, for placement."""
-
-    program: PathText
-    """The program each rank runs: a path, or a name looked up on the rank's PATH; `python` and
-    `python3` mean the rank worker's own interpreter."""
-    args: list[Annotated[str, Field(max_length=MAX_COMMAND_ARG_LENGTH)]] = Field(
-        default_factory=list, max_length=MAX_COMMAND_ARGS
-    )
-    """Arguments passed to the program, as given (no shell; at most 1024 of 16 KiB each)."""
-    working_dir: PathText | None = None
-    """Directory the program runs in, subject to the service's path policy (under a data root when the
-    service has some); None: the job's run directory."""
-    env: dict[EnvName, Annotated[str, Field(max_length=MAX_ENV_BYTES)]] = Field(
-        default_factory=dict, max_length=MAX_ENV_VARS
-    )
-    """Extra environment variables (at most 256, 64 KiB of names and values in all); the variables
-    trainctl sets (RANK, MASTER_ADDR, ..., TRAINCTL_*) cannot be overridden."""
-    no_progress_timeout_seconds: float | None = Field(default=None, gt=0, le=MAX_STEP_TIMEOUT_SECONDS)
-    """A program that has not reported a step (`trainctl.report`) and printed no line for this long
-    counts as hung (its group restarts); None: no such limit. Once it reports steps,
-    `scheduling.step_timeout_seconds` applies as for built-in jobs."""
-
-    @field_validator("program")
-    @classmethod
-    def _program_named(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must name the program to run, not be empty")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not ENV_NAME_PATTERN.match(name):
-                raise ValueError(f"{name[:64]!r} is not an environment variable name (letters, digits, '_')")
-            if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
-                raise ValueError(f"{name} is set by trainctl on every rank and cannot be overridden")
-        size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
-        if size > MAX_ENV_BYTES:
-            raise ValueError(f"env holds {size} bytes of names and values; at most {MAX_ENV_BYTES}")
-        return value
 
 
 class LoRASpec(StrictModel):

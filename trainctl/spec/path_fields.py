@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from trainctl.spec.job import MAX_PATH_LENGTH, STDLIB_CORPUS, TOKENIZER_AUTO, DataSpec, JobSpecBody
+from trainctl.spec.bounds import MAX_PATH_LENGTH
+from trainctl.spec.job import STDLIB_CORPUS, TOKENIZER_AUTO, DataSpec, JobSpecBody
 from trainctl.spec.violations import FieldViolation, SpecError
 
 JOB_REFERENCE_PREFIX = "job:"

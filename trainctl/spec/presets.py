@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from trainctl.spec.files import FileRule
 from trainctl.spec.hf_config import PretrainedConfigError, read_hf_config
-from trainctl.spec.job import ModelSpec, MoEAuxLoss
+from trainctl.spec.model_spec import ModelSpec, MoEAuxLoss
 
 __all__ = ["PRESETS", "ModelConfig", "MoEConfig", "PretrainedConfigError", "RopeScaling", "UnknownPresetError", "resolve_model"]
 
@@ -51,7 +51,7 @@ class ModelConfig:
     window its config.json declares (the engine attends causally over the whole sequence, so a job's
     seq_len must not exceed it). `max_position_embeddings` is the context an imported model trained on, as
     its config.json states it (None: a preset, or a config naming no positive integer; a longer seq_len is
-    a warning, `spec.validate.pretrained_warnings`).
+    a warning, `spec.model_checks.pretrained_warnings`).
     """
 
     vocab_size: int

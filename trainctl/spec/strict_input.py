@@ -16,7 +16,7 @@ Kubernetes and JSON Schema: a value is accepted only where its kind is one the f
 Lists and maps are walked item by item with their item type; a section's fields are checked by its own
 model. Every string met on the way, map keys included, must be storable (trainctl.spec.text). Each
 problem is a pydantic error at the offending item's location, so `violations_from_pydantic` names it like
-any other (`spec.command.args[0]`, `spec.command.env.LR`). `StrictModel` (trainctl.spec.job) applies
+any other (`spec.command.args[0]`, `spec.command.env.LR`). `StrictModel` (trainctl.spec.strict_model) applies
 `input_errors` to every field of every spec model before pydantic validates it.
 """
 

@@ -10,7 +10,7 @@ itself overrides what it merges.
 A number in exponent form without a dot (`lr: 3e-4`, `1e5`) is a float, as YAML 1.2 says: PyYAML follows
 YAML 1.1, whose floats need a dot, and would read it as the string "3e-4", which the spec's types refuse
 (they do not coerce text into numbers). `load` takes the C parser when PyYAML has it (`fast`: large
-topology maps); the job spec's loader adds its own bounds on top (trainctl.spec.validate).
+topology maps); the job spec's loader adds its own bounds on top (trainctl.spec.bounded_yaml).
 """
 
 from __future__ import annotations

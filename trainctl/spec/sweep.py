@@ -14,17 +14,14 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError
 
-from trainctl.spec.job import API_VERSION, MAX_STEPS, JobSpecBody, Metadata, StrictModel, TrainingJob, count
+from trainctl.spec.bounded_yaml import bounded_spec_text, bounded_yaml_document
+from trainctl.spec.bounds import MAX_STEPS
+from trainctl.spec.job import API_VERSION, JobSpecBody, Metadata, TrainingJob
 from trainctl.spec.path_fields import with_paths_under
+from trainctl.spec.pydantic_violations import violations_from_pydantic
+from trainctl.spec.strict_model import StrictModel, count
 from trainctl.spec.text import printable, unstorable_problem
-from trainctl.spec.validate import (
-    FieldViolation,
-    SpecError,
-    bounded_spec_text,
-    bounded_yaml_document,
-    semantic_violations,
-    violations_from_pydantic,
-)
+from trainctl.spec.validate import FieldViolation, SpecError, semantic_violations
 
 SWEEP_KIND = "Sweep"
 MAX_PARAMETERS = 32

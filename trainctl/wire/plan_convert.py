@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainctl.spec.job import INT64_MAX
+from trainctl.spec.bounds import INT64_MAX
 from trainctl.v1 import training_pb2 as pb
 
 if TYPE_CHECKING:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from secure_service import SecureService, Tokens, bearer, refused, start_service, stub, write_access_file
 
-from trainctl.spec.job import MAX_ENV_BYTES, TrainingJob
+from trainctl.spec.bounds import MAX_ENV_BYTES
+from trainctl.spec.job import TrainingJob
 from trainctl.v1 import training_pb2 as pb
 from trainctl.wire.convert import job_from_proto, job_to_proto
 

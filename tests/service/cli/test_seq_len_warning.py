@@ -13,8 +13,8 @@ from trainctl.cli.client import TrainctlClient
 from trainctl.cli.main import main
 from trainctl.planning.plan import plan_on_map
 from trainctl.spec.job import TrainingJob
+from trainctl.spec.model_checks import pretrained_warnings
 from trainctl.spec.presets import resolve_model
-from trainctl.spec.validate import pretrained_warnings
 from trainctl.workers.topology import simulated_topology
 
 LLAMA = {

@@ -9,8 +9,8 @@ import pytest
 
 from trainctl.service.security.paths import JobPathPolicy
 from trainctl.service.security.tenancy import Principal, Role
+from trainctl.spec.data_checks import data_violations
 from trainctl.spec.job import DataSpec, JobSpecBody
-from trainctl.spec.validate import data_violations
 
 ALICE = Principal("alice", "vision", Role.USER)
 

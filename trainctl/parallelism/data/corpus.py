@@ -34,9 +34,9 @@ import torch
 from trainctl.parallelism.data.holdout import HOLDOUT_FIELD, Holdout
 from trainctl.parallelism.data.tokenizer import Tokenizer, document_tokens, load_tokenizer
 from trainctl.parallelism.errors import ConfigurationError
+from trainctl.spec.data_checks import resolve_data_paths
 from trainctl.spec.files import FileRule
-from trainctl.spec.job import DataSpec, resolve_tokenizer
-from trainctl.spec.validate import STDLIB_CORPUS, resolve_data_paths
+from trainctl.spec.job import STDLIB_CORPUS, DataSpec, resolve_tokenizer
 
 IGNORE_INDEX = -100
 """Target id of a position the loss leaves out (PyTorch's and transformers' convention)."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ from trainctl.parallelism.engine.optim import build_optimizer, build_scheduler, 
 from trainctl.parallelism.engine.phase_timer import PhaseTimer
 from trainctl.parallelism.engine.step_checkpoints import StepCheckpoints
 from trainctl.parallelism.engine.step_report import StepReport
+from trainctl.parallelism.engine.step_reporting import StepReporter
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.layouts import float8
 from trainctl.parallelism.layouts.context_parallel import shard_batch_for_cp
@@ -67,12 +67,6 @@ from trainctl.parallelism.layouts.pipeline import PipelineRunner
 from trainctl.parallelism.layouts.tensor_parallel import loss_context
 from trainctl.parallelism.model.moe import pop_aux_loss
 from trainctl.parallelism.resolved_job import ResolvedJob
-from trainctl.parallelism.sizing.flops import (
-    full_attention_flops_per_token,
-    mfu,
-    peak_flops,
-    training_flops_per_token,
-)
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.presets import PretrainedConfigError
@@ -121,12 +115,6 @@ def resolved_job(job: JobSpecBody, files: FileRule) -> ResolvedJob:
         raise ConfigurationError(f"spec.model.from_pretrained: {exc}") from None
 
 
-def _peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
 class Trainer:
     """Builds the model, layout, optimizer and data for one rank, and runs the loop.
 
@@ -167,9 +155,7 @@ class Trainer:
         self.device = resolve_device(device, rank)
         float8.check_float8_device(job.training.fp8, self.device)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
-        self.on_step = on_step
         self.on_event = on_event
-        self.on_step_time = on_step_time
         self.file_rule = file_rule
         self.stop_requested = stop_requested
         resolved = efficiency.resolve_micro_batch_size(resolved_job(job, file_rule), self.device)
@@ -195,10 +181,8 @@ class Trainer:
             if self.job.evaluation is not None else None
         )
         self.step = 0
-        self.flops_per_token = training_flops_per_token(self.config, self.job.data.seq_len, self.job.lora)
-        self.flops_per_token_full_attention = full_attention_flops_per_token(self.config, self.job.data.seq_len, self.job.lora)
-        self.peak_flops = peak_flops(
-            torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None, self.job.training.dtype
+        self.reporter = StepReporter(
+            self.job, self.config, rank=rank, world_size=world_size, device=self.device, on_step=on_step, on_step_time=on_step_time
         )
 
     # ---- setup steps --------------------------------------------------------------------------------
@@ -439,48 +423,6 @@ class Trainer:
         if self.on_event is not None and self.rank == 0:
             self.on_event(message)
 
-    def _report_step(
-        self,
-        t0: float,
-        lr: float,
-        loss: float,
-        norm: float,
-        breakdown: dict[str, float],
-        checkpoint_started: float | None,
-        checkpoint_bytes: int | None,
-        eval_loss: float | None = None,
-    ) -> None:
-        """Report the step that started at ``t0``: its time from every rank, its StepReport from rank 0
-        (with the checkpoint's time and size when the step saved one, and its eval loss; the time of
-        an evaluation, `breakdown["evaluation"]`, is left out of the step's time)."""
-        now = time.perf_counter()
-        if checkpoint_started is not None:
-            breakdown["checkpoint"] = now - checkpoint_started
-        elapsed = now - t0 - breakdown.get("evaluation", 0.0)
-        if self.on_step_time is not None:
-            self.on_step_time(self.step, elapsed)
-        if self.on_step is None or self.rank != 0:
-            return
-        tokens_per_step = self.job.training.global_batch_size * self.job.data.seq_len
-        tps = tokens_per_step / elapsed
-        self.on_step(
-            StepReport(
-                step=self.step,
-                loss=loss,
-                grad_norm=norm,
-                lr=lr,
-                tokens=tokens_per_step,
-                tokens_per_second=tps,
-                mfu=mfu(self.flops_per_token, tps, self.world_size, self.peak_flops),
-                mfu_full_attention=mfu(self.flops_per_token_full_attention, tps, self.world_size, self.peak_flops),
-                step_time_seconds=elapsed,
-                breakdown=breakdown,
-                peak_memory_bytes=_peak_memory(self.device),
-                checkpoint_bytes=checkpoint_bytes,
-                eval_loss=eval_loss,
-            )
-        )
-
     def _evaluate_if_due(self, last: bool, breakdown: dict[str, float]) -> float | None:
         """The eval loss after this step when an evaluation is due (its time in `breakdown`), else None."""
         if self.evaluator is None or not self.evaluator.due(self.step, last):
@@ -514,7 +456,6 @@ class Trainer:
         resumed = self.maybe_resume()
         self._event(f"training {self.grid.describe()} from step {self.step} to {train.steps}")
         losses: list[float] = []
-        tokens_per_step = train.global_batch_size * self.job.data.seq_len
         last_path: Path | None = None
         stopped = False
         interval = self.job.checkpoint.interval_steps
@@ -535,13 +476,15 @@ class Trainer:
                 stopped = not end and self._stop_agreed()
                 last = end or stopped  # a stopped run checkpoints and reports its step as its last
                 report_due = self.step % train.log_interval == 0 or last or eval_loss is not None
-                plain = partial(self._report_step, t0, lr, loss, norm, breakdown, None, None, eval_loss)
+                plain = partial(self.reporter.report, self.step, t0, lr, loss, norm, breakdown, None, None, eval_loss)
                 if checkpoints is None:
                     if report_due:
                         plain()
                     continue
                 # Rank 0 reports a step before a checkpoint is committed; the other ranks time it after.
-                report = partial(self._report_step, t0, lr, loss, norm, breakdown, time.perf_counter(), eval_loss=eval_loss)
+                report = partial(
+                    self.reporter.report, self.step, t0, lr, loss, norm, breakdown, time.perf_counter(), eval_loss=eval_loss
+                )
                 save_due = bool(interval and self.step % interval == 0) or last
                 committed = checkpoints.after_step(
                     self.step, save_due=save_due, last=last, report_due=report_due, report=report, plain=plain
@@ -556,7 +499,7 @@ class Trainer:
             steps_completed=self.step,
             final_loss=losses[-1] if losses else None,
             losses=losses,
-            tokens_seen=len(losses) * tokens_per_step,
+            tokens_seen=len(losses) * self.reporter.tokens_per_step,
             wall_seconds=time.perf_counter() - start,
             resumed_from_step=resumed,
             last_checkpoint=str(last_path) if last_path else None,

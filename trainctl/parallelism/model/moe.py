@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from trainctl.parallelism.model.feed_forward import FeedForward
-from trainctl.spec.job import MoEAuxLoss
+from trainctl.spec.model_spec import MoEAuxLoss
 from trainctl.spec.presets import MoEConfig
 
 

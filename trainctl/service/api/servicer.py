@@ -48,18 +48,12 @@ from trainctl.service.store import (
     StoreUnavailable,
 )
 from trainctl.service.tracking.policy import TrackingPolicy
-from trainctl.spec.job import INT64_MAX, TrainingJob
+from trainctl.spec.bounds import INT64_MAX
+from trainctl.spec.data_checks import data_violations, evaluation_data_violations
+from trainctl.spec.job import TrainingJob
+from trainctl.spec.model_checks import pretrained_check, pretrained_warnings
 from trainctl.spec.presets import ModelConfig, UnknownPresetError
-from trainctl.spec.validate import (
-    FieldViolation,
-    SpecError,
-    data_violations,
-    evaluation_data_violations,
-    pretrained_check,
-    pretrained_warnings,
-    semantic_violations,
-    working_dir_violations,
-)
+from trainctl.spec.validate import FieldViolation, SpecError, semantic_violations, working_dir_violations
 from trainctl.v1 import training_pb2 as pb
 from trainctl.wire.convert import job_from_proto, request_digest, timestamp
 from trainctl.wire.errors import (

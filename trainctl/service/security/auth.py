@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trainctl.service.security.tenancy import ANONYMOUS, Principal, Quota
 from trainctl.spec import strict_yaml
-from trainctl.spec.validate import violations_from_pydantic
+from trainctl.spec.pydantic_violations import violations_from_pydantic
 from trainctl.wire.tokens import TENANT_PATTERN, TokenEntry
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ directories), `spec.data.tokenizer`, `spec.init_from`, `spec.model.from_pretrain
   may read (otherwise refused exactly as an unknown id), and `resolve` replaces it by that job's run
   directory before the job is stored.
 
-Whether the files exist, are readable and hold enough data is checked afterwards (spec.validate), only
+Whether the files exist, are readable and hold enough data is checked afterwards (spec.data_checks), only
 for paths this rule let through.
 
 Residual risk, documented in docs/security.md: validation happens at CreateJob; a tenant who can write
@@ -37,10 +37,11 @@ from pathlib import Path
 
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.service.security.tenancy import Principal
+from trainctl.spec.data_checks import resolve_data_paths
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import JobSpecBody
 from trainctl.spec.path_fields import JOB_REFERENCE_PREFIX, is_relative, path_fields
-from trainctl.spec.validate import FieldViolation, resolve_data_paths
+from trainctl.spec.violations import FieldViolation
 
 log = logging.getLogger(__name__)
 

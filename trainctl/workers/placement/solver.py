@@ -30,7 +30,7 @@ from itertools import product
 
 from trainctl.parallelism.layouts.grid import RankGrid
 from trainctl.parallelism.resolved_job import ResolvedJob
-from trainctl.spec.job import DEFAULT_PRESET
+from trainctl.spec.model_spec import DEFAULT_PRESET
 from trainctl.spec.presets import PRESETS, ModelConfig
 from trainctl.workers.placement.cost import (
     SPLIT_DIMS,

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainctl.spec import strict_yaml
-from trainctl.spec.validate import violations_from_pydantic
+from trainctl.spec.pydantic_violations import violations_from_pydantic
 from trainctl.workers.topology.model import (
     Fabric,
     Metadata,
