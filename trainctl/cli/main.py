@@ -1,7 +1,7 @@
 """The `trainctl` command.
 
     trainctl serve [--address HOST:PORT] [--health-address HOST:PORT] [--data-dir DIR] [--store URL] [--metrics-port N] [--ray-address ADDR] [--topology FILE] [--warm-pool]
-                   [--nodes N] [--gpus-per-node G]
+                   [--nodes N] [--gpus-per-node G] [--autoscaling]
     trainctl submit FILE [--watch]       trainctl get JOB [-o yaml|json]     trainctl list [--state S] [--label k=v]
     trainctl cancel JOB                  trainctl logs JOB [-f] [--rank N]   trainctl plan FILE [--cluster PRESET:N | --topology MAP]
     trainctl plan FILE --cluster PRESET:N | --topology MAP --suggest [--top K] [--gpus N] [--headroom F]

@@ -84,6 +84,9 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--warm-pool", action="store_true",
                        help="keep an engine-loaded rank process on every free GPU slot, so jobs start without the "
                             "imports (about 300 MB of host memory per slot)")
+    serve.add_argument("--autoscaling", action="store_true",
+                       help="ask Ray's autoscaler for the topology map's nodes Ray lacks when a queued job needs "
+                            "them, and withdraw the request when none does (docs/deploy.md, Autoscaling)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         store=args.store, ray_address=args.ray_address, **embedded,
         topology=args.topology, tokens_file=args.tokens_file, tls=tls, data_roots=args.data_root or [],
         allow_any_data_path=args.allow_any_data_path, warm_pool=args.warm_pool, health_address=args.health_address,
-        mlflow_tracking_uri=args.mlflow_tracking_uri, mlflow_allow=args.mlflow_allow or [],
+        mlflow_tracking_uri=args.mlflow_tracking_uri, mlflow_allow=args.mlflow_allow or [], autoscaling=args.autoscaling,
         preemption=PreemptionPolicy(
             enabled=not args.no_preemption, grace_seconds=args.preemption_grace, cooldown_seconds=args.preemption_cooldown,
         ),

@@ -74,6 +74,12 @@ def fleet() -> Dashboard:
                   _quantiles("trainctl_placement_solver_duration_seconds", ""), unit="s", width=8),
             Panel("timeseries", "Store latency", _quantiles("trainctl_store_operation_duration_seconds", "op"),
                   unit="s", width=8),
+            Panel("timeseries", "Pending scale-up",
+                  (Query("max(trainctl_scale_up_pending_nodes)", "nodes asked"),), width=12, decimals=0,
+                  description="Nodes asked of Ray's autoscaler for the queued job at the head of the queue, not "
+                              "placed on yet (docs/deploy.md, Autoscaling)."),
+            Panel("timeseries", "Scale-up wait", (Query("max(trainctl_scale_up_pending_age_seconds)", "age"),),
+                  unit="s", width=12, description="How long the pending scale-up has waited for its nodes."),
             Panel("table", "Build", (Query("trainctl_build_info", "{{version}}", instant=True),), width=24, height=5,
                   description="Versions of the running service."),
         ),

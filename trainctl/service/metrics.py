@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
@@ -43,10 +43,11 @@ GRPC_CODES = (
 )
 """grpc.StatusCode names: the values of the `code` label."""
 
-SCHEDULING_DECISIONS = ("started", "no_capacity", "preempting", "quota", "infeasible")
+SCHEDULING_DECISIONS = ("started", "no_capacity", "preempting", "scaling_up", "quota", "infeasible")
 """What one scheduling pass did with the job at the head of the queue: started it; left it queued for
-lack of free GPUs; left it queued while the jobs preempted for it stop; left it queued by the tenant's
-quota; or found no placement that could ever fit."""
+lack of free GPUs; left it queued while the jobs preempted for it stop; left it queued while the nodes
+asked of the autoscaler for it join; left it queued by the tenant's quota; or found no placement that
+could ever fit."""
 
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 """Code-chosen label values (`op`, `phase`): snake_case identifiers, so a caller cannot pass data."""
@@ -120,6 +121,7 @@ class ServiceMetrics:
         self._finished: deque[tuple[float, str]] = deque()
         """(finished_at, job id) in the order jobs finished: what `expire_finished_jobs` walks."""
         self._oldest_queued_at: float | None = None
+        self._scale_up_since: float | None = None
         r = registry
         # The metric catalogue: one declaration per metric, a deliberate table (rows look alike by design).
 
@@ -163,6 +165,13 @@ class ServiceMetrics:
         self.gpus_used = Gauge(
             "trainctl_cluster_gpus_used", "GPUs reserved by placed jobs, by node and NVLink domain.",
             ["node", "nvlink_domain"], registry=r)
+        self.scale_up_nodes = Gauge(
+            "trainctl_scale_up_pending_nodes", "Map nodes asked of Ray's autoscaler for a queued job and not "
+            "placed on yet (0: no scale-up pending).", registry=r)
+        self.scale_up_age = Gauge(
+            "trainctl_scale_up_pending_age_seconds", "How long the pending scale-up has been asked for (0: none).",
+            registry=r)
+        self.scale_up_age.set_function(self._scale_up_age)
         self.tenant_gpus = Gauge(
             "trainctl_tenant_gpus", "Each tenant's GPUs held by its active jobs (used), its guaranteed share "
             "(guaranteed, when it has one) and what it holds beyond it (borrowed).", ["tenant", "kind"], registry=r)
@@ -246,7 +255,21 @@ class ServiceMetrics:
 
     def _oldest_age(self) -> float:
         with self._lock:
-            since = self._oldest_queued_at
+            return self._age(self._oldest_queued_at)
+
+    def set_scale_up(self, nodes: Collection[str], since: float | None) -> None:
+        """The pending scale-up: the map nodes asked of Ray's autoscaler and the Unix time they were (no
+        nodes: none pending); its age is computed at scrape time."""
+        self.scale_up_nodes.set(len(nodes))
+        with self._lock:
+            self._scale_up_since = since if nodes else None
+
+    def _scale_up_age(self) -> float:
+        with self._lock:
+            return self._age(self._scale_up_since)
+
+    def _age(self, since: float | None) -> float:
+        """Seconds from the Unix time `since` to now (0 for None)."""
         return 0.0 if since is None else max(0.0, self._clock() - since)
 
     def set_jobs_by_state(self, counts: Mapping[str, int]) -> None:

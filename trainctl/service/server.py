@@ -17,6 +17,7 @@ import gc
 import logging
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +109,10 @@ class ServiceConfig:
     preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
     """Whether, and with what grace period and cooldown, queued jobs preempt running ones of lower priority
     (trainctl.service.scheduling.preemption)."""
+    autoscaling: bool = False
+    """Ask Ray's autoscaler for the map nodes Ray lacks that a blocked queued job needs, and withdraw the
+    request when none does (trainctl.service.scheduling.autoscaling); the Ray cluster must run the
+    autoscaler (KubeRay: enableInTreeAutoscaling), which lets idle nodes go after its idle timeout."""
 
 
 def build_grpc_server(
@@ -189,6 +194,7 @@ class Service:
         from trainctl.workers.ray_environment import prepare_ray_environment
 
         prepare_ray_environment()  # before this process first imports Ray (below)
+        from trainctl.workers.autoscaler import request_nodes
         from trainctl.workers.embedded import start_embedded
         from trainctl.workers.runtime import RayRuntime
 
@@ -222,6 +228,7 @@ class Service:
             self.store, self.pool, self._runtime, runs_dir,
             metrics=self.metrics, quota_of=authenticator.quota, leadership=self.leadership, paths=paths,
             tracker=self._tracker, preemption=config.preemption,
+            request_nodes=partial(request_nodes, topology) if config.autoscaling else None,
         )
         self.sweeps = SweepDriver(self.store, self.scheduler)
         servicer = self._servicer = TrainingServicer(

@@ -811,7 +811,7 @@ class Node(_message.Message):
     def __init__(self, name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., alive: _Optional[bool] = ...) -> None: ...
 
 class Cluster(_message.Message):
-    __slots__ = ("nodes", "total_gpus", "free_gpus", "used_gpus", "topology_source", "queued_jobs", "running_jobs", "preempted_jobs", "tenants")
+    __slots__ = ("nodes", "total_gpus", "free_gpus", "used_gpus", "topology_source", "queued_jobs", "running_jobs", "preempted_jobs", "tenants", "scale_up")
     NODES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_GPUS_FIELD_NUMBER: _ClassVar[int]
     FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -821,6 +821,7 @@ class Cluster(_message.Message):
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_JOBS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    SCALE_UP_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
     total_gpus: int
     free_gpus: int
@@ -830,7 +831,18 @@ class Cluster(_message.Message):
     running_jobs: int
     preempted_jobs: int
     tenants: _containers.RepeatedCompositeFieldContainer[TenantShare]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., total_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., used_gpus: _Optional[int] = ..., topology_source: _Optional[str] = ..., queued_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ..., preempted_jobs: _Optional[int] = ..., tenants: _Optional[_Iterable[_Union[TenantShare, _Mapping]]] = ...) -> None: ...
+    scale_up: ScaleUp
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., total_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., used_gpus: _Optional[int] = ..., topology_source: _Optional[str] = ..., queued_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ..., preempted_jobs: _Optional[int] = ..., tenants: _Optional[_Iterable[_Union[TenantShare, _Mapping]]] = ..., scale_up: _Optional[_Union[ScaleUp, _Mapping]] = ...) -> None: ...
+
+class ScaleUp(_message.Message):
+    __slots__ = ("job_id", "nodes", "request_time")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TIME_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    request_time: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., request_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class TenantShare(_message.Message):
     __slots__ = ("tenant", "used_gpus", "guaranteed_gpus", "borrowed_gpus")

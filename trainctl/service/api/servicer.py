@@ -337,6 +337,12 @@ class TrainingServicer:
             shown_share = cluster.tenants.add(tenant=share.tenant, used_gpus=share.used_gpus, borrowed_gpus=share.borrowed_gpus)
             if share.guaranteed_gpus is not None:
                 shown_share.guaranteed_gpus = share.guaranteed_gpus
+        pending = self.scheduler.autoscaling.pending if self.scheduler.autoscaling is not None else None
+        if pending is not None:
+            shown_job = pending.job_id if principal.is_admin or self._owns(principal, pending.job_id) else "(another tenant)"
+            cluster.scale_up.job_id = shown_job
+            cluster.scale_up.nodes.extend(pending.nodes)
+            timestamp(cluster.scale_up.request_time, pending.since)
         return cluster
 
     def _owns(self, principal: Principal, job_id: str) -> bool:

@@ -5,7 +5,8 @@ The queue is strict: a job that does not fit blocks lower ones, so a large job i
 stream of small ones, and may preempt running jobs of lower priority to make room
 (scheduling.preemption); a job its tenant's quota holds blocks that tenant's lower ones (not other
 tenants'); a running job waiting to be re-placed blocks them all. Nodes Ray does not have alive are left
-out. A waiting job's reason says what it waits for. An admitted job's run directory
+out; with autoscaling on, a head of the queue they would hold has them asked for (scheduling.autoscaling).
+A waiting job's reason says what it waits for. An admitted job's run directory
 (trainctl.parallelism.run_directory) is named here, once, and recorded with its placement; every later
 start and re-attach hands the runtime that recorded one.
 """
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainctl.parallelism.run_directory import RunDirectory
+from trainctl.service.scheduling.autoscaling import Autoscaling
 from trainctl.service.scheduling.launching import Launcher
 from trainctl.service.scheduling.preemption import Preemption
 from trainctl.service.scheduling.state import ActiveJob, SchedulerState
@@ -36,6 +38,8 @@ class Admission:
     state: SchedulerState
     launcher: Launcher
     preemption: Preemption
+    autoscaling: Autoscaling | None = None
+    """None: autoscaling is off (the default); nodes Ray lacks are waited for, never asked for."""
 
     def admit(self) -> None:
         """One pass over the queue: start jobs in order until one does not fit; that one and every job
@@ -43,6 +47,15 @@ class Admission:
         however long the queue is."""
         state = self.state
         down = state.down_nodes()
+        if self.autoscaling is not None:
+            self.autoscaling.start_pass()
+        self._admit_all(down)
+        if self.autoscaling is not None:  # not after a failed pass: what it needed is not known
+            self.autoscaling.finish_pass(down)
+
+    def _admit_all(self, down: set[str]) -> None:
+        """The pass itself, the nodes Ray lacks (`down`) left out."""
+        state = self.state
         usage: dict[str, TenantUsage] = {}
         held: dict[str, str] = {}
         replacing = next((job_id for job_id, active in state.active.items() if active.replan_waiting), None)
@@ -106,9 +119,13 @@ class Admission:
             return False
         if placement is None:
             preempting = self.preemption.make_room(entry, down)
+            scaling = None
+            if not preempting and self.autoscaling is not None:
+                scaling = self.autoscaling.need(entry.id, state.resolved_job(entry.id, entry.job), down)
             free = len(state.pool.free_slots(down=down))
-            self._wait(entry, preempting or f"waiting for {gpus} GPUs: {free} of {state.pool.total} free")
-            self._decision("preempting" if preempting else "no_capacity", solver_seconds)
+            self._wait(entry, preempting or scaling or f"waiting for {gpus} GPUs: {free} of {state.pool.total} free")
+            decision = "preempting" if preempting else "scaling_up" if scaling else "no_capacity"
+            self._decision(decision, solver_seconds)
             behind = f"waiting behind {entry.id} (priority {entry.priority}), first in the queue"
             state.store.set_queue_reason(behind, behind=entry)
             return False

@@ -5,7 +5,8 @@ under the state's lock, it hands the runtime the jobs a short lease held back
 (trainctl.service.scheduling.recovery), follows each active job (scheduling.following: events to the
 store, cancels, preemptions, ends; a job whose supervisor lost a node goes to scheduling.replacement),
 then runs an admission pass over the queue (scheduling.admission, which launches through
-scheduling.launching and preempts through scheduling.preemption) and refreshes the gauges. The parts share one `SchedulerState` (scheduling.state): the store, the pool,
+scheduling.launching, preempts through scheduling.preemption and, when on, asks Ray's autoscaler for
+nodes through scheduling.autoscaling) and refreshes the gauges. The parts share one `SchedulerState` (scheduling.state): the store, the pool,
 the runtime, the jobs followed and the lock.
 
 State changes use the store's compare-and-set, so a cancel racing with admission is never lost.
@@ -38,6 +39,7 @@ from typing import Any
 from trainctl.planning.pool import GpuPool, PlannedPlacement
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
 from trainctl.service.scheduling.admission import Admission
+from trainctl.service.scheduling.autoscaling import Autoscaling, NodeRequest
 from trainctl.service.scheduling.following import Following
 from trainctl.service.scheduling.launching import Launcher
 from trainctl.service.scheduling.leadership import Leadership
@@ -98,7 +100,7 @@ class Scheduler:
         metrics: ServiceMetrics | None = None, quota_of: Callable[[str], Quota] | None = None,
         interval: float = 0.2, min_tick_gap: float = 0.1, leadership: Leadership | None = None,
         admission_refresh: float = 5.0, paths: JobPathPolicy | None = None, tracker: JobTracker | None = None,
-        preemption: PreemptionPolicy | None = None,
+        preemption: PreemptionPolicy | None = None, request_nodes: NodeRequest | None = None,
     ) -> None:
         self.state = SchedulerState(store, pool, runtime, runs_dir, wake=self.wake, metrics=metrics,
                                     leadership=leadership, paths=paths, tracker=tracker,
@@ -115,7 +117,9 @@ class Scheduler:
         by then."""
         launcher = Launcher(self.state)
         replacement = Replacement(self.state)
-        self._admission = Admission(self.state, launcher, Preemption(self.state))
+        self.autoscaling = None if request_nodes is None else Autoscaling(self.state, request_nodes)
+        """Asks Ray's autoscaler for the map nodes a blocked queued job needs (None: autoscaling off)."""
+        self._admission = Admission(self.state, launcher, Preemption(self.state), self.autoscaling)
         self._following = Following(self.state, replacement)
         self._recovery = Recovery(self.state, launcher)
         self._wake = threading.Event()
@@ -238,6 +242,8 @@ class Scheduler:
             state.unlaunched.clear()
             state.preempting.clear()
             state.nominated.clear()
+            if self.autoscaling is not None:  # the leader's request stands in Ray; the leader shows it
+                self.autoscaling.pending = None
             self._epoch = self._fence = None
 
     def recover(self) -> None:
