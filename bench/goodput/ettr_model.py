@@ -8,11 +8,13 @@ and every `interval`-th step costing `checkpoint_ratio` ordinary steps:
 
     ETTR = (1 - (checkpoint_ratio - 1) / interval) / (1 + G * RATE * (recovery + interval * step / 2) / 3600)
 
-(the first-order model of Young and Daly: failures rare against the time between them). `today` takes the
-recovery and the checkpoint ratio this machine measured (bench/goodput/results-fault-schedule.json, the
-synchronous row of bench/goodput/results-checkpoint-cost.json); `goal` takes issue 35's targets (recovery
-within twice a warm first step, at most 5 steps recomputed, a checkpoint step at most 1.1 ordinary ones).
-The step time and interval of a large job are assumptions, printed with the table.
+(the first-order model of Young and Daly: failures rare against the time between them). The rows take the
+median recovery of each restart path that bench/goodput/fault_schedule.py measured in one run
+(results-fault-schedule-warm.json: `cold`, fresh rank processes; `warm`, the survivors' processes and a
+spare) with the checkpoint step's measured ratio (results-checkpoint-cost.json: synchronous saves, and for
+`warm, async saves` asynchronous ones, at least 1); `goal` takes issue 35's targets (recovery within twice a
+warm first step, at most 5 steps recomputed, a checkpoint step at most 1.1 ordinary ones). The step time and
+interval of a large job are assumptions, printed with the table.
 
     .venv/bin/python bench/goodput/ettr_model.py [--step 2.0 --interval 100]
 """
@@ -40,12 +42,15 @@ def main() -> None:
     parser.add_argument("--step", type=float, default=2.0, help="seconds per step of the large job (assumed)")
     parser.add_argument("--interval", type=int, default=100, help="steps between checkpoints (assumed)")
     args = parser.parse_args()
-    faults = json.loads((HERE / "results-fault-schedule.json").read_text())
+    paths = json.loads((HERE / "results-fault-schedule-warm.json").read_text())["faulted"]
     checkpoint = json.loads((HERE / "results-checkpoint-cost.json").read_text())["modes"]
-    recovery = faults["median"]["recovery_s"]
+    sync, asynchronous = (max(1.0, checkpoint[mode]["ratio_checkpoint_to_ordinary"]) for mode in ("sync", "async"))
+    recomputed = args.interval * args.step / 2
     warm_first_step = 3.9  # docs/benchmarks.md, CreateJob to the first step with the warm pool
     rows = {
-        "today": (recovery, args.interval * args.step / 2, checkpoint["sync"]["ratio_checkpoint_to_ordinary"]),
+        "cold": (paths["cold"]["median"]["recovery_s"], recomputed, sync),
+        "warm": (paths["warm"]["median"]["recovery_s"], recomputed, sync),
+        "warm, async saves": (paths["warm"]["median"]["recovery_s"], recomputed, asynchronous),
         "goal": (2 * warm_first_step, min(5, args.interval / 2) * args.step, 1.1),
     }
     print(f"step {args.step:g} s, a checkpoint every {args.interval} steps, {RATE:.3g} failures per GPU-hour")
