@@ -141,8 +141,10 @@ class RankGroup:
         finally:
             for handle in warm.values():  # not bound: nobody else will use them
                 ray.kill(handle, no_restart=True)
+        worker_class = ray.remote(RankWorker)  # one per group: exported once, not once per rank (`_fresh_worker`)
         workers = [
-            pooled[slot.rank] if slot.rank in pooled else _fresh_worker(job_id, generation, slot, len(ordered), pg, use_gpu)
+            pooled[slot.rank] if slot.rank in pooled
+            else _fresh_worker(worker_class, job_id, generation, slot, len(ordered), pg, use_gpu)
             for slot in ordered
         ]
         return cls(job_id, generation, list(ordered), use_gpu, pg, workers, programs)
@@ -182,9 +184,10 @@ class RankGroup:
             for handle in spares.values():  # not bound: nobody else will use them
                 ray.kill(handle, no_restart=True)
         ray.get([self.workers[rank].rebind.remote(generation) for rank in kept], timeout=bind_timeout)
+        worker_class = ray.remote(RankWorker)
         workers = [
             self.workers[slot.rank] if slot.rank in kept
-            else bound.get(slot.rank) or _fresh_worker(self.job_id, generation, slot, size, self.pg, self.use_gpu)
+            else bound.get(slot.rank) or _fresh_worker(worker_class, self.job_id, generation, slot, size, self.pg, self.use_gpu)
             for slot in self.slots
         ]
         group = RankGroup(self.job_id, generation, self.slots, self.use_gpu, self.pg, workers, self.programs)
@@ -346,9 +349,12 @@ def _bind_warm(
 
 
 def _fresh_worker(
-    job_id: str, generation: int, slot: RankAssignment, world_size: int, pg: PlacementGroup, use_gpu: bool
+    worker_class: Any, job_id: str, generation: int, slot: RankAssignment, world_size: int, pg: PlacementGroup,
+    use_gpu: bool,
 ) -> Any:
-    """A new RankWorker for ``slot``'s rank, created in its bundle of ``pg``."""
+    """A new RankWorker for ``slot``'s rank, created in its bundle of ``pg`` from ``worker_class``
+    (``ray.remote(RankWorker)``: Ray exports a remote class at its first actor, about 35 ms of CPU that
+    disassembles the class, so a group makes one for all its ranks rather than one per rank)."""
     options: dict[str, Any] = {
         "num_cpus": 0,
         "resources": {gpu_slot(slot.gpu): 1},
@@ -361,7 +367,7 @@ def _fresh_worker(
         options["num_gpus"] = 1
         options["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
     binding = RankBinding(job_id, generation, slot.rank, world_size, pg.id.hex())
-    return ray.remote(RankWorker).options(**options).remote(slot.node, slot.gpu, use_gpu, binding)
+    return worker_class.options(**options).remote(slot.node, slot.gpu, use_gpu, binding)
 
 
 def _bundle(slot: RankAssignment, use_gpu: bool) -> dict[str, float]:

@@ -41,6 +41,8 @@ class Spares:
     job_id: str
     use_gpu: bool
     _by_node: dict[str, Any] = field(default_factory=dict)
+    _worker_class: Any = field(default_factory=lambda: ray.remote(RankWorker), repr=False)
+    """One remote class for every spare: Ray exports it once (`rank_group._fresh_worker`)."""
 
     def ensure(self, nodes: Iterable[str]) -> None:
         """A spare on each of ``nodes`` (starting one where there is none); spares elsewhere are killed."""
@@ -79,7 +81,7 @@ class Spares:
         }
         if self.use_gpu:
             options["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
-        return ray.remote(RankWorker).options(**options).remote(node, None, self.use_gpu)
+        return self._worker_class.options(**options).remote(node, None, self.use_gpu)
 
 
 def _kill(handle: Any) -> None:

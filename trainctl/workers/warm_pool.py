@@ -90,6 +90,8 @@ class WarmPool:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _worker_class: Any = field(default_factory=lambda: ray.remote(RankWorker), repr=False)
+    """One remote class for every pooled worker: Ray exports it once (`rank_group._fresh_worker`)."""
 
     def start(self) -> WarmPool:
         """Adopt idle pooled workers already in the namespace, fill the pool, start the keeper."""
@@ -203,7 +205,7 @@ class WarmPool:
         }
         if slot.use_gpu:
             options["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
-        return ray.remote(RankWorker).options(**options).remote(slot.node, slot.gpu, slot.use_gpu)
+        return self._worker_class.options(**options).remote(slot.node, slot.gpu, slot.use_gpu)
 
     def _adopt(self) -> None:
         """Take over idle pooled workers left by a previous pool; kill duplicates of a slot."""
