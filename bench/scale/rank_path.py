@@ -4,6 +4,7 @@ detecting a dead rank and starting the next generation cost trainctl, and the su
 
     .venv/bin/python bench/scale/rank_path.py                   # 512, 1,024, 2,048, 4,096 ranks, 1 s steps (~17 min)
     .venv/bin/python bench/scale/rank_path.py --quick           # 512 and 1,024 ranks, a 20 s interval (~3 min)
+    .venv/bin/python bench/scale/rank_path.py --mode batched    # step times batched per rank, not relayed per node
     .venv/bin/python bench/scale/rank_path.py --mode per-rank   # step times sent as before issue 38's fix
     .venv/bin/python bench/scale/rank_path.py --mode rank0-only # the supervisor without the other ranks' calls
 
@@ -17,8 +18,11 @@ simulated 8-GPU nodes. Each simulated rank answers its ``location`` and ``run_ra
 stand-in that returns when its generation ends) calls as a RankWorker does and, at every step boundary (all
 ranks in lockstep on the machine's clock), sends what `RankWorker.train`'s callbacks send: rank 0 a full
 StepReport (``record_step``) and a log line every ``--log-every`` steps, every other rank its step time
-through the product's `StepTimeBatcher` (``--mode batched``, the path since issue 38's fix) or one
-``record_step_time`` call per step (``--mode per-rank``, the path before it). One rank (the last) runs alone
+through the product's `StepTimeBatcher` to its node's relay rank, whose `StepTimeRelay` sends the node's
+batches in one ``record_step_times`` call (``--mode per-node``, the product's path; the relay is an in-process
+call where the product makes a Ray call between two processes of a node, a cost of the ranks, not the
+supervisor's), or each rank's batches in calls of their own (``--mode batched``, the path before per-node
+relays), or one call per rank per step (``--mode per-rank``, the path before batching). One rank (the last) runs alone
 in its own simulator; killing that process is the dead rank (the next generation runs it in another).
 
 Per size: the supervisor's CPU (utime + stime of its process from /proc over ``--window`` steps, by default
@@ -61,7 +65,7 @@ import ray  # noqa: E402
 
 from trainctl.parallelism.run_directory import RunDirectory  # noqa: E402
 from trainctl.spec.job import TrainingJob  # noqa: E402
-from trainctl.workers import step_stats  # noqa: E402
+from trainctl.workers import step_stats, step_time_sending  # noqa: E402
 from trainctl.workers.events import EventKind, JobState  # noqa: E402
 from trainctl.workers.placement.plan import RankAssignment  # noqa: E402
 from trainctl.workers.rank_group import check_slots  # noqa: E402
@@ -135,6 +139,8 @@ class RankSimulator:
     def __init__(self, ranks: list[int], step_seconds: float, mode: str, log_every: int, slow_rank: int,
                  interval: float) -> None:
         self._ranks = sorted(ranks)
+        self._routes: dict[int, Any] = {}
+        self._relays: dict[int, step_time_sending.StepTimeRelay] = {}
         self._interval = interval
         self._step = step_seconds
         self._mode = mode
@@ -161,7 +167,8 @@ class RankSimulator:
                             node_id="0" * 56, ip="127.0.0.1", pid=os.getpid(), cuda_visible_devices=str(gpu),
                             actor=f"trainctl-rank-bench-{rank}")
 
-    async def run_rank(self, rank: int, supervisor: Any, generation: int, epoch: float, job_json: str) -> dict[str, Any]:
+    async def run_rank(self, rank: int, supervisor: Any, generation: int, epoch: float, job_json: str,
+                       route: Any) -> dict[str, Any]:
         """`RankWorker.train`'s stand-in: the rank steps from ``epoch`` until its generation ends."""
         self._loop = asyncio.get_running_loop()
         with self._lock:
@@ -170,7 +177,11 @@ class RankSimulator:
                     if not future.done():
                         future.set_result(None)
                 self._generation, self._supervisor, self._epoch = generation, supervisor, epoch
-                self._running, self._ended, self._batchers = [], {}, {}
+                self._running, self._ended, self._batchers, self._routes, self._relays = [], {}, {}, {}, {}
+            self._routes[rank] = route
+            if route is not None and route.relay == rank:
+                self._relays[rank] = step_time_sending.StepTimeRelay(
+                    lambda batches: self._call(supervisor.record_step_times, generation, batches), route.node_ranks, generation)
             future = self._loop.create_future()
             self._ended[rank] = future
             self._running.append(rank)
@@ -184,6 +195,17 @@ class RankSimulator:
 
     def calls(self) -> int:
         return self._calls
+
+    def relay_step_times(self, generation: int, rank: int, times: dict[int, float]) -> None:
+        """`RankWorker.relay_step_times`: a batch of another simulator's rank for a relay rank of this one (the
+        lowest rank but 0 of the rank's node, `slots_of`)."""
+        relay = self._relays.get(max(1, rank // GPUS_PER_NODE * GPUS_PER_NODE))
+        if relay is not None and relay.generation == generation:
+            relay.add(rank, times)
+
+    def _call(self, method: Any, *args: Any) -> None:
+        method.remote(*args)
+        self._calls += 1
 
     def _send_steps(self) -> None:
         done: tuple[int | None, int] = (None, 0)  # the generation and the last step sent for it
@@ -222,18 +244,29 @@ class RankSimulator:
         if self._mode == "rank0-only":  # the supervisor's cost without the other ranks' calls
             return
         if self._mode == "per-rank":
-            supervisor.record_step_time.remote(generation, rank, step, seconds)
-            self._calls += 1
+            self._call(supervisor.record_step_times, generation, {rank: {step: seconds}})
             return
         batcher = self._batchers.get(rank)
         if batcher is None:
-            batcher = self._batchers[rank] = step_stats.StepTimeBatcher(
-                lambda times, rank=rank: self._batch(supervisor, generation, rank, times), rank, self._interval)
+            if self._mode == "batched":
+                batcher = step_time_sending.StepTimeBatcher(
+                    lambda times, rank=rank: times and self._call(supervisor.record_step_times, generation, {rank: times}),
+                    rank % step_time_sending.SPREAD_STEPS, self._interval)
+            else:
+                route = self._routes[rank]
+                batcher = step_time_sending.StepTimeBatcher(
+                    lambda times, rank=rank, route=route: self._hand_over(route, generation, rank, times),
+                    route.stagger, self._interval)
+            self._batchers[rank] = batcher
         batcher(step, seconds)
 
-    def _batch(self, supervisor: Any, generation: int, rank: int, times: dict[int, float]) -> None:
-        supervisor.record_step_times.remote(generation, rank, times)
-        self._calls += 1
+    def _hand_over(self, route: Any, generation: int, rank: int, times: dict[int, float]) -> None:
+        """A rank's batch to its node's relay: in this process, or in the simulator that runs the relay rank."""
+        relay = self._relays.get(route.relay)
+        if relay is not None:
+            relay.add(rank, times)
+        else:
+            route.worker.relay_step_times.remote(generation, rank, times)
 
 
 class BenchSupervisor(JobSupervisor):
@@ -277,6 +310,7 @@ class BenchSupervisor(JobSupervisor):
         ordered = sorted(self._slots, key=lambda slot: slot.rank)
         owner = {rank: sim for sim, ranks in self._simulators for rank in ranks}
         owner[len(ordered) - 1] = victim
+        routes = step_time_sending.step_time_routes(ordered, [owner[s.rank] for s in ordered])  # RankGroup.start's
         locations = ray.get([owner[s.rank].location.remote(s.rank, s.node, s.gpu) for s in ordered],
                             timeout=self._cfg.call_timeout)  # RankGroup.locations: one call per rank
         marks["located"] = time.time()
@@ -287,7 +321,8 @@ class BenchSupervisor(JobSupervisor):
         reporter = ray.get_runtime_context().current_actor
         epoch = time.time()
         job_json = self._job.spec.model_dump_json()
-        refs = [owner[s.rank].run_rank.remote(s.rank, reporter, generation, epoch, job_json) for s in ordered]
+        refs = [owner[s.rank].run_rank.remote(s.rank, reporter, generation, epoch, job_json, routes.get(s.rank))
+                for s in ordered]
         marks["submitted"] = time.time()
         self._refs = refs
         nodes = sorted({loc.node or "?" for loc in locations})
@@ -359,8 +394,8 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] if ordered else float("nan")
 
 
-def measure(ranks: int, *, step: float = 1.0, window: int | None = None, warmup: int = 10, mode: str = "batched",
-            log_every: int = 10, interval: float = step_stats.STEP_TIME_INTERVAL, work: Path) -> dict[str, Any]:
+def measure(ranks: int, *, step: float = 1.0, window: int | None = None, warmup: int = 10, mode: str = "per-node",
+            log_every: int = 10, interval: float = step_time_sending.STEP_TIME_INTERVAL, work: Path) -> dict[str, Any]:
     """Run one job of ``ranks`` simulated ranks and measure it (see the module docstring). ``window``: steps
     measured (default: one ``interval``, the batcher's, so each rank's call falls in it once)."""
     window = window or math.ceil(interval / step)
@@ -378,8 +413,10 @@ def measure(ranks: int, *, step: float = 1.0, window: int | None = None, warmup:
     victims = [sim_cls.options(num_cpus=0, max_concurrency=16).remote([ranks - 1], step, mode, log_every, slow, interval),
                simulators[-1][0]]
     sim_pids = ray.get([sim.pid.remote() for sim, _ in simulators] + [victims[0].pid.remote()])
+    # The supervisor starts one spare per node once the job has trained `spare_after` seconds: a one-off
+    # (nodes x ~1.4 ms of its CPU), made to fall in the warm-up so the window measures the steady state.
     config = SupervisorConfig(job_id=job_id, job_json=job.model_dump_json(), slots=slots_of(ranks),
-                              run_dir=str(run.root), use_gpu=False, call_timeout=120.0)
+                              run_dir=str(run.root), use_gpu=False, call_timeout=120.0, spare_after=warmup * step / 2)
     actor_cls = ray.remote(concurrency_groups={"control": 4, "reports": 1})(BenchSupervisor)
     created = time.time()
     supervisor = actor_cls.options(name=f"bench-supervisor-{job_id}", num_cpus=0, max_restarts=0).remote(
@@ -387,7 +424,7 @@ def measure(ranks: int, *, step: float = 1.0, window: int | None = None, warmup:
     pid = ray.get(supervisor.pid.remote())
     client = Client(supervisor)
     row: dict[str, Any] = {"ranks": ranks, "nodes": math.ceil(ranks / GPUS_PER_NODE), "mode": mode,
-                           "step_seconds": step, "interval_s": interval if mode == "batched" else None, "window_steps": window, "simulators": len(simulators) + 1}
+                           "step_seconds": step, "interval_s": interval if mode in ("batched", "per-node") else None, "window_steps": window, "simulators": len(simulators) + 1}
     try:
         first = client.wait_for(lambda e: e.kind is EventKind.STEP, timeout=120 + ranks / 20)
         if first is None:
@@ -613,12 +650,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="512 and 1,024 ranks, 20 s intervals, 4 and 8 Ray actors")
     parser.add_argument("--sizes", type=int, nargs="*", default=None)
-    parser.add_argument("--mode", choices=("batched", "per-rank", "rank0-only"), default="batched",
+    parser.add_argument("--mode", choices=("per-node", "batched", "per-rank", "rank0-only"), default="per-node",
                         help="how the ranks other than 0 send step times (rank0-only: not at all)")
     parser.add_argument("--step", type=float, default=1.0, help="seconds per step")
     parser.add_argument("--window", type=int, default=None, help="steps measured per size (default: one --interval)")
     parser.add_argument("--interval", type=float, default=None,
-                        help=f"seconds between a rank's batched step times (default {step_stats.STEP_TIME_INTERVAL:g}; 20 with --quick)")
+                        help=f"seconds between a rank's batched step times (default {step_time_sending.STEP_TIME_INTERVAL:g}; 20 with --quick)")
     parser.add_argument("--ray-actors", type=int, nargs="*", default=None, help="actor counts of Ray's part")
     parser.add_argument("--pg-bundles", type=int, nargs="*", default=None,
                         help="bundle counts of a placement group alone (default 256 to 4,096; 64 and 256 with --quick)")
@@ -638,7 +675,7 @@ def main() -> int:
 
 def run(args: argparse.Namespace) -> int:
     sizes = args.sizes or ([512, 1024] if args.quick else list(SIZES))
-    interval = args.interval or (20.0 if args.quick else step_stats.STEP_TIME_INTERVAL)
+    interval = args.interval or (20.0 if args.quick else step_time_sending.STEP_TIME_INTERVAL)
     counts = args.ray_actors if args.ray_actors is not None else ([4, 8] if args.quick else [8, 16, 32])
     out = args.out or (None if args.quick else OUT)
     started_at = machine()

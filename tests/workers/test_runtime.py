@@ -480,6 +480,10 @@ def test_solver_plan_on_a_fragmented_pool_runs_where_planned_and_succeeds(runtim
     for tp_group in resolved.grid.groups("tp"):  # no TP group straddles two nodes, as observed by the ranks
         assert len({actual[r][0] for r in tp_group}) == 1
     assert sorted(steps_of(events)) == [1, 2, 3, 4]
+    # Ranks 1-3 share node-0: their step times of step 1 reached the supervisor in one call from rank 1, the
+    # node's relay, three steps before the last one's report.
+    last = max((e for e in events if e.kind is EventKind.STEP), key=lambda e: e.step_report().step)
+    assert last.straggler() is not None and last.straggler().ranks == 4, last.step
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert "steps_completed=4" in status.reason
     # Released once drained; the log stays readable from the run directory.

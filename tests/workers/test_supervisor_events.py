@@ -215,7 +215,7 @@ def test_straggler_stats_of_an_event_log_written_with_per_rank_times_read_as_the
 def test_step_times_from_every_rank_give_the_ratio_and_name_the_slowest_rank_once():
     stats = StepStats()
     for step, times in [(1, (1.0, 1.1)), (2, (1.0, 1.5)), (3, (1.0, 1.6)), (4, (1.7, 1.0)), (5, (1.0, 1.05))]:
-        for rank, seconds in enumerate(times):  # rank 0 via its StepReport, rank 1 via record_step_time
+        for rank, seconds in enumerate(times):  # rank 0 via its StepReport, rank 1 via record_step_times
             stats.add(rank, step, seconds)
     lines = [stats.straggler_line(stats.latest_complete(before=step)) for step in range(2, 7)]
     assert lines[0] is None  # step 1: 1.1x is even enough

@@ -50,6 +50,7 @@ from trainctl.workers.command.rank_program import ProgramLaunch
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_worker import RankBinding, RankLocation, RankWorker
 from trainctl.workers.resources import NODE_LABEL, gpu_slot
+from trainctl.workers.step_time_sending import step_time_routes
 
 log = logging.getLogger(__name__)
 
@@ -227,9 +228,11 @@ class RankGroup:
         ray.get([worker.load_engine.remote() for worker in self.workers], timeout=load_timeout)
         host, port = ray.get(self.workers[0].endpoint.remote(), timeout=timeout)
         log.info("job %s generation %d: rendezvous at %s:%d", self.job_id, self.generation, host, port)
+        routes = step_time_routes(self.slots, self.workers)
         return [
             w.train.remote(
-                host, port, job_json, checkpoint_dir, reporter, self.generation, node_env.get(slot.node, {}), file_rule_json
+                host, port, job_json, checkpoint_dir, reporter, self.generation, node_env.get(slot.node, {}), file_rule_json,
+                routes.get(slot.rank),
             )
             for slot, w in zip(self.slots, self.workers, strict=True)
         ]

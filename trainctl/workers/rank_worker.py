@@ -52,6 +52,7 @@ from trainctl.workers.host_memory import (
 from trainctl.workers.nodes import cluster_nodes
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.resources import NODE_LABEL, slots_of
+from trainctl.workers.step_time_sending import StepTimeBatcher, StepTimeRelay, StepTimeRoute
 
 if TYPE_CHECKING:
     from trainctl.parallelism.engine.step_report import StepReport
@@ -154,6 +155,8 @@ class RankWorker:
         self._calls = threading.Condition()
         self._running = 0
         """`train` / `run_program` calls running (a worker runs one at a time)."""
+        self._relay: StepTimeRelay | None = None
+        """The node's step-time batches this worker collects while it trains as its node's relay rank."""
         # Before torch is imported: the planned GPU only, or no CUDA at all on simulated GPUs. A spare's
         # GPU is set when it is bound: the engine's import does not initialise CUDA (tests/workers).
         if gpu is not None or not use_gpu:
@@ -268,6 +271,7 @@ class RankWorker:
         generation: int,
         env: dict[str, str],
         file_rule_json: str,
+        step_time_route: StepTimeRoute | None,
     ) -> dict[str, Any]:
         """Join the process group and run the training loop; returns the TrainResult as a dict.
 
@@ -277,8 +281,10 @@ class RankWorker:
 
         ``reporter`` is the supervisor's actor handle: rank 0's step reports go to its ``record_step``
         (a checkpoint's step waits until it is recorded, so the checkpoint commits after its report),
-        the other ranks' step times (at the same steps, batched: `StepTimeBatcher`) to ``record_step_times``, and log lines to
-        ``record_log``, tagged with this rank and the group ``generation``.
+        and log lines to ``record_log``, tagged with this rank and the group ``generation``. The other ranks'
+        step times (at the same steps) go by ``step_time_route`` (None on rank 0): batched
+        (`StepTimeBatcher`) to their node's relay rank, which sends its node's batches to
+        ``record_step_times`` in one call (`StepTimeRelay`).
 
         The process's data (``RLIMIT_DATA``) is limited to the rank's host-memory limit first; an
         allocation that fails at it raises HostMemoryExceeded (the job fails without a restart).
@@ -287,7 +293,6 @@ class RankWorker:
         from trainctl.parallelism.engine.trainer import Trainer
         from trainctl.spec.files import FileRule
         from trainctl.spec.job import JobSpecBody
-        from trainctl.workers.step_stats import StepTimeBatcher
 
         binding = self._bound()
         rank, world_size = binding.rank, binding.world_size
@@ -295,6 +300,11 @@ class RankWorker:
         memory = self._host_memory_limit(body.resources.host_memory_gib)
         limit_this_process(memory)  # before the engine allocates: the job's limit, never a previous one's
         os.environ.update(env)
+        route = step_time_route
+        # Before the first step, from which the node's batches may come.
+        self._relay = StepTimeRelay(
+            lambda batches: reporter.record_step_times.remote(generation, batches), route.node_ranks, generation
+        ) if route is not None and route.relay == rank else None
         device = init_distributed(
             rank,
             world_size,
@@ -314,11 +324,11 @@ class RankWorker:
                 checkpoint_dir=checkpoint_dir,
                 on_step=lambda report: _send_step(reporter, generation, rank, report, body.scheduling.step_timeout_seconds),
                 on_event=lambda message: reporter.record_log.remote(generation, rank, str(message)),
-                # Rank 0's step time comes with its StepReport.
-                # Batched: one call per STEP_TIME_INTERVAL seconds, not per step (a call per rank per step
-                # costs the supervisor a core from about 2,000 ranks at 1 s steps; bench/scale/rank_path.py).
-                on_step_time=None if rank == 0 else StepTimeBatcher(
-                    lambda times: reporter.record_step_times.remote(generation, rank, times), rank
+                # Rank 0's step time comes with its StepReport. The others': one call per node per
+                # STEP_TIME_INTERVAL seconds, not one per rank per step (that costs the supervisor a core from
+                # about 2,000 ranks at 1 s steps; bench/scale/rank_path.py).
+                on_step_time=None if route is None else StepTimeBatcher(
+                    lambda times: route.worker.relay_step_times.remote(generation, rank, times), route.stagger
                 ),
                 file_rule=FileRule.from_json(file_rule_json),
                 stop_requested=self._stop_requested.is_set,
@@ -331,6 +341,13 @@ class RankWorker:
             raise
         finally:
             teardown()
+
+    def relay_step_times(self, generation: int, rank: int, times: dict[int, float]) -> None:
+        """A step-time batch of a rank of this node (this one included), for this relay rank to send on with
+        the node's others (`StepTimeRelay`); a batch of another generation than the one training is dropped."""
+        relay = self._relay
+        if relay is not None and relay.generation == generation:
+            relay.add(rank, times)
 
     @_one_call_counted
     def run_program(self, launch: ProgramLaunch, reporter: Any, generation: int) -> dict[str, Any]:

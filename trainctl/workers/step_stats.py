@@ -1,22 +1,15 @@
 """Per-rank step times of a job's recent steps, and the straggler statistics and log line drawn from them
-(the supervisor keeps one `StepStats` per rank generation); and `StepTimeBatcher`, which sends a rank's
-step times to the supervisor in one call per `STEP_TIME_INTERVAL` seconds rather than one call per step.
-
-Costs (bench/scale/rank_path.py): every Ray call into the supervisor costs it 0.4-0.6 ms of CPU, taken in
-its single ``reports`` thread, so one call per rank per step cannot scale (4,095 calls a second at 4,096
-ranks and a 1 s step: more than a core, and rank 0's StepReport queued seconds behind them). Batched, the
-calls per second are ranks / `STEP_TIME_INTERVAL` whatever the step time, and the supervisor's work per time
-is O(1) (a slot in a per-step array); a step's statistics are computed once, when its last rank's time comes.
+(the supervisor keeps one `StepStats` per rank generation). The ranks send their times in batches
+(`trainctl.workers.step_time_sending`); the supervisor's work per time is O(1) (a slot in a per-step array),
+and a step's statistics are computed once, when its last rank's time comes.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from array import array
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from trainctl.workers.events import StragglerStats
 
@@ -25,17 +18,6 @@ STEP_HISTORY = 16
 STRAGGLER_LOG_RATIO = 1.3
 """Slowest over fastest rank step time from which a log line names the slowest rank (the
 TrainctlJobStraggler alert's threshold); only the ratio is a metric."""
-STEP_TIME_INTERVAL = 120.0
-"""Seconds of wall clock between a rank's calls carrying its step times (`StepTimeBatcher`): ranks / 120 calls a
-second to the supervisor (34 a second at 4,096 ranks, about 13 ms of its CPU), and the straggler statistics
-at most about two minutes behind the newest step (the TrainctlJobStraggler alert waits 15 minutes)."""
-BATCH_STEPS = 4
-"""Step times one call carries: the newest steps a rank reported before an interval began."""
-SPREAD_STEPS = 8
-"""Rank r sends its batch r % SPREAD_STEPS steps after the interval began, so the supervisor takes a
-1/SPREAD_STEPS share of the ranks' calls per step rather than all at once ahead of rank 0's next report.
-BATCH_STEPS + SPREAD_STEPS < STEP_HISTORY: the batch's steps are still in the supervisor's history."""
-
 _MISSING = math.nan
 
 
@@ -84,7 +66,7 @@ class StepStats:
     so a step that was complete stays so unless a new rank reports: then it is dropped here)."""
     _newest: StragglerStats | None = None
     """The newest complete step's statistics, kept when its times leave the history: batched ranks
-    (`StepTimeBatcher`) complete a step once per STEP_TIME_INTERVAL."""
+    (`StepTimeBatcher`) complete a step once per `STEP_TIME_INTERVAL`."""
 
     def add(self, rank: int, step: int, seconds: float | None) -> None:
         if rank not in self.reporters:
@@ -138,48 +120,3 @@ class StepStats:
             f"straggler at step {stats.step}: rank {stats.slowest_rank} took {stats.slowest_seconds:.3f}s, "
             f"{stats.ratio:.2f}x rank {stats.fastest_rank} ({stats.fastest_seconds:.3f}s)"
         )
-
-
-class StepTimeBatcher:
-    """A rank's ``on_step_time``: at the first step it reports in each ``interval`` seconds of wall clock it
-    takes the times of the `BATCH_STEPS` steps it reported before (at its very first step: that step's) as
-    its next batch, and hands it to ``send`` (``{step: seconds}``) ``rank % SPREAD_STEPS`` steps later.
-    Ranks train in lockstep and their nodes' clocks agree, so every rank's batch holds the same steps, which
-    the supervisor then finds complete, while their calls spread over SPREAD_STEPS steps."""
-
-    def __init__(
-        self,
-        send: Callable[[dict[int, float]], Any],
-        rank: int,
-        interval: float = STEP_TIME_INTERVAL,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        if interval <= 0:
-            raise ValueError(f"interval must be > 0, got {interval}")
-        self._send = send
-        self._delay = rank % SPREAD_STEPS
-        self._interval = interval
-        self._clock = clock
-        self._recent: dict[int, float] = {}
-        self._batch: dict[int, float] | None = None
-        self._wait = 0
-        self._period: int | None = None
-
-    def __call__(self, step: int, seconds: float) -> None:
-        period = math.floor(self._clock() / self._interval)
-        first = self._period is None
-        if period != self._period:
-            self._period = period
-            self._batch, self._recent = ({step: float(seconds)} if first else self._recent), {}
-            self._wait = self._delay
-        if not first:
-            self._recent[step] = float(seconds)
-            while len(self._recent) > BATCH_STEPS:
-                del self._recent[min(self._recent)]
-        if self._batch is not None:
-            if self._wait > 0:
-                self._wait -= 1
-            else:
-                batch, self._batch = self._batch, None
-                if batch:
-                    self._send(batch)

@@ -257,18 +257,13 @@ class JobSupervisor:
             self._log.append(EventKind.LOG, generation=generation, message=line)
 
     @ray.method(concurrency_group="reports")
-    def record_step_times(self, generation: int, rank: int, times: dict[int, float]) -> None:
-        """Another rank's wall times of its newest reported steps, ``{step: seconds}`` (rank 0's come with its
-        StepReports): one call per rank every `STEP_TIME_INTERVAL` seconds (`StepTimeBatcher`), not per step."""
+    def record_step_times(self, generation: int, batches: dict[int, dict[int, float]]) -> None:
+        """Other ranks' wall times of their newest reported steps, ``{rank: {step: seconds}}`` (rank 0's come
+        with its StepReports): one call per node every `STEP_TIME_INTERVAL` seconds, from the node's relay rank
+        (`trainctl.workers.step_time_sending`), not one per rank per step."""
         if generation == self._generation:
-            self._stats.add_many(rank, times)
-
-    @ray.method(concurrency_group="reports")
-    def record_step_time(self, generation: int, rank: int, step: int, seconds: float) -> None:
-        """Another rank's wall time of one reported step (the call per step of ranks started before
-        `record_step_times`; see there)."""
-        if generation == self._generation:
-            self._stats.add(rank, step, seconds)
+            for rank, times in batches.items():
+                self._stats.add_many(int(rank), times)
 
     @ray.method(concurrency_group="reports")
     def record_log(self, generation: int, rank: int, message: str) -> None:
