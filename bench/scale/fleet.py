@@ -60,10 +60,10 @@ from trainctl.parallelism.engine.step_report import StepReport  # noqa: E402
 from trainctl.parallelism.resolved_job import ResolvedJob  # noqa: E402
 from trainctl.planning.pool import GpuPool, PlannedPlacement  # noqa: E402
 from trainctl.service.api.servicer import TrainingServicer  # noqa: E402
+from trainctl.service.capacity.preemption import Preemption  # noqa: E402
 from trainctl.service.metrics import ServiceMetrics, start_metrics_server  # noqa: E402
 from trainctl.service.scheduling.admission import Admission  # noqa: E402
 from trainctl.service.scheduling.launching import Launcher  # noqa: E402
-from trainctl.service.scheduling.preemption import Preemption  # noqa: E402
 from trainctl.service.scheduling.scheduler import Scheduler  # noqa: E402
 from trainctl.service.security.auth import Authenticator  # noqa: E402
 from trainctl.service.security.tenancy import ANONYMOUS, Principal, Quota  # noqa: E402

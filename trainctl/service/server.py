@@ -108,10 +108,10 @@ class ServiceConfig:
     (about 300 MB of host memory per slot)."""
     preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
     """Whether, and with what grace period and cooldown, queued jobs preempt running ones of lower priority
-    (trainctl.service.scheduling.preemption)."""
+    (trainctl.service.capacity.preemption)."""
     autoscaling: bool = False
     """Ask Ray's autoscaler for the map nodes Ray lacks that a blocked queued job needs, and withdraw the
-    request when none does (trainctl.service.scheduling.autoscaling); the Ray cluster must run the
+    request when none does (trainctl.service.capacity.autoscaling); the Ray cluster must run the
     autoscaler (KubeRay: enableInTreeAutoscaling), which lets idle nodes go after its idle timeout."""
 
 

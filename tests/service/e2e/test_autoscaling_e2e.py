@@ -3,7 +3,7 @@ by its fake multi-node provider): the topology map names two 4-GPU hosts Ray doe
 4-GPU job has the service ask the autoscaler for the one the solver would place it on, that node joins
 with its map labels, the job is placed on it and SUCCEEDS, the request is withdrawn and the node goes
 after the idle timeout; a job no node of the map can hold is refused at CreateJob first. The decisions are
-unit-tested in tests/service/scheduling/test_autoscaling.py."""
+unit-tested in tests/service/capacity/test_autoscaling.py."""
 
 from __future__ import annotations
 

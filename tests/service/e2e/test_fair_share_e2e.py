@@ -3,7 +3,7 @@ pool is 2 GPUs and each of two tenants is guaranteed one. Tenant vision borrows 
 2-rank job of higher priority; nlp's 1-GPU job arrives and reclaims it: vision's job checkpoints at its
 next step, is queued again, nlp's job runs and SUCCEEDS, and vision's job resumes and SUCCEEDS with every
 step trained once and each step's loss equal to an uninterrupted run's. The policy's cases are unit-tested
-in tests/service/scheduling/test_preemption.py."""
+in tests/service/capacity/test_preemption.py."""
 
 from __future__ import annotations
 

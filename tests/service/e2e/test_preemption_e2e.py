@@ -2,7 +2,7 @@
 the pool (2 ranks, a checkpoint every 50 steps) is preempted by a priority-10 job: it saves a checkpoint
 at its next step and stops, is queued again, the high job runs and SUCCEEDS, then the low job resumes
 from that checkpoint and SUCCEEDS with every step trained once and each step's loss equal to an
-uninterrupted run's. The scheduler's choices are unit-tested in tests/service/scheduling/test_preemption.py."""
+uninterrupted run's. The scheduler's choices are unit-tested in tests/service/capacity/test_preemption.py."""
 
 from __future__ import annotations
 

@@ -3,9 +3,9 @@ placement, tenants' quotas, the reservation and the run directory of each admitt
 
 The queue is strict: a job that does not fit blocks lower ones, so a large job is never starved by a
 stream of small ones, and may preempt running jobs of lower priority to make room
-(scheduling.preemption); a job its tenant's quota holds blocks that tenant's lower ones (not other
+(capacity.preemption); a job its tenant's quota holds blocks that tenant's lower ones (not other
 tenants'); a running job waiting to be re-placed blocks them all. Nodes Ray does not have alive are left
-out; with autoscaling on, a head of the queue they would hold has them asked for (scheduling.autoscaling).
+out; with autoscaling on, a head of the queue they would hold has them asked for (capacity.autoscaling).
 A waiting job's reason says what it waits for. An admitted job's run directory
 (trainctl.parallelism.run_directory) is named here, once, and recorded with its placement; every later
 start and re-attach hands the runtime that recorded one.
@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainctl.parallelism.run_directory import RunDirectory
-from trainctl.service.scheduling.autoscaling import Autoscaling
+from trainctl.service.capacity.autoscaling import Autoscaling
+from trainctl.service.capacity.preemption import Preemption
 from trainctl.service.scheduling.launching import Launcher
-from trainctl.service.scheduling.preemption import Preemption
 from trainctl.service.scheduling.state import ActiveJob, SchedulerState
 from trainctl.service.security.tenancy import TenantUsage, start_block_reason
 from trainctl.service.store import QueuedJob

@@ -5,8 +5,8 @@ under the state's lock, it hands the runtime the jobs a short lease held back
 (trainctl.service.scheduling.recovery), follows each active job (scheduling.following: events to the
 store, cancels, preemptions, ends; a job whose supervisor lost a node goes to scheduling.replacement),
 then runs an admission pass over the queue (scheduling.admission, which launches through
-scheduling.launching, preempts through scheduling.preemption and, when on, asks Ray's autoscaler for
-nodes through scheduling.autoscaling) and refreshes the gauges. The parts share one `SchedulerState` (scheduling.state): the store, the pool,
+scheduling.launching, preempts through capacity.preemption and, when on, asks Ray's autoscaler for
+nodes through capacity.autoscaling) and refreshes the gauges. The parts share one `SchedulerState` (scheduling.state): the store, the pool,
 the runtime, the jobs followed and the lock.
 
 State changes use the store's compare-and-set, so a cancel racing with admission is never lost.
@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.planning.pool import GpuPool, PlannedPlacement
+from trainctl.service.capacity.autoscaling import Autoscaling, NodeRequest
+from trainctl.service.capacity.preemption import Preemption
 from trainctl.service.metrics import NodeGpus, ServiceMetrics
 from trainctl.service.scheduling.admission import Admission
-from trainctl.service.scheduling.autoscaling import Autoscaling, NodeRequest
 from trainctl.service.scheduling.following import Following
 from trainctl.service.scheduling.launching import Launcher
 from trainctl.service.scheduling.leadership import Leadership
-from trainctl.service.scheduling.preemption import Preemption
 from trainctl.service.scheduling.recovery import Recovery
 from trainctl.service.scheduling.replacement import Replacement
 from trainctl.service.scheduling.state import PreemptionPolicy, Runtime, SchedulerState

@@ -78,7 +78,7 @@ class ActiveJob:
 @dataclass(frozen=True)
 class PreemptionPolicy:
     """When and how the scheduler preempts running jobs for a queued job of higher priority
-    (trainctl.service.scheduling.preemption)."""
+    (trainctl.service.capacity.preemption)."""
 
     enabled: bool = True
     grace_seconds: float = 120.0

@@ -62,7 +62,7 @@ class Quota(BaseModel):
     guaranteed_gpus: int | None = Field(default=None, ge=0)
     """GPUs the tenant is guaranteed: beyond them its jobs borrow GPUs other tenants leave idle (up to
     `running_gpus`), and a job of a tenant within its guarantee that does not fit takes borrowed GPUs
-    back by preempting the borrowers' jobs, whatever their priority (trainctl.service.scheduling.preemption).
+    back by preempting the borrowers' jobs, whatever their priority (trainctl.service.capacity.preemption).
     None: no guarantee (the tenant's jobs are always borrowing, reclaimable by any tenant within its own)."""
 
     @model_validator(mode="after")

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from small_jobs import small_job
 
 from trainctl.service import store as st
+from trainctl.service.capacity import preemption
 from trainctl.service.metrics import ServiceMetrics
-from trainctl.service.scheduling import preemption
 from trainctl.service.scheduling.scheduler import Scheduler
 from trainctl.service.scheduling.state import PreemptionPolicy
 from trainctl.service.security.tenancy import Quota, tenant_shares

@@ -18,8 +18,8 @@ from small_jobs import small_job
 from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.planning.pool import GpuPool
 from trainctl.service.api.servicer import TrainingServicer
+from trainctl.service.capacity.autoscaling import nodes_to_add
 from trainctl.service.metrics import ServiceMetrics
-from trainctl.service.scheduling.autoscaling import nodes_to_add
 from trainctl.service.scheduling.scheduler import Scheduler
 from trainctl.service.security.auth import Authenticator
 from trainctl.service.security.tenancy import Principal
