@@ -19,6 +19,7 @@ import grpc
 import pytest
 from autoscaling_cluster import LOOPBACK, LoopbackAutoscalingCluster
 from prometheus_client.parser import text_string_to_metric_families
+from ray.autoscaler.v2 import utils as autoscaler_v2_utils
 from small_jobs import small_job
 
 from trainctl.cli.client import TrainctlClient
@@ -41,6 +42,10 @@ def autoscaled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tupl
     """An autoscaling Ray with no GPU node up, a service with `--autoscaling` and a map of two 4-GPU
     hosts, and a client; everything the cluster started is gone afterwards."""
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    # Ray caches in the process whether the autoscaler is v2, from the first cluster it asked: an embedded
+    # cluster of an earlier test (v1) made `request_resources` write the v1 request this cluster's v2
+    # autoscaler never reads. A service connects to one cluster; this process has connected to many.
+    monkeypatch.setattr(autoscaler_v2_utils, "cached_is_autoscaler_v2", None)
     topology = simulated_topology(len(MAP_NODES), 4)
     (tmp_path / "topology.yaml").write_text(topology.to_yaml())
     workdir = Path(tempfile.mkdtemp(prefix="tc-as-"))  # short: Ray's socket paths must fit in 107 bytes
