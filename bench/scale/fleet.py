@@ -30,6 +30,7 @@ least-squares line through (log nodes, log median).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -67,6 +68,7 @@ from trainctl.service.scheduling.launching import Launcher  # noqa: E402
 from trainctl.service.scheduling.scheduler import Scheduler  # noqa: E402
 from trainctl.service.security.auth import Authenticator  # noqa: E402
 from trainctl.service.security.tenancy import ANONYMOUS, Principal, Quota  # noqa: E402
+from trainctl.service.server import settle_heap_for_serving  # noqa: E402
 from trainctl.service.store import JobStore  # noqa: E402
 from trainctl.spec.job import TrainingJob  # noqa: E402
 from trainctl.v1 import training_pb2 as pb  # noqa: E402
@@ -318,18 +320,29 @@ def growth(sizes: list[int], medians: list[float]) -> dict[str, Any]:
     return {"exponent": round(slope, 3), "law": law, f"extrapolated_{EXTRAPOLATE_NODES}_nodes_s": at}
 
 
+DEFAULT_GC_THRESHOLD = gc.get_threshold()
+"""The collector's thresholds this process started with (restored after each size)."""
+
+
 def measure(nodes: int, reps: int, seed: int, work: Path) -> dict[str, Any]:
     started = time.perf_counter()
     fleet = build_fleet(nodes, work, seed)
     built = time.perf_counter() - started
-    row = {
-        "nodes": nodes, "gpus": fleet.pool.total, "free_gpus": fleet.pool.free_count, "seed": seed,
-        "setup_s": round(built, 2),
-        "admission": measure_admission(fleet, reps),
-        "placement": measure_placement(fleet, max(3, reps // 2)),
-        "get_cluster": measure_get_cluster(fleet, reps),
-        "scrape": measure_scrape(fleet, reps),
-    }
+    # The garbage collector set as `trainctl serve` sets it once it serves (start-up's objects frozen out of
+    # full collections, fewer of them); undone after the size, so the next one starts as a new process would.
+    settle_heap_for_serving()
+    try:
+        row = {
+            "nodes": nodes, "gpus": fleet.pool.total, "free_gpus": fleet.pool.free_count, "seed": seed,
+            "setup_s": round(built, 2),
+            "admission": measure_admission(fleet, reps),
+            "placement": measure_placement(fleet, max(3, reps // 2)),
+            "get_cluster": measure_get_cluster(fleet, reps),
+            "scrape": measure_scrape(fleet, reps),
+        }
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*DEFAULT_GC_THRESHOLD)
     fleet.store.close()
     return row
 
