@@ -38,6 +38,19 @@ def restartable_job(
     )
 
 
+def trial_template(steps: int) -> dict[str, Any]:
+    """A sweep's job template for its trials: one CPU rank of the debug model, `steps` steps, no checkpoint,
+    no restart."""
+    return {
+        "model": {"preset": "debug"},
+        "data": {"seq_len": 32, "max_files": 10},
+        "training": {"steps": steps, "global_batch_size": 2, "warmup_steps": 0},
+        "checkpoint": {"interval_steps": 0},
+        "resources": {"gpus": 1, "device": "cpu"},
+        "scheduling": {"max_restarts": 0},
+    }
+
+
 def single_process_losses(job: TrainingJob) -> list[float]:
     """Every step's loss of `job`'s spec trained in this process on one rank (no checkpoint): what
     every layout of the job must reproduce."""

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 from fault_support import assert_nothing_left, rank_pids, signal_all, wait_for
 from serve_process import ServeProcess
+from small_jobs import trial_template
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.spec.sweep import SWEEP_LABEL, parse_sweep_object
@@ -39,14 +40,7 @@ def test_sigkilled_service_continues_the_sweep_accounting_for_every_trial_once(s
     sweep = client.create_sweep(parse_sweep_object({
         "metadata": {"name": "kill-sweep"},
         "spec": {
-            "template": {
-                "model": {"preset": "debug"},
-                "data": {"seq_len": 32, "max_files": 10},
-                "training": {"steps": STEPS, "global_batch_size": 2, "warmup_steps": 0},
-                "checkpoint": {"interval_steps": 0},
-                "resources": {"gpus": 1, "device": "cpu"},
-                "scheduling": {"max_restarts": 0},
-            },
+            "template": trial_template(STEPS),
             "parameters": [{"path": "spec.training.lr", "type": "float", "low": 1e-4, "high": 1e-2, "log": True}],
             "trials": 4, "parallel_trials": 2, "algorithm": "random", "seed": 5,
         },

@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 import pytest
+from small_jobs import trial_template
 
 from trainctl.cli.client import TrainctlClient
 from trainctl.spec.job import Metadata
@@ -29,14 +30,7 @@ def test_sweep_of_debug_model_trials_on_the_embedded_cluster(client: TrainctlCli
     sweep = parse_sweep_object({
         "metadata": {"name": "e2e-sweep"},
         "spec": {
-            "template": {
-                "model": {"preset": "debug"},
-                "data": {"seq_len": 32, "max_files": 10},
-                "training": {"steps": STEPS, "global_batch_size": 2, "warmup_steps": 0},
-                "checkpoint": {"interval_steps": 0},
-                "resources": {"gpus": 1, "device": "cpu"},
-                "scheduling": {"max_restarts": 0},
-            },
+            "template": trial_template(STEPS),
             "parameters": [{"path": "spec.training.lr", "type": "float", "low": 1e-6, "high": 3e-2, "log": True}],
             "trials": TRIALS, "parallel_trials": 2, "algorithm": "random", "seed": 1,
             "early_stopping": {"rule": "median", "min_steps": 4, "startup_trials": 1},
