@@ -129,12 +129,13 @@ def test_autoscaling_off_asks_nothing_and_keeps_the_plain_reason(tmp_path: Path)
     assert s.store.get_job(job).reason == "waiting for 4 GPUs: 0 of 4 free"
 
 
-def test_nodes_to_add_is_empty_when_the_job_fits_on_the_live_nodes(tmp_path: Path) -> None:
+def test_nodes_to_add_names_the_down_nodes_the_placement_needs_and_none_when_they_would_not_do(tmp_path: Path) -> None:
     pool = GpuPool(simulated_topology(2, 4), "simulated")
     job = ResolvedJob.resolve(small_job("job", gpus=4).spec)
     assert nodes_to_add(pool, job, down=set()) == ()
-    assert nodes_to_add(pool, job, down={"node-1"}) == ()
     assert nodes_to_add(pool, job, down={"node-0", "node-1"}) == ("node-0",)
+    too_big = ResolvedJob.resolve(small_job("big", gpus=16).spec)
+    assert nodes_to_add(pool, too_big, down={"node-0", "node-1"}) == ()
 
 
 def test_get_cluster_shows_the_pending_scale_up_and_hides_another_tenants_job(tmp_path: Path) -> None:

@@ -40,8 +40,9 @@ class ScaleUp:
 
 def nodes_to_add(pool: GpuPool, job: ResolvedJob, down: Collection[str]) -> tuple[str, ...]:
     """The `down` map nodes `job` would be placed on were they up, with every GPU held now still held;
-    empty when it fits without them or not even with them."""
-    if not down or pool.place(job, down=down) is not None:
+    empty when not even they would hold it. For a job admission could not place on the live nodes (it
+    asks only then, so the solver runs once more, not twice)."""
+    if not down:
         return ()
     placement = pool.place(job)
     if placement is None:
