@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 SETTLE_TIMEOUT = 2.0
 """Seconds a failed generation's ranks have to return from their calls to be kept for the next one: the
 peers of a dead rank raise within a second; a rank still blocked then (in a collective with a peer that
-is alive but left it) gets a spare or a fresh process, which costs about as much as waiting longer."""
+is alive but left it) gets a spare or a fresh process, which costs about as much as waiting longer. Once
+a peer has settled, the others are waited for `trainctl.workers.settling.BLOCKED_GRACE` more at most."""
 
 
 @dataclass

@@ -50,6 +50,7 @@ from trainctl.workers.command.rank_program import ProgramLaunch
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_worker import RankBinding, RankLocation, RankWorker
 from trainctl.workers.resources import NODE_LABEL, gpu_slot
+from trainctl.workers.settling import collect_settled
 from trainctl.workers.step_time_sending import step_time_routes
 
 log = logging.getLogger(__name__)
@@ -152,22 +153,21 @@ class RankGroup:
 
     def release(self, timeout: float) -> list[int]:
         """After a failed generation of an engine job: keep the workers that `settle` within ``timeout``
-        seconds (their calls returned: the peers of a rank that died), kill the others (dead, or still
-        blocked in a collective). The ranks kept, in order; the placement group stays."""
+        seconds (their calls returned: the peers of a rank that died), and not later than `BLOCKED_GRACE`
+        after the last of them (`collect_settled`); kill the others (dead, or still blocked in a
+        collective). The ranks kept, in order; the placement group stays."""
         if self.programs:
             raise ValueError("a command job's rank group is not kept between generations")
-        replies = {rank: worker.settle.remote(timeout) for rank, worker in enumerate(self.workers)}
-        ready, _ = ray.wait(list(replies.values()), num_returns=len(replies), timeout=timeout + 1.0)
-        kept = []
-        for rank, reply in replies.items():
-            try:
-                settled = reply in ready and ray.get(reply) is True
-            except RayError:  # the worker is dead
-                settled = False
-            if settled:
-                kept.append(rank)
-            else:
-                ray.kill(self.workers[rank], no_restart=True)
+        replies = {worker.settle.remote(timeout): rank for rank, worker in enumerate(self.workers)}
+        kept = collect_settled(
+            replies,
+            lambda pending, seconds: ray.wait(pending, num_returns=1, timeout=seconds)[0],
+            _settled,
+            timeout + 1.0,
+        )
+        for rank, worker in enumerate(self.workers):
+            if rank not in kept:
+                ray.kill(worker, no_restart=True)
         return kept
 
     def renewed(
@@ -371,6 +371,14 @@ def _fresh_worker(
         options["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
     binding = RankBinding(job_id, generation, slot.rank, world_size, pg.id.hex())
     return worker_class.options(**options).remote(slot.node, slot.gpu, use_gpu, binding)
+
+
+def _settled(reply: Any) -> bool:
+    """A `settle` reply: True when the worker can run the next generation (False for a dead one)."""
+    try:
+        return ray.get(reply) is True
+    except RayError:
+        return False
 
 
 def _bundle(slot: RankAssignment, use_gpu: bool) -> dict[str, float]:
