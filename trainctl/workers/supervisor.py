@@ -135,7 +135,7 @@ class SupervisorConfig:
     spare_after: float = SPARE_AFTER
     """Seconds the job's generations train (in all, under this supervisor) before it starts one spare rank
     process on each node of the plan for the next warm restart (with ``warm_restarts``), and then again at
-    each generation's start; a job that ends sooner starts none (a spare costs a process's imports)."""
+    each generation's first step; a job that ends sooner starts none (a spare costs a process's imports)."""
 
 
 class JobSupervisor:
@@ -493,16 +493,17 @@ class JobSupervisor:
         return True
 
     def _watch(self, refs: list[ray.ObjectRef]) -> tuple[Outcome, str]:
-        """Wait for the generation's ranks to finish, fail, hang or be stopped; start the spares when due."""
-        spares_due = self._watchdog.trained_by(self._cfg.spare_after) if self._restarts_warm() else None
+        """Wait for the generation's ranks to finish, fail, hang or be stopped; start the spares when due
+        (`Watchdog.spares_due`)."""
+        spares_wanted = self._restarts_warm()
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, dict[str, Any]] = {}
         pending = list(refs)
         while pending:
             if self._cancel.is_set():
                 return Outcome.CANCELLED, "cancelled"
-            if spares_due is not None and time.monotonic() >= spares_due:
-                spares_due = None
+            if spares_wanted and self._watchdog.spares_due(self._cfg.spare_after):
+                spares_wanted = False
                 self._groups.ensure_spares(slot.node for slot in self._slots)
             done, pending = ray.wait(pending, num_returns=1, timeout=self._cfg.watch_interval)
             failures: list[tuple[int, BaseException]] = []

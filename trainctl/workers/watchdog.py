@@ -43,6 +43,12 @@ class Watchdog:
         """When (monotonic) the job will have trained ``seconds`` in all, counting the current generation."""
         return (self.started_at or time.monotonic()) + max(0.0, seconds - self.trained)
 
+    def spares_due(self, spare_after: float) -> bool:
+        """Whether the job's spares should start now: it has trained ``spare_after`` seconds in all and the
+        current generation has stepped (before its first step, a spare's imports would take the CPU from its
+        ranks' start, or their restore after a warm restart)."""
+        return self.stepping and time.monotonic() >= self.trained_by(spare_after)
+
     def stepped(self) -> None:
         self.progress_at = time.monotonic()
         self.stepping = True
