@@ -159,12 +159,7 @@ class RankGroup:
         if self.programs:
             raise ValueError("a command job's rank group is not kept between generations")
         replies = {worker.settle.remote(timeout): rank for rank, worker in enumerate(self.workers)}
-        kept = collect_settled(
-            replies,
-            lambda pending, seconds: ray.wait(pending, num_returns=1, timeout=seconds)[0],
-            _settled,
-            timeout + 1.0,
-        )
+        kept = collect_settled(replies, _ready, _settled, timeout + 1.0)
         for rank, worker in enumerate(self.workers):
             if rank not in kept:
                 ray.kill(worker, no_restart=True)
@@ -371,6 +366,14 @@ def _fresh_worker(
         options["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
     binding = RankBinding(job_id, generation, slot.rank, world_size, pg.id.hex())
     return worker_class.options(**options).remote(slot.node, slot.gpu, use_gpu, binding)
+
+
+def _ready(pending: list[Any], seconds: float) -> list[Any]:
+    """The replies of ``pending`` ready within ``seconds``: the first, and every other ready by then."""
+    ready, rest = ray.wait(pending, num_returns=1, timeout=seconds)
+    if ready and rest:
+        ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+    return ready
 
 
 def _settled(reply: Any) -> bool:
