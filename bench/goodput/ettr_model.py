@@ -10,13 +10,13 @@ and every `interval`-th step costing `checkpoint_ratio` ordinary steps:
 
 (the first-order model of Young and Daly: failures rare against the time between them). The rows take the
 median recovery of each restart path that bench/goodput/fault_schedule.py measured in one run
-(results-fault-schedule-warm.json: `cold`, fresh rank processes; `warm`, the survivors' processes and a
-spare) with the checkpoint step's measured ratio (results-checkpoint-cost.json: synchronous saves, and for
+(`--results`, by default results-fault-schedule-async5-spares.json: `cold`, fresh rank processes; `warm`, the
+survivors' processes and a spare) with the checkpoint step's measured ratio (results-checkpoint-cost.json: synchronous saves, and for
 `warm, async saves` asynchronous ones, at least 1); `goal` takes issue 35's targets (recovery within twice a
 warm first step, at most 5 steps recomputed, a checkpoint step at most 1.1 ordinary ones). The step time and
 interval of a large job are assumptions, printed with the table.
 
-    .venv/bin/python bench/goodput/ettr_model.py [--step 2.0 --interval 100]
+    .venv/bin/python bench/goodput/ettr_model.py [--step 2.0 --interval 100] [--results FILE]
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--step", type=float, default=2.0, help="seconds per step of the large job (assumed)")
     parser.add_argument("--interval", type=int, default=100, help="steps between checkpoints (assumed)")
+    parser.add_argument("--results", type=Path, default=HERE / "results-fault-schedule-async5-spares.json",
+                        help="a fault_schedule.py results file with a cold and a warm run")
     args = parser.parse_args()
-    paths = json.loads((HERE / "results-fault-schedule-warm.json").read_text())["faulted"]
+    paths = json.loads(args.results.read_text())["faulted"]
     checkpoint = json.loads((HERE / "results-checkpoint-cost.json").read_text())["modes"]
     sync, asynchronous = (max(1.0, checkpoint[mode]["ratio_checkpoint_to_ordinary"]) for mode in ("sync", "async"))
     recomputed = args.interval * args.step / 2
