@@ -56,3 +56,9 @@ def test_when_no_rank_settles_it_waits_for_the_timeout() -> None:
     replies = Replies({0: (None, True), 1: (0.1, False)})
     assert replies.collect(timeout=3.0) == []
     assert replies.now == 3.0
+
+
+def test_the_grace_runs_from_the_newest_settled_peer_not_from_a_later_dead_one() -> None:
+    replies = Replies({0: (0.2, True), 1: (0.2 + 0.5 * BLOCKED_GRACE, False), 2: (None, True)})
+    assert replies.collect() == [0]
+    assert replies.now == 0.2 + BLOCKED_GRACE

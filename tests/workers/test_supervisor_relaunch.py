@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from small_jobs import restartable_job, small_job
+from small_jobs import restartable_job
 
 from trainctl.workers.events import EventKind, EventLog, JobState
 from trainctl.workers.group_keeper import GroupKeeper
@@ -65,17 +65,3 @@ def test_the_jobs_own_restarts_are_still_limited_after_relaunches() -> None:
     assert status.state is JobState.FAILED and status.restarts == 3, status
     assert status.reason == "rank 1 died; giving up after 1 restart(s) (scheduling.max_restarts=1)"
 
-
-def test_spares_wait_for_the_generations_first_step_even_when_the_job_has_trained_long_enough() -> None:
-    watchdog = Watchdog(small_job("spares", gpus=2), startup_grace=300.0)
-    watchdog.started()
-    assert not watchdog.spares_due(spare_after=0.0)  # a new job's first generation: no step yet
-    watchdog.stepped()
-    assert watchdog.spares_due(spare_after=0.0)
-    assert not watchdog.spares_due(spare_after=3600.0)  # stepping, but not trained long enough
-    watchdog.trained = 7200.0  # a restart: generations before this one trained past spare_after
-    watchdog.ended()
-    watchdog.started()
-    assert not watchdog.spares_due(spare_after=3600.0)  # the restarted generation has not stepped yet
-    watchdog.stepped()
-    assert watchdog.spares_due(spare_after=3600.0)

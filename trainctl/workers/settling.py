@@ -34,12 +34,8 @@ def collect_settled(
     ``timeout`` seconds in all, and at most ``grace`` seconds after the newest True reply."""
     pending = dict(replies)
     kept: list[int] = []
-    deadline = clock() + timeout
-    while pending:
-        now = clock()
-        until = min(deadline, now + grace) if kept else deadline
-        if now >= until:
-            break
+    deadline = until = clock() + timeout
+    while pending and (now := clock()) < until:
         ready = wait(list(pending), until - now)
         if not ready:
             break
@@ -47,4 +43,5 @@ def collect_settled(
             rank = pending.pop(reply)
             if settled(reply):
                 kept.append(rank)
+                until = min(deadline, clock() + grace)
     return sorted(kept)
