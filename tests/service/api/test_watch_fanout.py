@@ -115,6 +115,10 @@ class Stream:
             raise StopIteration
         return event
 
+    def reading(self) -> bool:
+        """Whether a read is in progress (`cancel` has one to cancel)."""
+        return self._pending is not None
+
     def cancel(self) -> None:
         assert self._pending is not None
         self._pending.cancel()
@@ -252,7 +256,8 @@ def test_a_waiting_watcher_ends_as_soon_as_its_call_ends_or_the_service_stops(st
     at_stop = Follower(hub, job, start)
     for follower in (ended_call, at_stop):
         follower.start()
-    until(lambda: len(hub.buffered(job)) == 2, "both watchers wait on the feed")
+    # The feed can count a watcher before its thread has the read's future back from the loop.
+    until(lambda: len(hub.buffered(job)) == 2 and ended_call.stream.reading(), "both watchers wait on the feed")
     ended_call.stream.cancel()  # gRPC cancels the call's task when it is cancelled or its deadline passes
     ended_call.join(WAIT)
     assert not ended_call.is_alive() and at_stop.is_alive()
