@@ -27,7 +27,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "command"
 ENV_NAMES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_RESTART_COUNT", "CUDA_VISIBLE_DEVICES", "TRAINCTL_JOB_ID", "TRAINCTL_CHECKPOINT_DIR",
-    "TRAINCTL_LAYOUT", "TRAINCTL_RANK_COORDS", "MY_SETTING", "NCCL_IB_HCA", "NCCL_CROSS_NIC",
+    "TRAINCTL_LAYOUT", "TRAINCTL_RANK_COORDS", "MY_SETTING", "NCCL_IB_HCA", "NCCL_CROSS_NIC", "OMP_NUM_THREADS",
 )
 
 
@@ -174,6 +174,7 @@ def test_ranks_get_the_torchrun_environment_of_the_placement(runs):
     for rank, env in envs.items():
         assert env["WORLD_SIZE"] == "4" and env["TORCHELASTIC_RESTART_COUNT"] == "0"
         assert env["CUDA_VISIBLE_DEVICES"] == ""  # simulated GPUs: CPU ranks
+        assert env["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", "1")  # the node's, else torchrun's 1
         assert env["TRAINCTL_JOB_ID"] == "cmd-env" and env["MY_SETTING"] == "on"
         assert env["TRAINCTL_CHECKPOINT_DIR"] == str((run.run_dir / "checkpoints").resolve())
         assert env["TRAINCTL_LAYOUT"] == "pp=1,dp_replicate=2,dp_shard=1,cp=1,tp=2"

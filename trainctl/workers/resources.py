@@ -24,6 +24,11 @@ CONTROL_CAPACITY = 1000.0
 """Amount of `CONTROL_RESOURCE` a control node advertises."""
 SUPERVISOR_SHARE = 0.01
 """Amount of `CONTROL_RESOURCE` one supervisor takes (100,000 supervisors per control node)."""
+RANK_OPENMP_THREADS = "1"
+"""OMP_NUM_THREADS of every rank (model or command job) whose environment sets none: torchrun's default
+with several ranks per node. torch otherwise gives each rank one intra-op thread per core, so the ranks of
+a node contend for every core: on the 2-core dev machine a 2-rank tensor-parallel step took 3.5 times as
+long, and an FSDP step 1.15 times (bench/rank_threads.py)."""
 _SLOT_PATTERN = re.compile(rf"^{GPU_SLOT_PREFIX}(\d+)$")
 
 

@@ -21,6 +21,7 @@ from trainctl.workers.command.output import RankOutput
 from trainctl.workers.command.program import STDERR_TAIL_IN_REASON, ProgramExited, ProgramProcess
 from trainctl.workers.command.report_channel import ReportChannel
 from trainctl.workers.host_memory import HostMemoryLimit, says_out_of_memory
+from trainctl.workers.resources import RANK_OPENMP_THREADS
 
 OWN_INTERPRETER = ("python", "python3")
 """Program names that mean the rank worker's own Python interpreter."""
@@ -49,11 +50,11 @@ class ProgramSlot:
 
 def program_environment(base: Mapping[str, str], launch_env: Mapping[str, str], report_socket: str) -> dict[str, str]:
     """The program's environment: the worker's (``base``, as torchrun passes its own), one OpenMP thread
-    unless the job sets another number (torchrun's default with several ranks per node), the launch's
-    variables, the report socket, and the directory of the `trainctl` package first on PYTHONPATH so
-    ``import trainctl`` finds `trainctl.report`."""
+    unless the worker's environment or the job sets another number (torchrun's default with several ranks
+    per node), the launch's variables, the report socket, and the directory of the `trainctl` package first
+    on PYTHONPATH so ``import trainctl`` finds `trainctl.report`."""
     package_root = str(Path(reporting.__file__).resolve().parents[1])
-    env = {**base, "OMP_NUM_THREADS": "1", **launch_env, REPORT_SOCKET_ENV: report_socket}
+    env = {"OMP_NUM_THREADS": RANK_OPENMP_THREADS, **base, **launch_env, REPORT_SOCKET_ENV: report_socket}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     return env
 
