@@ -237,6 +237,51 @@ def test_restart_reattaches_without_duplicates(tmp_path: Path) -> None:
     assert len(again.store.list_jobs()) == 2
 
 
+class ReplicaKilled(BaseException):
+    """The replica's process dies at this point (nothing in its loops handles it)."""
+
+
+def test_a_replica_killed_before_it_stored_the_page_cursor_records_no_event_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader applies a page of the supervisor's events and dies before the page's last write: the
+    next leader follows the same supervisor from the cursor each applied event moved, so the steps and
+    the state change already recorded are not recorded again (seen once: steps 1, 2, 3, 2, 3, ...)."""
+    runtime = ScriptedRuntime()
+    s = make_scheduler(tmp_path, runtime)
+    j = submit(s, "j", 4)
+    s.tick()
+    runtime.state(j, JobState.RUNNING)
+    runtime.step(j, 1, 2.0)
+    s.tick()
+    runtime.step(j, 2, 1.8)
+    runtime.state(j, JobState.RESTARTING, "rank 1 died")
+    runtime.state(j, JobState.RUNNING)
+    runtime.step(j, 3, 1.6)
+    applied = s.store.update_status
+
+    def dies_at_the_page_end(job_id: str, **changes: Any) -> st.JobRecord | None:
+        if "restarts" in changes:  # the write of the page's cursor, after every event of the page
+            raise ReplicaKilled
+        return applied(job_id, **changes)
+
+    monkeypatch.setattr(s.store, "update_status", dies_at_the_page_end)
+    with pytest.raises(ReplicaKilled):
+        s.tick()
+    s.store.close()
+
+    again = make_scheduler(tmp_path, runtime)
+    again.recover()
+    runtime.step(j, 4, 1.5)
+    runtime.state(j, JobState.SUCCEEDED)
+    again.tick()
+    events = again.store.events(j)
+    assert [e.payload["step"] for e in events if e.type == "step"] == [1, 2, 3, 4]
+    assert [e.payload["to"] for e in events if e.type == "state"] == [
+        JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.RESTARTING, JobState.RUNNING, JobState.SUCCEEDED,
+    ]
+
+
 def nodes_of(placement) -> set[str]:
     return {a.node for a in placement.assignments}
 

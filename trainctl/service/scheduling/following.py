@@ -177,10 +177,12 @@ class Following:
             state.finish(state.set_state(record, status.state.value, reason))
 
     def _apply(self, record: JobRecord, event: RuntimeEvent) -> JobRecord:
-        """Write one runtime event to the store; the job's record as it is afterwards."""
+        """Write one runtime event to the store, the job's runtime cursor moved to it in the same
+        transaction (a replica that takes over from one killed mid-page resumes after it: no event is
+        recorded twice); the job's record as it is afterwards."""
         store, metrics = self.state.store, self.state.metrics
         if event.kind is EventKind.STEP and event.step is not None:
-            store.record_step(record.id, {**event.step, "time": event.time}, now=event.time)
+            store.record_step(record.id, {**event.step, "time": event.time}, now=event.time, runtime_cursor=event.seq)
             if self.state.tracker is not None:
                 self.state.tracker.step(record, self.state.grid_of(record), event.step, event.time)
             report = event.step_report()
@@ -200,19 +202,20 @@ class Following:
             payload: dict[str, Any] = {"message": event.message, "level": level}
             if event.rank is not None:
                 payload["rank"] = event.rank
-            store.append_event(record.id, st.EVENT_LOG, payload, now=event.time)
+            store.append_event(record.id, st.EVENT_LOG, payload, now=event.time, runtime_cursor=event.seq)
             if event.kind is EventKind.PLAN and event.placement:
                 self.replacement.adopt_plan(record, PlannedPlacement.from_plan(event.placement, self.state.resolved_job(record.id, record.job).grid))
         elif event.kind is EventKind.PLACEMENT and event.placement is not None:
             where = ", ".join(f"{p.get('rank')}->{p.get('node')}:{p.get('gpu')}" for p in event.placement)
-            store.append_event(record.id, st.EVENT_LOG, {"level": "INFO", "message": f"ranks placed: {where}"}, now=event.time)
+            store.append_event(record.id, st.EVENT_LOG, {"level": "INFO", "message": f"ranks placed: {where}"}, now=event.time,
+                               runtime_cursor=event.seq)
         elif event.kind is EventKind.STATE and event.state is not None:
             if event.state.terminal:
                 return record  # recorded once the whole log is drained (see _follow), after the last step
             if record.state in (JobState.CANCELLING, JobState.PREEMPTED):
                 return record  # a job being cancelled or preempted does not go back to running
             extra = {"start_time": event.time} if event.state is JobState.RUNNING and record.start_time is None else {}
-            record = self.state.set_state(record, event.state, event.reason, **extra)
+            record = self.state.set_state(record, event.state, event.reason, runtime_cursor=str(event.seq), **extra)
             if event.state is JobState.RUNNING and self.state.tracker is not None:
                 self.state.tracker.running(record, self.state.grid_of(record))
             if event.state is JobState.RESTARTING and metrics is not None:

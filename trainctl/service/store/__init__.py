@@ -214,15 +214,22 @@ class JobStore:
 
     # ---- events and metrics -------------------------------------------------------------------------
     @_timed
-    def append_event(self, job_id: str, type_: str, payload: dict[str, Any], *, now: float | None = None) -> int:
-        """Append one event; return its sequence."""
-        return self._events.append_event(job_id, type_, payload, now)
+    def append_event(
+        self, job_id: str, type_: str, payload: dict[str, Any], *, now: float | None = None, runtime_cursor: int | None = None
+    ) -> int:
+        """Append one event; return its sequence. With `runtime_cursor` (the supervisor's sequence of the
+        event this records), the job's `runtime_cursor` moves to it in the same transaction, so a service
+        that takes over never records the event again."""
+        return self._events.append_event(job_id, type_, payload, now, runtime_cursor)
 
     @_timed
-    def record_step(self, job_id: str, metrics: dict[str, Any], *, now: float | None = None) -> int:
+    def record_step(
+        self, job_id: str, metrics: dict[str, Any], *, now: float | None = None, runtime_cursor: int | None = None
+    ) -> int:
         """Store a step's metrics (a re-run step after a restart replaces the old row), append a step
-        event and update the job's progress columns; return the event's sequence."""
-        return self._events.record_step(job_id, metrics, now)
+        event and update the job's progress columns (and `runtime_cursor`, as `append_event`); return the
+        event's sequence."""
+        return self._events.record_step(job_id, metrics, now, runtime_cursor)
 
     @_timed
     def step_metrics(self, job_id: str, *, after_step: int = 0) -> list[dict[str, Any]]:

@@ -34,16 +34,23 @@ class EventLog:
         ).fetchone()
         return int(row["sequence"])
 
-    def append_event(self, job_id: str, type_: str, payload: dict[str, Any], now: float | None) -> int:
-        with self._core.tx() as db:
-            return self.append(db, job_id, type_, payload, time.time() if now is None else now)
-
-    def record_step(self, job_id: str, metrics: dict[str, Any], now: float | None) -> int:
+    def append_event(
+        self, job_id: str, type_: str, payload: dict[str, Any], now: float | None, runtime_cursor: int | None = None
+    ) -> int:
         now = time.time() if now is None else now
         with self._core.tx() as db:
-            return self.write_step(db, job_id, metrics, now)
+            if runtime_cursor is not None:
+                db.execute("UPDATE jobs SET runtime_cursor = ?, version = version + 1 WHERE id = ?", (str(runtime_cursor), job_id))
+            return self.append(db, job_id, type_, payload, now)
 
-    def write_step(self, db: Database, job_id: str, metrics: dict[str, Any], now: float) -> int:
+    def record_step(self, job_id: str, metrics: dict[str, Any], now: float | None, runtime_cursor: int | None = None) -> int:
+        now = time.time() if now is None else now
+        with self._core.tx() as db:
+            return self.write_step(db, job_id, metrics, now, runtime_cursor)
+
+    def write_step(
+        self, db: Database, job_id: str, metrics: dict[str, Any], now: float, runtime_cursor: int | None = None
+    ) -> int:
         """`record_step` in the open write transaction `db` (a bench fills a long run many steps a
         transaction, bench/scale/job_steps.py); the step event's sequence."""
         step = int(metrics["step"])
@@ -62,9 +69,11 @@ class EventLog:
         db.execute(
             "UPDATE jobs SET steps_done = CASE WHEN steps_done > ? THEN steps_done ELSE ? END, first_loss = ?,"
             " last_loss = ?, tokens_per_second = COALESCE(?, tokens_per_second), mfu = ?,"
-            " mfu_full_attention = ?, last_eval_loss = COALESCE(?, last_eval_loss), update_time = ?, version = version + 1 WHERE id = ?",
+            " mfu_full_attention = ?, last_eval_loss = COALESCE(?, last_eval_loss), runtime_cursor = COALESCE(?, runtime_cursor),"
+            " update_time = ?, version = version + 1 WHERE id = ?",
             (step, step, first, metrics["loss"], metrics.get("tokens_per_second"), metrics.get("mfu"),
-             metrics.get("mfu_full_attention"), metrics.get("eval_loss"), now, job_id),
+             metrics.get("mfu_full_attention"), metrics.get("eval_loss"),
+             None if runtime_cursor is None else str(runtime_cursor), now, job_id),
         )
         return self.append(db, job_id, EVENT_STEP, {**metrics, "time": metrics.get("time", now)}, now)
 
