@@ -1,4 +1,5 @@
-"""Shared fixtures for the Ray integration tests: one embedded multi-node Ray per test session."""
+"""Shared fixtures: one embedded multi-node Ray per test session for the Ray integration tests, and the
+environment of a RankWorker built in the test process."""
 
 from __future__ import annotations
 
@@ -24,3 +25,12 @@ def embedded_ray() -> EmbeddedRay:
         yield cluster
     finally:
         cluster.shutdown()
+
+
+@pytest.fixture
+def rank_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """A RankWorker built in the test process sets CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS in it: both are
+    restored after the test (OMP_NUM_THREADS unset for it, as on a node that sets none)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "unchanged")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    return monkeypatch

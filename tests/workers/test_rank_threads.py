@@ -10,14 +10,6 @@ import pytest
 from trainctl.workers.rank_worker import RankBinding, RankWorker
 
 
-@pytest.fixture
-def rank_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """RankWorker sets CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS in its process: restore both after the test."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "unchanged")
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    return monkeypatch
-
-
 def test_a_rank_gets_one_openmp_thread_where_its_environment_sets_none(rank_env: pytest.MonkeyPatch) -> None:
     RankWorker("node-0", 1, False, RankBinding("job", 0, 1, 2, "00"))
     assert os.environ["OMP_NUM_THREADS"] == "1"

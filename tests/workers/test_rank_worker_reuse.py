@@ -15,10 +15,9 @@ from trainctl.workers.rank_worker import RankBinding, RankWorker
 
 
 @pytest.fixture
-def isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RankWorker sets CUDA_VISIBLE_DEVICES in its process: restore it after each test."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "unchanged")
-    monkeypatch.setattr(rank_worker, "_exit_with_group", lambda binding: None)  # no placement group here
+def isolated_env(rank_env: pytest.MonkeyPatch) -> None:
+    """`rank_env`, and no placement group to watch."""
+    rank_env.setattr(rank_worker, "_exit_with_group", lambda binding: None)
 
 
 def bound_worker() -> RankWorker:
