@@ -1,6 +1,6 @@
 """Autoscaling decisions over a scripted runtime: which map nodes Ray lacks a blocked queued job has asked
 of the autoscaler (only those its placement needs, with the live ones, since Ray's request is a floor on
-capacity), once per change, withdrawn once the job is placed; the waiting reason, the scheduling
+capacity), once per change, withdrawn once the job placed on them has its ranks up (or ended); the waiting reason, the scheduling
 decision and the pending gauges; nothing asked when it fits, when even the whole map cannot hold it, or
 when Ray refuses (asked again next pass); GetCluster's `scale_up` as each tenant sees it. The same over
 Ray's autoscaler is
@@ -59,7 +59,7 @@ def placed_on(s: Scheduler, job_id: str) -> set[str]:
     return {slot["node"] for slot in s.store.get_job(job_id).placement}
 
 
-def test_a_blocked_job_asks_for_the_node_it_needs_once_and_withdraws_when_placed(tmp_path: Path) -> None:
+def test_a_blocked_job_asks_for_the_node_it_needs_once_and_withdraws_when_its_ranks_run(tmp_path: Path) -> None:
     s, runtime, requests, registry = autoscaled(tmp_path, live={"node-0"})
     first = submit(s, "first", 4)
     s.tick()
@@ -84,10 +84,39 @@ def test_a_blocked_job_asks_for_the_node_it_needs_once_and_withdraws_when_placed
     runtime.nodes.add("node-1")  # the node joined
     s.tick()
     assert s.store.get_job(second).state == JobState.SCHEDULED and placed_on(s, second) == {"node-1"}
-    assert requests[-1] == [], "withdrawn: the idle nodes may go after the autoscaler's idle timeout"
-    assert s.autoscaling.pending is None
+    assert s.autoscaling.pending is None, "nothing is pending: the node is up"
     assert registry.get_sample_value("trainctl_scale_up_pending_nodes") == 0
     assert registry.get_sample_value("trainctl_scale_up_pending_age_seconds") == 0
+    s.tick()
+    assert requests == [["node-0", "node-1"]], "the request stands while the job placed on node-1 starts: its slots are free"
+
+    runtime.state(second, JobState.RUNNING, "ranks up")  # the ranks hold node-1's slots
+    s.tick()
+    assert requests[-1] == [], "withdrawn: the idle nodes may go after the autoscaler's idle timeout"
+    assert len(requests) == 2
+
+
+def test_a_request_stands_until_the_job_placed_on_the_new_node_leaves_scheduled_however_it_does(tmp_path: Path) -> None:
+    s, runtime, requests, _ = autoscaled(tmp_path, live=set(), map_nodes=1)
+    job = submit(s, "job", 4)
+    s.tick()
+    runtime.nodes.add("node-0")
+    s.tick()
+    assert s.store.get_job(job).state == JobState.SCHEDULED and requests == [["node-0"]]
+    runtime.state(job, JobState.FAILED, "the ranks could not start")
+    s.tick()
+    assert s.store.get_job(job).state == JobState.FAILED and requests[-1] == []
+
+
+def test_a_job_cancelled_while_its_node_is_asked_for_withdraws_the_request(tmp_path: Path) -> None:
+    s, _, requests, registry = autoscaled(tmp_path, live=set(), map_nodes=1)
+    job = submit(s, "job", 4)
+    s.tick()
+    assert requests == [["node-0"]]
+    s.request_cancel(job, "not needed")
+    s.tick()
+    assert s.store.get_job(job).state == JobState.CANCELLED and requests[-1] == []
+    assert registry.get_sample_value("trainctl_scale_up_pending_nodes") == 0
 
 
 def test_a_job_spanning_nodes_asks_for_every_node_its_placement_needs(tmp_path: Path) -> None:

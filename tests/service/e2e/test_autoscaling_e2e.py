@@ -121,7 +121,7 @@ def test_a_queued_job_scales_the_cluster_up_and_the_node_goes_when_idle(autoscal
 
     done = wait_for("the job's end", lambda: (j := client.get_job(job.id)).status.state in (pb.SUCCEEDED, pb.FAILED) and j, 90)
     assert done.status.state == pb.SUCCEEDED, done.status.reason
-    assert not client.get_cluster().HasField("scale_up"), "the request is withdrawn once the job is placed"
+    assert not client.get_cluster().HasField("scale_up"), "nothing is pending once the job is placed"
     assert scraped(service, "trainctl_scale_up_pending_nodes") == 0
 
     ended = time.monotonic()

@@ -8,6 +8,12 @@ trainctl.workers.autoscaler), so the node that joins is the one the map describe
 places the job on it. The request is made once per change of what is needed (`finish_pass`) and
 withdrawn when nothing is, so idle nodes go after the autoscaler's idle timeout.
 
+Placing the job is not holding the node: until its ranks start, the node's slots are free and the node
+counts as idle since it joined, so a withdrawal at placement lets an autoscaler whose idle timeout is
+shorter than the job's start (a loaded service, a slow join) take the node back under the job being
+started on it. The request stands until the job it was made for has left SCHEDULED (its ranks hold the
+slots, or it ended).
+
 Ray's request is a floor on the cluster's capacity, not an increment: it names the live map nodes too,
 so nodes of the same shape already up do not count as the new one.
 """
@@ -22,6 +28,8 @@ from dataclasses import dataclass
 from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.planning.pool import GpuPool
 from trainctl.service.scheduling.state import SchedulerState
+from trainctl.service.store import JobNotFound
+from trainctl.workers.events import JobState
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +65,11 @@ class Autoscaling:
         self.state = state
         self._request = request
         self.pending: ScaleUp | None = None
-        """The scale-up last requested (None: none)."""
+        """The scale-up last requested for a queued job (None: none)."""
+        self._starting: ScaleUp | None = None
+        """A scale-up whose job was placed and whose ranks do not hold the nodes yet: the request stands."""
+        self._requested: tuple[str, ...] = ()
+        """The map nodes of the request standing in Ray (empty: none)."""
         self._wanted: ScaleUp | None = None
 
     def start_pass(self) -> None:
@@ -75,22 +87,42 @@ class Autoscaling:
         return f"waiting for the autoscaler to add {', '.join(nodes)} (asked for this job's placement)"
 
     def finish_pass(self, down: Collection[str]) -> None:
-        """Request what this pass needs when it differs from the last request; withdraw it when nothing is.
-        A request Ray refuses is logged and tried again by the next pass."""
+        """Request what this pass needs when it differs from the standing request, and withdraw it when
+        nothing is (nor a job placed on asked-for nodes is still starting). A request Ray refuses is logged
+        and tried again by the next pass."""
         wanted = self._wanted
-        if (wanted.nodes if wanted else ()) != (self.pending.nodes if self.pending else ()):
-            live = [name for name, _ in self.state.pool.nodes() if name not in down]
+        if self.pending is not None and (wanted is None or wanted.job_id != self.pending.job_id):
+            self._starting = self.pending  # its job left the queue: placed, or cancelled
+        if self._starting is not None and not self._still_starting(self._starting.job_id):
+            self._starting = None
+        live = [name for name, _ in self.state.pool.nodes() if name not in down]
+        extra = wanted.nodes if wanted is not None else ()
+        request = tuple(sorted({*live, *extra})) if wanted is not None or self._starting is not None else ()
+        if request != self._requested:
             try:
-                self._request([*live, *wanted.nodes] if wanted is not None else [])
+                self._request(list(request))
             except Exception as exc:  # Ray unreachable: the next pass asks again
                 log.warning("could not send the scale-up request to Ray's autoscaler (the next pass tries again): %s", exc)
                 return
-            if wanted is not None:
+            self._requested = request
+            if wanted is not None and (self.pending is None or self.pending.nodes != wanted.nodes):
                 log.info("asked Ray's autoscaler for %s for job %s", ", ".join(wanted.nodes), wanted.job_id)
-            else:
-                log.info("withdrew the scale-up request: no queued job needs a node Ray lacks")
+            elif not request:
+                log.info("withdrew the scale-up request: no queued job needs a node Ray lacks, none placed on one is starting")
         self.pending = wanted
         self._export()
+
+    def forget(self) -> None:
+        """This replica stops leading: the leader's request stands in Ray, and the leader shows it."""
+        self.pending = self._starting = self._wanted = None
+        self._requested = ()
+
+    def _still_starting(self, job_id: str) -> bool:
+        """Whether `job_id` is placed and its ranks do not hold their slots yet (SCHEDULED)."""
+        try:
+            return self.state.store.get_job(job_id).state is JobState.SCHEDULED
+        except JobNotFound:
+            return False
 
     def _export(self) -> None:
         if self.state.metrics is not None:

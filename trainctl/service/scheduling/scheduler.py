@@ -242,8 +242,8 @@ class Scheduler:
             state.unlaunched.clear()
             state.preempting.clear()
             state.nominated.clear()
-            if self.autoscaling is not None:  # the leader's request stands in Ray; the leader shows it
-                self.autoscaling.pending = None
+            if self.autoscaling is not None:
+                self.autoscaling.forget()
             self._epoch = self._fence = None
 
     def recover(self) -> None:
