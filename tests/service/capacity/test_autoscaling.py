@@ -44,10 +44,14 @@ class Requests(list):
 
 
 def autoscaled(tmp_path: Path, live: set[str], map_nodes: int = 3) -> tuple[Scheduler, ScriptedRuntime, Requests, CollectorRegistry]:
-    """A scheduler with autoscaling on over a map of `map_nodes` 4-GPU nodes, of which Ray has `live`."""
+    """A scheduler with autoscaling on over a map of `map_nodes` 4-GPU nodes, of which Ray has `live`, past
+    its first pass (which withdraws whatever request stands: see the leader test below)."""
     runtime, requests, registry = ScriptedRuntime(nodes=set(live)), Requests(), CollectorRegistry()
     pool = GpuPool(simulated_topology(map_nodes, 4), "simulated")
     s = Scheduler(JobStore(tmp_path), pool, runtime, tmp_path / "runs", metrics=ServiceMetrics(registry), request_nodes=requests)
+    s.tick()
+    assert requests == [[]]
+    requests.clear()
     return s, runtime, requests, registry
 
 
@@ -181,3 +185,19 @@ def test_get_cluster_shows_the_pending_scale_up_and_hides_another_tenants_job(tm
     off = Scheduler(JobStore(tmp_path / "off"), s.pool, ScriptedRuntime(nodes=set()), tmp_path / "off" / "runs")
     assert not TrainingServicer(off.store, off, off.pool, Authenticator(None)).GetCluster(
         pb.GetClusterRequest(), owner).HasField("scale_up")
+
+
+def test_a_new_leader_withdraws_the_request_an_earlier_one_left_standing(tmp_path: Path) -> None:
+    # Ray holds one request for the cluster: one a leader made before it stopped leading would otherwise keep
+    # its nodes from the idle timeout for good.
+    s, _, requests, _ = autoscaled(tmp_path, live=set(), map_nodes=1)
+    job = submit(s, "job", 4)
+    s.tick()
+    assert requests == [["node-0"]]
+    assert s.autoscaling is not None
+    s.autoscaling.forget()  # it stops leading; the job is cancelled meanwhile
+    s.request_cancel(job, "not needed")
+    s.tick()  # it leads again, or another replica does: it knows nothing of what stands
+    assert requests[-1] == [] and len(requests) == 2
+    s.tick()
+    assert len(requests) == 2, "sent once"

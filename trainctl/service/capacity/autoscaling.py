@@ -68,8 +68,10 @@ class Autoscaling:
         """The scale-up last requested for a queued job (None: none)."""
         self._starting: ScaleUp | None = None
         """A scale-up whose job was placed and whose ranks do not hold the nodes yet: the request stands."""
-        self._requested: tuple[str, ...] = ()
-        """The map nodes of the request standing in Ray (empty: none)."""
+        self._requested: tuple[str, ...] | None = None
+        """The map nodes of the request standing in Ray (empty: none; None: not known, so the next pass
+        sends its own: a request is the cluster's, and one a previous leader left must not stand forever,
+        keeping its nodes from the idle timeout)."""
         self._wanted: ScaleUp | None = None
 
     def start_pass(self) -> None:
@@ -114,8 +116,7 @@ class Autoscaling:
 
     def forget(self) -> None:
         """This replica stops leading: the leader's request stands in Ray, and the leader shows it."""
-        self.pending = self._starting = self._wanted = None
-        self._requested = ()
+        self.pending = self._starting = self._wanted = self._requested = None
 
     def _still_starting(self, job_id: str) -> bool:
         """Whether `job_id` is placed and its ranks do not hold their slots yet (SCHEDULED)."""
