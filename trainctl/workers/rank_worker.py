@@ -126,8 +126,8 @@ log = logging.getLogger(__name__)
 
 
 def preload_engine() -> None:
-    """Import the training engine (torch, torch.distributed and the layouts): the seconds a fresh
-    rank spends before its first step, paid by a pooled worker while it waits for a job.
+    """Import the training engine (torch, torch.distributed, torch._dynamo and the layouts): the seconds
+    a fresh rank spends before its first step, paid by a pooled worker or a spare while it waits.
 
     The import creates some 300,000 objects that live as long as the process, so the cyclic collector
     is off while it runs (its collections on the way cost a fifth of the import's CPU time) and they are
@@ -137,6 +137,11 @@ def preload_engine() -> None:
         return
     gc.disable()
     try:
+        # The first call of a function torch wraps in `torch._disable_dynamo` (every optimizer's `step`,
+        # so every job's first step) imports torch._dynamo: 0.5-1 s of CPU, which a spare or pooled worker
+        # would otherwise pay after its group's rendezvous, with every other rank waiting for it.
+        import torch._dynamo  # noqa: F401
+
         import trainctl.parallelism.engine.distributed  # noqa: F401
         import trainctl.parallelism.engine.trainer  # noqa: F401
     finally:
