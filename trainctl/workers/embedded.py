@@ -37,6 +37,8 @@ START_ATTEMPTS = 2
 """Times `start_embedded` starts the cluster before giving up (a node rarely fails to register in time)."""
 RAY_PACKAGE = str(Path(ray.__file__).parent)
 """Where Ray's daemons, dashboard and worker scripts run from (in each such process's command line)."""
+RAY_TITLE = b"ray::"
+"""How the processes Ray renames (agents, workers) begin their command line."""
 
 
 def node_name(index: int) -> str:
@@ -152,7 +154,7 @@ def start_embedded(
         except BaseException as exc:
             cluster.shutdown()
             # A node whose start timed out is not the cluster's, so `shutdown` leaves the processes it
-            # started (GCS, dashboard, monitor): they would run on beside the next attempt.
+            # started (GCS, raylet, dashboard, monitor, agents): they would run on beside the next attempt.
             for pid in ray_processes() - running:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -172,15 +174,18 @@ def start_embedded(
 
 
 def ray_processes() -> set[int]:
-    """The live processes below this one that run from Ray's package (its daemons, dashboard, workers)."""
+    """The live processes below this one that are Ray's: those that run from its package (GCS, raylets,
+    dashboard, monitor) and those that took a `ray::` title (each raylet's dashboard and runtime-env agents,
+    its idle workers), which outlive a killed raylet: they share its pipe, so none of them sees it close."""
     found = set()
     for pid in live(tree(os.getpid())):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if RAY_PACKAGE.encode() in cmdline.read():
-                    found.add(pid)
+                command = cmdline.read()
         except OSError:
             continue  # gone meanwhile
+        if command.startswith(RAY_TITLE) or RAY_PACKAGE.encode() in command:
+            found.add(pid)
     return found
 
 
