@@ -1,11 +1,15 @@
 """What a checkpoint step costs against an ordinary step, with synchronous and with asynchronous saves
-(`checkpoint.async_save`), on CPU under gloo (issue 35: "a checkpoint step with asynchronous saving
-costs at most 10 % more than an ordinary step").
+(`checkpoint.async_save`), and what an in-memory snapshot step costs (`checkpoint.memory_interval_steps`),
+on CPU under gloo (issue 35: "a checkpoint step with asynchronous saving costs at most 10 % more than an
+ordinary step").
 
 One job (the `small` preset by default: 6 M parameters, a 72 MB checkpoint, so a synchronous save
-takes clearly longer than a step) runs `--repeats` times in each of three modes, interleaved so that
+takes clearly longer than a step) runs `--repeats` times in each of the `--modes`, interleaved so that
 load on the machine falls on every mode alike: `none` (no checkpoint before the final step), `sync`
-and `async` (a checkpoint every `--interval` steps). A step's time is its whole loop iteration on rank
+and `async` (a checkpoint every `--interval` steps), and `snapshot` (no checkpoint before the final step,
+an in-memory snapshot every `--interval` steps). A snapshot here costs what it costs a rank: its shard
+turned into bytes and one copy of them (`HostMemorySnapshots`, standing for the object-store copy
+`ray.put` makes on a RankWorker); the keepers' copies are made in their own processes. A step's time is its whole loop iteration on rank
 0: from the start of its `train_step` to the start of the next one, so it includes everything the loop
 does for the step (the copy, the commit, starting the next save, a wait for the one in flight). The
 last step (its checkpoint is always synchronous) and the first `WARMUP_STEPS` are left out.
@@ -40,7 +44,7 @@ from trainctl.parallelism.engine.distributed import init_distributed, teardown
 from trainctl.parallelism.engine.trainer import Trainer
 from trainctl.spec.job import JobSpecBody
 
-MODES = ("none", "sync", "async")
+MODES = ("none", "sync", "async", "snapshot")
 WARMUP_STEPS = 2
 RESULTS = Path(__file__).with_name("results-checkpoint-cost.json")
 
@@ -53,10 +57,32 @@ def job(model: str, steps: int, interval: int, mode: str, ranks: int) -> JobSpec
         "parallelism": {"dp_shard": ranks, "zero_stage": 3} if ranks > 1 else {},
         "training": {"steps": steps, "global_batch_size": 4 * ranks, "micro_batch_size": 4, "warmup_steps": 2,
                      "lr": 1e-3, "seed": 5},
-        "checkpoint": {"interval_steps": 0 if mode == "none" else interval, "keep_last": 2,
-                       "async_save": mode == "async"},
+        "checkpoint": {"interval_steps": interval if mode in ("sync", "async") else 0, "keep_last": 2,
+                       "async_save": mode == "async", "memory_interval_steps": interval if mode == "snapshot" else 0},
         "resources": {"gpus": ranks, "device": "cpu"},
     })
+
+
+class HostMemorySnapshots:
+    """A `SnapshotStore` that keeps the newest snapshot as one copy in this process's memory."""
+
+    def __init__(self) -> None:
+        self.newest: tuple[int, bytearray] | None = None
+
+    def put(self, step: int, payload: bytearray) -> None:
+        kept = self.newest[1] if self.newest is not None and len(self.newest[1]) == len(payload) else bytearray(len(payload))
+        kept[:] = payload  # into the previous copy's memory, as `ray.put` copies into the object store's
+        self.newest = (step, kept)
+
+    def steps(self) -> set[int]:
+        return {self.newest[0]} if self.newest else set()
+
+    def fetch(self, step: int) -> tuple[bytes, str] | None:
+        return (bytes(self.newest[1]), "this process") if self.newest and self.newest[0] == step else None
+
+    def discard_after(self, step: int) -> None:
+        if self.newest and self.newest[0] > step:
+            self.newest = None
 
 
 class TimedTrainer(Trainer):
@@ -75,7 +101,7 @@ def train_timed(rank: int, world: int, body_json: str, checkpoint_dir: str) -> d
     """Run the job on this rank (one torch thread); its step start times and losses."""
     torch.set_num_threads(1)
     trainer = TimedTrainer(JobSpecBody.model_validate_json(body_json), rank=rank, world_size=world,
-                           device="cpu", checkpoint_dir=checkpoint_dir)
+                           device="cpu", checkpoint_dir=checkpoint_dir, snapshots=HostMemorySnapshots())
     result = trainer.run()
     return {"step_starts": trainer.step_starts, "losses": result.losses}
 
@@ -112,7 +138,7 @@ def step_times(starts: list[float], interval: int, mode: str) -> tuple[list[floa
     ordinary, checkpoint = [], []
     for n in range(WARMUP_STEPS + 1, len(starts)):
         seconds = starts[n] - starts[n - 1]
-        (checkpoint if mode != "none" and n % interval == 0 else ordinary).append(seconds)
+        (checkpoint if mode != "none" and n % interval == 0 else ordinary).append(seconds)  # a snapshot's too
     return ordinary, checkpoint
 
 
@@ -144,16 +170,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=26)
     parser.add_argument("--interval", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
     parser.add_argument("--json", type=Path, help=f"write the results here (full mode default: {RESULTS.name})")
     args = parser.parse_args()
     if args.smoke:
         args.model, args.steps, args.interval, args.repeats = "debug", 8, 2, 1
-    times: dict[str, tuple[list[float], list[float]]] = {mode: ([], []) for mode in MODES}
+    modes = [mode for mode in args.modes.split(",") if mode]
+    if "none" not in modes or set(modes) - set(MODES):
+        parser.error(f"--modes: none and any of {', '.join(MODES[1:])}, got {args.modes!r}")
+    times: dict[str, tuple[list[float], list[float]]] = {mode: ([], []) for mode in modes}
     losses: dict[str, list[float]] = {}
     per_repeat: list[dict[str, Any]] = []
     started = time.perf_counter()
     for repeat in range(args.repeats):
-        for mode in MODES:
+        for mode in modes:
             run = run_once(job(args.model, args.steps, args.interval, mode, args.ranks))
             ordinary, checkpoint = step_times(run["step_starts"], args.interval, mode)
             times[mode][0].extend(ordinary)
@@ -161,13 +191,13 @@ def main() -> None:
             losses.setdefault(mode, run["losses"])
             per_repeat.append({"repeat": repeat + 1, "mode": mode, "ordinary_step_median_s": statistics.median(ordinary),
                                "checkpoint_step_median_s": statistics.median(checkpoint) if checkpoint else None})
-            print(f"repeat {repeat + 1} {mode:5s}: ordinary {statistics.median(ordinary):.3f} s"
+            print(f"repeat {repeat + 1} {mode:8s}: ordinary {statistics.median(ordinary):.3f} s"
                   + (f", checkpoint {statistics.median(checkpoint):.3f} s" if checkpoint else ""), flush=True)
-    if not losses["sync"] == losses["async"] == losses["none"]:
-        raise SystemExit("the modes trained different losses: asynchronous saving changed the run")
+    if any(run_losses != losses["none"] for run_losses in losses.values()):
+        raise SystemExit("the modes trained different losses: saving or snapshotting changed the run")
     rows = summarise(times)
     for mode, row in rows.items():
-        line = f"{mode:5s} ordinary {row['ordinary_step_median_s']:.3f} s"
+        line = f"{mode:8s} ordinary {row['ordinary_step_median_s']:.3f} s"
         if "checkpoint_step_median_s" in row:
             line += (f"  checkpoint {row['checkpoint_step_median_s']:.3f} s  ratio {row['ratio_checkpoint_to_ordinary']:.2f}"
                      f"  vs no-checkpoint run {row['ratio_checkpoint_to_no_checkpoint_run']:.2f}"

@@ -22,6 +22,7 @@ under the service). Reported per run:
     .venv/bin/python bench/goodput/fault_schedule.py --out bench/goodput/results-fault-schedule.json
     .venv/bin/python bench/goodput/fault_schedule.py --smoke       (one kill, a short job)
     .venv/bin/python bench/goodput/fault_schedule.py --paths warm --async-save --interval 5
+    .venv/bin/python bench/goodput/fault_schedule.py --paths warm --async-save --interval 5 --memory-interval 1
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from trainctl.workers.supervisor import SPARE_AFTER  # noqa: E402
 SLOTS = [("node-0", 0), ("node-0", 1), ("node-1", 0), ("node-1", 1)]
 
 
-def job(steps: int, interval: int, max_restarts: int, async_save: bool) -> TrainingJob:
+def job(steps: int, interval: int, max_restarts: int, async_save: bool, memory_interval: int = 0) -> TrainingJob:
     return TrainingJob.model_validate({
         "metadata": {"name": "goodput"},
         "spec": {
@@ -63,7 +64,7 @@ def job(steps: int, interval: int, max_restarts: int, async_save: bool) -> Train
             "data": {"seq_len": 64, "max_files": 20},
             "parallelism": {"dp_replicate": 2, "dp_shard": 2},
             "training": {"steps": steps, "global_batch_size": 8, "warmup_steps": 1, "log_interval": 1},
-            "checkpoint": {"interval_steps": interval, "async_save": async_save},
+            "checkpoint": {"interval_steps": interval, "async_save": async_save, "memory_interval_steps": memory_interval},
             "resources": {"gpus": 4, "device": "cpu"},
             "scheduling": {"max_restarts": max_restarts},
         },
@@ -155,6 +156,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--paths", default="cold,warm", help="recovery paths to run, comma-separated: cold, warm")
     parser.add_argument("--async-save", action="store_true", help="checkpoints saved in the background")
+    parser.add_argument("--memory-interval", type=int, default=0,
+                        help="an in-memory snapshot every N steps (checkpoint.memory_interval_steps; 0: none)")
     parser.add_argument("--spare-after", type=float, default=SPARE_AFTER,
                         help="seconds a job trains before its supervisor starts spares (warm path)")
     parser.add_argument("--smoke", action="store_true", help="a short job, one kill")
@@ -168,7 +171,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="trainctl-bench-goodput-"))
     cluster = start_embedded(2, 2, head_cpus=2)
     rng = random.Random(args.seed)
-    spec = job(args.steps, args.interval, max_restarts=1000, async_save=args.async_save)
+    spec = job(args.steps, args.interval, max_restarts=1000, async_save=args.async_save, memory_interval=args.memory_interval)
     faulted: dict[str, dict[str, Any]] = {}
     try:
         undisturbed = run(RayRuntime(cluster.address, placement_timeout=60), "undisturbed", spec,
@@ -183,6 +186,7 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_average_at_end": os.getloadavg(),
         "steps": args.steps, "checkpoint_interval": args.interval, "async_save": args.async_save,
+        "memory_interval": args.memory_interval,
         "kill_every_s": args.kill_every, "spare_after_s": args.spare_after,
         "undisturbed": {k: v for k, v in undisturbed.items() if k != "losses"},
         "faulted": {path: summary(undisturbed, run_) for path, run_ in faulted.items()},

@@ -136,6 +136,15 @@ def spares_of(job_id: str) -> list[str]:
     ]
 
 
+def keepers_of(job_id: str) -> list[str]:
+    """Alive snapshot keepers of a job (`trainctl.workers.snapshot_keepers`)."""
+    return [
+        a.name
+        for a in list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "!=", "DEAD")])
+        if (a.name or "").startswith(f"trainctl-snapshots-{job_id}-")
+    ]
+
+
 def assert_nothing_left(job_id: str) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(leftovers(job_id)):
@@ -399,6 +408,39 @@ def lose_the_only_node_of_the_map(nodes: NodeChanges, root: Path) -> Run:
     return Run(job_id, root, events + more, status)
 
 
+def snapshot_job(name: str, steps: int, interval: int) -> TrainingJob:
+    """`restartable_job` taking an in-memory snapshot every step (a checkpoint every ``interval`` steps)."""
+    job = restartable_job(name, steps=steps, interval=interval)
+    job.spec.checkpoint.memory_interval_steps = 1
+    return job
+
+
+def lose_both_snapshot_copies_then_a_node(runtime: RayRuntime, nodes: NodeChanges, root: Path) -> tuple[Run, Run]:
+    """On spare-f and spare-g, one job after the other. "snap-lost-1": at step 3 both keepers (every copy of
+    every snapshot) are killed, then rank 1. "snap-node-1" (no checkpoint before its last step): at step 4
+    spare-g is removed, rank 1 and its node's keeper with it; the supervisor re-places both ranks on spare-f."""
+    runs = []
+    for job_id, job, fault_step in (
+        ("snap-lost-1", snapshot_job("snaplost", steps=8, interval=2), 3),
+        ("snap-node-1", snapshot_job("snapnode", steps=10, interval=100), 4),
+    ):
+        runtime.start_job(job_id, job, plan(("spare-f", 0), ("spare-g", 0)), root / job_id,
+                          topology=named_topology("spare-f", "spare-g"))
+        events, _ = follow(runtime, job_id, lambda events, status, at=fault_step: max(steps_of(events), default=0) >= at)
+        if job_id == "snap-lost-1":
+            assert len(keepers_of(job_id)) == 2, "one keeper on each node of the plan"
+            for actor in keepers_of(job_id):
+                ray.kill(ray.get_actor(actor))
+            [where] = [e.placement for e in events if e.kind is EventKind.PLACEMENT]
+            os.kill(where[1]["pid"], signal.SIGKILL)
+        else:
+            nodes.remove("spare-g")
+        fault_at = time.time()
+        more, status = follow(runtime, job_id, finished, cursor=events[-1].seq)
+        runs.append(Run(job_id, root / job_id, events + more, status, fault_at=fault_at))
+    return runs[0], runs[1]
+
+
 @pytest.fixture(scope="module")
 def quiet_pool(runtime: RayRuntime, pool_partly_taken) -> dict[str, ClusterNode]:
     """The shared cluster's nodes as seen before any job of this module starts, by name."""
@@ -423,7 +465,7 @@ def runs(embedded_ray: EmbeddedRay, runtime: RayRuntime, solver_placement: Place
     in this order (each waiting for the nodes it plans on). No two share a GPU slot: the solver's job
     takes node-0 (asserted here), the others plan on node-1 and node-2 GPUs that `pool_partly_taken`
     leaves free, on two 4-GPU nodes added for the module (node-3, node-4), or on spare nodes of their
-    own (spare-a to spare-e)."""
+    own (spare-a to spare-g)."""
     assert {a.node for a in solver_placement.assignments} == {"node-0"}, "the other scenarios leave node-0 to it"
     nodes = NodeChanges(embedded_ray)
 
@@ -436,8 +478,9 @@ def runs(embedded_ray: EmbeddedRay, runtime: RayRuntime, solver_placement: Place
             "cancel-1": threads.submit(cancel_once_stepping, runtime, root("cancel")),
             "misconfigured-1": threads.submit(run_on_a_too_small_corpus, runtime, root("misconfigured")),
         }
-        with nodes.extra("node-3", "node-4", gpus=4):
+        with nodes.extra("node-3", "node-4", gpus=4), nodes.extra("spare-f", "spare-g"):
             futures |= {
+                "snapshots": threads.submit(lose_both_snapshot_copies_then_a_node, runtime, nodes, root("snapshots")),
                 "kill-1": threads.submit(kill_a_rank_at_step_3, root("kill")),
                 "midsave-1": threads.submit(kill_a_rank_mid_save, runtime, root("midsave")),
                 "sup-1": threads.submit(kill_the_supervisor_and_reattach, runtime, root("sup")),
@@ -604,6 +647,48 @@ def test_lost_node_restarts_on_a_spare_node_from_its_checkpoint(runs):
     assert min(resumed) > 1 and max(resumed) == 12, "resumed from a checkpoint, not from scratch"
     assert any("resumed from checkpoint" in e.message for e in events if e.generation == 1)
     assert_nothing_left(run.job_id)
+
+
+def test_a_lost_node_restores_its_ranks_from_the_peer_copy_of_their_in_memory_snapshots(runs):
+    _, run = runs["snapshots"].result()
+    events, status = run.events, run.status
+    assert status.state is JobState.SUCCEEDED, status.reason
+    restart = next(e for e in events if e.state is JobState.RESTARTING)
+    assert " died" in restart.reason and restart.time - run.fault_at < 10, restart.reason
+    # Rank 0 survives, so a warm restart is tried before the node's loss is established (a restart more).
+    [new_plan] = kinds_of(events, EventKind.PLAN)
+    assert {p["node"] for p in new_plan.placement} == {"spare-f"}
+    last = new_plan.generation
+    first, second = steps_of(events, 0), steps_of(events, last)
+    resumed = min(second) - 1
+    # No checkpoint before the last step: only a snapshot can give this. Rank 1's own copy went with spare-g;
+    # its peer copy (and rank 0's own) on spare-f is read.
+    restored = [e.message for e in events if e.generation == last and "resumed from" in e.message]
+    assert restored == [f"resumed from in-memory snapshot step {resumed} (rank 0: copy on spare-f; rank 1: copy on spare-f)"]
+    # A snapshot every step; one still on its way when the node went may be missing.
+    assert resumed >= 4 and max(first) - resumed <= 2, (max(first), resumed)
+    for step in sorted(set(first) & set(second)):
+        assert second[step] == pytest.approx(first[step], rel=1e-5)
+    assert max(second) == 10
+    assert_nothing_left(run.job_id)
+    assert not keepers_of(run.job_id), "the keepers end with the job"
+
+
+def test_a_rank_that_lost_both_snapshot_copies_sends_the_job_to_its_checkpoint(runs):
+    run, _ = runs["snapshots"].result()
+    events, status = run.events, run.status
+    restart = succeeded_after_one_restart(events, status)
+    assert restart.reason.startswith("rank 1 died"), restart.reason
+    first, second = steps_of(events, 0), steps_of(events, 1)
+    resumed = min(second) - 1
+    assert resumed >= 2 and resumed % 2 == 0, "resumes after a complete checkpoint (every 2 steps)"
+    assert any(e.message.startswith("resumed from checkpoint") for e in events if e.generation == 1)
+    assert not any("in-memory snapshot" in e.message for e in events if e.generation == 1)
+    for step in sorted(set(first) & set(second)):
+        assert second[step] == pytest.approx(first[step], rel=1e-5)
+    assert max(second) == 8
+    assert_nothing_left(run.job_id)
+    assert not keepers_of(run.job_id)
 
 
 def test_lost_node_waits_for_a_plan_from_replace_plan(runs):

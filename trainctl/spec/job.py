@@ -238,6 +238,19 @@ class CheckpointSpec(StrictModel):
     on while the shards are written; at most one save is in flight (the next save and the end of the
     run wait for it), and it becomes complete only once every rank has written it. The final
     checkpoint is written synchronously. Costs host memory for one copy of each rank's state."""
+    memory_interval_steps: count(MAX_STEPS, 0) = 0
+    """Every this many steps, keep each rank's shard of the state in host memory outside the rank: one
+    copy on its own node, one on another node of the job (0: off). A restart on the same layout resumes
+    from the newest snapshot every rank still has a copy of when it is newer than the newest complete
+    checkpoint, so a failure recomputes at most this many steps; the checkpoints stay the durable record.
+    Costs two copies of each rank's state in host memory (docs/reliability.md, "In-memory snapshots").
+    Needs `resume`."""
+
+    @model_validator(mode="after")
+    def _snapshots_resume(self) -> CheckpointSpec:
+        if self.memory_interval_steps and not self.resume:
+            raise ValueError("spec.checkpoint.memory_interval_steps needs spec.checkpoint.resume: snapshots only serve resuming")
+        return self
 
 
 MAX_EVAL_BATCHES = 1_000_000

@@ -190,6 +190,11 @@ def _command_job_violations(spec: JobSpecBody, *, pool_gpus: int | None, check_p
             out.append(FieldViolation(
                 f"spec.{name}", "is a built-in engine setting; a job with spec.command runs its own program and cannot set it"
             ))
+    if spec.checkpoint.memory_interval_steps:
+        out.append(FieldViolation(
+            "spec.checkpoint.memory_interval_steps",
+            "in-memory snapshots are the built-in engine's; a command job saves its state in its own program",
+        ))
     if spec.evaluation is not None:
         out.append(FieldViolation(
             "spec.evaluation", "a command job evaluates in its own program and reports eval_loss through trainctl.report"

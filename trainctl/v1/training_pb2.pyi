@@ -371,16 +371,18 @@ class TrainingSpec(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., micro_batch_auto: _Optional[bool] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ..., lr: _Optional[float] = ..., min_lr_ratio: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., weight_decay: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ..., dtype: _Optional[_Union[DType, str]] = ..., activation_checkpointing: _Optional[_Union[ActivationCheckpointing, str]] = ..., compile: _Optional[bool] = ..., seed: _Optional[int] = ..., log_interval: _Optional[int] = ..., optimizer_impl: _Optional[_Union[OptimizerImpl, str]] = ..., empty_cache_steps: _Optional[int] = ..., fp8: _Optional[_Union[Float8, str]] = ...) -> None: ...
 
 class CheckpointSpec(_message.Message):
-    __slots__ = ("interval_steps", "keep_last", "resume", "async_save")
+    __slots__ = ("interval_steps", "keep_last", "resume", "async_save", "memory_interval_steps")
     INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     KEEP_LAST_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     ASYNC_SAVE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_INTERVAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     interval_steps: int
     keep_last: int
     resume: bool
     async_save: bool
-    def __init__(self, interval_steps: _Optional[int] = ..., keep_last: _Optional[int] = ..., resume: _Optional[bool] = ..., async_save: _Optional[bool] = ...) -> None: ...
+    memory_interval_steps: int
+    def __init__(self, interval_steps: _Optional[int] = ..., keep_last: _Optional[int] = ..., resume: _Optional[bool] = ..., async_save: _Optional[bool] = ..., memory_interval_steps: _Optional[int] = ...) -> None: ...
 
 class ResourcesSpec(_message.Message):
     __slots__ = ("gpus", "device", "host_memory_gib")

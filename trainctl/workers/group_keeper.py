@@ -4,8 +4,9 @@ It holds the current generation's `RankGroup` (a cancel or a preemption reaches 
 control threads) and makes the next one: on the ranks kept from a failed generation when restarts are warm
 (`keep_survivors`, then `next_group`: the same placement group, a dead rank on its node's spare or a fresh
 process), else a new group (`RankGroup.create`, the first one with the warm pool's workers). It keeps the
-job's spares (`trainctl.workers.spares`) and tears the group down (`shutdown`): a second teardown waits
-until the first is done, so a generation, and the job with it, ends only after its ranks are gone.
+job's spares (`trainctl.workers.spares`) and snapshot keepers (`trainctl.workers.snapshot_keepers`), and
+tears the group down (`shutdown`): a second teardown waits until the first is done, so a generation, and
+the job with it, ends only after its ranks are gone.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import RankGroup, owned_by
+from trainctl.workers.snapshot_keepers import SnapshotKeepers
 from trainctl.workers.spares import Spares
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class GroupKeeper:
     warm: dict[int, Any] = field(default_factory=dict)
     """Rank -> idle pooled worker of its planned slot, for the first group (`RankGroup.create` binds or kills them)."""
     spares: Spares = field(init=False)
+    snapshot_keepers: SnapshotKeepers = field(init=False)
+    """The job's in-memory snapshot keepers (started by the supervisor when its spec takes snapshots)."""
     _group: RankGroup | None = None
     _kept: list[int] | None = None
     """Ranks of the failed generation's group (still `_group`) kept for the next generation."""
@@ -55,6 +59,7 @@ class GroupKeeper:
 
     def __post_init__(self) -> None:
         self.spares = Spares(self.job_id, self.use_gpu)
+        self.snapshot_keepers = SnapshotKeepers(self.job_id)
 
     @property
     def current(self) -> RankGroup | None:
@@ -113,9 +118,10 @@ class GroupKeeper:
                 group.shutdown()
 
     def stop(self) -> None:
-        """The job has ended: tear the group down and kill the spares."""
+        """The job has ended: tear the group down and kill the spares and the snapshot keepers."""
         self.shutdown()
         self.spares.stop()
+        self.snapshot_keepers.stop()
 
     def remove_leftovers(self) -> None:
         """Remove placement groups a previous incarnation of the job's supervisor left behind (their ranks

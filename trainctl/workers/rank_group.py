@@ -51,6 +51,7 @@ from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_worker import RankBinding, RankLocation, RankWorker
 from trainctl.workers.resources import NODE_LABEL, gpu_slot
 from trainctl.workers.settling import collect_settled
+from trainctl.workers.snapshot_keepers import SnapshotRoute
 from trainctl.workers.step_time_sending import step_time_routes
 
 log = logging.getLogger(__name__)
@@ -216,10 +217,12 @@ class RankGroup:
         node_env: dict[str, dict[str, str]],
         file_rule_json: str,
         load_timeout: float,
+        snapshot_routes: dict[int, SnapshotRoute] | None = None,
     ) -> list[ray.ObjectRef]:
         """Load the engine on every rank (within ``load_timeout`` seconds), rendezvous on rank 0 and start
-        training on every rank, each with its node's ``node_env`` (NCCL settings) and the job's `FileRule`
-        (``file_rule_json``); one result ref per rank."""
+        training on every rank, each with its node's ``node_env`` (NCCL settings), the job's `FileRule`
+        (``file_rule_json``) and its route to the snapshot keepers (None: no in-memory snapshots); one result
+        ref per rank."""
         ray.get([worker.load_engine.remote() for worker in self.workers], timeout=load_timeout)
         host, port = ray.get(self.workers[0].endpoint.remote(), timeout=timeout)
         log.info("job %s generation %d: rendezvous at %s:%d", self.job_id, self.generation, host, port)
@@ -227,7 +230,7 @@ class RankGroup:
         return [
             w.train.remote(
                 host, port, job_json, checkpoint_dir, reporter, self.generation, node_env.get(slot.node, {}), file_rule_json,
-                routes.get(slot.rank),
+                routes.get(slot.rank), (snapshot_routes or {}).get(slot.rank),
             )
             for slot, w in zip(self.slots, self.workers, strict=True)
         ]

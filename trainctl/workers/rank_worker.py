@@ -53,6 +53,7 @@ from trainctl.workers.host_memory import (
 from trainctl.workers.nodes import cluster_nodes
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.resources import NODE_LABEL, RANK_OPENMP_THREADS, slots_of
+from trainctl.workers.snapshot_keepers import KeeperSnapshots, SnapshotRoute
 from trainctl.workers.step_time_sending import StepTimeBatcher, StepTimeRelay, StepTimeRoute
 
 if TYPE_CHECKING:
@@ -293,6 +294,7 @@ class RankWorker:
         env: dict[str, str],
         file_rule_json: str,
         step_time_route: StepTimeRoute | None,
+        snapshot_route: SnapshotRoute | None = None,
     ) -> dict[str, Any]:
         """Join the process group and run the training loop; returns the TrainResult as a dict.
 
@@ -305,7 +307,8 @@ class RankWorker:
         and log lines to ``record_log``, tagged with this rank and the group ``generation``. The other ranks'
         step times (at the same steps) go by ``step_time_route`` (None on rank 0): batched
         (`StepTimeBatcher`) to their node's relay rank, which sends its node's batches to
-        ``record_step_times`` in one call (`StepTimeRelay`).
+        ``record_step_times`` in one call (`StepTimeRelay`). ``snapshot_route``: the job's snapshot keepers
+        (`trainctl.workers.snapshot_keepers`) when it takes in-memory snapshots.
 
         The process's data (``RLIMIT_DATA``) is limited to the rank's host-memory limit first; an
         allocation that fails at it raises HostMemoryExceeded (the job fails without a restart).
@@ -353,6 +356,7 @@ class RankWorker:
                 ),
                 file_rule=FileRule.from_json(file_rule_json),
                 stop_requested=self._stop_requested.is_set,
+                snapshots=KeeperSnapshots(snapshot_route, rank) if snapshot_route is not None else None,
             )
             return _as_dict(trainer.run())
         except Exception as exc:

@@ -385,9 +385,10 @@ class JobSupervisor:
         cfg, spec = self._cfg, self._job.spec
         reporter = ray.get_runtime_context().current_actor
         if spec.command is None:
+            routes = self._groups.snapshot_keepers.routes(self._slots) if spec.checkpoint.memory_interval_steps else None
             return group.start(
                 spec.model_dump_json(), str(self._run.checkpoints), reporter, cfg.call_timeout, cfg.node_env,
-                cfg.file_rule_json, load_timeout=cfg.startup_grace,
+                cfg.file_rule_json, load_timeout=cfg.startup_grace, snapshot_routes=routes,
             )
         command = spec.command
         return group.start_programs(

@@ -37,13 +37,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainctl.parallelism.checkpoint import dcp as ckpt
 from trainctl.parallelism.checkpoint import pretrained
+from trainctl.parallelism.checkpoint.memory_snapshots import SnapshotStore
 from trainctl.parallelism.data.corpus import MicroBatch, ShardedLoader
 from trainctl.parallelism.data.dataset import build_dataset
 from trainctl.parallelism.data.token_shards import PrefetchLoader, build_loader
@@ -54,9 +55,11 @@ from trainctl.parallelism.engine.loss import masked_loss_scale, objectives
 from trainctl.parallelism.engine.model_setup import build_parallel_model
 from trainctl.parallelism.engine.optim import build_optimizer, build_scheduler, clip_gradients
 from trainctl.parallelism.engine.phase_timer import PhaseTimer
+from trainctl.parallelism.engine.run_state import RunState, Templates
 from trainctl.parallelism.engine.step_checkpoints import StepCheckpoints
 from trainctl.parallelism.engine.step_report import StepReport
 from trainctl.parallelism.engine.step_reporting import StepReporter
+from trainctl.parallelism.engine.step_snapshots import StepSnapshots
 from trainctl.parallelism.errors import ConfigurationError
 from trainctl.parallelism.layouts import float8
 from trainctl.parallelism.layouts.context_parallel import shard_batch_for_cp
@@ -148,6 +151,7 @@ class Trainer:
         on_step_time: Callable[[int, float], Any] | None = None,
         file_rule: FileRule = FileRule(),
         stop_requested: Callable[[], bool] | None = None,
+        snapshots: SnapshotStore | None = None,
     ):
         check_world(job, world_size)
         self.rank = rank
@@ -174,6 +178,12 @@ class Trainer:
         )
         self._write_run_spec()
         self.loader = self._build_loader()
+        self.run_state = RunState(self.model.parts, self.optimizers, self.schedulers, self.loader, self.state_options)
+        self.snapshots = (
+            StepSnapshots(snapshots, job.checkpoint.memory_interval_steps, self.device,
+                          lambda: self.run_state.build(self.step), self._event)
+            if snapshots is not None and job.checkpoint.memory_interval_steps and job.checkpoint.resume else None
+        )
         self._loss_scale: float | None = None  # this step's masked-loss factor (None: unmasked data)
         self.pipeline = self._build_pipeline()
         self.evaluator = (
@@ -356,26 +366,6 @@ class Trainer:
         return loss, norm, timer.finish()
 
     # ---- checkpoints --------------------------------------------------------------------------------
-    def _state_templates(self) -> list[tuple[dict, dict]]:
-        return [get_state_dict(part, opt, options=self.state_options) for part, opt in zip(self.model.parts, self.optimizers, strict=True)]
-
-    def _app_state(self, templates: list[tuple[dict, dict]]) -> dict[str, Any]:
-        model_sd: dict[str, Any] = {}
-        optim_sd: dict[str, Any] = {}
-        for m, o in templates:
-            model_sd.update(m)
-            optim_sd.update(o)
-        return {
-            "model": model_sd,
-            "optim": optim_sd,
-            "train": {
-                "step": self.step,
-                "data_offset": self.loader.offset,
-                "scheduler": self.schedulers[0].state_dict(),
-                "rng": torch.get_rng_state(),
-            },
-        }
-
     def save_checkpoint(self, before_commit: Callable[[int], Any] | None = None) -> Path:
         """Collectively save model, optimizer, scheduler, RNG and data offset at the current step
         (``before_commit``: see `checkpoint.dcp.save_checkpoint`)."""
@@ -385,36 +375,35 @@ class Trainer:
 
     def _checkpoints(self, root: Path, async_save: bool = False) -> StepCheckpoints:
         return StepCheckpoints(root, self.job.checkpoint.keep_last, self.rank,
-                               lambda: self._app_state(self._state_templates()), self._event, async_save)
+                               lambda: self.run_state.build(self.step)[1], self._event, async_save)
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Collectively load a checkpoint written under any layout into this one."""
-        templates = self._state_templates()
-        state = self._app_state(templates)
+        templates, state = self.run_state.build(self.step)
         ckpt.load_checkpoint(path, state)
-        for (part, opt), (m, o) in zip(zip(self.model.parts, self.optimizers, strict=True), templates, strict=True):
-            part_model = {k: state["model"][k] for k in m}
-            part_optim = {k: state["optim"][k] for k in o}
-            set_state_dict(part, opt, model_state_dict=part_model, optim_state_dict=part_optim, options=self.state_options)
-        train = state["train"]
-        self.step = int(train["step"])
-        self.loader.offset = int(train["data_offset"])
-        for sched in self.schedulers:
-            sched.load_state_dict(train["scheduler"])
-        torch.set_rng_state(train["rng"])
+        self._apply_state(templates, state)
+
+    def _apply_state(self, templates: Templates, state: dict[str, Any]) -> None:
+        self.step = self.run_state.apply(templates, state)
 
     def maybe_resume(self) -> int | None:
-        """Load the newest complete checkpoint if resuming is on; returns its step."""
-        if self.checkpoint_dir is None or not self.job.checkpoint.resume:
+        """Resume if resuming is on: from the newest in-memory snapshot every rank holds when it is newer
+        than the newest complete checkpoint (`memory_snapshots`), else from that checkpoint; returns the
+        step resumed from. Snapshots after it are dropped (they belong to the run before this restart)."""
+        if not self.job.checkpoint.resume:
             return None
-        found = ckpt.latest_checkpoint(
-            self.checkpoint_dir, on_skip=lambda path, why: self._event(f"skipped checkpoint {path}: {why}")
-        )
-        if found is None:
-            return None
-        step, path = found
-        self.load_checkpoint(path)
-        self._event(f"resumed from checkpoint {path} (step {step})")
+        found = None
+        if self.checkpoint_dir is not None:
+            found = ckpt.latest_checkpoint(
+                self.checkpoint_dir, on_skip=lambda path, why: self._event(f"skipped checkpoint {path}: {why}")
+            )
+        step = self.snapshots.restore(found[0] if found else None, self._apply_state) if self.snapshots is not None else None
+        if step is None and found is not None:
+            step, path = found
+            self.load_checkpoint(path)
+            self._event(f"resumed from checkpoint {path} (step {step})")
+        if self.snapshots is not None:
+            self.snapshots.discard_after(step or 0)
         return step
 
     # ---- the loop -----------------------------------------------------------------------------------
@@ -480,6 +469,8 @@ class Trainer:
                 if checkpoints is None:
                     if report_due:
                         plain()
+                    if self.snapshots is not None:
+                        self.snapshots.after_step(self.step, last)
                     continue
                 # Rank 0 reports a step before a checkpoint is committed; the other ranks time it after.
                 report = partial(
@@ -490,6 +481,8 @@ class Trainer:
                     self.step, save_due=save_due, last=last, report_due=report_due, report=report, plain=plain
                 )
                 last_path = committed or last_path
+                if self.snapshots is not None:
+                    self.snapshots.after_step(self.step, last)
             if stopped:
                 self._event(self._stopped_event())
         finally:
