@@ -665,8 +665,9 @@ def test_a_lost_node_restores_its_ranks_from_the_peer_copy_of_their_in_memory_sn
     # its peer copy (and rank 0's own) on spare-f is read.
     restored = [e.message for e in events if e.generation == last and "resumed from" in e.message]
     assert restored == [f"resumed from in-memory snapshot step {resumed} (rank 0: copy on spare-f; rank 1: copy on spare-f)"]
-    # A snapshot every step; one still on its way when the node went may be missing.
-    assert resumed >= 4 and max(first) - resumed <= 2, (max(first), resumed)
+    # A snapshot every step, but a rank skips one while its previous one is still on its way to the keepers (on
+    # a loaded machine, every other step), and the ranks may skip different ones: the newest common one may trail.
+    assert resumed >= 4 and max(first) - resumed <= 4, (max(first), resumed)
     for step in sorted(set(first) & set(second)):
         assert second[step] == pytest.approx(first[step], rel=1e-5)
     assert max(second) == 10
