@@ -107,8 +107,8 @@ class KeeperSnapshots:
             if pending:
                 log.info("rank %d: snapshot of step %d skipped: the previous one is still being kept", self.rank, step)
                 return
-            for ref in done:
-                with contextlib.suppress(RayError):  # a keeper lost: its copy is gone, the other may not be
+            for ref in done:  # read, so that Ray does not log a lost keeper's failed call as unhandled
+                with contextlib.suppress(RayError):  # that keeper's copy is gone; the other may not be
                     ray.get(ref)
         try:
             shared = ray.put(payload)  # one object for both keepers

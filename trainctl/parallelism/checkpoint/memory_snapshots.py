@@ -46,11 +46,9 @@ class SnapshotStore(Protocol):
 
 
 def _local(value: Any) -> Any:
-    """``value`` with every DTensor replaced by its local shard (detached, on the CPU)."""
+    """``value`` with every DTensor replaced by its local shard (a view: `pack` copies it, from any device)."""
     if isinstance(value, DTensor):
-        return value.to_local().detach().cpu()
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        return value.to_local()
     if isinstance(value, dict):
         return {key: _local(item) for key, item in value.items()}
     if isinstance(value, list | tuple):

@@ -50,7 +50,7 @@ def _tree(value: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 def pack(state: Any, reuse: bytearray | None = None) -> bytearray:
-    """``state`` (tensors on the CPU, in mappings and lists of plain values) as one payload: written into
+    """``state`` (tensors on any device, in mappings and lists of plain values) as one payload: written into
     ``reuse`` (a previous payload, no longer needed) when this one has its layout, else into a new buffer."""
     tensors: list[torch.Tensor] = []
     tree = _tree(state, tensors)
@@ -73,10 +73,11 @@ def pack(state: Any, reuse: bytearray | None = None) -> bytearray:
     payload[fixed: fixed + reserved] = header.ljust(reserved)
     if size:
         data = torch.frombuffer(payload, dtype=torch.uint8)
-        for tensor, spec in zip(tensors, specs, strict=True):
-            if spec["nbytes"]:
-                begin = start + spec["offset"]
-                data[begin: begin + spec["nbytes"]].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+        with torch.no_grad():
+            for tensor, spec in zip(tensors, specs, strict=True):
+                if spec["nbytes"]:  # one copy, device to host for a GPU tensor
+                    begin = start + spec["offset"]
+                    data[begin: begin + spec["nbytes"]].view(tensor.dtype).view(tensor.shape).copy_(tensor)
     return payload
 
 

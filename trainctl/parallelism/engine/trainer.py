@@ -469,18 +469,16 @@ class Trainer:
                 if checkpoints is None:
                     if report_due:
                         plain()
-                    if self.snapshots is not None:
-                        self.snapshots.after_step(self.step, last)
-                    continue
-                # Rank 0 reports a step before a checkpoint is committed; the other ranks time it after.
-                report = partial(
-                    self.reporter.report, self.step, t0, lr, loss, norm, breakdown, time.perf_counter(), eval_loss=eval_loss
-                )
-                save_due = bool(interval and self.step % interval == 0) or last
-                committed = checkpoints.after_step(
-                    self.step, save_due=save_due, last=last, report_due=report_due, report=report, plain=plain
-                )
-                last_path = committed or last_path
+                else:
+                    # Rank 0 reports a step before a checkpoint is committed; the other ranks time it after.
+                    report = partial(
+                        self.reporter.report, self.step, t0, lr, loss, norm, breakdown, time.perf_counter(), eval_loss=eval_loss
+                    )
+                    save_due = bool(interval and self.step % interval == 0) or last
+                    committed = checkpoints.after_step(
+                        self.step, save_due=save_due, last=last, report_due=report_due, report=report, plain=plain
+                    )
+                    last_path = committed or last_path
                 if self.snapshots is not None:
                     self.snapshots.after_step(self.step, last)
             if stopped:
