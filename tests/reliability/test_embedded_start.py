@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,16 @@ from ray.cluster_utils import Cluster
 from trainctl.workers import embedded
 
 TIMED_OUT = "The current node timed out during startup."
+
+
+def titled(process: subprocess.Popen, timeout: float = 10.0) -> subprocess.Popen:
+    """``process`` once it runs under its `ray::` title (until bash has exec'd, it is `bash -c ...`, which
+    nobody would take for Ray's)."""
+    deadline = time.monotonic() + timeout
+    while not Path(f"/proc/{process.pid}/cmdline").read_bytes().startswith(embedded.RAY_TITLE):
+        assert time.monotonic() < deadline, "the planted process never took its ray:: title"
+        time.sleep(0.005)
+    return process
 
 
 def flaky_add_nodes(failures: int, started: list[Cluster], *, orphans: list[subprocess.Popen] | None = None) -> Any:
@@ -30,7 +42,7 @@ def flaky_add_nodes(failures: int, started: list[Cluster], *, orphans: list[subp
         else:
             orphans.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", embedded.RAY_PACKAGE]))
             # and one Ray renamed, as it does a raylet's agents: they outlive the raylet
-            orphans.append(subprocess.Popen(["bash", "-c", "exec -a ray::DashboardAgent sleep 300"]))
+            orphans.append(titled(subprocess.Popen(["bash", "-c", "exec -a ray::DashboardAgent sleep 300"])))
             nodes = {}
         if len(started) <= failures:
             raise Exception(TIMED_OUT)  # what ray._private.node.Node raises
