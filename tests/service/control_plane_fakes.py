@@ -58,6 +58,8 @@ class ScriptedRuntime:
     """Jobs whose supervisor ended with the Ray cluster it ran on (`lost_with_cluster`)."""
     preempted: list[tuple[str, str, float]] = field(default_factory=list)
     """(job id, reason, grace) of every preemption sent."""
+    resizes: list[tuple[str, Any]] = field(default_factory=list)
+    """(job id, placement) of every plan of another size handed over by resize (taken while the job runs)."""
 
     def start_job(
         self, job_id: str, job: TrainingJob, placement: Any, run_dir: RunDirectory, *, node_env: dict, file_rule: FileRule,
@@ -95,6 +97,14 @@ class ScriptedRuntime:
         self.plans.append((job_id, placement))
         rows = [{"rank": a.rank, "node": a.node, "gpu": a.gpu} for a in placement.assignments]
         self.logs[job_id].append(EventKind.PLAN, lost_nodes=list(lost), placement=rows, message="re-placed")
+        return True
+
+    def resize(self, job_id: str, job: TrainingJob, placement: Any) -> bool:
+        """Take the plan (a LOG line, as the supervisor's) while the job's log says RUNNING."""
+        if status_of(self.logs[job_id].all(), 0, 1).state is not JobState.RUNNING:
+            return False
+        self.resizes.append((job_id, placement))
+        self.logs[job_id].append(EventKind.LOG, message=f"resizing to {len(placement.assignments)} GPUs")
         return True
 
     def live_nodes(self) -> set[str]:

@@ -86,6 +86,7 @@ def populate(m: ServiceMetrics) -> None:
     m.record_step("job-a", "team-a", step_report(step=11))
     m.record_checkpoint_size("job-a", "team-a", 123456)
     m.record_restart("job-a", "team-a")
+    m.record_resize("job-a", "team-a")
     m.record_preemption("job-a", "team-a")
     m.set_tenant_shares([TenantShare("team-a", 8, 4)])
     m.set_straggler_ratio("job-a", "team-a", 1.25)
@@ -102,7 +103,8 @@ def test_exposition_passes_promtool(metrics: ServiceMetrics, registry: Collector
 
 def test_a_jobs_counters_start_at_zero_so_increase_sees_the_first(metrics: ServiceMetrics, registry: CollectorRegistry) -> None:
     metrics.set_job_state("fresh", "t", JobState.RUNNING)
-    for counter in ("trainctl_job_restarts_total", "trainctl_job_preemptions_total", "trainctl_job_tokens_total"):
+    for counter in ("trainctl_job_restarts_total", "trainctl_job_resizes_total", "trainctl_job_preemptions_total",
+                    "trainctl_job_tokens_total"):
         assert value(registry, counter, job_id="fresh", tenant="t") == 0, counter
 
 

@@ -302,6 +302,7 @@ def report_page(job: pb.Job, png_bytes: bytes) -> str:
                         "unknown on this device")
          + (f", {100 * sum(mfu_full) / len(mfu_full):.1f}% full attention (torchtitan)" if mfu_full else "")),
         ("Restarts", str(job.status.restarts)),
+        ("GPUs", _gpus(job)),
     ]
     table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     placement = "\n".join(
@@ -320,6 +321,15 @@ def report_page(job: pb.Job, png_bytes: bytes) -> str:
 {evaluation}<h2>Placement</h2><table><tr><th>rank</th><th>node</th><th>GPU</th><th>grid coordinates</th></tr>
 {placement}</table>
 """)
+
+
+def _gpus(job: pb.Job) -> str:
+    """The GPUs the job asked for, and those it runs on when an elastic job runs on fewer."""
+    running = len(job.status.placement)
+    asked = job.spec.resources.gpus if job.spec.resources.HasField("gpus") else running
+    if running and running != asked:
+        return f"{running} of {asked} (elastic: shrunk after a node loss, scheduling.elastic)"
+    return str(asked)
 
 
 def png_image(png_bytes: bytes, alt: str) -> str:

@@ -216,6 +216,9 @@ class ServiceMetrics:
             "trainctl_job_checkpoint_size_bytes", "Size of the last saved checkpoint.", _JOB, registry=r)
         self.job_restarts = Counter(
             "trainctl_job_restarts_total", "Rank-group restarts from a checkpoint.", _JOB, registry=r)
+        self.job_resizes = Counter(
+            "trainctl_job_resizes_total", "Changes of an elastic job's size: shrunk to the GPUs left after a node loss, "
+            "grown back.", _JOB, registry=r)
         self.job_preemptions = Counter(
             "trainctl_job_preemptions_total", "Times the job was preempted for a job of higher priority.", _JOB, registry=r)
         self.job_straggler = Gauge(
@@ -229,7 +232,7 @@ class ServiceMetrics:
             self.job_grad_norm, self.job_lr,
             self.job_tokens, self.job_tps, self.job_mfu, self.job_mfu_full_attention, self.job_step_duration, self.job_phase,
             self.job_peak_memory, self.job_checkpoint_duration, self.job_checkpoint_size, self.job_restarts,
-            self.job_preemptions, self.job_straggler, self.job_gpus,
+            self.job_resizes, self.job_preemptions, self.job_straggler, self.job_gpus,
         )
 
     # ------------------------------------------------------------------ service
@@ -335,8 +338,9 @@ class ServiceMetrics:
         if series is None:
             series = self._jobs[job_id] = _JobSeries(tenant=tenant)
             # Counters and the checkpoint histogram start at 0, so increase() and rate() also see a
-            # job's first restart, first preemption, first tokens and first checkpoint.
+            # job's first restart, first resize, first preemption, first tokens and first checkpoint.
             self.job_restarts.labels(job_id, tenant)
+            self.job_resizes.labels(job_id, tenant)
             self.job_preemptions.labels(job_id, tenant)
             self.job_tokens.labels(job_id, tenant)
             self.job_checkpoint_duration.labels(job_id, tenant)
@@ -417,6 +421,12 @@ class ServiceMetrics:
         with self._lock:  # under the lock: a concurrent forget_job cannot leave an orphan series
             self._job(job_id, tenant)
             self.job_restarts.labels(job_id, tenant).inc()
+
+    def record_resize(self, job_id: str, tenant: str) -> None:
+        """An elastic job's layout changed size (its plan's GPU count)."""
+        with self._lock:
+            self._job(job_id, tenant)
+            self.job_resizes.labels(job_id, tenant).inc()
 
     def record_preemption(self, job_id: str, tenant: str) -> None:
         """The scheduler preempted the job (it checkpoints, stops and is queued again)."""

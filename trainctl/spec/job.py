@@ -318,6 +318,14 @@ class ResourcesSpec(StrictModel):
     its GPU slots; a value above that share fails the rank (host memory is not reserved by the scheduler)."""
 
 
+class ElasticSpec(StrictModel):
+    min_gpus: count(MAX_DEGREE)
+    """The fewest GPUs the job trains on: after losing a node with no GPU free to replace it, the job goes on with
+    fewer data-parallel replicas (the same model-parallel degrees, global batch and micro-batch size, more gradient
+    accumulation per replica) on no fewer than this many, resumed from its newest complete checkpoint; it grows
+    back to `resources.gpus` when they are free again. A multiple of pp x cp x tp, at most `resources.gpus`."""
+
+
 class SchedulingSpec(StrictModel):
     priority: int = Field(default=0, ge=-1000, le=1000)
     """Higher runs first; equal priorities run in submission order."""
@@ -328,6 +336,9 @@ class SchedulingSpec(StrictModel):
     preemptible: bool = True
     """Whether the scheduler may stop the job (with a checkpoint at its next step boundary) to give its GPUs
     to a queued job of higher priority; the job resumes from that checkpoint when GPUs are free again."""
+    elastic: ElasticSpec | None = None
+    """Elastic data parallel (docs/reliability.md, "Elastic data parallel"): the job shrinks to the GPUs left after
+    a node loss instead of waiting for a new node, and grows back when GPUs return. None: it waits (as without)."""
 
 
 LoRATarget = Literal["wq", "wk", "wv", "wo", "w1", "w2", "w3"]

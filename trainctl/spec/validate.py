@@ -9,6 +9,7 @@ gathers them all: the layout, batch, resource and command-job rules here, the mo
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -17,6 +18,7 @@ from trainctl.spec.bounded_yaml import bounded_spec_text, bounded_yaml_document
 from trainctl.spec.command_spec import CommandSpec
 from trainctl.spec.data_checks import data_violations, evaluation_data_violations
 from trainctl.spec.data_format import HOLDOUT_FORMATS
+from trainctl.spec.elastic import model_parallel_size, shrunk_candidates
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import DataSpec, JobSpecBody, TrainingJob, TrainingSpec
 from trainctl.spec.model_checks import model_shape, model_violations, pretrained_violations
@@ -123,6 +125,7 @@ def semantic_violations(job: TrainingJob, *, pool_gpus: int | None = None, check
         out.extend(model_violations(model, job))
 
     out.extend(_evaluation_violations(spec))
+    out.extend(_elastic_violations(job))
     if check_data:
         out.extend(data_violations(spec.data, model_dir=spec.model.from_pretrained))
         out.extend(evaluation_data_violations(spec))
@@ -167,6 +170,48 @@ def _resource_violations(spec: JobSpecBody, pool_gpus: int | None) -> list[Field
     return out
 
 
+def elastic_layouts(job: TrainingJob, max_gpus: int) -> Iterator[JobSpecBody]:
+    """The layouts an elastic job may shrink to on at most `max_gpus` GPUs, largest first
+    (`trainctl.spec.elastic.shrunk_candidates`), each one every rule of the spec accepts (checked without
+    reading files: the submitted job's were checked at submit)."""
+    for body in shrunk_candidates(job.spec, max_gpus):
+        if not semantic_violations(job.model_copy(update={"spec": body}), check_data=False):
+            yield body
+
+
+def layout_on(job: TrainingJob, gpus: int) -> JobSpecBody | None:
+    """The body `job`'s ranks run on `gpus` GPUs: its own on `resources.gpus`, else the elastic layout of that
+    size (`elastic_layouts`: one per size), or None when it has none. A plan's size names its layout, so a
+    supervisor, a relaunch and the scheduler derive it from the plan alone."""
+    if gpus == job.spec.resources.gpus:
+        return job.spec
+    return next((body for body in elastic_layouts(job, gpus) if body.resources.gpus == gpus), None)
+
+
+def _elastic_violations(job: TrainingJob) -> list[FieldViolation]:
+    """`scheduling.elastic` against the layout: a minimum of whole replicas below `resources.gpus`, from which at
+    least one smaller layout is valid, and checkpoints resumed from."""
+    spec = job.spec
+    elastic = spec.scheduling.elastic
+    if elastic is None:
+        return []
+    field = "spec.scheduling.elastic.min_gpus"
+    unit = model_parallel_size(spec.parallelism)
+    if elastic.min_gpus % unit:
+        return [FieldViolation(field, f"{elastic.min_gpus} is not a multiple of pp x cp x tp = {unit} (one data-parallel replica)")]
+    if elastic.min_gpus >= spec.resources.gpus:
+        return [FieldViolation(field, f"{elastic.min_gpus} leaves nothing to shrink: it must be below resources.gpus = {spec.resources.gpus}")]
+    if not spec.checkpoint.resume:
+        return [FieldViolation("spec.checkpoint.resume", "an elastic job resumes from its checkpoints when it shrinks or grows: it must be true")]
+    if spec.resources.gpus != spec.parallelism.world_size or next(elastic_layouts(job, spec.resources.gpus), None) is not None:
+        return []
+    return [FieldViolation(
+        field,
+        f"no smaller layout from {spec.resources.gpus} down to {elastic.min_gpus} GPUs keeps every rule (the global batch "
+        f"{spec.training.global_batch_size} split evenly into micro-batches of every replica, shard groups whole under HSDP)",
+    )]
+
+
 ENGINE_SECTIONS = (("model", ModelSpec), ("data", DataSpec), ("training", TrainingSpec))
 """The built-in engine's sections, which a command job leaves at their defaults."""
 
@@ -190,6 +235,10 @@ def _command_job_violations(spec: JobSpecBody, *, pool_gpus: int | None, check_p
             out.append(FieldViolation(
                 f"spec.{name}", "is a built-in engine setting; a job with spec.command runs its own program and cannot set it"
             ))
+    if spec.scheduling.elastic is not None:
+        out.append(FieldViolation(
+            "spec.scheduling.elastic", "elastic data parallel is the built-in engine's; a command job's program owns its layout",
+        ))
     if spec.checkpoint.memory_interval_steps:
         out.append(FieldViolation(
             "spec.checkpoint.memory_interval_steps",

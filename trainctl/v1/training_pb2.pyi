@@ -395,16 +395,24 @@ class ResourcesSpec(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., device: _Optional[_Union[Device, str]] = ..., host_memory_gib: _Optional[float] = ...) -> None: ...
 
 class SchedulingSpec(_message.Message):
-    __slots__ = ("priority", "max_restarts", "step_timeout_seconds", "preemptible")
+    __slots__ = ("priority", "max_restarts", "step_timeout_seconds", "preemptible", "elastic")
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_FIELD_NUMBER: _ClassVar[int]
     priority: int
     max_restarts: int
     step_timeout_seconds: float
     preemptible: bool
-    def __init__(self, priority: _Optional[int] = ..., max_restarts: _Optional[int] = ..., step_timeout_seconds: _Optional[float] = ..., preemptible: _Optional[bool] = ...) -> None: ...
+    elastic: ElasticSpec
+    def __init__(self, priority: _Optional[int] = ..., max_restarts: _Optional[int] = ..., step_timeout_seconds: _Optional[float] = ..., preemptible: _Optional[bool] = ..., elastic: _Optional[_Union[ElasticSpec, _Mapping]] = ...) -> None: ...
+
+class ElasticSpec(_message.Message):
+    __slots__ = ("min_gpus",)
+    MIN_GPUS_FIELD_NUMBER: _ClassVar[int]
+    min_gpus: int
+    def __init__(self, min_gpus: _Optional[int] = ...) -> None: ...
 
 class LoRASpec(_message.Message):
     __slots__ = ("rank", "alpha", "dropout", "target_modules")

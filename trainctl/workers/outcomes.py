@@ -36,6 +36,8 @@ class Outcome(Enum):
     """A rank raised a configuration error: the job fails without another restart."""
     PREEMPTED = "preempted"
     """The ranks stopped (or were stopped at the grace period's end) for a preemption."""
+    RESIZED = "resized"
+    """The ranks stopped with a checkpoint for a change of an elastic job's size: the next generation runs it."""
     HUNG = "hung"
     """No step progress in time: restarted like a failure, on new processes (the ranks are blocked)."""
 

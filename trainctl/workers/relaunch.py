@@ -4,7 +4,7 @@ cluster may have been restarted), or ended PREEMPTED and the job was placed agai
 (trainctl.service.scheduling.relaunch, trainctl.service.scheduling.launching); the runtime starts the
 supervisor with it (`RayRuntime.start_job`), which records the restart with its `reason` and resumes from
 the newest complete checkpoint in a new generation. The job's event log is the record of its relaunches
-(`is_relaunch`, `is_resume_after_preemption`): they are restarts, but not the job's fault, so they do not
+(`is_relaunch`, `is_resume_after_preemption`; an elastic job's changes of size too, `is_resize`): they are restarts, but not the job's fault, so they do not
 count against ``scheduling.max_restarts``.
 """
 
@@ -18,6 +18,9 @@ REASON_PREFIX = "the service restarted on a new Ray cluster"
 """How the reason of every relaunch after a cluster loss begins (and no other reason does)."""
 PREEMPTION_PREFIX = "resuming after preemption"
 """How the reason of every resume after a preemption begins (and no other reason does)."""
+RESIZE_PREFIX = "resized: "
+"""How the reason of the RESTARTING state an elastic job's change of size records begins (trainctl.workers.job_plan);
+not the job's fault either."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class Relaunch:
 def is_relaunch(event: Event) -> bool:
     """Whether `event` is the RESTARTING state a supervisor relaunched after a cluster loss recorded."""
     return event.kind is EventKind.STATE and event.state is JobState.RESTARTING and event.reason.startswith(REASON_PREFIX)
+
+
+def is_resize(event: Event) -> bool:
+    """Whether `event` is the RESTARTING state of an elastic job's change of size."""
+    return event.kind is EventKind.STATE and event.state is JobState.RESTARTING and event.reason.startswith(RESIZE_PREFIX)
 
 
 def is_resume_after_preemption(event: Event) -> bool:

@@ -49,12 +49,19 @@ def replacement(
 def describe_move(old: Sequence[RankAssignment], new: Sequence[RankAssignment], lost: Collection[str]) -> str:
     """One line for the event log: which node was lost and where its ranks went, e.g.
     ``node node-1 lost; re-placed ranks 2,3 on node-2 (rank 2 -> node-2 GPU 0, ...)``."""
+    if len(new) != len(old):
+        nodes = "node" + ("s" if len(lost) > 1 else "")
+        return f"{nodes} {', '.join(sorted(lost))} lost; shrunk to {len(new)} ranks (new plan: {describe_plan(new)})"
     moved = [slot.rank for slot in old if slot.node in lost]
     where = sorted({slot.node for slot in new if slot.rank in moved})
-    plan = ", ".join(f"rank {slot.rank} -> {slot.node} GPU {slot.gpu}" for slot in sorted(new, key=lambda s: s.rank))
     nodes = "node" + ("s" if len(lost) > 1 else "")
     ranks = "rank" + ("s" if len(moved) > 1 else "")
     return (
         f"{nodes} {', '.join(sorted(lost))} lost; re-placed {ranks} {','.join(map(str, moved))} "
-        f"on {', '.join(where)} (new plan: {plan})"
+        f"on {', '.join(where)} (new plan: {describe_plan(new)})"
     )
+
+
+def describe_plan(slots: Sequence[RankAssignment]) -> str:
+    """``rank 0 -> node-1 GPU 0, rank 1 -> ...`` in rank order."""
+    return ", ".join(f"rank {slot.rank} -> {slot.node} GPU {slot.gpu}" for slot in sorted(slots, key=lambda s: s.rank))

@@ -27,6 +27,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from trainctl.parallelism.run_directory import RunDirectory, check_job_id
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
+from trainctl.spec.validate import layout_on
 from trainctl.workers.events import (
     EventKind,
     EventLog,
@@ -265,13 +266,25 @@ class RayRuntime:
         """Hand a new plan to a supervisor that waits for one after a node loss (its status's ``replan``
         names the lost nodes). True once adopted; False when the job waits for none (or has no
         supervisor); PlacementError when the plan does not fit the job or the live cluster."""
+        return self._hand_plan(job_id, job, placement, "replace_plan")
+
+    def resize(self, job_id: str, job: TrainingJob, placement: _Placement) -> bool:
+        """Hand a running elastic job's supervisor a plan of another size (growing back after a shrink,
+        `JobSupervisor.resize`): its ranks stop at their next step boundary with a checkpoint and the next
+        generation runs the plan's layout. True once taken; False when the job cannot take it now (not
+        running, stopping, or waiting for a plan); PlacementError when the plan does not fit the job or
+        the live cluster."""
+        return self._hand_plan(job_id, job, placement, "resize")
+
+    def _hand_plan(self, job_id: str, job: TrainingJob, placement: _Placement, method: str) -> bool:
+        """Call the supervisor's `method` (replace_plan or resize) with the checked plan; False without a supervisor."""
         slots = list(placement.assignments)
         use_gpu = self._check_placement(job, slots)
         supervisor = self._supervisor(job_id)
         if supervisor is None:
             return False
         try:
-            return bool(ray.get(supervisor.replace_plan.remote(slots, use_gpu), timeout=self._call_timeout))
+            return bool(ray.get(getattr(supervisor, method).remote(slots, use_gpu), timeout=self._call_timeout))
         except ValueError as exc:  # the supervisor refused it (Ray's error is also the ValueError raised)
             raise PlacementError(str(getattr(exc, "cause", exc))) from None
 
@@ -365,8 +378,9 @@ class RayRuntime:
         except ValueError as exc:
             raise PlacementError(str(exc)) from None
         world = job.spec.parallelism.world_size
-        if len(slots) != world:
-            raise PlacementError(f"placement has {len(slots)} ranks, the job's layout needs {world}")
+        if len(slots) != world and layout_on(job, len(slots)) is None:
+            raise PlacementError(f"placement has {len(slots)} ranks, the job's layout needs {world}" + (
+                " (or one of its elastic layouts' sizes)" if job.spec.scheduling.elastic is not None else ""))
         nodes = {n.name: n for n in self.cluster_nodes() if n.name is not None and n.alive}
         for slot in slots:
             node = nodes.get(slot.node)

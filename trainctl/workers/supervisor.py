@@ -29,7 +29,11 @@ timeout applies.
 When a planned node is gone from the Ray cluster, the next generation needs a new plan: the supervisor
 records a REPLAN event naming the lost nodes and waits. The plan comes from `replace_plan` (the
 service's scheduler, which owns the GPU accounting) or, when the supervisor was given a topology map,
-from the placement solver over the GPU slots free in Ray; it is recorded as a PLAN event.
+from the placement solver over the GPU slots free in Ray; it is recorded as a PLAN event (`JobPlan`,
+trainctl.workers.job_plan, keeps the plan). An elastic job (``spec.scheduling.elastic``) may get a plan of
+fewer GPUs, whose size names the smaller layout its ranks then run; `resize` (or, with a map, room for its
+whole layout) grows it back: the ranks stop at their next step boundary with a checkpoint and the next
+generation runs the new plan, a RESTARTING state not counted against ``scheduling.max_restarts``.
 
 The actor is threaded: a driver thread runs the generations while the ``control`` concurrency group
 serves poll/cancel and the single-threaded ``reports`` group takes rank reports in order. If the
@@ -46,26 +50,31 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import ray
 import yaml
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from trainctl.parallelism.resolved_job import ResolvedJob
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
 from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus
 from trainctl.workers.group_keeper import GroupKeeper
+from trainctl.workers.job_plan import JobPlan
 from trainctl.workers.outcomes import Outcome, finished_summary, first_line, root_cause, stopped_summary
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.rank_group import PlacementMismatch, PlacementUnavailable, RankGroup
-from trainctl.workers.relaunch import Relaunch, is_relaunch, is_resume_after_preemption
-from trainctl.workers.replan import describe_move, free_slots, missing_nodes, replacement
+from trainctl.workers.relaunch import (
+    RESIZE_PREFIX,
+    Relaunch,
+    is_relaunch,
+    is_resize,
+    is_resume_after_preemption,
+)
+from trainctl.workers.replan import missing_nodes
 from trainctl.workers.step_stats import StepStats
-from trainctl.workers.topology.model import TopologyMap, parse_topology
+from trainctl.workers.topology.model import parse_topology
 from trainctl.workers.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -73,11 +82,10 @@ log = logging.getLogger(__name__)
 SUPERVISOR_PREFIX = "trainctl-job-"
 RELAUNCHES = "relaunches"
 PREEMPTION_RESUMES = "preemption_resumes"
-LOG_TALLIES = {RELAUNCHES: is_relaunch, PREEMPTION_RESUMES: is_resume_after_preemption}
+RESIZES = "resizes"
+LOG_TALLIES = {RELAUNCHES: is_relaunch, PREEMPTION_RESUMES: is_resume_after_preemption, RESIZES: is_resize}
 """What the supervisor's event log counts over its whole history: the service's relaunches after a cluster
-loss and its resumes after a preemption (restarts that are not the job's fault)."""
-REPLAN_INTERVAL = 1.0
-"""Seconds between looks for a new plan while waiting for one after a node loss."""
+loss, its resumes after a preemption and an elastic job's changes of size (restarts that are not the job's fault)."""
 SPARE_AFTER = 120.0
 """Seconds a job trains before its supervisor starts the spares (`SupervisorConfig.spare_after`)."""
 
@@ -159,13 +167,11 @@ class JobSupervisor:
             relaunch = None  # Ray restarted the relaunched supervisor: its own process died
         # A relaunch runs on the service's placement (which holds every re-placement since); a supervisor
         # Ray restarted continues with its log's newest plan.
-        self._slots = list(config.slots) if relaunch is not None else _latest_plan(self._log) or list(config.slots)
-        self._topology: TopologyMap | None = (
-            parse_topology(yaml.safe_load(config.topology_yaml), "supervisor config") if config.topology_yaml else None
+        self._plan = JobPlan(
+            self._job, list(config.slots) if relaunch is not None else _latest_plan(self._log) or list(config.slots),
+            self._log, use_gpu=config.use_gpu,
+            topology=parse_topology(yaml.safe_load(config.topology_yaml), "supervisor config") if config.topology_yaml else None,
         )
-        self._awaiting: list[str] | None = None
-        """Lost nodes while the driver waits for a new plan (None when it waits for none)."""
-        self._plan_ready = threading.Event()
         self._watchdog = Watchdog(self._job, config.startup_grace)
         self._stats = StepStats()
         self._thread: threading.Thread | None = None
@@ -234,7 +240,27 @@ class JobSupervisor:
         it waits for none. ValueError when the plan uses a lost node or another backend (CUDA or CPU)."""
         if use_gpu != self._cfg.use_gpu:
             raise ValueError(f"the new plan needs {'CUDA' if use_gpu else 'CPU'} ranks; this job's ranks use the other")
-        return self._adopt(list(slots))
+        return self._plan.adopt(list(slots), self._generation)
+
+    @ray.method(concurrency_group="control")
+    def resize(self, slots: list[RankAssignment], use_gpu: bool) -> bool:
+        """Grow (or shrink) a running elastic job to a plan of another size: every rank saves a checkpoint at
+        its next step boundary and stops, and the next generation runs the plan's layout from it (a RESTARTING
+        state that does not count against ``scheduling.max_restarts``). True once taken; False while the job is
+        not running with a group, is stopping, resizing or waiting for a plan. ValueError for a plan of this
+        job's current size or with no layout of its size, or of another backend."""
+        if use_gpu != self._cfg.use_gpu:
+            raise ValueError(f"the new plan needs {'CUDA' if use_gpu else 'CPU'} ranks; this job's ranks use the other")
+        with self._lock:
+            group = self._groups.current
+            running = (
+                group is not None and not self._cancel.is_set() and self._watchdog.preemption is None
+                and self.poll(0, 1).state is JobState.RUNNING
+            )
+            if not (running and self._plan.ask_resize(list(slots), self._generation)):
+                return False
+        group.request_stop(0.0)
+        return True
 
     # ---- calls from the ranks --------------------------------------------------------------------
 
@@ -286,7 +312,7 @@ class JobSupervisor:
 
     def _supervise(self) -> None:
         max_restarts = self._job.spec.scheduling.max_restarts
-        relaunches = self._log.tally(RELAUNCHES) + self._log.tally(PREEMPTION_RESUMES)  # not the job's fault: not in its budget
+        relaunches = sum(self._log.tally(name) for name in LOG_TALLIES)  # not the job's fault: not in its budget
         restarts = self.poll(0, 1).restarts - relaunches
         while True:
             outcome, detail = self._run_generation()
@@ -308,6 +334,11 @@ class JobSupervisor:
             if outcome in (Outcome.UNPLACED, Outcome.MISCONFIGURED):
                 self._state(JobState.FAILED, detail)
                 return
+            if outcome is Outcome.RESIZED:
+                self._generation += 1
+                self._state(JobState.RESTARTING, f"{RESIZE_PREFIX}{detail}; resuming from the checkpoint it saved")
+                self._plan.take_resize(self._generation)
+                continue
             if restarts >= max_restarts:
                 self._state(
                     JobState.FAILED,
@@ -320,10 +351,10 @@ class JobSupervisor:
                 JobState.RESTARTING,
                 f"{detail}; restart {restarts} of {max_restarts} from the last complete checkpoint",
             )
-            if self._restarts_warm():
-                self._groups.keep_survivors()
-            else:
+            if self._plan.take_resize(self._generation) or not self._restarts_warm():
                 self._groups.shutdown()
+            else:
+                self._groups.keep_survivors()
 
     def _run_generation(self) -> tuple[Outcome, str]:
         cfg = self._cfg
@@ -375,17 +406,12 @@ class JobSupervisor:
             and not self._cancel.is_set() and self._watchdog.preemption is None
         )
 
-    @cached_property
-    def _resolved(self) -> ResolvedJob:
-        """The job's grid and model, resolved at first need (a command job's start, a re-placement)."""
-        return ResolvedJob.resolve(self._job.spec)
-
     def _start(self, group: RankGroup) -> list[ray.ObjectRef]:
         """Start the engine, or a command job's program, on every rank; one result ref per rank."""
-        cfg, spec = self._cfg, self._job.spec
+        cfg, spec = self._cfg, self._plan.body
         reporter = ray.get_runtime_context().current_actor
         if spec.command is None:
-            routes = self._groups.snapshot_keepers.routes(self._slots) if spec.checkpoint.memory_interval_steps else None
+            routes = self._groups.snapshot_keepers.routes(self._plan.slots) if spec.checkpoint.memory_interval_steps else None
             return group.start(
                 spec.model_dump_json(), str(self._run.checkpoints), reporter, cfg.call_timeout, cfg.node_env,
                 cfg.file_rule_json, load_timeout=cfg.startup_grace, snapshot_routes=routes,
@@ -396,7 +422,7 @@ class JobSupervisor:
             command.working_dir or str(self._run.root),
             dict(command.env),
             node_env=cfg.node_env,
-            grid=self._resolved.grid,
+            grid=self._plan.resolved.grid,
             checkpoint_dir=str(self._run.checkpoints),
             log_dir=str(self._run.logs),
             restart_count=self._log.status(0, 1).restarts,
@@ -410,88 +436,33 @@ class JobSupervisor:
         """Reserve the plan's GPUs and create the ranks, or the outcome when that fails. A planned node
         that is gone (before, or while waiting for the reservation) is replaced by a new plan first."""
         while True:
-            lost = missing_nodes(self._slots)
+            lost = missing_nodes(self._plan.slots)
             if lost:
                 self._groups.shutdown()  # ranks kept from the failed generation hold GPUs a new plan may need
-                why = self._await_plan(lost)
+                why = self._plan.await_plan(lost, self._generation, self._cfg.replan_timeout, self._stopped)
                 if why is not None:
                     return Outcome.UNPLACED, why
                 continue  # check the new plan's nodes too
             try:
                 group, line = self._groups.next_group(
-                    self._generation, self._slots,
-                    stop=lambda: self._cancel.is_set() or self._watchdog.preemption is not None or bool(missing_nodes(self._slots)),
+                    self._generation, self._plan.slots,
+                    stop=lambda: self._cancel.is_set() or self._watchdog.preemption is not None or bool(missing_nodes(self._plan.slots)),
                 )
             except PlacementUnavailable as exc:
                 if self._watchdog.preemption is not None:
                     return Outcome.PREEMPTED, "stopped while reserving its GPUs; resumes from its newest complete checkpoint"
-                if self._cancel.is_set() or not missing_nodes(self._slots):
+                if self._cancel.is_set() or not missing_nodes(self._plan.slots):
                     return Outcome.FAILED, str(exc)
                 continue
             if line is not None:
                 self._log.append(EventKind.LOG, generation=self._generation, message=line)
             return group
 
-    def _await_plan(self, lost: list[str]) -> str | None:
-        """Record a REPLAN event and wait for a plan off the ``lost`` nodes: from `replace_plan`, or from
-        the solver when the supervisor has a topology map. None once one is adopted, else why not."""
-        cfg = self._cfg
-        ranks = ",".join(str(slot.rank) for slot in self._slots if slot.node in lost)
-        source = "on the GPUs free in Ray" if self._topology is not None else "from the scheduler"
-        with self._lock:
-            self._awaiting = lost
-            self._plan_ready.clear()
-        self._log.append(
-            EventKind.REPLAN,
-            generation=self._generation,
-            lost_nodes=lost,
-            message=f"node(s) {', '.join(lost)} left the Ray cluster; waiting for a new placement of rank(s) {ranks} {source}",
-        )
-        deadline = None if cfg.replan_timeout is None else time.monotonic() + cfg.replan_timeout
-        waiting_logged = False
-        while not self._plan_ready.wait(REPLAN_INTERVAL):
-            if self._cancel.is_set() or self._watchdog.preemption is not None:
-                return "cancelled" if self._cancel.is_set() else "stopped while waiting for a new placement"
-            if self._topology is not None:
-                slots = replacement(self._resolved, self._topology, free_slots(cuda=cfg.use_gpu), lost)
-                if slots is not None:
-                    self._adopt(slots)
-                    continue
-                if not waiting_logged:
-                    waiting_logged = True
-                    self._log.append(
-                        EventKind.LOG,
-                        generation=self._generation,
-                        message=f"no room for {len(self._slots)} ranks off node(s) {', '.join(lost)}; waiting for free GPUs",
-                    )
-            if deadline is not None and time.monotonic() > deadline:
-                with self._lock:
-                    if self._plan_ready.is_set():
-                        return None
-                    self._awaiting = None
-                return f"no new placement without node(s) {', '.join(lost)} within {cfg.replan_timeout:g}s (replan_timeout)"
-        return None
-
-    def _adopt(self, slots: list[RankAssignment]) -> bool:
-        """Make ``slots`` the plan when one is awaited (a PLAN event says what moved); False otherwise."""
-        with self._lock:
-            lost = self._awaiting
-            if lost is None:
-                return False
-            on_lost = sorted({slot.node for slot in slots} & set(lost))
-            if on_lost:
-                raise ValueError(f"the new plan uses lost node(s) {', '.join(on_lost)}")
-            ordered = sorted(slots, key=lambda slot: slot.rank)
-            self._log.append(
-                EventKind.PLAN,
-                generation=self._generation,
-                lost_nodes=lost,
-                message=describe_move(self._slots, ordered, lost),
-                placement=[s.model_dump() for s in ordered],
-            )
-            self._slots, self._awaiting = ordered, None
-            self._plan_ready.set()
-        return True
+    def _stopped(self) -> str | None:
+        """Why a wait for a new plan ends now (a cancel or a preemption), or None."""
+        if self._cancel.is_set():
+            return "cancelled"
+        return "stopped while waiting for a new placement" if self._watchdog.preemption is not None else None
 
     def _watch(self, refs: list[ray.ObjectRef]) -> tuple[Outcome, str]:
         """Wait for the generation's ranks to finish, fail, hang or be stopped; start the spares when due
@@ -505,7 +476,11 @@ class JobSupervisor:
                 return Outcome.CANCELLED, "cancelled"
             if spares_wanted and self._watchdog.spares_due(self._cfg.spare_after):
                 spares_wanted = False
-                self._groups.ensure_spares(slot.node for slot in self._slots)
+                self._groups.ensure_spares(slot.node for slot in self._plan.slots)
+            if self._plan.shrunk and self._watchdog.stepping:
+                grown = self._plan.growth()
+                if grown is not None:
+                    self.resize(grown, self._cfg.use_gpu)
             done, pending = ray.wait(pending, num_returns=1, timeout=self._cfg.watch_interval)
             failures: list[tuple[int, BaseException]] = []
             for ref in done:
@@ -525,6 +500,9 @@ class JobSupervisor:
                 return Outcome.HUNG, hung
         if self._watchdog.preemption is not None and results.get(0, {}).get("stopped_on_request", self._job.spec.command is not None):
             return Outcome.PREEMPTED, stopped_summary(results.get(0, {}), self._job.spec.command is not None)
+        resize_to = self._plan.resize_to
+        if resize_to is not None and results.get(0, {}).get("stopped_on_request"):
+            return Outcome.RESIZED, self._plan.resize_line(len(resize_to))
         return Outcome.SUCCEEDED, finished_summary(results.get(0, {}), len(refs))
 
     # ---- helpers ---------------------------------------------------------------------------------

@@ -137,6 +137,13 @@ def test_the_eval_loss_is_drawn_beside_the_loss_and_listed() -> None:
     assert "<th>Eval loss</th><td>not evaluated</td>" in plain and "<h2>Evaluation</h2>" not in plain
 
 
+def test_an_elastic_job_running_shrunk_says_on_how_many_of_its_gpus() -> None:
+    job = sample_job()
+    assert "<th>GPUs</th><td>4</td>" in report_page(job, b"")
+    job.spec.resources.gpus = 8
+    assert "<th>GPUs</th><td>4 of 8 (elastic: shrunk after a node loss, scheduling.elastic)</td>" in report_page(job, b"")
+
+
 def test_step_axes_have_whole_step_ticks_only() -> None:
     """Issue 34, point 7: three steps no longer get ticks at 1.25, 1.5, ..."""
     fig = build_figure(sample_job(steps=3))

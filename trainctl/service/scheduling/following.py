@@ -25,6 +25,7 @@ from trainctl.service.scheduling.state import ActiveJob, SchedulerState
 from trainctl.service.store import JobRecord, LeaseLost, StoreUnavailable
 from trainctl.workers.events import Event as RuntimeEvent
 from trainctl.workers.events import EventKind, JobState
+from trainctl.workers.relaunch import is_resize
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,8 @@ class Following:
                 payload["rank"] = event.rank
             store.append_event(record.id, st.EVENT_LOG, payload, now=event.time, runtime_cursor=event.seq)
             if event.kind is EventKind.PLAN and event.placement:
-                self.replacement.adopt_plan(record, PlannedPlacement.from_plan(event.placement, self.state.resolved_job(record.id, record.job).grid))
+                grid = self.state.layout_on(record.id, record.job, len(event.placement)).grid
+                self.replacement.adopt_plan(record, PlannedPlacement.from_plan(event.placement, grid))
         elif event.kind is EventKind.PLACEMENT and event.placement is not None:
             where = ", ".join(f"{p.get('rank')}->{p.get('node')}:{p.get('gpu')}" for p in event.placement)
             store.append_event(record.id, st.EVENT_LOG, {"level": "INFO", "message": f"ranks placed: {where}"}, now=event.time,
@@ -218,6 +220,6 @@ class Following:
             record = self.state.set_state(record, event.state, event.reason, runtime_cursor=str(event.seq), **extra)
             if event.state is JobState.RUNNING and self.state.tracker is not None:
                 self.state.tracker.running(record, self.state.grid_of(record))
-            if event.state is JobState.RESTARTING and metrics is not None:
+            if event.state is JobState.RESTARTING and metrics is not None and not is_resize(event):
                 metrics.record_restart(record.id, record.tenant)
         return record

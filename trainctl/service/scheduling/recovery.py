@@ -61,6 +61,8 @@ class Recovery:
         state = self.state
         placement = PlannedPlacement.from_records(record.placement)
         state.pool.reserve(record.id, placement)
+        if record.job.spec.scheduling.elastic is not None:
+            state.resolved_job(record.id, record.job)  # what `Replacement.grow_back` looks for a shrunk job in
         cursor = int(record.runtime_cursor or 0)
         state.active[record.id] = ActiveJob(cursor=cursor, stored_cursor=cursor)
         run = RunDirectory.at(record.run_dir)

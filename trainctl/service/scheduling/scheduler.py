@@ -121,6 +121,7 @@ class Scheduler:
         """Asks Ray's autoscaler for the map nodes a blocked queued job needs (None: autoscaling off)."""
         self._admission = Admission(self.state, launcher, Preemption(self.state), self.autoscaling)
         self._following = Following(self.state, replacement)
+        self._replacement = replacement
         self._recovery = Recovery(self.state, launcher)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -262,6 +263,7 @@ class Scheduler:
                     self._following.follow(job_id)
             if not skip_idle_admission or self._admission_due():
                 self._admission.admit()
+                self._replacement.grow_back()
                 self._export()
 
     def _admission_due(self) -> bool:

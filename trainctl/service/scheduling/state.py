@@ -21,6 +21,7 @@ from trainctl.service.store import JobRecord, JobStore
 from trainctl.service.tracking.tracker import GridOf, JobTracker
 from trainctl.spec.files import FileRule
 from trainctl.spec.job import TrainingJob
+from trainctl.spec.validate import layout_on
 from trainctl.workers.events import ACTIVE_STATES, JobState
 from trainctl.workers.events import JobStatus as RuntimeStatus
 from trainctl.workers.relaunch import Relaunch
@@ -47,6 +48,8 @@ class Runtime(Protocol):
     def preempt(self, job_id: str, reason: str, grace: float) -> RuntimeStatus: ...
 
     def replace_plan(self, job_id: str, job: TrainingJob, placement: Any) -> bool: ...
+
+    def resize(self, job_id: str, job: TrainingJob, placement: Any) -> bool: ...
 
     def live_nodes(self) -> set[str]: ...
 
@@ -175,6 +178,15 @@ class SchedulerState:
         if job_id not in self.resolved:
             self.resolved[job_id] = ResolvedJob.resolve(job.spec)
         return self.resolved[job_id]
+
+    def layout_on(self, job_id: str, job: TrainingJob, gpus: int) -> ResolvedJob:
+        """The resolved job of `job_id` on a plan of `gpus` GPUs: its own layout, or an elastic one of that size
+        (`trainctl.spec.validate.layout_on`); ValueError when it has none."""
+        resolved = self.resolved_job(job_id, job)
+        body = layout_on(job, gpus)
+        if body is None:
+            raise ValueError(f"job {job_id} has no layout on {gpus} GPUs")
+        return resolved.with_spec(body)
 
     def grid_of(self, record: JobRecord) -> GridOf:
         """The job's rank grid for the tracker, from its resolved job (resolved only when the tracker asks)."""
