@@ -18,8 +18,11 @@ start to end at the lowest CPU priority (nice 19): they take what the other grou
 beside them keeps the CPUs as if alone. The other groups run in stages, one stage after another: first
 `deploy`, `spec` and the service tests that start no Ray cluster (`service-unit`, the service directory's
 fast tier) at once (deploy's tests mostly wait: for a Prometheus server, `ray start`, a service's first
-scrape), then `workers`, `service` and `reliability` alone (Ray fault tests whose heartbeat and step
-timeouts a loaded machine could trip). The engine's tests that do assert wall-clock bounds (a chat
+scrape), then `workers` and `service` alone (Ray fault tests whose heartbeat and step timeouts a loaded
+machine could trip). Those two keep a core busy on average and wait the rest of the time (a heartbeat to
+lapse, a node declared dead, a job preempted): the background fills that time, and once it has ended the
+`FILLER` group (`reliability`, Ray fault tests as well) starts beside `service` in its place; it runs
+after `service` only when the background outlasts it. The engine's tests that do assert wall-clock bounds (a chat
 template stopped within seconds) run in `spec` instead. A group run beside another writes to a file,
 printed when it ends, so the outputs do not interleave. A directory split in two groups (by the `slow`
 marker, tests/conftest.py, or by files left to another group) has every test in exactly one of them.
@@ -32,6 +35,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import IO, NamedTuple
@@ -62,9 +66,11 @@ STAGES = (
     ),
     (Group("workers", ("workers",)),),
     (Group("service", ("service",), "slow"),),
-    (Group("reliability", ("reliability",)),),
 )
 """`make test`'s other groups by stage; the groups of one stage run at once."""
+FILLER = Group("reliability", ("reliability",))
+"""`make test`'s group that starts beside the last stage as soon as the background group has ended (the CPU it
+took is free then), or after the last stage when that ends first."""
 FAST_STAGES = (
     (
         Group("parallelism-fast", ("parallelism",), "not slow"),
@@ -128,7 +134,7 @@ def main(extra: list[str]) -> int:
     fast = "--fast" in extra
     extra = [arg for arg in extra if arg != "--fast"]
     stages, background = (FAST_STAGES, None) if fast else (STAGES, BACKGROUND)
-    groups = [group for stage in stages for group in stage] + ([background] if background else [])
+    groups = [group for stage in stages for group in stage] + ([background, FILLER] if background else [])
     covered = {path.split("/", 1)[0] for group in groups for path in group.paths}
     collectable = {
         p.name for p in TESTS.iterdir()
@@ -141,11 +147,20 @@ def main(extra: list[str]) -> int:
     failed_groups: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         behind = start(background, Path(tmp), extra, to_file=True, niceness=BACKGROUND_NICENESS) if background else None
-        for stage in stages:
+        filler: Running | None = None
+        for number, stage in enumerate(stages, start=1):
             running = [start(group, Path(tmp), extra, to_file=index > 0) for index, group in enumerate(stage)]
+            while number == len(stages) and behind is not None and filler is None and running[0].proc.poll() is None:
+                if behind.proc.poll() is not None:
+                    filler = start(FILLER, Path(tmp), extra, to_file=True)
+                    break
+                time.sleep(1.0)
             for group in running:
                 finish(group, total, failed_groups)
         if behind is not None:
+            if filler is None:
+                filler = start(FILLER, Path(tmp), extra, to_file=False)
+            finish(filler, total, failed_groups)
             finish(behind, total, failed_groups)
     if failed_groups:
         print(f"failed groups: {', '.join(failed_groups)}", flush=True)
