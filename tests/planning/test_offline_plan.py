@@ -158,3 +158,19 @@ def test_the_control_plane_loads_and_plans_without_torch_or_ray() -> None:
                           timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "0 []", done.stdout[-2000:]
+
+
+def test_an_elastic_jobs_plan_names_the_layouts_it_may_shrink_to_and_whether_each_fits() -> None:
+    """`scheduling.elastic`: each smaller layout of the plan's note, said not to fit when its larger shards do not (the
+    scheduler never shrinks to one of those)."""
+    topology = cluster_topology("hgx-h100:1")
+    spec = {"model": {"preset": "llama3-8b"}, "data": {"seq_len": 2048}, "parallelism": {"dp_shard": 8},
+            "training": {"global_batch_size": 8, "micro_batch_size": 1, "activation_checkpointing": "full"},
+            "resources": {"gpus": 8},
+            "scheduling": {"elastic": {"min_gpus": 1}}}
+    plan = plan_on_map(parse_object({"metadata": {"name": "e"}, "spec": spec}), topology, "hgx-h100:1")
+    [note] = [n for n in plan.notes if n.startswith("scheduling.elastic")]
+    assert note == (  # one H100 cannot hold the 8B model's 128 GB of weights, gradients and AdamW state
+        "scheduling.elastic: after a node loss with no GPU to replace it, the job may shrink to 4 GPUs (dp_replicate 1 x "
+        "dp_shard 4); 2 GPUs (dp_replicate 1 x dp_shard 2); 1 GPUs (dp_replicate 1 x dp_shard 1, which does not fit the "
+        "pool's GPUs), the global batch kept; it grows back when GPUs are free"), note

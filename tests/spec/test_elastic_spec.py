@@ -23,24 +23,24 @@ def degrees(bodies) -> list[tuple[int, int, int]]:
 
 def test_each_data_parallel_mode_shrinks_its_own_degree_keeping_the_batch_split_even() -> None:
     fsdp = job({"dp_shard": 8}, 8, batch=16, elastic={"min_gpus": 2})
-    assert degrees(elastic_layouts(fsdp, 7)) == [(1, 4, 4), (1, 2, 2)], "dp 7, 6, 5 and 3 do not split 16 evenly"
+    assert degrees(elastic_layouts(fsdp.spec, 7)) == [(1, 4, 4), (1, 2, 2)], "dp 7, 6, 5 and 3 do not split 16 evenly"
     ddp = job({"dp_replicate": 4}, 4, batch=12, elastic={"min_gpus": 1})
-    assert degrees(elastic_layouts(ddp, 8)) == [(3, 1, 3), (2, 1, 2), (1, 1, 1)]
+    assert degrees(elastic_layouts(ddp.spec, 8)) == [(3, 1, 3), (2, 1, 2), (1, 1, 1)]
     hsdp = job({"dp_replicate": 4, "dp_shard": 2}, 8, batch=16, elastic={"min_gpus": 2})
-    assert degrees(elastic_layouts(hsdp, 7)) == [(2, 2, 4), (1, 2, 2)], "whole shard groups only"
+    assert degrees(elastic_layouts(hsdp.spec, 7)) == [(2, 2, 4), (1, 2, 2)], "whole shard groups only"
     tp = job({"dp_shard": 4, "tp": 2, "sequence_parallel": True}, 8, elastic={"min_gpus": 4})
-    shrunk = list(elastic_layouts(tp, 6))
+    shrunk = list(elastic_layouts(tp.spec, 6))
     assert degrees(shrunk) == [(1, 2, 4)] and shrunk[0].parallelism.tp == 2, "tp kept: 2 replicas of 2 GPUs"
     assert all(body.scheduling.elastic is None for body in shrunk)
-    assert list(elastic_layouts(job({"dp_shard": 4}, 4), 3)) == [], "not elastic: nothing"
+    assert list(elastic_layouts(job({"dp_shard": 4}, 4).spec, 3)) == [], "not elastic: nothing"
 
 
 def test_a_plans_size_names_its_layout() -> None:
     fsdp = job({"dp_shard": 4}, 4, elastic={"min_gpus": 1})
-    assert layout_on(fsdp, 4) is fsdp.spec
-    assert layout_on(fsdp, 2).parallelism.dp_shard == 2 and layout_on(fsdp, 1).parallelism.dp_shard == 1
-    assert layout_on(fsdp, 3) is None, "dp 3 does not split 8"
-    assert layout_on(job({"dp_shard": 4}, 4), 2) is None, "not elastic"
+    assert layout_on(fsdp.spec, 4) is fsdp.spec
+    assert layout_on(fsdp.spec, 2).parallelism.dp_shard == 2 and layout_on(fsdp.spec, 1).parallelism.dp_shard == 1
+    assert layout_on(fsdp.spec, 3) is None, "dp 3 does not split 8"
+    assert layout_on(job({"dp_shard": 4}, 4).spec, 2) is None, "not elastic"
 
 
 @pytest.mark.parametrize(("parallelism", "gpus", "scheduling", "extra", "field", "message"), [

@@ -31,7 +31,7 @@ from trainctl.planning.fit import estimable, estimate_ranks, fit_violations
 from trainctl.planning.pool import OFFLINE_BUDGET_S, GpuPool, PlannedPlacement
 from trainctl.spec.job import TrainingJob
 from trainctl.spec.model_checks import pretrained_check, pretrained_warnings
-from trainctl.spec.validate import FieldViolation, semantic_violations
+from trainctl.spec.validate import FieldViolation, elastic_layouts, semantic_violations
 from trainctl.workers.topology import TopologyMap
 
 MAX_MEMORY_RANKS = 64
@@ -113,8 +113,22 @@ def plan_job(job: ResolvedJob, pool: GpuPool) -> JobPlan:
     if job.spec.command is not None:
         notes.append("a command job runs its own program: no memory or step-time estimate")
         return replace(plan, notes=tuple(notes))
+    if job.spec.scheduling.elastic is not None:
+        notes.append(elastic_note(job, pool))
     gpu_model = pool.gpu_model(placement.assignments[0].node) if placement else None
     return _estimated(job, plan, gpu_model, notes)
+
+
+def elastic_note(job: ResolvedJob, pool: GpuPool) -> str:
+    """What an elastic job may shrink to after a node loss (`scheduling.elastic`), each smaller layout said to fit
+    the pool's GPUs or not (the scheduler takes only one that fits)."""
+    sizes = []
+    for body in elastic_layouts(job.spec, job.spec.resources.gpus - 1):
+        par = body.parallelism
+        fits = "" if not fit_violations(job.with_spec(body), pool) else ", which does not fit the pool's GPUs"
+        sizes.append(f"{body.resources.gpus} GPUs (dp_replicate {par.dp_replicate} x dp_shard {par.dp_shard}{fits})")
+    return ("scheduling.elastic: after a node loss with no GPU to replace it, the job may shrink to " + "; ".join(sizes)
+            + ", the global batch kept; it grows back when GPUs are free")
 
 
 def _estimated(job: ResolvedJob, plan: JobPlan, gpu_model: str | None, notes: list[str]) -> JobPlan:

@@ -20,7 +20,7 @@ from trainctl.spec.data_checks import data_violations, evaluation_data_violation
 from trainctl.spec.data_format import HOLDOUT_FORMATS
 from trainctl.spec.elastic import model_parallel_size, shrunk_candidates
 from trainctl.spec.files import FileRule
-from trainctl.spec.job import DataSpec, JobSpecBody, TrainingJob, TrainingSpec
+from trainctl.spec.job import DataSpec, JobSpecBody, Metadata, TrainingJob, TrainingSpec
 from trainctl.spec.model_checks import model_shape, model_violations, pretrained_violations
 from trainctl.spec.model_spec import ModelSpec
 from trainctl.spec.path_fields import with_paths_under
@@ -170,22 +170,23 @@ def _resource_violations(spec: JobSpecBody, pool_gpus: int | None) -> list[Field
     return out
 
 
-def elastic_layouts(job: TrainingJob, max_gpus: int) -> Iterator[JobSpecBody]:
-    """The layouts an elastic job may shrink to on at most `max_gpus` GPUs, largest first
+def elastic_layouts(spec: JobSpecBody, max_gpus: int) -> Iterator[JobSpecBody]:
+    """The layouts an elastic job's `spec` may shrink to on at most `max_gpus` GPUs, largest first
     (`trainctl.spec.elastic.shrunk_candidates`), each one every rule of the spec accepts (checked without
     reading files: the submitted job's were checked at submit)."""
-    for body in shrunk_candidates(job.spec, max_gpus):
-        if not semantic_violations(job.model_copy(update={"spec": body}), check_data=False):
+    for body in shrunk_candidates(spec, max_gpus):
+        if not semantic_violations(TrainingJob.model_construct(metadata=Metadata.model_construct(name="elastic"), spec=body),
+                                   check_data=False):
             yield body
 
 
-def layout_on(job: TrainingJob, gpus: int) -> JobSpecBody | None:
-    """The body `job`'s ranks run on `gpus` GPUs: its own on `resources.gpus`, else the elastic layout of that
+def layout_on(spec: JobSpecBody, gpus: int) -> JobSpecBody | None:
+    """The body a job of `spec` runs on `gpus` GPUs: `spec` on `resources.gpus`, else the elastic layout of that
     size (`elastic_layouts`: one per size), or None when it has none. A plan's size names its layout, so a
     supervisor, a relaunch and the scheduler derive it from the plan alone."""
-    if gpus == job.spec.resources.gpus:
-        return job.spec
-    return next((body for body in elastic_layouts(job, gpus) if body.resources.gpus == gpus), None)
+    if gpus == spec.resources.gpus:
+        return spec
+    return next((body for body in elastic_layouts(spec, gpus) if body.resources.gpus == gpus), None)
 
 
 def _elastic_violations(job: TrainingJob) -> list[FieldViolation]:
@@ -203,7 +204,7 @@ def _elastic_violations(job: TrainingJob) -> list[FieldViolation]:
         return [FieldViolation(field, f"{elastic.min_gpus} leaves nothing to shrink: it must be below resources.gpus = {spec.resources.gpus}")]
     if not spec.checkpoint.resume:
         return [FieldViolation("spec.checkpoint.resume", "an elastic job resumes from its checkpoints when it shrinks or grows: it must be true")]
-    if spec.resources.gpus != spec.parallelism.world_size or next(elastic_layouts(job, spec.resources.gpus), None) is not None:
+    if spec.resources.gpus != spec.parallelism.world_size or next(elastic_layouts(spec, spec.resources.gpus), None) is not None:
         return []
     return [FieldViolation(
         field,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from trainctl.parallelism.resolved_job import ResolvedJob
-from trainctl.spec.job import JobSpecBody, TrainingJob
+from trainctl.spec.job import JobSpecBody
 from trainctl.spec.validate import elastic_layouts
 from trainctl.workers.placement.plan import RankAssignment
 from trainctl.workers.replan import replacement
@@ -18,7 +18,7 @@ from trainctl.workers.topology.model import TopologyMap
 
 
 def replacement_or_shrunk(
-    job: TrainingJob, resolved: ResolvedJob, topology: TopologyMap, free: Mapping[str, set[int]], lost: Collection[str],
+    resolved: ResolvedJob, topology: TopologyMap, free: Mapping[str, set[int]], lost: Collection[str],
 ) -> list[RankAssignment] | None:
     """A plan off the `lost` nodes on the `free` GPUs for the whole layout (`resolved`: the submitted job),
     else, for an elastic job, for its largest smaller layout that fits; None when none fits now."""
@@ -27,7 +27,7 @@ def replacement_or_shrunk(
         return slots
     mapped = {node.name: set(node.gpus) for node in topology.nodes}
     usable = sum(len(gpus & mapped[node]) for node, gpus in free.items() if node in mapped and node not in lost)
-    for body in elastic_layouts(job, usable):
+    for body in elastic_layouts(resolved.spec, usable):
         slots = replacement(resolved.with_spec(body), topology, free, lost)
         if slots is not None:
             return slots

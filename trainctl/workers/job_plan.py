@@ -53,7 +53,7 @@ class JobPlan:
 
     def layout_of(self, slots: list[RankAssignment]) -> JobSpecBody:
         """The body the ranks run on a plan of `slots`' size; ValueError when the job has no layout of that size."""
-        body = layout_on(self.job, len(slots))
+        body = layout_on(self.job.spec, len(slots))
         if body is None:
             elastic = "" if self.job.spec.scheduling.elastic is None else ", or an elastic layout of that size"
             raise ValueError(f"the job has no layout on {len(slots)} GPUs (resources.gpus {self.job.spec.resources.gpus}{elastic})")
@@ -81,7 +81,7 @@ class JobPlan:
             if why is not None:
                 return why
             if self.topology is not None:
-                slots = replacement_or_shrunk(self.job, self.resolved, self.topology, free_slots(cuda=self.use_gpu), lost)
+                slots = replacement_or_shrunk(self.resolved, self.topology, free_slots(cuda=self.use_gpu), lost)
                 if slots is not None:
                     self.adopt(slots, generation)
                     continue

@@ -378,7 +378,7 @@ class RayRuntime:
         except ValueError as exc:
             raise PlacementError(str(exc)) from None
         world = job.spec.parallelism.world_size
-        if len(slots) != world and layout_on(job, len(slots)) is None:
+        if len(slots) != world and layout_on(job.spec, len(slots)) is None:
             raise PlacementError(f"placement has {len(slots)} ranks, the job's layout needs {world}" + (
                 " (or one of its elastic layouts' sizes)" if job.spec.scheduling.elastic is not None else ""))
         nodes = {n.name: n for n in self.cluster_nodes() if n.name is not None and n.alive}

@@ -77,7 +77,7 @@ class Replacement:
         state = self.state
         free = len(state.pool.free_slots(holder=record.id, down=down))
         resolved = state.resolved_job(record.id, record.job)
-        for body in elastic_layouts(record.job, free):
+        for body in elastic_layouts(record.job.spec, free):
             smaller = resolved.with_spec(body)
             if fit_violations(smaller, state.pool):
                 continue

@@ -183,7 +183,7 @@ class SchedulerState:
         """The resolved job of `job_id` on a plan of `gpus` GPUs: its own layout, or an elastic one of that size
         (`trainctl.spec.validate.layout_on`); ValueError when it has none."""
         resolved = self.resolved_job(job_id, job)
-        body = layout_on(job, gpus)
+        body = layout_on(job.spec, gpus)
         if body is None:
             raise ValueError(f"job {job_id} has no layout on {gpus} GPUs")
         return resolved.with_spec(body)
