@@ -306,8 +306,8 @@ class BenchSupervisor(JobSupervisor):
         marks = {"started": time.time()}
         victim = self._victims[min(len(self._marks), len(self._victims) - 1)]
         self._marks.append(marks)
-        check_slots(self._slots)  # RankGroup.create's check of the plan
-        ordered = sorted(self._slots, key=lambda slot: slot.rank)
+        check_slots(self._plan.slots)  # RankGroup.create's check of the plan
+        ordered = sorted(self._plan.slots, key=lambda slot: slot.rank)
         owner = {rank: sim for sim, ranks in self._simulators for rank in ranks}
         owner[len(ordered) - 1] = victim
         routes = step_time_sending.step_time_routes(ordered, [owner[s.rank] for s in ordered])  # RankGroup.start's

@@ -442,9 +442,11 @@ def lose_both_snapshot_copies_then_a_node(runtime: RayRuntime, nodes: NodeChange
 
 
 def elastic_job() -> TrainingJob:
-    """`restartable_job` that may shrink to one rank (`scheduling.elastic`), on 12 steps."""
+    """`restartable_job` that may shrink to one rank (`scheduling.elastic`), on 12 steps, with an in-memory snapshot
+    every step (of no use to another layout)."""
     job = restartable_job("elastic", steps=12, max_restarts=3)
     job.spec.scheduling.elastic = ElasticSpec(min_gpus=1)
+    job.spec.checkpoint.memory_interval_steps = 1
     return job
 
 
@@ -766,6 +768,9 @@ def test_an_elastic_job_shrinks_to_the_gpus_left_and_grows_back_with_the_losses_
     assert [(p["node"], p["gpu"]) for p in placements[-2].placement] == [("spare-h", 0)]
     assert [(p["node"], p["gpu"]) for p in placements[-1].placement] == [("spare-h", 0), ("spare-j", 0)]
     shrunk, grown = placements[-2].generation, placements[-1].generation
+    for generation in (shrunk, grown):  # another layout's snapshots are dropped with their keepers, never offered
+        resumed = [e.message for e in events if e.generation == generation and "resumed from" in e.message]
+        assert len(resumed) == 1 and resumed[0].startswith("resumed from checkpoint"), resumed
     assert steps_of(events, shrunk) and max(steps_of(events, grown)) == 12
     assert min(steps_of(events, grown)) - 1 == max(steps_of(events, shrunk)), "grew back from the step it stopped at"
     # One process, the same global batch: every step of every generation, on 2, 1 and 2 ranks again.

@@ -58,7 +58,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from trainctl.parallelism.run_directory import RunDirectory
 from trainctl.spec.files import FileRule
-from trainctl.spec.job import TrainingJob
+from trainctl.spec.job import ParallelismSpec, TrainingJob
 from trainctl.workers.events import EventKind, EventLog, JobState, JobStatus
 from trainctl.workers.group_keeper import GroupKeeper
 from trainctl.workers.job_plan import JobPlan
@@ -73,6 +73,7 @@ from trainctl.workers.relaunch import (
     is_resume_after_preemption,
 )
 from trainctl.workers.replan import missing_nodes
+from trainctl.workers.snapshot_keepers import SnapshotRoute
 from trainctl.workers.step_stats import StepStats
 from trainctl.workers.topology.model import parse_topology
 from trainctl.workers.watchdog import Watchdog
@@ -172,6 +173,8 @@ class JobSupervisor:
             self._log, use_gpu=config.use_gpu,
             topology=parse_topology(yaml.safe_load(config.topology_yaml), "supervisor config") if config.topology_yaml else None,
         )
+        self._snapshots_of: ParallelismSpec | None = None
+        """The layout the snapshot keepers hold snapshots of (None before the first generation that takes them)."""
         self._watchdog = Watchdog(self._job, config.startup_grace)
         self._stats = StepStats()
         self._thread: threading.Thread | None = None
@@ -411,7 +414,7 @@ class JobSupervisor:
         cfg, spec = self._cfg, self._plan.body
         reporter = ray.get_runtime_context().current_actor
         if spec.command is None:
-            routes = self._groups.snapshot_keepers.routes(self._plan.slots) if spec.checkpoint.memory_interval_steps else None
+            routes = self._snapshot_routes() if spec.checkpoint.memory_interval_steps else None
             return group.start(
                 spec.model_dump_json(), str(self._run.checkpoints), reporter, cfg.call_timeout, cfg.node_env,
                 cfg.file_rule_json, load_timeout=cfg.startup_grace, snapshot_routes=routes,
@@ -431,6 +434,15 @@ class JobSupervisor:
             timeout=cfg.call_timeout,
             host_memory_gib=spec.resources.host_memory_gib,
         )
+
+    def _snapshot_routes(self) -> dict[int, SnapshotRoute]:
+        """The ranks' routes to the snapshot keepers; after a change of layout (an elastic job resized) the keepers
+        of the old one are stopped first: their snapshots hold another layout's shards."""
+        keepers = self._groups.snapshot_keepers
+        if self._snapshots_of not in (None, self._plan.body.parallelism):
+            keepers.stop()
+        self._snapshots_of = self._plan.body.parallelism
+        return keepers.routes(self._plan.slots)
 
     def _create_group(self) -> RankGroup | tuple[Outcome, str]:
         """Reserve the plan's GPUs and create the ranks, or the outcome when that fails. A planned node
