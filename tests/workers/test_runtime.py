@@ -496,7 +496,7 @@ def runs(embedded_ray: EmbeddedRay, runtime: RayRuntime, solver_placement: Place
     in this order (each waiting for the nodes it plans on). No two share a GPU slot: the solver's job
     takes node-0 (asserted here), the others plan on node-1 and node-2 GPUs that `pool_partly_taken`
     leaves free, on two 4-GPU nodes added for the module (node-3, node-4), or on spare nodes of their
-    own (spare-a to spare-g)."""
+    own (spare-a to spare-j)."""
     assert {a.node for a in solver_placement.assignments} == {"node-0"}, "the other scenarios leave node-0 to it"
     nodes = NodeChanges(embedded_ray)
 

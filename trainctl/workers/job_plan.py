@@ -25,7 +25,7 @@ from trainctl.workers.replan import describe_move, describe_plan, free_slots
 from trainctl.workers.topology.model import TopologyMap
 
 REPLAN_INTERVAL = 1.0
-"""Seconds between looks for a new plan while waiting for one after a node loss, and for room to grow back."""
+"""Seconds between looks for a new plan while waiting for one after a node loss (the first at once), and for room to grow back."""
 
 
 class JobPlan:
@@ -76,7 +76,7 @@ class JobPlan:
         )
         deadline = None if timeout is None else time.monotonic() + timeout
         waiting_logged = False
-        while not self._ready.wait(REPLAN_INTERVAL):
+        while not self._ready.is_set():
             why = stopped()
             if why is not None:
                 return why
@@ -97,6 +97,7 @@ class JobPlan:
                         return None
                     self.awaiting = None
                 return f"no new placement without node(s) {', '.join(lost)} within {timeout:g}s (replan_timeout)"
+            self._ready.wait(REPLAN_INTERVAL)
         return None
 
     def adopt(self, slots: list[RankAssignment], generation: int) -> bool:
