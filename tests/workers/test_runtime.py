@@ -752,7 +752,7 @@ def test_an_elastic_job_shrinks_to_the_gpus_left_and_grows_back_with_the_losses_
     events, status = run.events, run.status
     assert status.state is JobState.SUCCEEDED, status.reason
     shrink, grow = kinds_of(events, EventKind.PLAN)
-    assert shrink.message.startswith("node spare-i lost; shrunk to 1 ranks (new plan: rank 0 -> spare-h GPU 0)"), shrink.message
+    assert shrink.message.startswith("node spare-i lost; shrunk to 1 rank (new plan: rank 0 -> spare-h GPU 0)"), shrink.message
     assert grow.message == "growing back to 2 GPUs: new plan rank 0 -> spare-h GPU 0, rank 1 -> spare-j GPU 0", grow.message
     lines = [e.message for e in events if e.kind is EventKind.LOG and e.message.startswith("layout ")]
     assert lines == [

@@ -51,7 +51,8 @@ def describe_move(old: Sequence[RankAssignment], new: Sequence[RankAssignment], 
     ``node node-1 lost; re-placed ranks 2,3 on node-2 (rank 2 -> node-2 GPU 0, ...)``."""
     if len(new) != len(old):
         nodes = "node" + ("s" if len(lost) > 1 else "")
-        return f"{nodes} {', '.join(sorted(lost))} lost; shrunk to {len(new)} ranks (new plan: {describe_plan(new)})"
+        ranks = "rank" + ("s" if len(new) > 1 else "")
+        return f"{nodes} {', '.join(sorted(lost))} lost; shrunk to {len(new)} {ranks} (new plan: {describe_plan(new)})"
     moved = [slot.rank for slot in old if slot.node in lost]
     where = sorted({slot.node for slot in new if slot.rank in moved})
     nodes = "node" + ("s" if len(lost) > 1 else "")

@@ -2,8 +2,9 @@
 nodes) is placed again on the free GPUs plus its own, off the nodes Ray does not have alive; the new
 plan goes to the supervisor and replaces the job's reservation, or the job waits (reason and event say
 so) until GPUs free up or a node returns. An elastic job (`spec.scheduling.elastic`) that does not fit whole
-takes its largest smaller layout that fits instead, and grows back (`grow_back`) once its whole layout does. The supervisor's PLAN event is the truth: following it makes
-the reservation and the stored placement match it (`adopt_plan`)."""
+takes its largest smaller layout that fits instead, and grows back (`grow_back`) once its whole layout does.
+The supervisor's PLAN event is the truth: following it makes the reservation and the stored placement match
+it (`adopt_plan`)."""
 
 from __future__ import annotations
 
