@@ -175,8 +175,8 @@ def elastic_layouts(spec: JobSpecBody, max_gpus: int) -> Iterator[JobSpecBody]:
     (`trainctl.spec.elastic.shrunk_candidates`), each one every rule of the spec accepts (checked without
     reading files: the submitted job's were checked at submit)."""
     for body in shrunk_candidates(spec, max_gpus):
-        if not semantic_violations(TrainingJob.model_construct(metadata=Metadata.model_construct(name="elastic"), spec=body),
-                                   check_data=False):
+        job = TrainingJob.model_construct(metadata=Metadata.model_construct(name="elastic"), spec=body)  # rules read spec only
+        if not semantic_violations(job, check_data=False):
             yield body
 
 
