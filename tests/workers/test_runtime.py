@@ -451,16 +451,16 @@ def elastic_job() -> TrainingJob:
 
 
 def shrink_then_grow_back(runtime: RayRuntime, nodes: NodeChanges, root: Path) -> Run:
-    """"elastic-1" on spare-h and spare-i (a map of one GPU per node, spare-j's held by another tenant): at step 3
-    spare-i is removed and no GPU is free, so the supervisor shrinks the job to one rank on spare-h; once that
-    plan is made, spare-j's GPU is let go, and the job grows back to two ranks at the shrunk generation's first
-    step."""
+    """"elastic-1" on spare-h GPU 0 and spare-i GPU 0, spare-h's GPU 1 held by another tenant: at step 3 spare-i is
+    removed and no GPU is free, so the supervisor shrinks the job to one rank on spare-h; once that plan is made,
+    the other tenant lets its GPU go, and the job grows back to two ranks, on spare-h, at the shrunk generation's
+    first step."""
     job_id = "elastic-1"
-    blocker = placement_group([{gpu_slot(0): 1}], bundle_label_selector=[{NODE_LABEL: "spare-j"}])
+    blocker = placement_group([{gpu_slot(1): 1}], bundle_label_selector=[{NODE_LABEL: "spare-h"}])
     ray.get(blocker.ready(), timeout=30)
     try:
         runtime.start_job(job_id, elastic_job(), plan(("spare-h", 0), ("spare-i", 0)), root,
-                          topology=named_topology("spare-h", "spare-i", "spare-j", gpus=1))
+                          topology=named_topology("spare-h", "spare-i"))
         events, _ = follow(runtime, job_id, lambda events, status: max(steps_of(events), default=0) >= 3)
         nodes.remove("spare-i")
         fault_at = time.time()
@@ -496,7 +496,7 @@ def runs(embedded_ray: EmbeddedRay, runtime: RayRuntime, solver_placement: Place
     in this order (each waiting for the nodes it plans on). No two share a GPU slot: the solver's job
     takes node-0 (asserted here), the others plan on node-1 and node-2 GPUs that `pool_partly_taken`
     leaves free, on two 4-GPU nodes added for the module (node-3, node-4), or on spare nodes of their
-    own (spare-a to spare-j)."""
+    own (spare-a to spare-i)."""
     assert {a.node for a in solver_placement.assignments} == {"node-0"}, "the other scenarios leave node-0 to it"
     nodes = NodeChanges(embedded_ray)
 
@@ -524,7 +524,7 @@ def runs(embedded_ray: EmbeddedRay, runtime: RayRuntime, solver_placement: Place
                     "node-loss-2": threads.submit(lose_a_node_and_hand_over_a_plan, runtime, nodes, root("handover")),
                     "node-loss-3": threads.submit(lose_the_only_node_of_the_map, nodes, root("noroom")),
                 }
-                with nodes.extra("spare-h", "spare-i", "spare-j", gpus=1):
+                with nodes.extra("spare-h", "spare-i"):
                     futures["elastic-1"] = threads.submit(shrink_then_grow_back, runtime, nodes, root("elastic"))
                     yield futures
                     wait(futures.values())  # every job ended before the nodes it ran on go
@@ -753,7 +753,7 @@ def test_an_elastic_job_shrinks_to_the_gpus_left_and_grows_back_with_the_losses_
     assert status.state is JobState.SUCCEEDED, status.reason
     shrink, grow = kinds_of(events, EventKind.PLAN)
     assert shrink.message.startswith("node spare-i lost; shrunk to 1 rank (new plan: rank 0 -> spare-h GPU 0)"), shrink.message
-    assert grow.message == "growing back to 2 GPUs: new plan rank 0 -> spare-h GPU 0, rank 1 -> spare-j GPU 0", grow.message
+    assert grow.message.startswith("growing back to 2 GPUs: new plan rank 0 -> spare-h GPU "), grow.message
     lines = [e.message for e in events if e.kind is EventKind.LOG and e.message.startswith("layout ")]
     assert lines == [
         "layout 2 -> 1 GPUs (dp_replicate 2 -> 1): each replica accumulates 2 micro-batches instead of 1 micro-batch, the global "
@@ -766,7 +766,7 @@ def test_an_elastic_job_shrinks_to_the_gpus_left_and_grows_back_with_the_losses_
     placements = kinds_of(events, EventKind.PLACEMENT)
     assert [len(p.placement) for p in placements][-2:] == [1, 2]
     assert [(p["node"], p["gpu"]) for p in placements[-2].placement] == [("spare-h", 0)]
-    assert [(p["node"], p["gpu"]) for p in placements[-1].placement] == [("spare-h", 0), ("spare-j", 0)]
+    assert {(p["node"], p["gpu"]) for p in placements[-1].placement} == {("spare-h", 0), ("spare-h", 1)}
     shrunk, grown = placements[-2].generation, placements[-1].generation
     for generation in (shrunk, grown):  # another layout's snapshots are dropped with their keepers, never offered
         resumed = [e.message for e in events if e.generation == generation and "resumed from" in e.message]
