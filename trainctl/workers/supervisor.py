@@ -241,8 +241,7 @@ class JobSupervisor:
     def replace_plan(self, slots: list[RankAssignment], use_gpu: bool) -> bool:
         """A new plan while the supervisor waits for one after a node loss: True once adopted, False when
         it waits for none. ValueError when the plan uses a lost node or another backend (CUDA or CPU)."""
-        if use_gpu != self._cfg.use_gpu:
-            raise ValueError(f"the new plan needs {'CUDA' if use_gpu else 'CPU'} ranks; this job's ranks use the other")
+        self._check_backend(use_gpu)
         return self._plan.adopt(list(slots), self._generation)
 
     @ray.method(concurrency_group="control")
@@ -252,8 +251,7 @@ class JobSupervisor:
         state that does not count against ``scheduling.max_restarts``). True once taken; False while the job is
         not running with a group, is stopping, resizing or waiting for a plan. ValueError for a plan of this
         job's current size or with no layout of its size, or of another backend."""
-        if use_gpu != self._cfg.use_gpu:
-            raise ValueError(f"the new plan needs {'CUDA' if use_gpu else 'CPU'} ranks; this job's ranks use the other")
+        self._check_backend(use_gpu)
         with self._lock:
             group = self._groups.current
             running = (
@@ -264,6 +262,11 @@ class JobSupervisor:
                 return False
         group.request_stop(0.0)
         return True
+
+    def _check_backend(self, use_gpu: bool) -> None:
+        """ValueError when a plan handed over needs the other backend (CUDA or CPU) than the job's ranks use."""
+        if use_gpu != self._cfg.use_gpu:
+            raise ValueError(f"the new plan needs {'CUDA' if use_gpu else 'CPU'} ranks; this job's ranks use the other")
 
     # ---- calls from the ranks --------------------------------------------------------------------
 
@@ -354,7 +357,8 @@ class JobSupervisor:
                 JobState.RESTARTING,
                 f"{detail}; restart {restarts} of {max_restarts} from the last complete checkpoint",
             )
-            if self._plan.take_resize(self._generation) or not self._restarts_warm():
+            resized = self._plan.take_resize(self._generation)  # a resize asked before the failure: its plan now
+            if resized or not self._restarts_warm():
                 self._groups.shutdown()
             else:
                 self._groups.keep_survivors()
